@@ -1,0 +1,225 @@
+"""Multi-head attention written as einsums over an explicit head axis (Sec. 3.2).
+
+Shape legend, used in every einsum of this package:
+
+    B batch · T target (query) positions · S source (key/value) positions · D d_model
+    N heads · H head dim (d_k = d_v) · F d_ff · V vocabulary
+
+One parameter, two views
+------------------------
+The paper writes MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
+head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), W_i^Q in R^{d_model x d_k}. Implementations
+argue whether that is h separate d_model x d_k layers or one d_model x (h d_k) layer. Here the
+query kernel is one array ``w_q`` of shape [D, N, H] and it *is* both:
+
+    head i's own matrix      W_i^Q = w_q[:, i, :]                  [D, H]
+    the fused matrix         W^Q   = w_q.reshape(D, N * H)         [D, N*H]
+                                   = [W_1^Q | W_2^Q | ... | W_N^Q]
+
+because (x W^Q)[:, i*H:(i+1)*H] = x W_i^Q: column block i of the fused product is head i's
+projection. Likewise the output kernel ``w_o`` [N, H, D] is W^O = w_o.reshape(N * H, D), whose
+row block i, w_o[i], is the part of W^O that head i's output multiplies, so
+Concat(head_1..head_h) W^O = sum_i head_i w_o[i]. The parameter count is therefore
+4 * D * N * H whichever view is taken (= 4 D^2 when H = D / N, independent of N).
+
+What stays different between heads is the attention itself: each head forms its own T x S
+matrix softmax(Q_i K_i^T / sqrt(d_k)), which is why the einsums below keep N as an axis of
+their own instead of folding it into D. Those [B, N, T, S] probabilities are sown into the
+``intermediates`` collection as ``attention_weights`` so that every head can be inspected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import einops
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+Array = jax.Array
+Dtype = Any
+
+# Glorot/Xavier uniform with the fans of the 2-D matrix each kernel stands for: fan-in D and
+# fan-out N*H for [D, N, H]; fan-in N*H and fan-out D for [N, H, D]. jax's initializers assume
+# in_axis=-2, out_axis=-1, which for a 3-D kernel would give the wrong fans.
+qkv_kernel_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
+
+
+def per_head(kernel: Array) -> Array:
+    """[D, N, H] query/key/value kernel -> [N, D, H]: element i is head i's own W_i."""
+    return einops.rearrange(kernel, 'D N H -> N D H')
+
+
+def from_per_head(matrices: Array) -> Array:
+    """Inverse of `per_head`: stack N per-head [D, H] matrices into a [D, N, H] kernel."""
+    return einops.rearrange(matrices, 'N D H -> D N H')
+
+
+def fused(kernel: Array) -> Array:
+    """[D, N, H] kernel -> the [D, N*H] matrix of "one big linear layer" (no copy of meaning)."""
+    return einops.rearrange(kernel, 'D N H -> D (N H)')
+
+
+def unfused(matrix: Array, num_heads: int) -> Array:
+    """Inverse of `fused`: a [D, N*H] matrix -> [D, N, H], column block i becoming head i."""
+    return einops.rearrange(matrix, 'D (N H) -> D N H', N=num_heads)
+
+
+def fused_out(kernel: Array) -> Array:
+    """[N, H, D] output kernel -> W^O as the [N*H, D] matrix applied to Concat(heads)."""
+    return einops.rearrange(kernel, 'N H D -> (N H) D')
+
+
+def unfused_out(matrix: Array, num_heads: int) -> Array:
+    """Inverse of `fused_out`: a [N*H, D] matrix -> [N, H, D], row block i becoming head i."""
+    return einops.rearrange(matrix, '(N H) D -> N H D', N=num_heads)
+
+
+class _Projection(nn.Module):
+    """One einsum with a kernel (and optional bias) whose axes the equation names."""
+
+    equation: str
+    kernel_shape: tuple[int, ...]
+    bias_shape: tuple[int, ...]
+    kernel_init: Any
+    use_bias: bool
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param('kernel', self.kernel_init, self.kernel_shape, self.param_dtype)
+        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = self.param('bias', nn.initializers.zeros, self.bias_shape, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def masked_softmax(logits: Array, mask: Array | None) -> Array:
+    """Softmax over the last axis where ``mask`` is True; rows with no True give all zeros.
+
+    Masked logits are replaced by the most negative finite float32 (never -inf, so no
+    inf - inf), the softmax runs in float32, and the result is multiplied by the mask so a
+    query that may attend to nothing (a padding query, an empty packed segment) yields exactly
+    zero weights instead of a uniform average or NaN.
+    """
+    logits = logits.astype(jnp.float32)
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits, axis=-1) * mask
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention, Sec. 3.2.2.
+
+    Parameters: ``query/kernel``, ``key/kernel``, ``value/kernel`` [D, N, H] and
+    ``out/kernel`` [N, H, D] (plus ``bias`` entries when ``use_bias``). See the module
+    docstring for why each kernel is at once the N per-head matrices and the fused matrix.
+
+    Attributes:
+      num_heads: N.
+      head_dim: H (d_k = d_v); defaults to D // N.
+      dropout_rate: dropout on the attention probabilities.
+      dtype: computation dtype (softmax always runs in float32).
+      param_dtype: parameter dtype.
+      use_bias: add biases to the four projections (the paper's equations have none).
+    """
+
+    num_heads: int
+    head_dim: int | None = None
+    dropout_rate: float = 0.0
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    use_bias: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None = None,
+        *,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> Array:
+        """Attends from ``inputs_q`` [B, T, D] to ``inputs_kv`` [B, S, D].
+
+        Args:
+          inputs_q: queries, [B, T, D].
+          inputs_kv: keys and values, [B, S, D].
+          mask: boolean, broadcastable to [B, N, T, S]; True = may attend.
+          deterministic: disables dropout.
+          decode: self-attention one position per call with a key/value cache in the
+            ``cache`` collection. The first call (at ``init``) sizes the cache from the
+            full-length ``inputs_kv``; later calls take T = 1 and attend to every cached
+            position up to and including the current one.
+
+        Returns:
+          [B, T, D].
+        """
+        d_model = inputs_q.shape[-1]
+        num_heads = self.num_heads
+        head_dim = self.head_dim or d_model // num_heads
+
+        def project(name: str, equation: str, kernel_shape, bias_shape, init) -> _Projection:
+            return _Projection(
+                equation=equation,
+                kernel_shape=kernel_shape,
+                bias_shape=bias_shape,
+                kernel_init=init,
+                use_bias=self.use_bias,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name=name,
+            )
+
+        qkv_shape = (d_model, num_heads, head_dim)
+        heads_shape = (num_heads, head_dim)
+        query = project('query', 'BTD,DNH->BTNH', qkv_shape, heads_shape, qkv_kernel_init)
+        key = project('key', 'BSD,DNH->BSNH', qkv_shape, heads_shape, qkv_kernel_init)
+        value = project('value', 'BSD,DNH->BSNH', qkv_shape, heads_shape, qkv_kernel_init)
+        out = project(
+            'out', 'BTNH,NHD->BTD', (num_heads, head_dim, d_model), (d_model,), out_kernel_init
+        )
+
+        q = query(inputs_q)
+        k = key(inputs_kv)
+        v = value(inputs_kv)
+
+        if decode:
+            k, v, mask = self._update_cache(k, v, mask)
+
+        # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
+        q = q / jnp.sqrt(head_dim).astype(self.dtype)
+        logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
+        probs = masked_softmax(logits, mask)
+        self.sow('intermediates', 'attention_weights', probs)
+        if not deterministic and self.dropout_rate > 0.0:
+            probs = nn.Dropout(rate=self.dropout_rate)(probs, deterministic=False)
+        heads = jnp.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
+        return out(heads)
+
+    def _update_cache(self, k: Array, v: Array, mask: Array | None):
+        """Writes this step's key/value into the cache and masks the positions not yet written."""
+        is_initialized = self.has_variable('cache', 'cached_key')
+        cached_key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+        cached_value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+        cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+        if not is_initialized:
+            # The init call only sizes the cache; it attends over its full input as usual.
+            return k, v, mask
+        length = cached_key.value.shape[1]
+        if k.shape[1] != 1:
+            raise ValueError(f'decode=True takes one position per call, got {k.shape[1]}.')
+        index = cache_index.value
+        start = (0, index, 0, 0)
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, start)
+        cache_index.value = index + 1
+        written = (jnp.arange(length) <= index)[None, None, None, :]  # [1, 1, 1, S]
+        mask = written if mask is None else jnp.logical_and(mask, written)
+        return cached_key.value, cached_value.value, mask

@@ -1,0 +1,443 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Shape legend (see also transformer/attention.py):
+
+    B batch · T target (query) positions · S source (key/value) positions · D d_model
+    N heads · H head dim (d_k) · F d_ff · V vocabulary
+
+Token ids: 0 = padding and the decoder start token, 1 = end of sentence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from transformer.attention import MultiHeadAttention
+
+Array = jax.Array
+PAD_ID = 0
+EOS_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of the model; defaults are the paper's base model (Table 3)."""
+
+    vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    head_dim: int | None = None  # d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout_rate: float = 0.1  # residual + embedding dropout, P_drop (Sec. 5.4)
+    attention_dropout_rate: float = 0.0  # on attention probabilities (not in the paper)
+    relu_dropout_rate: float = 0.0  # inside the FFN, after the ReLU (not in the paper)
+    max_len: int = 256  # longest sequence the data pipeline and decoder caches produce
+    # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
+    # 'target': target embedding == pre-softmax projection, separate source embedding;
+    # 'none': three separate matrices.
+    share_embeddings: Literal['all', 'target', 'none'] = 'all'
+    pre_layer_norm: bool = False  # False = post-LN as in the paper; True = pre-LN + final LN
+    layer_norm_epsilon: float = 1e-6
+    dtype: Any = jnp.float32  # computation dtype
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if self.share_embeddings not in ('all', 'target', 'none'):
+            raise ValueError(
+                f"share_embeddings must be 'all', 'target' or 'none', got "
+                f'{self.share_embeddings!r}.'
+            )
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}; '
+                'set head_dim explicitly.'
+            )
+
+
+_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerConfig:
+    """A TransformerConfig from a config file's ``model`` section (one key per field).
+
+    ``dtype`` / ``param_dtype`` may be given by name ('float32', 'bfloat16'); unknown keys fail
+    with the list of valid ones.
+    """
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {'vocab_size'}
+    kwargs = dict(model)
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        raise ValueError(f'Unknown model config keys {unknown}; valid keys: {sorted(fields)}.')
+    for key in ('dtype', 'param_dtype'):
+        if isinstance(kwargs.get(key), str):
+            if kwargs[key] not in _DTYPES:
+                raise ValueError(
+                    f'model.{key} must be one of {sorted(_DTYPES)}, got {kwargs[key]!r}.'
+                )
+            kwargs[key] = _DTYPES[kwargs[key]]
+    return TransformerConfig(vocab_size=vocab_size, **kwargs)
+
+
+def sinusoidal_positions(positions: Array, d_model: int) -> Array:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Sec. 3.5).
+
+    Computed from the positions themselves, so packed rows (positions restarting at 0) and
+    any length work without a precomputed table.
+
+    Args:
+      positions: integer positions, any shape [...].
+      d_model: D (even).
+
+    Returns:
+      [..., D] float32, sin at even and cos at odd channels, interleaved as in the paper.
+    """
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
+    """Decoder inputs: targets shifted one place right, starting with the start token 0.
+
+    With packing, every example in the row starts with its own start token: the first
+    token of each segment is zeroed instead of carrying the previous example's last token.
+    """
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    if segmentation is not None:
+        prev_segment = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+        shifted = jnp.where(segmentation == prev_segment, shifted, PAD_ID)
+    return shifted
+
+
+def attention_mask(
+    query_valid: Array,
+    key_valid: Array,
+    query_segmentation: Array | None = None,
+    key_segmentation: Array | None = None,
+    causal: bool = False,
+) -> Array:
+    """Boolean [B, 1, T, S] mask: both positions real, same packed segment, and (if causal)
+    key position <= query position."""
+    mask = query_valid[:, None, :, None] & key_valid[:, None, None, :]
+    if query_segmentation is not None:
+        same = query_segmentation[:, :, None] == key_segmentation[:, None, :]
+        mask = mask & same[:, None]
+    if causal:
+        t, s = query_valid.shape[1], key_valid.shape[1]
+        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
+    return mask
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        dense = dict(
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.xavier_uniform(),
+        )
+        h = nn.relu(nn.Dense(cfg.d_ff, name='wi', **dense)(x))  # [B, T, F]
+        h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+        return nn.Dense(x.shape[-1], name='wo', **dense)(h)
+
+
+class _SubLayers(nn.Module):
+    """Residual connection + layer norm around a sub-layer, post-LN or pre-LN.
+
+    Post-LN (the paper, Sec. 3.1/5.4): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-LN (tensor2tensor's later default): x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    config: TransformerConfig
+
+    def residual(self, x: Array, sublayer, name: str, deterministic: bool) -> Array:
+        cfg = self.config
+        norm = nn.LayerNorm(
+            epsilon=cfg.layer_norm_epsilon,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=f'{name}_norm',
+        )
+        drop = nn.Dropout(cfg.dropout_rate)
+        if cfg.pre_layer_norm:
+            return x + drop(sublayer(norm(x)), deterministic=deterministic)
+        return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+    def attention(self, name: str) -> MultiHeadAttention:
+        cfg = self.config
+        return MultiHeadAttention(
+            num_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            dropout_rate=cfg.attention_dropout_rate,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=name,
+        )
+
+
+class EncoderLayer(_SubLayers):
+    """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1)."""
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        attn = self.attention('self_attention')
+        x = self.residual(
+            x,
+            lambda y: attn(y, y, mask, deterministic=deterministic),
+            'self_attention',
+            deterministic,
+        )
+        ffn = FeedForward(self.config, name='ffn')
+        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+
+
+class DecoderLayer(_SubLayers):
+    """Masked self-attention, encoder-decoder attention, FFN (Sec. 3.1)."""
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array,
+        deterministic: bool,
+        decode: bool,
+    ) -> Array:
+        self_attn = self.attention('self_attention')
+        x = self.residual(
+            x,
+            lambda y: self_attn(y, y, self_mask, deterministic=deterministic, decode=decode),
+            'self_attention',
+            deterministic,
+        )
+        cross_attn = self.attention('cross_attention')
+        x = self.residual(
+            x,
+            lambda y: cross_attn(y, encoded, cross_mask, deterministic=deterministic),
+            'cross_attention',
+            deterministic,
+        )
+        ffn = FeedForward(self.config, name='ffn')
+        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+
+
+class DecodePosition(nn.Module):
+    """The position of the token decoded now, kept in the ``cache`` collection and advanced by
+    one each call (the init call only creates it)."""
+
+    @nn.compact
+    def __call__(self) -> Array:
+        is_initialized = self.has_variable('cache', 'position')
+        position = self.variable('cache', 'position', lambda: jnp.array(0, jnp.int32))
+        current = position.value
+        if is_initialized:
+            position.value = current + 1
+        return current
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with (optionally) tied embeddings.
+
+    Parameter tree (share_embeddings='all'): ``shared_embedding/embedding [V, D]``,
+    ``encoder/layer_{i}/...``, ``decoder/layer_{i}/...``. The same [V, D] matrix embeds the
+    source and target tokens and, transposed, is the pre-softmax projection (Sec. 3.4).
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        # N(0, D^-1/2) so that embeddings scaled by sqrt(D) have unit variance.
+        embed = lambda name: nn.Embed(  # noqa: E731
+            cfg.vocab_size,
+            cfg.d_model,
+            embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=name,
+        )
+        if cfg.share_embeddings == 'all':
+            self.source_embedding = self.target_embedding = embed('shared_embedding')
+        else:
+            self.source_embedding = embed('source_embedding')
+            self.target_embedding = embed('target_embedding')
+        if cfg.share_embeddings == 'none':
+            self.logits_dense = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                name='logits_dense',
+            )
+        self.encoder_layers = [
+            EncoderLayer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
+        ]
+        self.decoder_layers = [
+            DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
+        ]
+        norm = lambda name: nn.LayerNorm(  # noqa: E731
+            epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+        )
+        if cfg.pre_layer_norm:
+            # Pre-LN leaves the residual stream un-normalised; a final LayerNorm closes it.
+            self.encoder_norm = norm('encoder_norm')
+            self.decoder_norm = norm('decoder_norm')
+        self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+        self.decode_position = DecodePosition(name='decode_position')
+
+    def _embed(self, embedding: nn.Embed, tokens: Array, positions: Array, train: bool) -> Array:
+        cfg = self.config
+        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
+        # the sum is dropped out (Sec. 5.4).
+        x = embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+        x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
+        return self.embed_dropout(x, deterministic=not train)
+
+    def encode(
+        self,
+        inputs: Array,
+        *,
+        train: bool = False,
+        inputs_segmentation: Array | None = None,
+        inputs_positions: Array | None = None,
+    ) -> Array:
+        """Encodes source tokens [B, S] -> [B, S, D]."""
+        if inputs_positions is None:
+            inputs_positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+        valid = inputs != PAD_ID
+        mask = attention_mask(valid, valid, inputs_segmentation, inputs_segmentation)
+        x = self._embed(self.source_embedding, inputs, inputs_positions, train)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, deterministic=not train)
+        if self.config.pre_layer_norm:
+            x = self.encoder_norm(x)
+        return x
+
+    def decode(
+        self,
+        encoded: Array,
+        inputs: Array,
+        targets: Array,
+        *,
+        train: bool = False,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        targets_positions: Array | None = None,
+        decode: bool = False,
+    ) -> Array:
+        """Decoder logits [B, T, V]; position t predicts ``targets[:, t]``.
+
+        Args:
+          encoded: encoder output [B, S, D].
+          inputs: source tokens [B, S] (for the padding mask of cross-attention).
+          targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
+            instead the single previous token [B, 1] (0 at the first step), not shifted.
+          train: enables dropout.
+          inputs_segmentation, targets_segmentation, targets_positions: packing, [B, S]/[B, T].
+          decode: one step of autoregressive decoding with the key/value cache.
+
+        Returns:
+          float32 logits [B, T, V].
+        """
+        cfg = self.config
+        source_valid = inputs != PAD_ID
+        if decode:
+            position = self.decode_position()
+            decoder_inputs = targets
+            positions = jnp.full(targets.shape, position)
+            self_mask = None  # the cache masks what has not been written yet
+            cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
+        else:
+            if targets_positions is None:
+                targets_positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
+            decoder_inputs = shift_right(targets, targets_segmentation)
+            positions = targets_positions
+            # Validity comes from the targets being predicted: the shifted input's leading
+            # start token is id 0 but is a real position.
+            target_valid = targets != PAD_ID
+            self_mask = attention_mask(
+                target_valid,
+                target_valid,
+                targets_segmentation,
+                targets_segmentation,
+                causal=True,
+            )
+            cross_mask = attention_mask(
+                target_valid, source_valid, targets_segmentation, inputs_segmentation
+            )
+        y = self._embed(self.target_embedding, decoder_inputs, positions, train)
+        for layer in self.decoder_layers:
+            y = layer(y, encoded, self_mask, cross_mask, deterministic=not train, decode=decode)
+        if cfg.pre_layer_norm:
+            y = self.decoder_norm(y)
+        if cfg.share_embeddings == 'none':
+            logits = self.logits_dense(y)
+        else:
+            logits = self.target_embedding.attend(y)  # y E^T: tied pre-softmax (Sec. 3.4)
+        return logits.astype(jnp.float32)
+
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        train: bool = False,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> Array:
+        """Teacher-forced logits [B, T, V] for source [B, S] and target [B, T] tokens."""
+        encoded = self.encode(
+            inputs,
+            train=train,
+            inputs_segmentation=inputs_segmentation,
+            inputs_positions=inputs_positions,
+        )
+        return self.decode(
+            encoded,
+            inputs,
+            targets,
+            train=train,
+            inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation,
+            targets_positions=targets_positions,
+        )
+
+
+def init_cache(
+    model: Transformer, encoded: Array, inputs: Array, max_decode_len: int
+) -> dict[str, Any]:
+    """Zero key/value caches for ``model.decode(..., decode=True)``.
+
+    Args:
+      model: the Transformer.
+      encoded: encoder output [B, S, D] (only its shape and dtype are used).
+      inputs: source tokens [B, S] (only the shape is used).
+      max_decode_len: number of decoding steps the cache must hold.
+
+    Returns:
+      The ``cache`` collection, all zeros.
+    """
+    targets = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
+    shapes = jax.eval_shape(
+        lambda: model.init(
+            jax.random.key(0), encoded, inputs, targets, decode=True, method=Transformer.decode
+        )['cache']
+    )
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
