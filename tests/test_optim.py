@@ -1,0 +1,47 @@
+"""The schedule and optimiser of Sec. 5.3."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from transformer import optim
+
+
+@pytest.mark.parametrize('step', [1, 10, 3999, 4000, 4001, 100_000])
+def test_rsqrt_schedule_matches_paper_formula(step):
+    """lrate = d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
+    schedule = optim.rsqrt_schedule(d_model=512, warmup_steps=4000)
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-6)
+
+
+def test_rsqrt_schedule_peaks_at_warmup():
+    """The learning rate rises until warmup_steps and falls after it."""
+    schedule = optim.rsqrt_schedule(d_model=512, warmup_steps=4000)
+    values = np.array([schedule(count) for count in range(0, 8000, 50)])
+    assert int(np.argmax(values)) * 50 + 1 in range(3951, 4051)
+
+
+def test_adam_first_step_uses_paper_betas_and_epsilon():
+    """Adam's first update is -lr * g / (|g| + eps) whatever beta1 / beta2 are (bias
+    correction), and the config's betas and eps are the ones used."""
+    opt = base.get_config().opt
+    tx, schedule = optim.make_optimizer(opt, d_model=512)
+    params = {'w': jnp.array([1.0, -2.0, 3.0])}
+    grads = {'w': jnp.array([0.5, -1e-3, 0.0])}
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)
+    lr = schedule(0)
+    expected = -lr * grads['w'] / (jnp.abs(grads['w']) + opt.eps)
+    np.testing.assert_allclose(updates['w'], expected, rtol=1e-6)
+    adam_state = state[-1][0]
+    np.testing.assert_allclose(adam_state.nu['w'], (1 - opt.b2) * grads['w'] ** 2, rtol=1e-6)
+    np.testing.assert_allclose(adam_state.mu['w'], (1 - opt.b1) * grads['w'], rtol=1e-6)
+
+
+def test_bad_schedule_name_is_a_clear_error():
+    opt = base.get_config().opt
+    opt.schedule = 'cosine'
+    with pytest.raises(ValueError, match="'rsqrt' or 'constant'"):
+        optim.make_optimizer(opt, d_model=512)

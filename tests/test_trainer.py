@@ -1,0 +1,143 @@
+"""Loss, train step and data parallelism (pmap / sharding == one device)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from transformer import optim, trainer
+from transformer.model import Transformer, TransformerConfig
+
+VOCAB = 32
+ROWS, LEN = 8, 12
+
+
+def _tiny_model() -> Transformer:
+    return Transformer(
+        TransformerConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            num_heads=4,
+            d_ff=64,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dropout_rate=0.0,
+        )
+    )
+
+
+def _packed_batch(seed: int) -> dict[str, np.ndarray]:
+    """Rows of two packed examples each, with trailing padding of varying length."""
+    rng = np.random.default_rng(seed)
+    batch = {k: np.zeros((ROWS, LEN), np.int32) for k in ('inputs', 'targets')}
+    for k in ('inputs', 'targets'):
+        batch[f'{k}_segmentation'] = np.zeros((ROWS, LEN), np.int32)
+        batch[f'{k}_positions'] = np.zeros((ROWS, LEN), np.int32)
+    for row in range(ROWS):
+        for k in ('inputs', 'targets'):
+            first, second = rng.integers(2, 6, size=2)
+            lengths = [first, second]
+            offset = 0
+            for segment, length in enumerate(lengths, start=1):
+                tokens = rng.integers(3, VOCAB, size=length)
+                tokens[-1] = 1  # EOS
+                batch[k][row, offset : offset + length] = tokens
+                batch[f'{k}_segmentation'][row, offset : offset + length] = segment
+                batch[f'{k}_positions'][row, offset : offset + length] = np.arange(length)
+                offset += length
+    return batch
+
+
+def test_label_smoothing_matches_direct_computation():
+    """The closed form equals -sum_v q_v log p_v with the smoothed one-hot q built explicitly."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 5, 7)) * 3, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 7, size=(2, 5)))
+    weights = jnp.asarray(rng.integers(0, 2, size=(2, 5)), jnp.float32)
+    eps = 0.1
+    q = jax.nn.one_hot(targets, 7) * (1 - eps) + (1 - jax.nn.one_hot(targets, 7)) * eps / 6
+    direct = -(q * jax.nn.log_softmax(logits)).sum(-1)
+    loss, nll = trainer.cross_entropy_with_smoothing(logits, targets, weights, eps)
+    np.testing.assert_allclose(loss, (direct * weights).sum(), rtol=1e-5)
+    plain = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll, (plain * weights).sum(), rtol=1e-5)
+    loss0, nll0 = trainer.cross_entropy_with_smoothing(logits, targets, weights, 0.0)
+    np.testing.assert_allclose(loss0, nll0, rtol=1e-6)
+
+
+def test_smoothed_loss_is_finite_and_floor_is_its_minimum():
+    """Extreme logits give a finite loss; logits = log q reach exactly the constant floor."""
+    targets = jnp.array([[2, 0]])
+    weights = jnp.ones((1, 2))
+    huge = jnp.where(jax.nn.one_hot(targets, 5) > 0, 1e4, -1e4)
+    loss, _ = trainer.cross_entropy_with_smoothing(huge, targets, weights, 0.1)
+    assert np.isfinite(loss)
+    q = jax.nn.one_hot(targets, 5) * 0.9 + (1 - jax.nn.one_hot(targets, 5)) * 0.1 / 4
+    best, _ = trainer.cross_entropy_with_smoothing(jnp.log(q), targets, weights, 0.1)
+    np.testing.assert_allclose(best / 2, trainer.smoothing_floor(5, 0.1), rtol=1e-5)
+    assert trainer.smoothing_floor(5, 0.0) == 0.0
+
+
+def _run(mode: str, devices, accum: int, steps: int = 3):
+    model = _tiny_model()
+    opt = base.get_config().opt
+    opt.warmup_steps = 10
+    tx, schedule = optim.make_optimizer(opt, d_model=32)
+    parallel = trainer.Parallel(
+        mode,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        label_smoothing=0.1,
+        accum_steps=accum,
+        devices=devices,
+    )
+    state = parallel.put_state(trainer.init_state(model, tx, jax.random.key(0), LEN))
+    losses = []
+    for step in range(steps):
+        state, sums = parallel.train_step(state, _packed_batch(step), jax.random.key(1))
+        sums = jax.device_get(sums)
+        loss = np.asarray(sums['loss']).reshape(-1)[0] / np.asarray(sums['tokens']).reshape(-1)[0]
+        losses.append(loss)
+    return np.array(losses), jax.device_get(parallel.get_state(state).params)
+
+
+@functools.cache
+def _reference():
+    return _run('sharding', jax.devices()[:1], accum=1)
+
+
+@pytest.mark.parametrize(
+    'mode,num_devices,accum',
+    [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 1, 4)],
+)
+def test_data_parallel_equals_one_device(mode, num_devices, accum):
+    """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
+    or without gradient accumulation (the loss is normalised by the global token count)."""
+    assert len(jax.devices()) == 8, 'conftest should give 8 CPU devices'
+    ref_losses, ref_params = _reference()
+    losses, params = _run(mode, jax.devices()[:num_devices], accum)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert losses[-1] < losses[0]  # it learns: the comparison is not between frozen models
+    for ref, got in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_sharding_mode_splits_heads_on_the_model_axis():
+    """With a 'model' axis of 2, q/k/v kernels are split on N and out kernels on N."""
+    mesh = trainer.make_mesh(2, jax.devices()[:4])
+    model = _tiny_model()
+    tx, _ = optim.make_optimizer(base.get_config().opt, d_model=32)
+    state = trainer.init_state(model, tx, jax.random.key(0), LEN)
+    shardings = trainer.state_shardings(mesh, state)
+    attn = shardings.params['encoder_layer_0']['self_attention']
+    assert attn['query']['kernel'].spec == jax.sharding.PartitionSpec(None, 'model', None)
+    assert attn['out']['kernel'].spec == jax.sharding.PartitionSpec('model', None, None)
+    mu = shardings.opt_state[-1][0].mu['encoder_layer_0']['self_attention']['key']['kernel']
+    assert mu.spec == jax.sharding.PartitionSpec(None, 'model', None)
+    placed = jax.device_put(state, shardings)
+    kernel = placed.params['encoder_layer_0']['self_attention']['query']['kernel']
+    assert kernel.addressable_shards[0].data.shape == (32, 2, 8)  # half of the 4 heads
