@@ -1,0 +1,293 @@
+"""Tests of transformer/decode.py: scores, exhaustive search, cache, padding, limits, stopping.
+
+A tiny model with random parameters (drawn in numpy on the real parameter tree, as in
+tests/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the
+output projection, hence the logits, so that distributions are peaked like a trained model's;
+``eos_logit`` makes stopping more or less likely. Shapes are shared between tests so that each
+search compiles as few times as possible.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import decode
+from transformer.model import EOS_ID, PAD_ID, Transformer, TransformerConfig
+
+V = 6
+MODEL = Transformer(
+    TransformerConfig(
+        vocab_size=V,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout_rate=0.0,
+        # Untied output projection: with tied embeddings a random model mostly repeats the
+        # token it was fed.
+        share_embeddings='none',
+    )
+)
+# Right-padded sources of lengths 4, 2 and 3 (EOS included); the shared shape of most tests.
+INPUTS = np.array([[2, 3, 4, 1], [5, 1, 0, 0], [4, 4, 1, 0]], np.int32)
+EXTRA = 3  # output limits 7, 5, 6 = input length + EXTRA; loop length 4 + EXTRA = 7
+
+
+@functools.cache
+def _param_shapes() -> dict:
+    tokens = jnp.ones((1, 2), jnp.int32)
+    return jax.eval_shape(MODEL.init, jax.random.key(0), tokens, tokens)['params']
+
+
+def random_params(sharpness: float = 1.0, seed: int = 0, eos_logit: float = 0.0) -> dict:
+    """Random values on the model's parameter tree; logits scale with ``sharpness``, and
+    ``eos_logit`` is added to EOS's logit at every position (a random model has no sense of
+    when to stop)."""
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        name, parent = path[-1].key, path[-2].key
+        noise = rng.standard_normal(leaf.shape).astype(np.float32)
+        if name == 'scale':
+            return 1.0 + 0.1 * noise
+        if name == 'bias':
+            return 0.1 * noise
+        if name == 'embedding':
+            return noise / np.sqrt(leaf.shape[1])
+        if parent == 'logits_dense':
+            return sharpness * noise / np.sqrt(leaf.shape[0])
+        fan_in = leaf.shape[0] * leaf.shape[1] if parent == 'out' else leaf.shape[0]
+        return noise / np.sqrt(fan_in)
+
+    params = jax.tree_util.tree_map_with_path(fill, _param_shapes())
+    # Channel 0 of the last (post-LN) decoder output is pinned to 1, so row 0 of the output
+    # projection becomes a per-token logit bias.
+    last_norm = params['decoder_layer_0']['ffn_norm']
+    last_norm['scale'][0], last_norm['bias'][0] = 0.0, 1.0
+    kernel = params['logits_dense']['kernel']  # [D, V]
+    kernel[0] = 0.0
+    kernel[0, EOS_ID] = eos_logit
+    return params
+
+
+@jax.jit
+def _full_forward(params, inputs, targets):
+    return jax.nn.log_softmax(MODEL.apply({'params': params}, inputs, targets))
+
+
+def teacher_forced_log_probs(params, inputs, targets) -> np.ndarray:
+    """[B, T, V] log-probs of the full (uncached) forward pass.
+
+    Every call runs on [512, 7] (extra rows and trailing columns padded): one compilation.
+    """
+    rows, width = targets.shape
+    pad = ((0, 512 - rows), (0, 7 - width))
+    padded = _full_forward(params, np.pad(inputs, pad[:1] + ((0, 0),)), np.pad(targets, pad))
+    return np.array(padded)[:rows, :width]
+
+
+def sequence_log_probs(params, inputs, targets) -> np.ndarray:
+    """Teacher-forced log P(targets | inputs) [B], summed over the tokens through EOS."""
+    log_probs = teacher_forced_log_probs(params, inputs, targets)
+    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return np.sum(np.where(targets != PAD_ID, picked, 0.0), axis=-1)
+
+
+def output_lengths(tokens: np.ndarray) -> np.ndarray:
+    """Tokens up to and including the first EOS (all of them when there is none)."""
+    is_eos = tokens == EOS_ID
+    return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
+
+
+def assert_well_formed(tokens: np.ndarray):
+    """Content tokens, one EOS, then zeros."""
+    lengths = output_lengths(tokens)
+    positions = np.arange(tokens.shape[-1])
+    inside = positions < lengths[..., None]
+    assert np.all(tokens[~inside] == PAD_ID)
+    assert np.all(tokens[inside] != PAD_ID)
+    assert np.all((tokens == EOS_ID).sum(-1) <= 1)
+
+
+def test_scores_are_the_models_log_probs_over_the_length_penalty():
+    """Every beam score == teacher-forced log-prob (EOS included) / ((5 + |y|) / 6)^0.6."""
+    params = random_params(sharpness=2.0)
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    assert sequences.shape == (3, 4, 7) and scores.shape == (3, 4)
+    assert_well_formed(sequences)
+    assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+    flat = sequences.reshape(12, 7)
+    log_probs = sequence_log_probs(params, np.repeat(INPUTS, 4, axis=0), flat)
+    expected = log_probs / ((5.0 + output_lengths(flat)) / 6.0) ** 0.6
+    np.testing.assert_allclose(scores.reshape(-1), expected, rtol=1e-5, atol=1e-4)
+    best = decode.translate_batch(MODEL, params, INPUTS, extra_length=EXTRA)
+    np.testing.assert_array_equal(np.asarray(best), sequences[:, 0])
+
+
+def test_large_beam_equals_exhaustive_search():
+    """With a beam as wide as every prefix, the K hypotheses are the K best of all sequences."""
+    params = random_params(sharpness=1.5, seed=1)
+    inputs = np.array([[2, 3, 1], [4, 1, 0]], np.int32)  # limits 3 + 2 = 5 and 2 + 2 = 4
+    beam = (V - 2) ** 4  # every 4-token prefix stays alive: nothing is pruned
+    sequences, scores = decode.beam_search(
+        MODEL, params, inputs, beam_size=beam, alpha=0.6, extra_length=2
+    )
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    # Every sequence the search may produce: content tokens, then EOS by the limit.
+    candidates = {
+        limit: np.array(
+            [
+                list(prefix) + [EOS_ID] + [PAD_ID] * (5 - n - 1)
+                for n in range(limit)
+                for prefix in itertools.product(range(2, V), repeat=n)
+            ],
+            np.int32,
+        )
+        for limit in (5, 4)
+    }
+    log_probs = sequence_log_probs(
+        params,
+        np.repeat(inputs, [len(candidates[5]), len(candidates[4])], axis=0),
+        np.concatenate([candidates[5], candidates[4]]),
+    )
+    log_probs = {5: log_probs[: len(candidates[5])], 4: log_probs[len(candidates[5]) :]}
+    for b, limit in enumerate([5, 4]):
+        all_scores = log_probs[limit] / ((5.0 + output_lengths(candidates[limit])) / 6.0) ** 0.6
+        best = np.argsort(-all_scores, kind='stable')[:beam]
+        found = len(best)  # 256 of 341 for limit 5; all 85 for limit 4
+        np.testing.assert_array_equal(sequences[b, :found], candidates[limit][best])
+        np.testing.assert_allclose(scores[b, :found], all_scores[best], rtol=1e-5, atol=1e-4)
+        assert np.all(scores[b, found:] == -np.inf)
+        assert np.all(sequences[b, found:] == PAD_ID)
+
+
+def test_cached_greedy_equals_recomputing_the_prefix():
+    """Greedy over the KV cache == greedy re-running the full forward on the prefix each step."""
+    params = random_params(sharpness=4.0, seed=4, eos_logit=2.0)
+    tokens = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    limits = (INPUTS != PAD_ID).sum(-1) + EXTRA
+    # Positions not decoded yet hold a non-pad filler: causality hides them from the
+    # positions that are read, and pad would mask the position being predicted.
+    prefix = np.full((3, 7), 2, np.int32)
+    done = np.zeros(3, bool)
+    for t in range(7):
+        log_probs = teacher_forced_log_probs(params, INPUTS, prefix)[:, t]
+        log_probs[:, PAD_ID] = -np.inf
+        log_probs[t + 1 >= limits, 2:] = -np.inf
+        prefix[:, t] = np.where(done, PAD_ID, log_probs.argmax(-1))
+        done |= prefix[:, t] == EOS_ID
+    np.testing.assert_array_equal(tokens, prefix)
+    np.testing.assert_array_equal(output_lengths(tokens), [1, 5, 6])  # EOS chosen, forced
+
+
+def test_beam_of_one_equals_greedy_on_confident_choices():
+    """Beam 1 returns greedy's output when greedy is confident, and never scores below it."""
+
+    def beam_one_and_greedy(params):
+        greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+        greedy_scores = sequence_log_probs(params, INPUTS, greedy) / np.asarray(
+            decode.length_penalty(output_lengths(greedy), 0.6)
+        )
+        sequences, scores = decode.beam_search(
+            MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA
+        )
+        return greedy, greedy_scores, np.asarray(sequences)[:, 0], np.asarray(scores)[:, 0]
+
+    # Peaked distributions whose greedy outputs end with a chosen EOS: the same output.
+    params = random_params(sharpness=12.0, seed=8, eos_logit=6.0)
+    greedy, greedy_scores, best, scores = beam_one_and_greedy(params)
+    np.testing.assert_array_equal(output_lengths(greedy), [4, 2, 3])  # limits 7, 5, 6
+    np.testing.assert_array_equal(best, greedy)
+    np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5, atol=1e-4)
+    translated = decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)
+    np.testing.assert_array_equal(np.asarray(translated), greedy)
+    # Greedy never weighs stopping where EOS is not the top token; beam 1 scores every EOS on
+    # its path. Here greedy runs into the forced EOS, and beam 1 stops early with more.
+    params = random_params(sharpness=2.0, seed=3)
+    greedy, greedy_scores, best, scores = beam_one_and_greedy(params)
+    np.testing.assert_array_equal(output_lengths(greedy), [7, 5, 6])  # all forced
+    np.testing.assert_array_equal(output_lengths(best), [2, 5, 2])
+    np.testing.assert_array_equal(best[1], greedy[1])
+    assert np.all(scores >= greedy_scores - 1e-5) and np.all(scores[[0, 2]] > greedy_scores[[0, 2]])
+
+
+def test_padding_does_not_change_the_output():
+    """Adding pad columns (the first example had none) and a pad row changes no output."""
+    params = random_params(sharpness=2.0, seed=4)
+    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    padded = np.zeros((4, 6), np.int32)  # 2 more columns and an all-pad row
+    padded[:3, :4] = INPUTS
+    greedy_padded = np.asarray(decode.greedy_search(MODEL, params, padded, extra_length=EXTRA))
+    sequences_padded, scores_padded = decode.beam_search(MODEL, params, padded, extra_length=EXTRA)
+    # Limits follow the real lengths, not the width: the 2 extra columns stay empty.
+    np.testing.assert_array_equal(greedy_padded[:3], np.pad(greedy, ((0, 0), (0, 2))))
+    np.testing.assert_array_equal(
+        np.asarray(sequences_padded)[:3], np.pad(np.asarray(sequences), ((0, 0), (0, 0), (0, 2)))
+    )
+    np.testing.assert_allclose(np.asarray(scores_padded)[:3], scores, rtol=1e-5, atol=1e-5)
+
+
+def test_output_stops_at_input_length_plus_extra():
+    """An example that never picks EOS gets it forced at input length + extra (or at T)."""
+    params = random_params(sharpness=2.0, seed=5, eos_logit=-30.0)  # EOS never chosen
+    limits = (INPUTS != PAD_ID).sum(-1) + EXTRA
+    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    assert_well_formed(greedy)
+    np.testing.assert_array_equal(output_lengths(greedy), limits)
+    np.testing.assert_array_equal(greedy[np.arange(3), limits - 1], EOS_ID)
+    sequences, _ = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    sequences = np.asarray(sequences)
+    assert_well_formed(sequences)
+    lengths = output_lengths(sequences)
+    assert np.all(lengths <= limits[:, None]) and np.all((lengths == limits[:, None]).any(-1))
+    # A loop length below the limits caps every example at it.
+    capped = np.asarray(
+        decode.greedy_search(MODEL, params, INPUTS, max_decode_len=4, extra_length=EXTRA)
+    )
+    assert capped.shape == (3, 4)
+    np.testing.assert_array_equal(capped[:, :3], greedy[:, :3])
+    np.testing.assert_array_equal(capped[:, 3], EOS_ID)
+
+
+def test_early_stop_gives_the_same_result_in_fewer_steps():
+    """Stopping once no alive beam can beat the K finished ones changes nothing but the steps."""
+    params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
+    kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA)
+    early = decode._beam_search(MODEL, params, INPUTS, early_stop=True, **kwargs)
+    full = decode._beam_search(MODEL, params, INPUTS, early_stop=False, **kwargs)
+    assert int(full[2]) == 7 and int(early[2]) == 5
+    np.testing.assert_array_equal(np.asarray(early[0]), np.asarray(full[0]))
+    np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
+
+
+def test_reorder_cache_gathers_the_written_positions():
+    """K/V rows follow their parents at positions < written; other row arrays wholly; scalars
+    stay."""
+    rng = np.random.default_rng(0)
+    cache = {
+        'layer': {
+            'cached_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
+            'cached_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
+            'cache_index': np.int32(5),
+        },
+        'position': np.int32(5),
+        'other_rows': rng.standard_normal((6, 5, 2, 3)).astype(np.float32),  # not [rows, 8, ..]
+    }
+    rows = np.array([1, 1, 0, 5, 3, 3], np.int32)
+    reorder = jax.jit(decode._reorder_cache, static_argnames='length')
+    for written in (1, 2, 5, 8):
+        out = reorder(cache, rows, written, length=8)
+        for name in ('cached_key', 'cached_value'):
+            before, after = cache['layer'][name], np.asarray(out['layer'][name])
+            np.testing.assert_array_equal(after[:, :written], before[rows, :written])
+            # Written positions are gathered whole chunks at a time (chunk = 8 / 4 = 2).
+            untouched = -(-written // 2) * 2
+            np.testing.assert_array_equal(after[:, untouched:], before[:, untouched:])
+        assert int(out['layer']['cache_index']) == 5 and int(out['position']) == 5
+        np.testing.assert_array_equal(out['other_rows'], cache['other_rows'][rows])

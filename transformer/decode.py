@@ -1,0 +1,391 @@
+"""Greedy and beam search over the decoder's key/value cache.
+
+Shape legend (as in transformer/model.py, plus K):
+
+    B batch · S source positions · T decoded positions (the loop length) · D d_model
+    N heads · H head dim · V vocabulary · K beams
+
+Every step feeds one token per sequence to ``Transformer.decode(..., decode=True)``, which
+appends that position's keys and values to the cache, so the prefix is never recomputed. The
+first step feeds the start token 0, later steps the previous token.
+
+Conventions shared by both searches:
+
+* Output length. The paper decodes up to "input length + 50" tokens (Sec. 6.1). An example's
+  limit is its own input length (its non-pad tokens, EOS included, so inputs must be
+  right-padded and unpacked) plus ``extra_length``, counting the output's EOS and not the
+  start token. Shapes must be static under jit, so the loop length is taken from the padded
+  width S: T = S + extra_length, or ``max_decode_len`` when given; an example stops at
+  min(limit, T) by allowing only EOS at its last position. Output arrays are [.., T] and only
+  the number of real tokens depends on the data, so equal shapes never recompile.
+* EOS is kept in the output and everything after it is 0. The pad/start token 0 is never
+  generated: a 0 inside a hypothesis would read as padding to the teacher-forced model.
+* Scores are sum of log-probabilities (EOS included) / length_penalty(length), the length
+  counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
+  renormalised after forbidding 0 or forcing EOS, so a score is always the model's
+  log-probability of exactly that sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
+
+Array = jax.Array
+Params = Any
+Cache = Any
+
+# The beam cache's time axis is split into this many equal chunks so that reordering copies
+# only the chunks already written (see `_reorder_cache`). More chunks copy less but add loop
+# iterations per step; the cache grows by fewer than this many positions.
+_REORDER_CHUNKS = 4
+
+
+def length_penalty(length: Array | int, alpha: float) -> Array:
+    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al., 2016, Sec. 7).
+
+    Args:
+      length: number of output tokens, EOS included.
+      alpha: 0 turns the penalty off; the paper uses 0.6 (Sec. 6.1).
+    """
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _loop_length(width: int, max_decode_len: int | None, extra_length: int) -> int:
+    return max_decode_len if max_decode_len is not None else width + extra_length
+
+
+def _output_limits(inputs: Array, loop_length: int, extra_length: int) -> Array:
+    """[B] most output tokens (EOS included) each example may produce."""
+    input_lengths = jnp.sum(inputs != PAD_ID, axis=-1, dtype=jnp.int32)
+    return jnp.minimum(input_lengths + extra_length, loop_length)
+
+
+def _step_log_probs(
+    model: Transformer,
+    params: Params,
+    cache: Cache,
+    encoded: Array,
+    inputs: Array,
+    last_tokens: Array,
+    at_limit: Array,
+) -> tuple[Array, Cache]:
+    """One cached decoder step: log-probs [B', V] for the next token and the updated cache.
+
+    ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
+    stays possible there. Pad/start (0) is never possible.
+    """
+    logits, variables = model.apply(
+        {'params': params, 'cache': cache},
+        encoded,
+        inputs,
+        last_tokens[:, None],
+        decode=True,
+        method=Transformer.decode,
+        mutable=['cache'],
+    )
+    log_probs = jax.nn.log_softmax(logits[:, 0])
+    vocab = jnp.arange(log_probs.shape[-1])
+    forbidden = (vocab == PAD_ID) | (at_limit[:, None] & (vocab != EOS_ID))
+    return jnp.where(forbidden, -jnp.inf, log_probs), variables['cache']
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'max_decode_len', 'extra_length'))
+def greedy_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    max_decode_len: int | None = None,
+    extra_length: int = 50,
+) -> Array:
+    """Greedy decoding: the most probable token at every step.
+
+    Args:
+      model: the Transformer (static: a new model or config compiles anew).
+      params: its parameters.
+      inputs: right-padded source tokens [B, S] int32.
+      max_decode_len: loop length T; defaults to S + extra_length.
+      extra_length: an example's output may have at most its input length + this many tokens,
+        EOS included (input length + 50, Sec. 6.1).
+
+    Returns:
+      [B, T] int32 tokens, EOS included where produced, 0 after it. The loop ends as soon as
+      every example has produced EOS.
+    """
+    batch, width = inputs.shape
+    loop_length = _loop_length(width, max_decode_len, extra_length)
+    limits = _output_limits(inputs, loop_length, extra_length)
+    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    cache = init_cache(model, encoded, inputs, loop_length)
+
+    def not_done(state):
+        step, _, _, done, _ = state
+        return (step < loop_length) & ~jnp.all(done)
+
+    def decode_step(state):
+        step, tokens, last_tokens, done, cache = state
+        log_probs, cache = _step_log_probs(
+            model, params, cache, encoded, inputs, last_tokens, step + 1 >= limits
+        )
+        next_tokens = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+        tokens = tokens.at[:, step].set(next_tokens)
+        return step + 1, tokens, next_tokens, done | (next_tokens == EOS_ID), cache
+
+    state = (
+        jnp.array(0, jnp.int32),
+        jnp.zeros((batch, loop_length), jnp.int32),
+        jnp.full((batch,), PAD_ID, jnp.int32),
+        jnp.zeros((batch,), bool),
+        cache,
+    )
+    return jax.lax.while_loop(not_done, decode_step, state)[1]
+
+
+def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Cache:
+    """Cache whose row r holds what row ``rows[r]`` held, for positions < ``written``.
+
+    The self-attention key/value caches are [B*K, T', N, H] with T' = ``length``, a multiple
+    of `_REORDER_CHUNKS`. Positions at or after ``written`` are left as they are: the model
+    masks them and overwrites each before attending to it. So only the chunks holding written
+    positions are gathered, each back into its own place (dynamic_update_slice in a loop, which
+    XLA does in place): a step moves O(written * B*K * N * H) per cache instead of
+    O(T' * B*K * N * H), and no second full-size buffer is allocated. Scalars
+    (``cache_index``, ``position``) are the same for every row and are not touched; any other
+    array with a B*K axis is gathered whole.
+    """
+    num_rows = rows.shape[0]
+    is_kv = lambda x: x.ndim == 4 and x.shape[:2] == (num_rows, length)  # noqa: E731
+    leaves, treedef = jax.tree_util.tree_flatten(cache)
+    kv_leaves = [i for i, x in enumerate(leaves) if is_kv(x)]
+    leaves = [
+        jnp.take(x, rows, axis=0) if not is_kv(x) and x.ndim and x.shape[0] == num_rows else x
+        for x in leaves
+    ]
+    chunk = length // _REORDER_CHUNKS
+
+    def reorder_chunk(c, kv):
+        start = c * chunk
+        return [
+            jax.lax.dynamic_update_slice_in_dim(
+                x,
+                jnp.take(
+                    jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=1),
+                    rows,
+                    axis=0,
+                    mode='clip',  # rows are in range: no out-of-range masking needed
+                ),
+                start,
+                axis=1,
+            )
+            for x in kv
+        ]
+
+    num_chunks = (written + chunk - 1) // chunk
+    kv = jax.lax.fori_loop(0, num_chunks, reorder_chunk, [leaves[i] for i in kv_leaves])
+    for i, x in zip(kv_leaves, kv, strict=True):
+        leaves[i] = x
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class _BeamState(NamedTuple):
+    step: Array  # tokens in every alive hypothesis so far
+    alive_seqs: Array  # [B, K, T] hypotheses without EOS yet, 0 from `step` on
+    alive_log_probs: Array  # [B, K], sorted best first; -inf = empty slot
+    finished_seqs: Array  # [B, K, T] hypotheses ending in EOS
+    finished_scores: Array  # [B, K] log-prob / length penalty, sorted best first; -inf = empty
+    cache: Cache  # rows b*K + k follow alive_seqs[b, k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        'model',
+        'beam_size',
+        'alpha',
+        'max_decode_len',
+        'extra_length',
+        'early_stop',
+    ),
+)
+def _beam_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    beam_size: int,
+    alpha: float,
+    max_decode_len: int | None,
+    extra_length: int,
+    early_stop: bool,
+) -> tuple[Array, Array, Array]:
+    """`beam_search`'s sequences and scores, and the number of steps it ran."""
+    batch, width = inputs.shape
+    loop_length = _loop_length(width, max_decode_len, extra_length)
+    limits = _output_limits(inputs, loop_length, extra_length)
+    max_penalty = length_penalty(limits, alpha)  # [B]
+    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    # Every beam of an example reads the same source: repeat it once, not at every step.
+    encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D]
+    beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
+    cache_length = -(-loop_length // _REORDER_CHUNKS) * _REORDER_CHUNKS
+    cache = init_cache(model, encoded, beam_inputs, cache_length)
+    beam_limits = jnp.repeat(limits, beam_size)
+    row_offsets = jnp.arange(batch)[:, None] * beam_size
+
+    def not_done(state: _BeamState) -> Array:
+        if not early_stop:
+            return state.step < loop_length
+        # Log-probs only fall as tokens are added, so an alive hypothesis can at best keep
+        # its log-prob and divide it by the largest penalty still reachable (the limit's for
+        # alpha >= 0). Stop once the worst of the K finished beats that for every example:
+        # then no finished hypothesis can be displaced any more.
+        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), max_penalty)
+        best_alive = state.alive_log_probs[:, 0] / best_penalty
+        done = state.finished_scores[:, -1] >= best_alive
+        return (state.step < loop_length) & ~jnp.all(done)
+
+    def decode_step(state: _BeamState) -> _BeamState:
+        step = state.step
+        last_tokens = jnp.where(
+            step > 0,
+            jax.lax.dynamic_index_in_dim(
+                state.alive_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False
+            ),
+            PAD_ID,
+        )
+        log_probs, cache = _step_log_probs(
+            model,
+            params,
+            state.cache,
+            encoded,
+            beam_inputs,
+            last_tokens.reshape(-1),
+            step + 1 >= beam_limits,
+        )
+        log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(batch, beam_size, -1)
+        vocab = log_probs.shape[-1]
+
+        # Every alive hypothesis + EOS is a candidate for the finished set (not just those
+        # among the top candidates), so no short hypothesis is lost to a crowded beam.
+        eos_seqs = state.alive_seqs.at[:, :, step].set(EOS_ID)
+        eos_scores = log_probs[:, :, EOS_ID] / length_penalty(step + 1, alpha)
+        finished_scores, order = jax.lax.top_k(
+            jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
+        )
+        finished_seqs = jnp.take_along_axis(
+            jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), order[:, :, None], axis=1
+        )
+
+        # The K best continuations that do not end here stay alive.
+        continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(batch, beam_size * vocab)
+        alive_log_probs, flat = jax.lax.top_k(continuing, beam_size)
+        parents, tokens = flat // vocab, flat % vocab
+        alive_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
+        alive_seqs = alive_seqs.at[:, :, step].set(tokens.astype(jnp.int32))
+        cache = _reorder_cache(cache, (row_offsets + parents).reshape(-1), step + 1, cache_length)
+        return _BeamState(
+            step + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores, cache
+        )
+
+    alive_log_probs = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
+    state = _BeamState(
+        step=jnp.array(0, jnp.int32),
+        alive_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
+        # All K beams start identical; only the first may expand, or the K copies would fill
+        # the beam with the same hypothesis.
+        alive_log_probs=alive_log_probs,
+        finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
+        finished_scores=jnp.full((batch, beam_size), -jnp.inf),
+        cache=cache,
+    )
+    state = jax.lax.while_loop(not_done, decode_step, state)
+    # Slots no hypothesis reached (tiny vocabularies) hold no sequence.
+    finished_seqs = jnp.where(
+        jnp.isfinite(state.finished_scores)[:, :, None], state.finished_seqs, PAD_ID
+    )
+    return finished_seqs, state.finished_scores, state.step
+
+
+def beam_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_decode_len: int | None = None,
+    extra_length: int = 50,
+    early_stop: bool = True,
+) -> tuple[Array, Array]:
+    """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
+
+    Each step extends the K alive hypotheses of every example by every token, offers each
+    hypothesis + EOS to the K-best finished set, and keeps the K most probable other
+    extensions alive; the cache rows follow their hypotheses (`_reorder_cache`).
+
+    Args:
+      model: the Transformer (static: compiled once per model, static argument and shape).
+      params: its parameters.
+      inputs: right-padded source tokens [B, S] int32.
+      beam_size: K.
+      alpha: length penalty exponent, score = log P(y) / ((5 + |y|) / 6)^alpha with |y|
+        counting EOS (GNMT, Wu et al., 2016).
+      max_decode_len: loop length T; defaults to S + extra_length.
+      extra_length: output length limit = input length + this, EOS included (Sec. 6.1).
+      early_stop: end as soon as, for every example, the worst of the K finished scores is
+        at least the best score any alive hypothesis could still reach; the result is the
+        same as without it.
+
+    Returns:
+      (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
+      EOS and are 0 after it. A slot with score -inf holds no hypothesis (only possible when
+      fewer than K sequences exist).
+    """
+    sequences, scores, _ = _beam_search(
+        model,
+        params,
+        inputs,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_decode_len=max_decode_len,
+        extra_length=extra_length,
+        early_stop=early_stop,
+    )
+    return sequences, scores
+
+
+def translate_batch(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_decode_len: int | None = None,
+    extra_length: int = 50,
+) -> Array:
+    """Best output tokens [B, T]: greedy search for ``beam_size == 1``, else beam search.
+
+    Greedy is not beam search with one beam: that one would still weigh every EOS on its
+    path by the length penalty, and here beam 1 means the cheaper plain greedy decode.
+    """
+    if beam_size == 1:
+        return greedy_search(
+            model, params, inputs, max_decode_len=max_decode_len, extra_length=extra_length
+        )
+    sequences, _ = beam_search(
+        model,
+        params,
+        inputs,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_decode_len=max_decode_len,
+        extra_length=extra_length,
+    )
+    return sequences[:, 0]
