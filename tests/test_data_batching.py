@@ -1,0 +1,244 @@
+"""Packed training batches (exact reconstruction, determinism, resumption, sharding) and
+evaluation batches (every example, in order)."""
+
+import json
+import pathlib
+import time
+
+import numpy as np
+import pytest
+
+from transformer import data
+from transformer.data import batching, tokenized
+
+MAX_LEN = 32
+
+
+def _config(**overrides):
+    config = data.default_config()
+    config.synthetic.num_train = 600
+    config.synthetic.num_validation = 70
+    config.synthetic.num_test = 50
+    config.vocab_size = 500
+    config.max_len = MAX_LEN
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp('workdir'))
+
+
+@pytest.fixture(scope='module')
+def tokenizer(workdir):
+    return data.get_tokenizer(_config(), workdir)
+
+
+@pytest.fixture(scope='module')
+def train_data(tokenizer):
+    return data.tokenize_split(_config(), tokenizer, 'train')
+
+
+def _iterator(train_data, **kwargs):
+    kwargs = {'batch_size': 4, 'seed': 0, 'max_len': MAX_LEN, **kwargs}
+    return data.TrainIterator(train_data, **kwargs)
+
+
+def _segments(tokens, segmentation, positions):
+    """{segment id: tokens} of one row, checking positions restart at 0 and count up."""
+    out = {}
+    for segment in np.unique(segmentation[segmentation > 0]):
+        where = np.flatnonzero(segmentation == segment)
+        assert np.array_equal(where, np.arange(where[0], where[-1] + 1)), 'segment not contiguous'
+        assert np.array_equal(positions[where], np.arange(len(where)))
+        out[int(segment)] = tokens[where]
+    return out
+
+
+def _rows_of_epoch(iterator):
+    """Every batch of the iterator's first epoch (batch_size must be 1 row)."""
+    batches = []
+    while iterator.epoch == 0:
+        batches.append(next(iterator))
+    return batches
+
+
+def test_pack_examples_fills_rows_within_capacity():
+    rng = np.random.default_rng(0)
+    source, target = rng.integers(1, 20, 500), rng.integers(1, 20, 500)
+    for open_rows in (1, 8):
+        members, starts = data.pack_examples(source, target, 32, open_rows)
+        assert sorted(members.tolist()) == list(range(500))
+        for r in range(len(starts) - 1):
+            row = members[starts[r] : starts[r + 1]]
+            assert source[row].sum() <= 32 and target[row].sum() <= 32
+    greedy = len(data.pack_examples(source, target, 32, 1)[1])
+    assert len(starts) < greedy  # first-fit over open rows wastes less than greedy packing
+
+
+def test_packing_reconstructs_every_example_exactly(train_data):
+    iterator = _iterator(train_data, batch_size=1)
+    batches = _rows_of_epoch(iterator)
+    seen = []
+    for batch in batches:
+        assert set(batch) == {
+            'inputs',
+            'targets',
+            'inputs_segmentation',
+            'targets_segmentation',
+            'inputs_positions',
+            'targets_positions',
+        }
+        for array in batch.values():
+            assert array.dtype == np.int32 and array.shape == (1, MAX_LEN)
+        inputs = _segments(
+            batch['inputs'][0], batch['inputs_segmentation'][0], batch['inputs_positions'][0]
+        )
+        targets = _segments(
+            batch['targets'][0], batch['targets_segmentation'][0], batch['targets_positions'][0]
+        )
+        assert list(inputs) == list(targets) == list(range(1, len(inputs) + 1))
+        for key in ('inputs', 'targets'):
+            padding = batch[f'{key}_segmentation'][0] == 0
+            assert (batch[key][0][padding] == 0).all() and (batch[key][0][~padding] != 0).all()
+        for segment in inputs:
+            source, target = inputs[segment], targets[segment]
+            # Each segment is one whole example, ending with EOS and holding no other EOS.
+            assert source[-1] == target[-1] == data.EOS_ID
+            assert (source[:-1] != data.EOS_ID).all() and (target[:-1] != data.EOS_ID).all()
+            seen.append((tuple(source), tuple(target)))
+    expected = [
+        (tuple(train_data.source(i)), tuple(train_data.target(i)))
+        for i in range(train_data.num_examples)
+        if len(train_data.source(i)) <= MAX_LEN and len(train_data.target(i)) <= MAX_LEN
+    ]
+    assert sorted(seen) == sorted(expected)  # every usable example exactly once per epoch
+    stats = iterator.stats()
+    assert stats['num_examples'] == len(expected)
+    assert stats['long_dropped'] == train_data.num_examples - len(expected) > 0
+    assert stats['examples_per_row'] > 1.5 and stats['padding_fraction'] < 0.3
+
+
+def test_same_seed_same_batches(train_data):
+    a, b, c = _iterator(train_data), _iterator(train_data), _iterator(train_data, seed=1)
+    for _ in range(5):
+        x, y, z = next(a), next(b), next(c)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+    assert not np.array_equal(x['inputs'], z['inputs'])
+
+
+@pytest.mark.parametrize('chunk_size', [batching.CHUNK_SIZE, 50])
+def test_restored_state_continues_identically(train_data, chunk_size):
+    iterator = _iterator(train_data, batch_size=8, chunk_size=chunk_size)
+    for step in range(60):  # crosses chunk and epoch boundaries
+        if step in (3, 25, 41):
+            state = json.loads(json.dumps(iterator.get_state()))
+            expected = [next(iterator) for _ in range(6)]
+            restored = _iterator(train_data, batch_size=8, chunk_size=chunk_size, seed=123)
+            start = time.perf_counter()
+            restored.set_state(state)
+            assert time.perf_counter() - start < 1.0
+            assert restored.epoch == state['epoch']
+            for want in expected:
+                got = next(restored)
+                for key in want:
+                    np.testing.assert_array_equal(got[key], want[key])
+        next(iterator)
+    assert iterator.epoch >= 2
+
+
+def test_processes_get_disjoint_rows_of_the_global_batch(train_data):
+    single = _iterator(train_data, batch_size=8)
+    shards = [
+        _iterator(train_data, batch_size=8, process_index=p, process_count=4) for p in range(4)
+    ]
+    for _ in range(5):
+        whole = next(single)
+        parts = [next(s) for s in shards]
+        for key in whole:
+            assert parts[0][key].shape == (2, MAX_LEN)
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+    with pytest.raises(ValueError):
+        _iterator(train_data, batch_size=6, process_count=4)
+
+
+def test_long_examples_truncated(train_data):
+    iterator = _iterator(train_data, batch_size=1, max_len=12, long_examples='truncate')
+    stats = iterator.stats()
+    assert stats['long_truncated'] > 0 and stats['long_dropped'] == 0
+    for batch in _rows_of_epoch(iterator):
+        for key in ('inputs', 'targets'):
+            row, segmentation = batch[key][0], batch[f'{key}_segmentation'][0]
+            ends = np.flatnonzero(np.diff(np.append(segmentation, 0)) != 0)
+            assert (row[ends[segmentation[ends] > 0]] == data.EOS_ID).all()
+
+
+def test_make_train_iterator_uses_the_token_cache(tokenizer, workdir, monkeypatch):
+    config = _config()
+    iterator = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, workdir=workdir)
+    first = next(iterator)
+    files = list(pathlib.Path(workdir, 'data_cache').glob('*.npz'))
+    assert len(files) == 1 and files[0].name.startswith('synthetic-train-')
+    tokenized.clear_memory_cache()
+
+    def no_text(*args, **kwargs):
+        raise AssertionError('cached token ids must be reused')
+
+    monkeypatch.setattr(tokenized, 'load_text', no_text)
+    again = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, workdir=workdir)
+    for key, value in next(again).items():
+        np.testing.assert_array_equal(value, first[key])
+    assert set(iterator.stats()) >= {'padding_fraction', 'examples_per_row'}
+
+
+def test_bucket_length():
+    assert [data.bucket_length(n) for n in (1, 16, 17, 32, 33, 48, 49, 65, 97, 129, 200)] == [
+        16,
+        16,
+        32,
+        32,
+        48,
+        48,
+        64,
+        96,
+        128,
+        192,
+        256,
+    ]
+
+
+def test_eval_batches_keep_every_example_in_order(tokenizer):
+    config = _config(max_len=8)  # eval ignores max_len: nothing is truncated
+    batches = data.make_eval_batches(config, tokenizer, 'validation', batch_size=16)
+    sources, targets = data.load_text(config, 'validation')
+    assert len(batches) == 5  # 70 examples: 4 full batches and one with 10 filler rows
+    lengths = set()
+    for batch in batches:
+        assert set(batch) == {'inputs', 'targets', 'index'}
+        assert batch['inputs'].shape == batch['targets'].shape == (16, batch['inputs'].shape[1])
+        lengths.add(batch['inputs'].shape[1])
+        fillers = batch['index'] == -1
+        assert (batch['targets'][fillers] == 0).all()
+        assert (batch['inputs'][fillers, 0] == data.EOS_ID).all()
+    assert lengths <= {16, 32, 48, 64}
+    assert (batches[-1]['index'] == -1).sum() == 10
+    # Per-row outputs come back in the split's order; here the outputs are the rows' texts.
+    outputs = [[tokenizer.decode(row) for row in batch['targets']] for batch in batches]
+    assert data.restore_order(batches, outputs) == targets
+    outputs = [[tokenizer.decode(row) for row in batch['inputs']] for batch in batches]
+    assert data.restore_order(batches, outputs) == sources
+    for batch in batches:
+        for row, i in zip(batch['inputs'], batch['index'], strict=True):
+            if i >= 0:
+                ids = row[row != 0]
+                assert ids[-1] == data.EOS_ID and len(ids) == len(tokenizer.encode(sources[i])) + 1
+    with pytest.raises(ValueError):
+        data.restore_order(batches, outputs[:-1])
+
+
+def test_eval_batches_max_examples(tokenizer):
+    batches = data.make_eval_batches(_config(), tokenizer, 'test', batch_size=8, max_examples=20)
+    assert sorted(i for b in batches for i in b['index'].tolist() if i >= 0) == list(range(20))
+    assert len(data.restore_order(batches, [b['index'] for b in batches])) == 20

@@ -1,0 +1,211 @@
+"""Data sources: a folder, TFDS (mocked wmt14), Multi30k, and fast failures without network."""
+
+import gzip
+import os
+import pathlib
+import time
+
+import pytest
+import tensorflow_datasets as tfds
+
+from transformer import data
+from transformer.data import multi30k, sources
+
+# The real Multi30k raw files live in the `shared` folder beside the repository.
+MULTI30K_DIR = pathlib.Path(
+    os.environ.get(
+        'MULTI30K_DIR', pathlib.Path(__file__).parents[2] / 'shared' / 'data' / 'multi30k'
+    )
+)
+
+
+def _config(**overrides):
+    config = data.default_config()
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No network, whatever the machine has: downloads must fail fast, not be attempted."""
+    monkeypatch.setattr(sources, 'network_reachable', lambda *args, **kwargs: False)
+
+
+def _write(path, lines, compress=False):
+    text = ''.join(line + '\n' for line in lines)
+    if compress:
+        with gzip.open(path, 'wt', encoding='utf-8') as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding='utf-8')
+
+
+def test_folder_both_namings(tmp_path):
+    _write(tmp_path / 'train.en', ['Hello world.', 'A second line.'])
+    _write(tmp_path / 'train.de', ['Hallo Welt.', 'Eine zweite Zeile.'])
+    _write(tmp_path / 'en.dev.txt', ['Only one.'])  # TFDS TranslateFolder naming
+    _write(tmp_path / 'de.dev.txt', ['Nur eine.'])
+    config = _config(dataset='folder', folder=str(tmp_path))
+    assert data.load_text(config, 'train') == (
+        ['Hello world.', 'A second line.'],
+        ['Hallo Welt.', 'Eine zweite Zeile.'],
+    )
+    assert data.load_text(config, 'dev') == (['Only one.'], ['Nur eine.'])
+    reverse = _config(dataset='folder', folder=str(tmp_path), source_lang='de', target_lang='en')
+    assert data.load_text(reverse, 'dev') == (['Nur eine.'], ['Only one.'])
+
+
+def test_folder_errors(tmp_path):
+    _write(tmp_path / 'train.en', ['a', 'b'])
+    _write(tmp_path / 'train.de', ['a'])
+    config = _config(dataset='folder', folder=str(tmp_path))
+    with pytest.raises(data.DataError, match='aligned'):
+        data.load_text(config, 'train')
+    with pytest.raises(data.DataError, match=r'test\.en or .*en\.test\.txt'):
+        data.load_text(config, 'test')
+    with pytest.raises(data.DataError, match='data.folder'):
+        data.load_text(_config(dataset='folder'), 'train')
+
+
+def test_folder_trains_end_to_end(tmp_path):
+    words = 'the a cat dog sees runs big small house tree'.split()
+    lines = [' '.join(words[(i * k) % 10] for k in range(1, 2 + i % 6)) for i in range(60)]
+    _write(tmp_path / 'train.en', lines)
+    _write(tmp_path / 'train.de', [line.upper() for line in lines])
+    config = _config(dataset='folder', folder=str(tmp_path), vocab_size=60, max_len=16)
+    tokenizer = data.get_tokenizer(config, str(tmp_path / 'work'))
+    batch = next(data.make_train_iterator(config, tokenizer, batch_size=2, seed=0))
+    assert batch['inputs'].shape == (2, 16) and (batch['inputs_segmentation'] > 0).any()
+
+
+def test_unknown_dataset_fails_fast():
+    start = time.perf_counter()
+    with pytest.raises(data.DataError, match='Unknown dataset'):
+        data.load_text(_config(dataset='no_such_dataset'), 'train')
+    with pytest.raises(data.DataError, match='Cannot build'):
+        data.load_text(_config(dataset='wmt14_translate/xx-en'), 'train')
+    with pytest.raises(data.DataError, match='no split'):
+        data.load_text(_config(), 'test2016')
+    assert time.perf_counter() - start < 5
+
+
+def test_tfds_dataset_without_network_fails_fast(tmp_path, offline):
+    config = _config(dataset='wmt14_translate/de-en', data_dir=str(tmp_path))
+    start = time.perf_counter()
+    with pytest.raises(data.DataError, match='no network') as error:
+        data.load_text(config, 'train')
+    assert time.perf_counter() - start < 5
+    assert '\n' not in str(error.value) and 'data.data_dir' in str(error.value)
+    with pytest.raises(data.DataError, match="no language 'fr'"):
+        data.load_text(_config(dataset='wmt14_translate/de-en', target_lang='fr'), 'train')
+
+
+def test_network_probe_gives_up_quickly():
+    start = time.perf_counter()
+    assert not sources.network_reachable(('unreachable.invalid',), timeout=1.0)
+    assert time.perf_counter() - start < 2
+
+
+def test_mocked_wmt14_english_to_german(tmp_path, offline):
+    """tfds.testing.mock_data stands in for the prepared dataset: even offline, no error."""
+
+    def as_dataset(self, split, **kwargs):
+        import tensorflow as tf
+
+        n = 30 if split == 'train' else 7
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                'de': [f'Satz {i} auf Deutsch {split}' for i in range(n)],
+                'en': [f'Sentence {i} in English {split}' for i in range(n)],
+            }
+        )
+
+    config = _config(dataset='wmt14_translate/de-en', data_dir=str(tmp_path), vocab_size=80)
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+        train = data.load_text(config, 'train')
+        tokenizer = data.get_tokenizer(config, str(tmp_path / 'work'))
+        iterator = data.make_train_iterator(config, tokenizer, batch_size=2, seed=0)
+        batches = data.make_eval_batches(config, tokenizer, 'test', batch_size=4)
+    assert (
+        train[0][3] == 'Sentence 3 in English train' and train[1][3] == 'Satz 3 auf Deutsch train'
+    )
+    assert len(train[0]) == 30
+    assert next(iterator)['targets'].shape == (2, config.max_len)
+    texts = data.restore_order(
+        batches, [[tokenizer.decode(r) for r in b['targets']] for b in batches]
+    )
+    assert texts == [f'Satz {i} auf Deutsch test' for i in range(7)]
+
+
+def test_mocked_wmt14_random_examples(offline):
+    with tfds.testing.mock_data(num_examples=5):
+        sources_, targets = data.load_text(_config(dataset='wmt14_translate/de-en'), 'validation')
+    assert len(sources_) == len(targets) == 5 and all(isinstance(s, str) for s in sources_)
+
+
+def _tiny_multi30k(root):
+    root.mkdir()
+    for stem, n in (('train', 6), ('val', 3), ('test_2016_flickr', 2), ('test_2017_mscoco', 2)):
+        for lang in ('en', 'de'):
+            _write(root / f'{stem}.{lang}.gz', [f'{stem} {lang} {i}' for i in range(n)], True)
+
+
+def test_multi30k_builder_from_manual_files(tmp_path, offline):
+    _tiny_multi30k(tmp_path / 'manual')
+    config = _config(
+        dataset='multi30k', manual_dir=str(tmp_path / 'manual'), data_dir=str(tmp_path / 'tfds')
+    )
+    assert data.load_text(config, 'train') == (
+        [f'train en {i}' for i in range(6)],
+        [f'train de {i}' for i in range(6)],
+    )
+    assert data.load_text(config, 'mscoco2017')[1] == [
+        'test_2017_mscoco de 0',
+        'test_2017_mscoco de 1',
+    ]
+    # Once prepared, neither the manual files nor a network are needed.
+    config.manual_dir = None
+    assert data.load_text(config, 'test2016')[0] == [
+        'test_2016_flickr en 0',
+        'test_2016_flickr en 1',
+    ]
+    with pytest.raises(data.DataError, match='no split'):
+        data.load_text(config, 'test2018')
+
+
+def test_multi30k_missing_files_fail_fast(tmp_path, offline):
+    (tmp_path / 'manual').mkdir()
+    _write(tmp_path / 'manual' / 'train.en', ['a'])
+    config = _config(
+        dataset='multi30k', manual_dir=str(tmp_path / 'manual'), data_dir=str(tmp_path / 'tfds')
+    )
+    start = time.perf_counter()
+    with pytest.raises(data.DataError) as error:
+        data.load_text(config, 'train')
+    assert time.perf_counter() - start < 5
+    message = str(error.value)
+    assert '\n' not in message and str(tmp_path / 'manual') in message
+    assert all(name in message for name in multi30k.expected_files())
+
+
+@pytest.mark.skipif(
+    not (MULTI30K_DIR / 'train.en').is_file(),
+    reason=f'Multi30k raw files not found in {MULTI30K_DIR} (set MULTI30K_DIR)',
+)
+def test_real_multi30k(tmp_path, offline):
+    config = _config(dataset='multi30k', manual_dir=str(MULTI30K_DIR), data_dir=str(tmp_path))
+    lines = {
+        name: (MULTI30K_DIR / name).read_text(encoding='utf-8').split('\n')[:-1]
+        for name in ('val.en', 'val.de', 'test2016.en', 'test2016.de')
+    }
+    for split, stem, count in (('validation', 'val', 1014), ('test2016', 'test2016', 1000)):
+        en, de = data.load_text(config, split)
+        assert len(en) == len(de) == count
+        assert en == lines[f'{stem}.en'] and de == lines[f'{stem}.de']  # file order, raw text
+    en, de = data.load_text(config, 'train')
+    assert len(en) == len(de) == 29000
+    assert en[0] == 'Two young, White males are outside near many bushes.'
+    reverse = _config(
+        dataset='multi30k', data_dir=str(tmp_path), source_lang='de', target_lang='en'
+    )
+    assert data.load_text(reverse, 'test2016') == (lines['test2016.de'], lines['test2016.en'])

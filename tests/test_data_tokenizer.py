@@ -1,0 +1,77 @@
+"""The joint SentencePiece vocabulary: ids, round trips, saving and reuse."""
+
+import os
+
+import pytest
+
+from transformer import data
+from transformer.data import tokenizer as tokenizer_lib
+
+
+def _config(**overrides):
+    config = data.default_config()
+    config.synthetic.num_train = 1000
+    config.vocab_size = 500
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp('workdir'))
+
+
+@pytest.fixture(scope='module')
+def tokenizer(workdir):
+    return data.get_tokenizer(_config(), workdir)
+
+
+def test_special_ids_and_round_trip(tokenizer):
+    assert tokenizer.id_to_piece(0) == '<pad>'
+    assert tokenizer.id_to_piece(1) == '</s>'
+    assert tokenizer.id_to_piece(2) == '<unk>'
+    assert 200 < tokenizer.vocab_size <= 500
+    sources, targets = data.load_text(_config(), 'validation')
+    for text in sources[:50] + targets[:50]:
+        ids = tokenizer.encode(text)
+        assert ids and data.EOS_ID not in ids and data.PAD_ID not in ids
+        assert tokenizer.decode(ids) == text
+    # Decoding stops at the first EOS and skips padding.
+    ids = tokenizer.encode(targets[0])
+    assert tokenizer.decode([*ids[:2], 0, *ids[2:], 1, *ids, 0, 0]) == targets[0]
+    assert tokenizer.decode([]) == ''
+    assert tokenizer.encode('zzzzqqq')  # unseen characters map to unk, not to nothing
+
+
+def test_saved_in_workdir_and_reused(tokenizer, workdir, monkeypatch):
+    path = os.path.join(workdir, 'vocab', 'spm.model')
+    assert tokenizer.model_path == path and os.path.isfile(path)
+
+    def no_text(*args, **kwargs):
+        raise AssertionError('a saved vocabulary must not be retrained')
+
+    monkeypatch.setattr(tokenizer_lib, 'load_text', no_text)
+    again = data.get_tokenizer(_config(), workdir)
+    assert again.fingerprint == tokenizer.fingerprint
+    given = data.get_tokenizer(_config(vocab_path=path), None)
+    assert given.encode('ze') == tokenizer.encode('ze')
+
+
+def test_missing_vocab_path_fails(tmp_path):
+    with pytest.raises(data.DataError, match='does not exist'):
+        data.get_tokenizer(_config(vocab_path=str(tmp_path / 'none.model')), None)
+
+
+def test_training_is_deterministic(tokenizer, tmp_path):
+    again = data.get_tokenizer(_config(), str(tmp_path))
+    assert again.fingerprint == tokenizer.fingerprint
+
+
+def test_sample_sentences():
+    sources = [f's{i}' for i in range(100)]
+    targets = [f't{i}' for i in range(100)]
+    sample = tokenizer_lib.sample_sentences(sources, targets, 50, seed=0)
+    assert len(sample) == len(set(sample)) == 50
+    assert sample == tokenizer_lib.sample_sentences(sources, targets, 50, seed=0)
+    assert any(s.startswith('s') for s in sample) and any(s.startswith('t') for s in sample)
+    assert len(tokenizer_lib.sample_sentences(sources, targets, 1000)) == 200

@@ -1,0 +1,392 @@
+"""A synthetic translation task: an invented language pair that needs no files and no network.
+
+It exists for the offline quickstart and for tests. Everything (the lexicon and the sentences)
+is a deterministic function of a seed, and every target is a deterministic function of its
+source, so a small Transformer can learn the task to BLEU ~100; but it needs attention to do so
+(word order changes, agreement looks at words far away), unlike a copy task.
+
+Lexicon (drawn from the seed, with different sound patterns in the two languages so that no
+word form is shared): 60 nouns, each with a target-side gender m / f / n that the source does
+not show; 30 adjectives; 30 verbs; 10 adverbs; 8 prepositions; 3 conjunctions. Every source
+lemma has exactly one target lemma: 205 source and 330 target word forms in all.
+
+Source grammar (subject-verb-object, adjectives before the noun, no agreement)::
+
+    sentence := clause (conj clause){0,2} '.'
+    clause   := np verb [np] [prep np] [adv]
+    np       := det adj{0,2} (noun | noun-s) | adj{0,2} noun-s    (no article: bare plural)
+    det      := 'ze' (definite) | 'ka' (indefinite, singular) | 'sum' (indefinite, plural)
+    noun-s   := noun + 's'                                    (plural)
+
+Target grammar (verb-final, adjectives after the noun, agreement)::
+
+    clause   := np [np] [prep np] [adv] verb                  (the verb moves to the end)
+    np       := [det] noun adj{0,2}                           (adjectives follow the noun,
+                                                               in the same order)
+    det      := definite {m: 'lo', f: 'la', n: 'le', plural: 'li'}
+              | indefinite {m: 'un', f: 'una', n: 'une', plural: 'uni'}
+    noun     := stem (singular) | stem + {m: 'en', f: 'a', n: 'i'} (plural, by gender)
+    adj      := stem + {m: 'o', f: 'a', n: 'e', plural: 'i'}  (agrees with its noun)
+    verb     := stem + {singular: 'et', plural: 'unt'}       (agrees with the clause's
+                                                               subject, several words away)
+
+Conjunctions, prepositions, adverbs and the final '.' translate word for word. Sentences have
+3..40 words (the same number on both sides; most have 5..20): 1, 2 or 3 clauses with
+probabilities 0.55 / 0.3 / 0.15, each clause with an object (p 0.6), a prepositional phrase
+(p 0.4) and an adverb (p 0.3), each noun phrase plural with p 0.35 and with 0 / 1 / 2
+adjectives with p 0.6 / 0.3 / 0.1.
+
+Example (seed 0; 'ka' indefinite, 'rastop zibid' adjectives, 'bland' a masculine noun, 'robop'
+the verb, 'ze bland' the object, 'kesig ka fag' a prepositional phrase, 'koft' an adverb)::
+
+    ka rastop zibid bland robop ze bland kesig ka fag koft .
+    un munir shauwuno haisho lo munir shajar una waum shijosh qunaimet .
+
+Splits: 'train', 'validation' and 'test', drawn from independent random streams of the seed;
+the validation and test sets leave out every sentence that occurs in the training set, so they
+measure generalisation to new sentences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import random
+from collections.abc import Sequence
+from typing import TypeVar
+
+SPLITS = ('train', 'validation', 'test')
+T = TypeVar('T')
+
+_NUM_NOUNS = 60
+_NUM_ADJECTIVES = 30
+_NUM_VERBS = 30
+_NUM_ADVERBS = 10
+_NUM_PREPOSITIONS = 8
+_NUM_CONJUNCTIONS = 3
+_GENDERS = ('m', 'f', 'n')
+
+_SOURCE_DETERMINERS = {'def': 'ze', 'indef': 'ka', 'indef_plural': 'sum'}
+_TARGET_DETERMINERS = {
+    ('def', 'm'): 'lo',
+    ('def', 'f'): 'la',
+    ('def', 'n'): 'le',
+    ('def', 'plural'): 'li',
+    ('indef', 'm'): 'un',
+    ('indef', 'f'): 'una',
+    ('indef', 'n'): 'une',
+    ('indef', 'plural'): 'uni',
+}
+_NOUN_PLURAL = {'m': 'en', 'f': 'a', 'n': 'i'}
+_ADJECTIVE_ENDING = {'m': 'o', 'f': 'a', 'n': 'e', 'plural': 'i'}
+_VERB_ENDING = {False: 'et', True: 'unt'}  # keyed by "subject is plural"
+
+# Distinct sound patterns keep the two languages apart (no shared word forms). Source words end
+# in a vowel or one of these codas, never in 's', so a final 's' always marks a plural noun;
+# target stems end in a consonant so that every inflected form is a different word.
+_SOURCE_SOUNDS = (
+    ('b', 'd', 'f', 'g', 'k', 'p', 'r', 's', 't', 'v', 'z', 'bl', 'dr', 'gr', 'st'),
+    ('a', 'e', 'i', 'o', 'u'),
+    ('', 'd', 'g', 'k', 'p', 'x', 'ft', 'nd'),
+)
+_TARGET_SOUNDS = (
+    ('h', 'j', 'l', 'm', 'n', 'q', 'w', 'y', 'ch', 'sh', 'th'),
+    ('a', 'e', 'i', 'o', 'u', 'ai', 'au'),
+    ('l', 'm', 'n', 'r', 'sh'),
+)
+
+
+def _pick(rng: random.Random, items: Sequence[T], weights: Sequence[float] | None = None) -> T:
+    """One of ``items`` (uniform, or with ``weights``).
+
+    Only ``Random.random()`` is used, whose stream Python keeps stable across versions, so a
+    seed gives the same data everywhere.
+    """
+    u = rng.random()
+    if weights is None:
+        return items[int(u * len(items))]
+    for item, weight in zip(items, weights, strict=True):
+        if u < weight:
+            return item
+        u -= weight
+    return items[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lexicon:
+    """The word lists of one seed; entries are (source lemma, target lemma) pairs."""
+
+    nouns: tuple[tuple[str, str, str], ...]  # (source, target stem, gender)
+    adjectives: tuple[tuple[str, str], ...]
+    verbs: tuple[tuple[str, str], ...]
+    adverbs: tuple[tuple[str, str], ...]
+    prepositions: tuple[tuple[str, str], ...]
+    conjunctions: tuple[tuple[str, str], ...]
+
+
+def _invent(
+    rng: random.Random,
+    count: int,
+    sounds: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+    endings: tuple[str, ...],
+    taken: set[str],
+) -> list[str]:
+    """``count`` new words of one or two syllables (onset + vowel) and a final coda.
+
+    A word is accepted only if none of its forms (word + each ending) is already taken, so
+    every inflected form of every word is unique in the joint vocabulary.
+    """
+    onsets, vowels, codas = sounds
+    words = []
+    while len(words) < count:
+        syllables = [_pick(rng, onsets) + _pick(rng, vowels) for _ in range(_pick(rng, (1, 2)))]
+        word = ''.join(syllables) + _pick(rng, codas)
+        forms = {word + ending for ending in endings}
+        if forms & taken:
+            continue
+        taken.update(forms)
+        words.append(word)
+    return words
+
+
+@functools.lru_cache(maxsize=8)
+def make_lexicon(seed: int) -> Lexicon:
+    """The lexicon of ``seed`` (word lists and noun genders)."""
+    rng = random.Random(f'{seed}/lexicon')
+    taken = set(_SOURCE_DETERMINERS.values()) | set(_TARGET_DETERMINERS.values())
+
+    def pairs(count, target_endings=('',), source_endings=('',)):
+        source = _invent(rng, count, _SOURCE_SOUNDS, source_endings, taken)
+        target = _invent(rng, count, _TARGET_SOUNDS, target_endings, taken)
+        return tuple(zip(source, target, strict=True))
+
+    noun_pairs = pairs(_NUM_NOUNS, ('', *_NOUN_PLURAL.values()), source_endings=('', 's'))
+    genders = [_pick(rng, _GENDERS) for _ in range(_NUM_NOUNS)]
+    return Lexicon(
+        nouns=tuple((s, t, g) for (s, t), g in zip(noun_pairs, genders, strict=True)),
+        adjectives=pairs(_NUM_ADJECTIVES, tuple(_ADJECTIVE_ENDING.values())),
+        verbs=pairs(_NUM_VERBS, tuple(_VERB_ENDING.values())),
+        adverbs=pairs(_NUM_ADVERBS),
+        prepositions=pairs(_NUM_PREPOSITIONS),
+        conjunctions=pairs(_NUM_CONJUNCTIONS),
+    )
+
+
+def _noun_phrase(rng: random.Random, lex: Lexicon) -> tuple[list[str], list[str], bool]:
+    """One noun phrase in both languages, and whether it is plural."""
+    source_noun, target_noun, gender = _pick(rng, lex.nouns)
+    plural = rng.random() < 0.35
+    if plural:
+        kind = _pick(rng, ('def', 'indef', 'bare'), (0.4, 0.3, 0.3))
+    else:
+        kind = _pick(rng, ('def', 'indef'), (0.6, 0.4))
+    num_adjectives = _pick(rng, (0, 1, 2), (0.6, 0.3, 0.1))
+    adjectives = [_pick(rng, lex.adjectives) for _ in range(num_adjectives)]
+    agreement = 'plural' if plural else gender
+
+    source, target = [], []
+    if kind != 'bare':
+        source.append(_SOURCE_DETERMINERS['indef_plural' if plural and kind == 'indef' else kind])
+        target.append(_TARGET_DETERMINERS[(kind, agreement)])
+    source += [s for s, _ in adjectives]
+    source.append(source_noun + 's' if plural else source_noun)
+    target.append(target_noun + _NOUN_PLURAL[gender] if plural else target_noun)
+    target += [t + _ADJECTIVE_ENDING[agreement] for _, t in adjectives]
+    return source, target, plural
+
+
+def _clause(rng: random.Random, lex: Lexicon) -> tuple[list[str], list[str]]:
+    """One clause: S V [O] [P NP] [Adv] in the source, S [O] [P NP] [Adv] V in the target."""
+    source, target, plural_subject = _noun_phrase(rng, lex)
+    source_verb, target_verb = _pick(rng, lex.verbs)
+    source.append(source_verb)
+    if rng.random() < 0.6:
+        s, t, _ = _noun_phrase(rng, lex)
+        source += s
+        target += t
+    if rng.random() < 0.4:
+        s, t, _ = _noun_phrase(rng, lex)
+        prep = _pick(rng, lex.prepositions)
+        source += [prep[0], *s]
+        target += [prep[1], *t]
+    if rng.random() < 0.3:
+        adverb = _pick(rng, lex.adverbs)
+        source.append(adverb[0])
+        target.append(adverb[1])
+    target.append(target_verb + _VERB_ENDING[plural_subject])
+    return source, target
+
+
+def _sentence(rng: random.Random, lex: Lexicon) -> tuple[str, str]:
+    num_clauses = _pick(rng, (1, 2, 3), (0.55, 0.3, 0.15))
+    source, target = _clause(rng, lex)
+    for _ in range(num_clauses - 1):
+        conj = _pick(rng, lex.conjunctions)
+        s, t = _clause(rng, lex)
+        source += [conj[0], *s]
+        target += [conj[1], *t]
+    return ' '.join([*source, '.']), ' '.join([*target, '.'])
+
+
+def _generate(seed: int, split: str, count: int, max_words: int, exclude: frozenset[str]):
+    lex = make_lexicon(seed)
+    rng = random.Random(f'{seed}/{split}')
+    sources, targets = [], []
+    while len(sources) < count:
+        source, target = _sentence(rng, lex)
+        if source.count(' ') + 1 > max_words or source in exclude:
+            continue
+        sources.append(source)
+        targets.append(target)
+    return sources, targets
+
+
+@functools.lru_cache(maxsize=16)
+def _split_text(
+    seed: int, split: str, count: int, max_words: int, num_train: int
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    exclude = frozenset()
+    if split != 'train':
+        exclude = frozenset(_split_text(seed, 'train', num_train, max_words, num_train)[0])
+    sources, targets = _generate(seed, split, count, max_words, exclude)
+    return tuple(sources), tuple(targets)
+
+
+def load_text(synthetic_config, split: str) -> tuple[list[str], list[str]]:
+    """Source and target sentences of a split of the synthetic task.
+
+    Args:
+      synthetic_config: the ``data.synthetic`` section (seed, num_train, num_validation,
+        num_test, max_words).
+      split: 'train', 'validation' or 'test'.
+
+    Returns:
+      (sources, targets), aligned lists of whitespace-separated sentences.
+    """
+    counts = {
+        'train': synthetic_config.num_train,
+        'validation': synthetic_config.num_validation,
+        'test': synthetic_config.num_test,
+    }
+    sources, targets = _split_text(
+        int(synthetic_config.seed),
+        split,
+        int(counts[split]),
+        int(synthetic_config.max_words),
+        int(synthetic_config.num_train),
+    )
+    return list(sources), list(targets)
+
+
+def translate(source: str, seed: int = 0) -> str:
+    """The reference translation of a source sentence of the synthetic language.
+
+    Parses the source with the grammar above and applies the target rules: the task's
+    ground truth as a function, independent of how the sentences were generated.
+
+    Args:
+      source: a sentence of the source language (words separated by single spaces).
+      seed: the seed of the lexicon.
+
+    Returns:
+      The target sentence.
+
+    Raises:
+      ValueError: if the sentence is not in the language.
+    """
+    lex = make_lexicon(seed)
+    nouns = {s: (t, g) for s, t, g in lex.nouns}
+    adjectives = dict(lex.adjectives)
+    verbs = dict(lex.verbs)
+    adverbs = dict(lex.adverbs)
+    prepositions = dict(lex.prepositions)
+    conjunctions = dict(lex.conjunctions)
+    determiners = {v: k for k, v in _SOURCE_DETERMINERS.items()}
+    words = source.split(' ')
+    if not words or words[-1] != '.':
+        raise ValueError(f'Not a sentence of the synthetic language: {source!r}')
+    words = words[:-1]
+    pos = 0
+
+    def noun_phrase():
+        nonlocal pos
+        kind = 'bare'
+        if pos < len(words) and words[pos] in determiners:
+            kind = determiners[words[pos]]
+            pos += 1
+        adjs = []
+        while pos < len(words) and words[pos] in adjectives:
+            adjs.append(adjectives[words[pos]])
+            pos += 1
+        if pos >= len(words):
+            raise ValueError(f'Noun expected at the end of {source!r}')
+        word = words[pos]
+        plural = word not in nouns and word.endswith('s') and word[:-1] in nouns
+        if word not in nouns and not plural:
+            raise ValueError(f'Noun expected, got {word!r} in {source!r}')
+        pos += 1
+        stem, gender = nouns[word[:-1] if plural else word]
+        agreement = 'plural' if plural else gender
+        out = []
+        if kind != 'bare':
+            out.append(
+                _TARGET_DETERMINERS[('indef' if kind == 'indef_plural' else kind, agreement)]
+            )
+        out.append(stem + _NOUN_PLURAL[gender] if plural else stem)
+        out += [a + _ADJECTIVE_ENDING[agreement] for a in adjs]
+        return out, plural
+
+    def at_noun_phrase():
+        return pos < len(words) and (
+            words[pos] in determiners
+            or words[pos] in adjectives
+            or words[pos] in nouns
+            or (words[pos].endswith('s') and words[pos][:-1] in nouns)
+        )
+
+    target = []
+    while True:
+        subject, plural = noun_phrase()
+        if pos >= len(words) or words[pos] not in verbs:
+            raise ValueError(f'Verb expected in {source!r}')
+        verb = verbs[words[pos]] + _VERB_ENDING[plural]
+        pos += 1
+        clause = subject
+        if at_noun_phrase():
+            clause += noun_phrase()[0]
+        if pos < len(words) and words[pos] in prepositions:
+            clause.append(prepositions[words[pos]])
+            pos += 1
+            clause += noun_phrase()[0]
+        if pos < len(words) and words[pos] in adverbs:
+            clause.append(adverbs[words[pos]])
+            pos += 1
+        target += [*clause, verb]
+        if pos == len(words):
+            break
+        if words[pos] not in conjunctions:
+            raise ValueError(f'Conjunction expected, got {words[pos]!r} in {source!r}')
+        target.append(conjunctions[words[pos]])
+        pos += 1
+    return ' '.join([*target, '.'])
+
+
+def vocabulary(seed: int = 0) -> tuple[list[str], list[str]]:
+    """Every word form of the source and of the target language of ``seed``."""
+    lex = make_lexicon(seed)
+    source = list(_SOURCE_DETERMINERS.values()) + ['.']
+    target = list(_TARGET_DETERMINERS.values()) + ['.']
+    for s, t, g in lex.nouns:
+        source += [s, s + 's']
+        target += [t, t + _NOUN_PLURAL[g]]
+    for s, t in lex.adjectives:
+        source.append(s)
+        target += [t + e for e in _ADJECTIVE_ENDING.values()]
+    for s, t in lex.verbs:
+        source.append(s)
+        target += [t + e for e in _VERB_ENDING.values()]
+    for s, t in itertools.chain(lex.adverbs, lex.prepositions, lex.conjunctions):
+        source.append(s)
+        target.append(t)
+    return source, target

@@ -1,0 +1,185 @@
+"""Token ids of a split, computed once and cached on disk as flat arrays plus offsets.
+
+A cache file ``<cache_dir>/<dataset>-<split>-<key>.npz`` holds the ids of every example of a
+split, each side ending with EOS. The key hashes the dataset's identity (name, languages,
+synthetic settings, folder file sizes and times), the split and the vocabulary file, so a new
+vocabulary or new data never reuse stale ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from transformer.data.sources import folder_files, load_text
+from transformer.data.tokenizer import EOS_ID, Tokenizer
+
+CACHE_SUBDIR = 'data_cache'
+_ENCODE_CHUNK = 100_000  # sentences per encode call: bounds the memory of Python id lists
+_MEMORY_CACHE_SIZE = 4  # recent splits kept in memory (e.g. repeated evaluations)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+    """Token ids of the examples of a split; example i's source is
+    ``source_ids[source_offsets[i]:source_offsets[i + 1]]`` (ending with EOS)."""
+
+    source_ids: np.ndarray  # [total source tokens], uint16 or int32
+    source_offsets: np.ndarray  # [N + 1] int64
+    target_ids: np.ndarray
+    target_offsets: np.ndarray
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.source_offsets) - 1
+
+    @property
+    def source_lengths(self) -> np.ndarray:
+        return np.diff(self.source_offsets)
+
+    @property
+    def target_lengths(self) -> np.ndarray:
+        return np.diff(self.target_offsets)
+
+    def source(self, i: int) -> np.ndarray:
+        return self.source_ids[self.source_offsets[i] : self.source_offsets[i + 1]]
+
+    def target(self, i: int) -> np.ndarray:
+        return self.target_ids[self.target_offsets[i] : self.target_offsets[i + 1]]
+
+
+_FIELDS = dataclasses.fields(TokenizedSplit)
+_memory_cache: collections.OrderedDict[str, TokenizedSplit] = collections.OrderedDict()
+
+
+def clear_memory_cache() -> None:
+    """Forgets the splits kept in memory (the disk cache stays)."""
+    _memory_cache.clear()
+
+
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of many texts: flat ids (each text followed by EOS) and offsets [N + 1].
+
+    Ids are stored as uint16 when the vocabulary allows, halving the memory of large splits.
+    """
+    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    id_chunks, length_chunks = [], []
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+        encoded = tokenizer.encode_batch(texts[start : start + _ENCODE_CHUNK])
+        lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
+        flat = itertools.chain.from_iterable(ids + [EOS_ID] for ids in encoded)
+        id_chunks.append(np.fromiter(flat, dtype, int(lengths.sum())))
+        length_chunks.append(lengths)
+    ids = np.concatenate(id_chunks) if id_chunks else np.zeros(0, dtype)
+    lengths = np.concatenate(length_chunks) if length_chunks else np.zeros(0, np.int64)
+    return ids, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _dataset_identity(data_config: Any, split: str) -> dict[str, Any]:
+    identity = {
+        'dataset': data_config.dataset,
+        'source_lang': data_config.source_lang,
+        'target_lang': data_config.target_lang,
+        'split': split,
+    }
+    if data_config.dataset == 'synthetic':
+        identity['synthetic'] = data_config.synthetic.to_dict()
+    elif data_config.dataset == 'folder' and data_config.folder:
+        # Edited files must not reuse stale ids: their sizes and times are part of the key.
+        files = []
+        for lang in (data_config.source_lang, data_config.target_lang):
+            for path in folder_files(data_config.folder, split, lang):
+                if path.is_file():
+                    stat = os.stat(path)
+                    files.append([os.path.abspath(path), stat.st_size, stat.st_mtime_ns])
+        identity['files'] = files
+    return identity
+
+
+def cache_key(data_config: Any, tokenizer: Tokenizer, split: str) -> str:
+    """The hash that names a split's cache file."""
+    identity = {**_dataset_identity(data_config, split), 'vocab': tokenizer.fingerprint}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_cache_dir(data_config: Any, workdir: str | None) -> str | None:
+    """``data.cache_dir``, else ``<workdir>/data_cache``, else None (no disk cache)."""
+    if data_config.get('cache_dir'):
+        return data_config.cache_dir
+    if workdir:
+        return os.path.join(workdir, CACHE_SUBDIR)
+    return None
+
+
+def tokenize_split(
+    data_config: Any, tokenizer: Tokenizer, split: str, cache_dir: str | None = None
+) -> TokenizedSplit:
+    """Token ids of a split: from memory, from the disk cache, or tokenized (and cached).
+
+    Args:
+      data_config: the ``data`` config section.
+      tokenizer: the vocabulary.
+      split: the split's name.
+      cache_dir: where cache files live; None = tokenize without a disk cache.
+
+    Returns:
+      The split's token ids.
+    """
+    key = cache_key(data_config, tokenizer, split)
+    name = re.sub(r'[^A-Za-z0-9_.-]+', '_', data_config.dataset)
+    path = os.path.join(cache_dir, f'{name}-{split}-{key}.npz') if cache_dir else None
+    data = _memory_cache.pop(key, None)
+    if data is not None:
+        if path and not os.path.isfile(path):
+            _save(path, data)
+    elif path and os.path.isfile(path):
+        with np.load(path) as arrays:
+            data = TokenizedSplit(**{field.name: arrays[field.name] for field in _FIELDS})
+        logging.info('Loaded %d tokenized %s examples from %s.', data.num_examples, split, path)
+    else:
+        sources, targets = load_text(data_config, split)
+        start = time.perf_counter()
+        source_ids, source_offsets = encode_texts(tokenizer, sources)
+        target_ids, target_offsets = encode_texts(tokenizer, targets)
+        data = TokenizedSplit(source_ids, source_offsets, target_ids, target_offsets)
+        logging.info(
+            'Tokenized %d %s examples (%d + %d tokens) in %.1f s.',
+            data.num_examples,
+            split,
+            len(source_ids),
+            len(target_ids),
+            time.perf_counter() - start,
+        )
+        if path:
+            _save(path, data)
+    _memory_cache[key] = data  # most recent last
+    while len(_memory_cache) > _MEMORY_CACHE_SIZE:
+        _memory_cache.popitem(last=False)
+    return data
+
+
+def _save(path: str, data: TokenizedSplit) -> None:
+    # Written under a temporary name and renamed: a concurrent reader (another host sharing
+    # the directory) sees the whole file or none.
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.npz.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            np.savez(f, **{field.name: getattr(data, field.name) for field in _FIELDS})
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    logging.info('Cached the token ids in %s.', path)

@@ -1,0 +1,191 @@
+"""A joint SentencePiece vocabulary of both languages, trained on the training split.
+
+The paper shares one BPE vocabulary of ~37000 tokens between English and German (Sec. 5.1),
+which is also what lets the source embedding, target embedding and pre-softmax matrix be one
+(Sec. 3.4). Ids follow the model's conventions: 0 = padding (and decoder start), 1 = end of
+sentence, 2 = unknown; there is no beginning-of-sentence token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+from absl import logging
+
+from transformer.data.sources import DataError, load_text
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+VOCAB_SUBDIR = 'vocab'
+MODEL_NAME = 'spm.model'
+
+
+class Tokenizer:
+    """A SentencePiece model with the project's id conventions.
+
+    Attributes:
+      model_path: the ``.model`` file it was loaded from.
+      vocab_size: number of ids (pad, eos and unk included).
+      fingerprint: a hash of the model file, part of the token-cache keys.
+    """
+
+    def __init__(self, model_path: str):
+        self.model_path = os.fspath(model_path)
+        with open(self.model_path, 'rb') as f:
+            proto = f.read()
+        self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        self.fingerprint = hashlib.sha256(proto).hexdigest()[:16]
+        if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+            raise DataError(
+                f'{self.model_path} has pad/eos/unk ids {self._sp.pad_id()}/'
+                f'{self._sp.eos_id()}/{self._sp.unk_id()}; this project needs 0/1/2.'
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without EOS."""
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts (without EOS), encoded on all cores."""
+        return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to the first EOS; padding (0) is skipped."""
+        out = []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i == EOS_ID:
+                break
+            if i != PAD_ID:
+                out.append(i)
+        return self._sp.decode(out)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(i)
+
+
+def train_tokenizer(
+    sentences: Sequence[str],
+    model_path: str,
+    *,
+    vocab_size: int,
+    model_type: str = 'bpe',
+) -> Tokenizer:
+    """Trains a SentencePiece model on ``sentences`` and writes it to ``model_path``.
+
+    Args:
+      sentences: training text, one sentence an item (already sampled).
+      model_path: where the ``.model`` file goes.
+      vocab_size: wanted number of ids; smaller when the text has fewer distinct pieces.
+      model_type: 'bpe', 'unigram', 'word' or 'char'.
+
+    Returns:
+      The trained tokenizer.
+    """
+    directory = os.path.dirname(os.path.abspath(model_path))
+    os.makedirs(directory, exist_ok=True)
+    start = time.perf_counter()
+    logging.info(
+        'Training a %s SentencePiece vocabulary of %d on %d sentences.',
+        model_type,
+        vocab_size,
+        len(sentences),
+    )
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        # From memory, not a file: the model then holds no paths and the same sentences give a
+        # byte-identical model.
+        sentence_iterator=(s.replace('\n', ' ').replace('\r', ' ') for s in sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        # Tiny corpora (tests, synthetic) have fewer pieces than asked for.
+        hard_vocab_limit=False,
+        # Sentences were sampled already; SentencePiece's own sampling would re-sample.
+        input_sentence_size=0,
+        max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    _write_atomically(model_path, model.getvalue())
+    tokenizer = Tokenizer(model_path)
+    logging.info(
+        'Trained the vocabulary (%d ids) in %.1f s: %s.',
+        tokenizer.vocab_size,
+        time.perf_counter() - start,
+        model_path,
+    )
+    return tokenizer
+
+
+def _write_atomically(path: str, content: bytes) -> None:
+    # A temporary name and a rename: a concurrent reader (another host sharing the workdir)
+    # sees the whole file or none.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def sample_sentences(sources: Sequence[str], targets: Sequence[str], size: int, seed: int = 0):
+    """A seeded sample of ``size`` sentences from both languages (all of them if fewer)."""
+    total = len(sources) + len(targets)
+    if size >= total:
+        return [*sources, *targets]
+    picked = np.sort(np.random.default_rng(seed).choice(total, size=size, replace=False))
+    return [sources[i] if i < len(sources) else targets[i - len(sources)] for i in picked]
+
+
+def get_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
+    """The vocabulary of a run: given, reused from the workdir, or trained and saved there.
+
+    Order: ``data_config.vocab_path`` if set; else ``<workdir>/vocab/spm.model`` if it exists
+    (a resumed run); else a new model trained on a sample of ``vocab_sample_size`` sentences
+    of the training split (both languages) and saved there (in a temporary directory when
+    ``workdir`` is None).
+
+    Args:
+      data_config: the ``data`` config section.
+      workdir: the run's directory, or None.
+
+    Returns:
+      The tokenizer.
+    """
+    if data_config.vocab_path:
+        if not os.path.isfile(data_config.vocab_path):
+            raise DataError(f'data.vocab_path={data_config.vocab_path} does not exist.')
+        return Tokenizer(data_config.vocab_path)
+    if workdir is None:
+        workdir = tempfile.mkdtemp(prefix='transformer-vocab-')
+    model_path = os.path.join(workdir, VOCAB_SUBDIR, MODEL_NAME)
+    if os.path.isfile(model_path):
+        logging.info('Reusing the vocabulary %s.', model_path)
+        return Tokenizer(model_path)
+    sources, targets = load_text(data_config, data_config.train_split)
+    sample = sample_sentences(sources, targets, int(data_config.vocab_sample_size))
+    return train_tokenizer(
+        sample,
+        model_path,
+        vocab_size=int(data_config.vocab_size),
+        model_type=data_config.vocab_model_type,
+    )
