@@ -34,8 +34,8 @@ from flax import jax_utils, struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformer import console, optim
 from transformer import data as data_lib
-from transformer import optim
 from transformer.model import PAD_ID, Transformer, config_from_dict
 
 Array = jax.Array
@@ -674,26 +674,26 @@ def train_and_evaluate(
     return final
 
 
-def cli() -> None:
+def cli(argv: list[str] | None = None) -> None:
     """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``)."""
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
-    config_flag = config_flags.DEFINE_config_file(
-        'config', None, 'Experiment config file, e.g. configs/base.py.', lock_config=True
+    console.define_flag(
+        'config',
+        config_flags.DEFINE_config_file,
+        None,
+        'Experiment config file, e.g. configs/base.py.',
+        lock_config=True,
     )
-    workdir_flag = flags.DEFINE_string(
-        'workdir', None, 'Directory for the vocabulary, checkpoints and metrics.'
-    )
-    flags.mark_flags_as_required(['config', 'workdir'])
+    console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
 
-    def main(argv):
-        if len(argv) > 1:
-            raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    def main(_):
+        console.require('config', 'workdir')
         try:
-            final = train_and_evaluate(config_flag.value, workdir_flag.value)
+            final = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
         except (TrainingError, data_lib.DataError, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
 
-    app.run(main)
+    console.run(main, argv)
