@@ -10,6 +10,7 @@
 
 from transformer.data.batching import (
     TrainIterator,
+    batch_examples,
     bucket_length,
     make_eval_batches,
     make_train_iterator,
@@ -29,6 +30,7 @@ __all__ = [
     'TokenizedSplit',
     'Tokenizer',
     'TrainIterator',
+    'batch_examples',
     'bucket_length',
     'default_config',
     'get_tokenizer',

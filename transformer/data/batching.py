@@ -375,6 +375,50 @@ def bucket_length(n: int) -> int:
         base *= 2
 
 
+def batch_examples(
+    sources: Sequence[np.ndarray],
+    targets: Sequence[np.ndarray] | None,
+    batch_size: int,
+) -> list[dict[str, np.ndarray]]:
+    """Examples in length-sorted, bucketed batches of ``batch_size`` rows (see
+    ``make_eval_batches``); ``targets`` None for source-only batches (translation).
+
+    Args:
+      sources: token ids of each example's source, EOS included.
+      targets: the same for the targets, or None.
+      batch_size: rows per batch.
+
+    Returns:
+      Batches with 'inputs', 'targets' (when given) and 'index'.
+    """
+    n = len(sources)
+    source_lengths = np.array([len(x) for x in sources], np.int64)
+    target_lengths = (
+        np.array([len(x) for x in targets], np.int64)
+        if targets is not None
+        else np.zeros(n, np.int64)
+    )
+    order = np.argsort(np.maximum(source_lengths, target_lengths), kind='stable')
+    batches = []
+    for start in range(0, n, batch_size):
+        index = order[start : start + batch_size]
+        length = bucket_length(int(max(source_lengths[index].max(), target_lengths[index].max())))
+        batch = {
+            'inputs': np.full((batch_size, length), PAD_ID, np.int32),
+            'index': np.full((batch_size,), -1, np.int32),
+        }
+        if targets is not None:
+            batch['targets'] = np.full((batch_size, length), PAD_ID, np.int32)
+        batch['inputs'][len(index) :, 0] = EOS_ID
+        batch['index'][: len(index)] = index
+        for row, i in enumerate(index):
+            batch['inputs'][row, : len(sources[i])] = sources[i]
+            if targets is not None:
+                batch['targets'][row, : len(targets[i])] = targets[i]
+        batches.append(batch)
+    return batches
+
+
 def make_eval_batches(
     data_config: Any,
     tokenizer: Tokenizer,
@@ -405,24 +449,9 @@ def make_eval_batches(
     """
     data = tokenize_split(data_config, tokenizer, split, resolve_cache_dir(data_config, workdir))
     n = data.num_examples if max_examples is None else min(max_examples, data.num_examples)
-    source_lengths, target_lengths = data.source_lengths[:n], data.target_lengths[:n]
-    order = np.argsort(np.maximum(source_lengths, target_lengths), kind='stable')
-    batches = []
-    for start in range(0, n, batch_size):
-        index = order[start : start + batch_size]
-        length = bucket_length(int(max(source_lengths[index].max(), target_lengths[index].max())))
-        batch = {
-            'inputs': np.full((batch_size, length), PAD_ID, np.int32),
-            'targets': np.full((batch_size, length), PAD_ID, np.int32),
-            'index': np.full((batch_size,), -1, np.int32),
-        }
-        batch['inputs'][len(index) :, 0] = EOS_ID
-        batch['index'][: len(index)] = index
-        for row, i in enumerate(index):
-            source, target = data.source(i), data.target(i)
-            batch['inputs'][row, : len(source)] = source
-            batch['targets'][row, : len(target)] = target
-        batches.append(batch)
+    batches = batch_examples(
+        [data.source(i) for i in range(n)], [data.target(i) for i in range(n)], batch_size
+    )
     logging.info(
         'Evaluation data %s: %d examples in %d batches of %d rows, lengths %s.',
         split,

@@ -1,0 +1,156 @@
+"""Translate text with a trained checkpoint, one sentence a line.
+
+``python -m transformer.translate --workdir DIR < in.txt > out.txt``
+
+Output line i is the translation of input line i: empty (or blank) lines stay empty, and a line
+longer than ``--max_input_tokens`` tokens is cut to that length (with a warning on stderr)
+rather than failing the run. Progress and warnings go to stderr, translations to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from transformer import console, evaluate
+from transformer import data as data_lib
+from transformer.model import EOS_ID, Transformer
+
+
+def translate_lines(
+    lines: Sequence[str],
+    tokenizer: data_lib.Tokenizer,
+    model: Transformer,
+    params: Any,
+    *,
+    beam_size: int,
+    alpha: float,
+    extra_length: int,
+    batch_size: int,
+    max_input_tokens: int,
+) -> list[str]:
+    """Translations of ``lines``, aligned with them ('' for blank lines).
+
+    Args:
+      lines: source sentences (no trailing newlines).
+      tokenizer: the run's vocabulary.
+      model: the Transformer.
+      params: its parameters.
+      beam_size: 1 = greedy.
+      alpha: length penalty.
+      extra_length: output may be this many tokens longer than its input (Sec. 6.1).
+      batch_size: sentences per decoding batch.
+      max_input_tokens: longer inputs are cut to this many tokens (EOS included).
+
+    Returns:
+      One translation per line.
+    """
+    if max_input_tokens < 2:
+        raise ValueError(f'max_input_tokens must be at least 2, got {max_input_tokens}.')
+    todo, sources = [], []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        ids = tokenizer.encode(line.strip())
+        if len(ids) + 1 > max_input_tokens:
+            logging.warning(
+                'Line %d has %d tokens; translating its first %d (--max_input_tokens).',
+                number + 1,
+                len(ids) + 1,
+                max_input_tokens,
+            )
+            ids = ids[: max_input_tokens - 1]
+        todo.append(number)
+        sources.append(np.array([*ids, EOS_ID], np.int32))
+    out = [''] * len(lines)
+    if not sources:
+        return out
+    batches = data_lib.batch_examples(sources, None, batch_size)
+    translations = evaluate.translate_batches(
+        model,
+        params,
+        tokenizer,
+        batches,
+        beam_size=beam_size,
+        alpha=alpha,
+        extra_length=extra_length,
+    )
+    for number, text in zip(todo, translations, strict=True):
+        out[number] = ' '.join(text.split())  # never a newline inside a translation
+    return out
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
+    from absl import flags
+
+    define = console.define_flag
+    define('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
+    define('step', flags.DEFINE_integer, None, 'Checkpoint step to load (default: the latest).')
+    define(
+        'average_last',
+        flags.DEFINE_integer,
+        None,
+        'Average the last K checkpoints (default: eval.average_last).',
+    )
+    define('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
+    define('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
+    define('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
+    define(
+        'max_input_tokens',
+        flags.DEFINE_integer,
+        None,
+        'Longer input lines are cut to this many tokens (default: model.max_len).',
+    )
+    define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
+    define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
+    FLAGS = flags.FLAGS
+
+    def main(_):
+        console.require('workdir')
+        try:
+            config = evaluate.load_workdir_config(FLAGS.workdir)
+            average_last = FLAGS.average_last
+            if FLAGS.step is not None:
+                average_last = 1
+            elif average_last is None:
+                average_last = config.eval.average_last
+            config, tokenizer, model, params, steps = evaluate.load_model(
+                FLAGS.workdir, FLAGS.step, average_last
+            )
+        except (evaluate.EvaluationError, data_lib.DataError) as e:
+            raise SystemExit(f'error: {e}') from None
+        if FLAGS.input:
+            with open(FLAGS.input, encoding='utf-8') as f:
+                lines = f.read().splitlines()
+        else:
+            lines = sys.stdin.read().splitlines()
+        logging.info('Translating %d lines with checkpoints %s.', len(lines), steps)
+        translations = translate_lines(
+            lines,
+            tokenizer,
+            model,
+            params,
+            beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
+            alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
+            extra_length=config.eval.extra_length,
+            batch_size=FLAGS.batch_size or config.eval.batch_size,
+            max_input_tokens=FLAGS.max_input_tokens or config.model.max_len,
+        )
+        text = ''.join(t + '\n' for t in translations)
+        if FLAGS.output:
+            with open(FLAGS.output, 'w', encoding='utf-8') as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    console.run(main, argv)
+
+
+if __name__ == '__main__':
+    cli()

@@ -1,0 +1,133 @@
+"""Every head's attention matrix for one sentence pair, as one figure.
+
+``python -m transformer.visualize --workdir DIR --text "A man rides a bike." --out attention.png``
+
+Each MultiHeadAttention sows its probabilities [B, N, T, S] as ``attention_weights`` in the
+``intermediates`` collection; this runs the teacher-forced model once on (source, target),
+where the target is the model's own greedy translation unless ``--target`` is given, and
+draws one panel per (layer, kind, head): encoder self-attention, decoder self-attention and
+decoder-encoder (cross) attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import console
+from transformer import decode as decode_lib
+from transformer.model import EOS_ID, Transformer
+
+KINDS = (
+    ('encoder', 'self_attention', 'encoder self'),
+    ('decoder', 'self_attention', 'decoder self'),
+    ('decoder', 'cross_attention', 'cross'),
+)
+
+
+def attention_maps(
+    model: Transformer, params: Any, inputs: np.ndarray, targets: np.ndarray
+) -> dict[tuple[str, int, str], np.ndarray]:
+    """{(stack, layer, kind): [N, T, S] probabilities} for one (unpadded) example.
+
+    Args:
+      model: the Transformer.
+      params: its parameters.
+      inputs: source ids [S] ending with EOS.
+      targets: target ids [T] ending with EOS.
+    """
+    _, variables = model.apply(
+        {'params': params},
+        jnp.asarray(inputs)[None],
+        jnp.asarray(targets)[None],
+        mutable=['intermediates'],
+    )
+    maps = {}
+    for name, layer in variables['intermediates'].items():
+        stack, _, index = name.rpartition('_layer_')
+        for kind, sown in layer.items():
+            if 'attention_weights' in sown:
+                maps[(stack, int(index), kind)] = np.asarray(sown['attention_weights'][0][0])
+    return maps
+
+
+def plot_attention(
+    maps: dict[tuple[str, int, str], np.ndarray],
+    source_tokens: list[str],
+    target_tokens: list[str],
+    out: str,
+) -> None:
+    """One row per (kind, layer), one column per head; token labels on the axes."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    rows = [
+        (s, i, k, label)
+        for s, k, label in KINDS
+        for (s2, i, k2) in sorted(maps)
+        if (s2, k2) == (s, k)
+    ]
+    num_heads = next(iter(maps.values())).shape[0]
+    cell = 0.18 * max(len(source_tokens), len(target_tokens)) + 1.0
+    fig, axes = plt.subplots(
+        len(rows), num_heads, figsize=(cell * num_heads, cell * len(rows)), squeeze=False
+    )
+    for r, (stack, index, kind, label) in enumerate(rows):
+        weights = maps[(stack, index, kind)]
+        queries = source_tokens if stack == 'encoder' else target_tokens
+        keys = source_tokens if (stack == 'encoder' or kind == 'cross_attention') else target_tokens
+        for head in range(num_heads):
+            ax = axes[r][head]
+            ax.imshow(weights[head], cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
+            ax.set_title(f'{label} L{index} h{head}', fontsize=7)
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=5)
+            ax.set_yticks(range(len(queries)), queries, fontsize=5)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.visualize --workdir DIR --text "..." --out attention.png``."""
+    from absl import flags
+
+    from transformer import evaluate
+
+    define = console.define_flag
+    define('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
+    define('text', flags.DEFINE_string, None, 'Source sentence.')
+    define('target', flags.DEFINE_string, None, 'Target sentence (default: greedy translation).')
+    define('out', flags.DEFINE_string, 'attention.png', 'Output image (PNG/PDF/SVG).')
+    define('step', flags.DEFINE_integer, None, 'Checkpoint step to load (default: the latest).')
+    FLAGS = flags.FLAGS
+
+    def main(_):
+        console.require('workdir', 'text')
+        try:
+            _, tokenizer, model, params, _ = evaluate.load_model(FLAGS.workdir, FLAGS.step, 1)
+        except evaluate.EvaluationError as e:
+            raise SystemExit(f'error: {e}') from None
+        inputs = np.array(tokenizer.encode(FLAGS.text) + [EOS_ID], np.int32)
+        if FLAGS.target is None:
+            tokens = np.asarray(
+                decode_lib.greedy_search(model, params, jnp.asarray(inputs)[None])[0]
+            )
+            length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else len(tokens)
+            targets = tokens[:length]
+        else:
+            targets = np.array(tokenizer.encode(FLAGS.target) + [EOS_ID], np.int32)
+        maps = attention_maps(model, params, inputs, targets)
+        pieces = lambda ids: [tokenizer.decode([int(i)]) or f'<{int(i)}>' for i in ids]  # noqa: E731
+        plot_attention(maps, pieces(inputs), pieces(targets), FLAGS.out)
+        print(f'translation: {tokenizer.decode(targets.tolist())}')
+        print(f'wrote {FLAGS.out} ({len(maps)} attention layers)')
+
+    console.run(main, argv)
+
+
+if __name__ == '__main__':
+    cli()
