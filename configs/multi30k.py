@@ -44,6 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     ev = config.eval
     ev.average_last = 5
+    ev.bleu_every = 800  # validation BLEU (beam 4) on 300 sentences
+    ev.bleu_max_examples = 300
     ev.compound_split = False
     ev.lowercase_tokenized = True  # the convention of the published Multi30k results
     return config

@@ -47,6 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     ev = config.eval
     ev.average_last = 1
+    ev.bleu_every = 400  # validation BLEU (beam 4) at steps 400 and 800
+    ev.bleu_max_examples = 200
     ev.batch_size = 128
     ev.compound_split = False
     return config

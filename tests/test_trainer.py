@@ -202,7 +202,8 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_train_py_smoke(tmp_path, monkeypatch):
     """`python train.py --config configs/tiny.py` end to end for a few steps, in-process:
-    it writes the config, vocabulary, metrics (JSONL + TensorBoard) and a checkpoint."""
+    it writes the config, vocabulary, metrics (JSONL + TensorBoard, validation loss and BLEU)
+    and checkpoints."""
     import json
     import sys
 
@@ -224,6 +225,9 @@ def test_train_py_smoke(tmp_path, monkeypatch):
         'train.log_every': 2,
         'train.checkpoint_every': 2,
         'eval.batch_size': 16,
+        'eval.bleu_every': 4,
+        'eval.bleu_max_examples': 5,
+        'eval.beam_size': 2,
     }
     argv += [f'--config.{k}={v}' for k, v in overrides.items()]
     # ml_collections registers the --config.x.y override flags from sys.argv.
@@ -234,8 +238,10 @@ def test_train_py_smoke(tmp_path, monkeypatch):
     records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
     train_steps = [r['step'] for r in records if r['split'] == 'train']
     assert train_steps == [2, 4]
-    assert any(r['split'] == 'validation' and r['step'] == 4 for r in records)
-    assert all(np.isfinite(r['loss']) for r in records)
+    assert any(r['split'] == 'validation' and r['step'] == 4 and 'loss' in r for r in records)
+    bleu = [r for r in records if 'sacrebleu' in r]  # validation BLEU through evaluate's code
+    assert [r['step'] for r in bleu] == [4] and 0.0 <= bleu[0]['sacrebleu'] <= 100.0
+    assert all(np.isfinite(r['loss']) for r in records if 'loss' in r)
     assert json.loads((workdir / 'config.json').read_text())['train']['num_steps'] == 4
     assert (workdir / 'vocab' / 'spm.model').exists()
     assert sorted(p.name for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()) == [

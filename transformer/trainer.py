@@ -34,7 +34,7 @@ from flax import jax_utils, struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer import console, optim
+from transformer import console, evaluate, optim
 from transformer import data as data_lib
 from transformer.model import PAD_ID, Transformer, config_from_dict
 
@@ -496,6 +496,31 @@ def evaluate_loss(
     return totals
 
 
+def validation_bleu(
+    config: ml_collections.ConfigDict,
+    tokenizer: data_lib.Tokenizer,
+    model: Transformer,
+    params: PyTree,
+    workdir: str,
+) -> dict[str, float]:
+    """BLEU of the validation split (or its first ``eval.bleu_max_examples`` sentences),
+    decoded and scored exactly as ``transformer.evaluate`` does."""
+    scores, _ = evaluate.evaluate_split(
+        config,
+        tokenizer,
+        model,
+        params,
+        config.data.eval_split,
+        beam_size=config.eval.beam_size,
+        alpha=config.eval.alpha,
+        extra_length=config.eval.extra_length,
+        batch_size=config.eval.batch_size,
+        max_examples=config.eval.bleu_max_examples,
+        workdir=workdir,
+    )
+    return {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -659,6 +684,13 @@ def train_and_evaluate(
             )
             writer.write(step, 'validation', metrics)
             final['validation'] = metrics
+        bleu_every = config.eval.bleu_every
+        if bleu_every and (step % bleu_every == 0 or step == tc.num_steps):
+            final['validation_bleu'] = validation_bleu(
+                config, tokenizer, model, parallel.get_state(state).params, workdir
+            )
+            logging.info('step %d  validation %s', step, final['validation_bleu'])
+            writer.write(step, 'validation', final['validation_bleu'])
         if is_ckpt:
             save_checkpoint(manager, parallel.get_state(state), train_iter.get_state(), tc.seed)
             last_good_step = step
