@@ -1,5 +1,6 @@
 """Loss, train step and data parallelism (pmap / sharding == one device)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -267,3 +268,28 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert steps, 'a good checkpoint must survive'
     params = _params_at(tmp_path, steps[-1])
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    """model.dtype='bfloat16' computes in bfloat16 (close to the float32 loss) while the
+    parameters and optimizer state stay float32."""
+    opt = base.get_config().opt
+    tx, schedule = optim.make_optimizer(opt, d_model=32)
+    losses = {}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        model = Transformer(dataclasses.replace(_tiny_model().config, dtype=dtype))
+        state = trainer.init_state(model, tx, jax.random.key(0), LEN)
+        state, sums = jax.jit(
+            functools.partial(
+                trainer.train_step,
+                model=model,
+                tx=tx,
+                schedule=schedule,
+                label_smoothing=0.1,
+                accum_steps=1,
+            )
+        )(state, _packed_batch(0), jax.random.key(1))
+        losses[dtype] = float(sums['loss'] / sums['tokens'])
+        assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype('float32')}
+    assert losses[jnp.bfloat16] != losses[jnp.float32]  # it did compute in bfloat16
+    np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=2e-2)
