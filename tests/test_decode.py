@@ -266,15 +266,50 @@ def test_early_stop_gives_the_same_result_in_fewer_steps():
     np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
 
 
+def _dot_operand_shapes(jaxpr, in_loop: bool = False):
+    """(inside a while loop?, operand shapes) of every dot_general in ``jaxpr`` and the
+    jaxprs nested in it (jit, while, cond, ...)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == 'dot_general':
+            yield in_loop, [v.aval.shape for v in eqn.invars]
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, 'jaxpr', sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, 'eqns'):
+                    yield from _dot_operand_shapes(sub, in_loop or eqn.primitive.name == 'while')
+
+
+def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
+    """No matrix product inside either search's loop reads the encoder output [B(*K), S, D]:
+    encoder-decoder attention projects it to keys and values once, before the loop."""
+    params = random_params()
+    d_model = MODEL.config.d_model
+    searches = {
+        (3, 4, d_model): lambda p: decode.greedy_search(MODEL, p, INPUTS, extra_length=EXTRA),
+        (12, 4, d_model): lambda p: decode.beam_search(MODEL, p, INPUTS, extra_length=EXTRA),
+    }
+    for encoded_shape, search in searches.items():
+        jaxpr = jax.make_jaxpr(search)(params).jaxpr
+        reads = [loop for loop, shapes in _dot_operand_shapes(jaxpr) if encoded_shape in shapes]
+        assert not any(reads), encoded_shape
+        # Key and value of each decoder layer (greedy's also count the encoder's own).
+        assert len(reads) >= 2 * MODEL.config.num_decoder_layers, encoded_shape
+
+
 def test_reorder_cache_gathers_the_written_positions():
     """K/V rows follow their parents at positions < written; other row arrays wholly; scalars
-    stay."""
+    and the encoder-decoder keys/values stay."""
     rng = np.random.default_rng(0)
     cache = {
         'layer': {
             'cached_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
             'cached_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
             'cache_index': np.int32(5),
+        },
+        # Shaped like the self-attention caches: only the names tell them apart.
+        'cross': {
+            'cached_static_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
+            'cached_static_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
         },
         'position': np.int32(5),
         'other_rows': rng.standard_normal((6, 5, 2, 3)).astype(np.float32),  # not [rows, 8, ..]
@@ -290,4 +325,6 @@ def test_reorder_cache_gathers_the_written_positions():
             untouched = -(-written // 2) * 2
             np.testing.assert_array_equal(after[:, untouched:], before[:, untouched:])
         assert int(out['layer']['cache_index']) == 5 and int(out['position']) == 5
+        for name, x in cache['cross'].items():
+            np.testing.assert_array_equal(out['cross'][name], x)
         np.testing.assert_array_equal(out['other_rows'], cache['other_rows'][rows])

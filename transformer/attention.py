@@ -46,6 +46,10 @@ Dtype = Any
 qkv_kernel_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
 
+# Cache entries of `MultiHeadAttention(..., decode=True, static_kv=True)`: written once, then
+# only read, so beam search must not reorder them as it reorders the per-position caches.
+STATIC_CACHE_NAMES = ('cached_static_key', 'cached_static_value')
+
 
 def per_head(kernel: Array) -> Array:
     """[D, N, H] query/key/value kernel -> [N, D, H]: element i is head i's own W_i."""
@@ -145,6 +149,7 @@ class MultiHeadAttention(nn.Module):
         *,
         deterministic: bool = True,
         decode: bool = False,
+        static_kv: bool = False,
     ) -> Array:
         """Attends from ``inputs_q`` [B, T, D] to ``inputs_kv`` [B, S, D].
 
@@ -157,6 +162,11 @@ class MultiHeadAttention(nn.Module):
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
             full-length ``inputs_kv``; later calls take T = 1 and attend to every cached
             position up to and including the current one.
+          static_kv: with ``decode``, ``inputs_kv`` is the same at every call (the encoder
+            output that encoder-decoder attention reads). The call that creates the cache
+            projects it into ``cached_static_key`` / ``cached_static_value`` [B, S, N, H];
+            later calls attend to those and never read ``inputs_kv``, so the S x D x N x H
+            projections run once per decoding instead of once per position.
 
         Returns:
           [B, T, D].
@@ -187,11 +197,13 @@ class MultiHeadAttention(nn.Module):
         )
 
         q = query(inputs_q)
-        k = key(inputs_kv)
-        v = value(inputs_kv)
-
-        if decode:
-            k, v, mask = self._update_cache(k, v, mask)
+        if decode and static_kv:
+            k, v = self._static_cache(key, value, inputs_kv)
+        else:
+            k = key(inputs_kv)
+            v = value(inputs_kv)
+            if decode:
+                k, v, mask = self._update_cache(k, v, mask)
 
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
@@ -223,3 +235,19 @@ class MultiHeadAttention(nn.Module):
         written = (jnp.arange(length) <= index)[None, None, None, :]  # [1, 1, 1, S]
         mask = written if mask is None else jnp.logical_and(mask, written)
         return cached_key.value, cached_value.value, mask
+
+    def _static_cache(
+        self, key: _Projection, value: _Projection, inputs_kv: Array
+    ) -> tuple[Array, Array]:
+        """Keys/values [B, S, N, H] of an ``inputs_kv`` that does not change between calls.
+
+        Projected and stored by the call that finds them missing from the cache, read back by
+        every later one.
+        """
+        key_name, value_name = STATIC_CACHE_NAMES
+        if self.has_variable('cache', key_name):
+            return self.get_variable('cache', key_name), self.get_variable('cache', value_name)
+        k, v = key(inputs_kv), value(inputs_kv)
+        self.put_variable('cache', key_name, k)
+        self.put_variable('cache', value_name, v)
+        return k, v

@@ -7,7 +7,9 @@ Shape legend (as in transformer/model.py, plus K):
 
 Every step feeds one token per sequence to ``Transformer.decode(..., decode=True)``, which
 appends that position's keys and values to the cache, so the prefix is never recomputed. The
-first step feeds the start token 0, later steps the previous token.
+encoder output's keys and values for encoder-decoder attention are projected once, by
+`init_cache` before the loop, and only read by the steps. The first step feeds the start
+token 0, later steps the previous token.
 
 Conventions shared by both searches:
 
@@ -34,6 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from transformer.attention import STATIC_CACHE_NAMES
 from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
 
 Array = jax.Array
@@ -122,7 +125,7 @@ def greedy_search(
     loop_length = _loop_length(width, max_decode_len, extra_length)
     limits = _output_limits(inputs, loop_length, extra_length)
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-    cache = init_cache(model, encoded, inputs, loop_length)
+    cache = init_cache(model, params, encoded, inputs, loop_length)
 
     def not_done(state):
         step, _, _, done, _ = state
@@ -150,23 +153,27 @@ def greedy_search(
 def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Cache:
     """Cache whose row r holds what row ``rows[r]`` held, for positions < ``written``.
 
-    The self-attention key/value caches are [B*K, T', N, H] with T' = ``length``, a multiple
-    of `_REORDER_CHUNKS`. Positions at or after ``written`` are left as they are: the model
-    masks them and overwrites each before attending to it. So only the chunks holding written
-    positions are gathered, each back into its own place (dynamic_update_slice in a loop, which
-    XLA does in place): a step moves O(written * B*K * N * H) per cache instead of
-    O(T' * B*K * N * H), and no second full-size buffer is allocated. Scalars
-    (``cache_index``, ``position``) are the same for every row and are not touched; any other
-    array with a B*K axis is gathered whole.
+    Entries are told apart by name. The self-attention caches ``cached_key`` / ``cached_value``
+    are [B*K, T', N, H] with T' = ``length``, a multiple of `_REORDER_CHUNKS`. Positions at or
+    after ``written`` are left as they are: the model masks them and overwrites each before
+    attending to it. So only the chunks holding written positions are gathered, each back into
+    its own place (dynamic_update_slice in a loop, which XLA does in place): a step moves
+    O(written * B*K * N * H) per cache instead of O(T' * B*K * N * H), and no second full-size
+    buffer is allocated. The encoder-decoder caches (`STATIC_CACHE_NAMES`) are not touched:
+    ``rows`` only points within an example, whose K beams share one source and so hold the
+    same keys and values there. Scalars (``cache_index``, ``position``) are the same for every
+    row and are not touched either; any other array with a B*K axis is gathered whole.
     """
     num_rows = rows.shape[0]
-    is_kv = lambda x: x.ndim == 4 and x.shape[:2] == (num_rows, length)  # noqa: E731
-    leaves, treedef = jax.tree_util.tree_flatten(cache)
-    kv_leaves = [i for i, x in enumerate(leaves) if is_kv(x)]
-    leaves = [
-        jnp.take(x, rows, axis=0) if not is_kv(x) and x.ndim and x.shape[0] == num_rows else x
-        for x in leaves
-    ]
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(cache)
+    names = [getattr(path[-1], 'key', None) for path, _ in with_paths]
+    leaves = [x for _, x in with_paths]
+    kv_leaves = [i for i, name in enumerate(names) if name in ('cached_key', 'cached_value')]
+    for i, (name, x) in enumerate(zip(names, leaves, strict=True)):
+        if i in kv_leaves or name in STATIC_CACHE_NAMES:
+            continue
+        if x.ndim and x.shape[0] == num_rows:
+            leaves[i] = jnp.take(x, rows, axis=0)
     chunk = length // _REORDER_CHUNKS
 
     def reorder_chunk(c, kv):
@@ -234,7 +241,7 @@ def _beam_search(
     encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D]
     beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
     cache_length = -(-loop_length // _REORDER_CHUNKS) * _REORDER_CHUNKS
-    cache = init_cache(model, encoded, beam_inputs, cache_length)
+    cache = init_cache(model, params, encoded, beam_inputs, cache_length)
     beam_limits = jnp.repeat(limits, beam_size)
     row_offsets = jnp.arange(batch)[:, None] * beam_size
 

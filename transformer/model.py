@@ -226,9 +226,18 @@ class DecoderLayer(_SubLayers):
             deterministic,
         )
         cross_attn = self.attention('cross_attention')
+        # The encoder output is the same at every decoding step: its keys and values are
+        # projected once, when the cache is created, not once per decoded position.
         x = self.residual(
             x,
-            lambda y: cross_attn(y, encoded, cross_mask, deterministic=deterministic),
+            lambda y: cross_attn(
+                y,
+                encoded,
+                cross_mask,
+                deterministic=deterministic,
+                decode=decode,
+                static_kv=True,
+            ),
             'cross_attention',
             deterministic,
         )
@@ -343,7 +352,9 @@ class Transformer(nn.Module):
         """Decoder logits [B, T, V]; position t predicts ``targets[:, t]``.
 
         Args:
-          encoded: encoder output [B, S, D].
+          encoded: encoder output [B, S, D]. With ``decode=True`` only the call that creates
+            the cache reads it (see `init_cache`); the steps read its keys and values from
+            the cache.
           inputs: source tokens [B, S] (for the padding mask of cross-attention).
           targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
             instead the single previous token [B, 1] (0 at the first step), not shifted.
@@ -421,23 +432,36 @@ class Transformer(nn.Module):
 
 
 def init_cache(
-    model: Transformer, encoded: Array, inputs: Array, max_decode_len: int
+    model: Transformer, params: Any, encoded: Array, inputs: Array, max_decode_len: int
 ) -> dict[str, Any]:
-    """Zero key/value caches for ``model.decode(..., decode=True)``.
+    """The ``cache`` collection for ``model.decode(..., decode=True)``.
+
+    Self-attention caches (``cached_key`` / ``cached_value`` [B, max_decode_len, N, H]) start
+    as zeros and are written one position per step. Encoder-decoder attention caches
+    (``cached_static_key`` / ``cached_static_value`` [B, S, N, H]) hold the projections of
+    ``encoded``, made here once so that no step repeats them (4 S D^2 multiply-adds per row
+    and layer).
 
     Args:
       model: the Transformer.
-      encoded: encoder output [B, S, D] (only its shape and dtype are used).
+      params: its parameters.
+      encoded: encoder output [B, S, D].
       inputs: source tokens [B, S] (only the shape is used).
       max_decode_len: number of decoding steps the cache must hold.
 
     Returns:
-      The ``cache`` collection, all zeros.
+      The ``cache`` collection.
     """
     targets = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
-    shapes = jax.eval_shape(
-        lambda: model.init(
-            jax.random.key(0), encoded, inputs, targets, decode=True, method=Transformer.decode
-        )['cache']
+    # The call that creates the cache runs the decoder over all max_decode_len positions; only
+    # the cache is kept, so under jit XLA drops everything but the projections.
+    _, variables = model.apply(
+        {'params': params},
+        encoded,
+        inputs,
+        targets,
+        decode=True,
+        method=Transformer.decode,
+        mutable=['cache'],
     )
-    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return variables['cache']
