@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.random_params import fill_random
 from transformer import decode
 from transformer.model import EOS_ID, PAD_ID, Transformer, TransformerConfig
 
@@ -47,23 +48,7 @@ def random_params(sharpness: float = 1.0, seed: int = 0, eos_logit: float = 0.0)
     """Random values on the model's parameter tree; logits scale with ``sharpness``, and
     ``eos_logit`` is added to EOS's logit at every position (a random model has no sense of
     when to stop)."""
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        name, parent = path[-1].key, path[-2].key
-        noise = rng.standard_normal(leaf.shape).astype(np.float32)
-        if name == 'scale':
-            return 1.0 + 0.1 * noise
-        if name == 'bias':
-            return 0.1 * noise
-        if name == 'embedding':
-            return noise / np.sqrt(leaf.shape[1])
-        if parent == 'logits_dense':
-            return sharpness * noise / np.sqrt(leaf.shape[0])
-        fan_in = leaf.shape[0] * leaf.shape[1] if parent == 'out' else leaf.shape[0]
-        return noise / np.sqrt(fan_in)
-
-    params = jax.tree_util.tree_map_with_path(fill, _param_shapes())
+    params = fill_random(_param_shapes(), seed, logits_scale=sharpness)
     # Channel 0 of the last (post-LN) decoder output is pinned to 1, so row 0 of the output
     # projection becomes a per-token logit bias.
     last_norm = params['decoder_layer_0']['ffn_norm']

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from tests.random_params import fill_random
 from transformer.model import (
     PAD_ID,
     EncoderLayer,
@@ -46,25 +47,6 @@ def random_params(cfg: TransformerConfig, seed: int = 0) -> dict:
     tokens = jnp.ones((1, 2), jnp.int32)
     shapes = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens, tokens)['params']
     return fill_random(shapes, seed)
-
-
-def fill_random(shapes, seed: int = 0) -> dict:
-    """Kernels get std 1/sqrt(fan_in), embeddings 1/sqrt(D), biases 0.1; norm scales 1 +- 0.1."""
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        name, parent = path[-1].key, path[-2].key
-        noise = rng.standard_normal(leaf.shape).astype(np.float32)
-        if name == 'scale':
-            return 1.0 + 0.1 * noise
-        if name == 'bias':
-            return 0.1 * noise
-        if name == 'embedding':
-            return noise / np.sqrt(leaf.shape[1])
-        fan_in = leaf.shape[0] * leaf.shape[1] if parent == 'out' else leaf.shape[0]
-        return noise / np.sqrt(fan_in)
-
-    return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
 def random_tokens(seed: int, shape: tuple[int, ...], lengths=None) -> np.ndarray:

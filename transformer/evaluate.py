@@ -223,13 +223,25 @@ def average_params(trees: Sequence[PyTree]) -> PyTree:
 
 
 def load_model(
-    workdir: str, step: int | None = None, average_last: int = 1
+    workdir: str, step: int | None = None, average_last: int | None = None
 ) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
-    """Config, tokenizer, model and (averaged) parameters of a training run."""
+    """Config, tokenizer, model and parameters of a training run.
+
+    Args:
+      workdir: the run's directory.
+      step: load this checkpoint alone.
+      average_last: otherwise average the last K checkpoints (default: the run's
+        ``eval.average_last``).
+
+    Returns:
+      (config, tokenizer, model, params, the steps loaded).
+    """
     config = load_workdir_config(workdir)
     tokenizer = load_tokenizer(config, workdir)
     model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
-    steps = checkpoint_steps(workdir, step, average_last)
+    if step is None and average_last is None:
+        average_last = config.eval.average_last
+    steps = checkpoint_steps(workdir, step, average_last or 1)
     trees = [restore_params(workdir, s, model) for s in steps]
     params = trees[0] if len(trees) == 1 else average_params(trees)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
@@ -320,8 +332,8 @@ def evaluate_split(
     return scores, hypotheses
 
 
-def cli(argv: list[str] | None = None) -> None:
-    """``python -m transformer.evaluate --workdir DIR ...`` (also ``transformer-evaluate``)."""
+def define_decoding_flags() -> None:
+    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
     from absl import flags
 
     define = console.define_flag
@@ -333,10 +345,18 @@ def cli(argv: list[str] | None = None) -> None:
         None,
         'Average the last K checkpoints (default: eval.average_last).',
     )
-    define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
     define('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
     define('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
     define('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.evaluate --workdir DIR ...`` (also ``transformer-evaluate``)."""
+    from absl import flags
+
+    define_decoding_flags()
+    define = console.define_flag
+    define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
     define('max_examples', flags.DEFINE_integer, 0, 'Decode only the first N sentences (0 = all).')
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
     FLAGS = flags.FLAGS
@@ -375,11 +395,6 @@ def run(
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores."""
     start = time.time()
-    config = load_workdir_config(workdir)
-    if step is not None:
-        average_last = 1
-    elif average_last is None:
-        average_last = config.eval.average_last
     config, tokenizer, model, params, steps = load_model(workdir, step, average_last)
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size

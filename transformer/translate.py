@@ -88,18 +88,8 @@ def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
     from absl import flags
 
+    evaluate.define_decoding_flags()
     define = console.define_flag
-    define('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
-    define('step', flags.DEFINE_integer, None, 'Checkpoint step to load (default: the latest).')
-    define(
-        'average_last',
-        flags.DEFINE_integer,
-        None,
-        'Average the last K checkpoints (default: eval.average_last).',
-    )
-    define('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
-    define('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
-    define('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
     define(
         'max_input_tokens',
         flags.DEFINE_integer,
@@ -113,14 +103,8 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         try:
-            config = evaluate.load_workdir_config(FLAGS.workdir)
-            average_last = FLAGS.average_last
-            if FLAGS.step is not None:
-                average_last = 1
-            elif average_last is None:
-                average_last = config.eval.average_last
             config, tokenizer, model, params, steps = evaluate.load_model(
-                FLAGS.workdir, FLAGS.step, average_last
+                FLAGS.workdir, FLAGS.step, FLAGS.average_last
             )
         except (evaluate.EvaluationError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None

@@ -108,7 +108,9 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir', 'text')
         try:
-            _, tokenizer, model, params, _ = evaluate.load_model(FLAGS.workdir, FLAGS.step, 1)
+            _, tokenizer, model, params, _ = evaluate.load_model(
+                FLAGS.workdir, FLAGS.step, average_last=1
+            )
         except evaluate.EvaluationError as e:
             raise SystemExit(f'error: {e}') from None
         inputs = np.array(tokenizer.encode(FLAGS.text) + [EOS_ID], np.int32)
