@@ -59,7 +59,12 @@ def plot_attention(
     target_tokens: list[str],
     out: str,
 ) -> None:
-    """One row per (kind, layer), one column per head; token labels on the axes."""
+    """One row per (kind, layer), one column per head; token labels on the axes.
+
+    Decoder positions are labelled with the token each one reads, the target shifted right
+    behind the start token: position t attends while predicting ``target_tokens[t]``.
+    """
+    decoder_tokens = ['<s>', *target_tokens[:-1]]
     import matplotlib
 
     matplotlib.use('Agg')
@@ -78,8 +83,10 @@ def plot_attention(
     )
     for r, (stack, index, kind, label) in enumerate(rows):
         weights = maps[(stack, index, kind)]
-        queries = source_tokens if stack == 'encoder' else target_tokens
-        keys = source_tokens if (stack == 'encoder' or kind == 'cross_attention') else target_tokens
+        queries = source_tokens if stack == 'encoder' else decoder_tokens
+        keys = (
+            source_tokens if (stack == 'encoder' or kind == 'cross_attention') else decoder_tokens
+        )
         for head in range(num_heads):
             ax = axes[r][head]
             ax.imshow(weights[head], cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
