@@ -201,6 +201,20 @@ def test_resume_continues_exactly(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
+def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
+    """Restarting a workdir with a changed model fails with one line and leaves the saved
+    config and checkpoints as they were."""
+    trainer.train_and_evaluate(_tiny_run_config(3), str(tmp_path))
+    saved_config = (tmp_path / 'config.json').read_text()
+    changed = _tiny_run_config(6)
+    changed.model.d_ff = 48
+    with pytest.raises(trainer.TrainingError, match='does not fit this config') as info:
+        trainer.train_and_evaluate(changed, str(tmp_path))
+    assert '\n' not in str(info.value)
+    assert (tmp_path / 'config.json').read_text() == saved_config
+    assert np.isfinite(jax.tree.leaves(_params_at(tmp_path, 3))[0]).all()
+
+
 def test_train_py_smoke(tmp_path, monkeypatch):
     """`python train.py --config configs/tiny.py` end to end for a few steps, in-process:
     it writes the config, vocabulary, metrics (JSONL + TensorBoard, validation loss and BLEU)

@@ -545,10 +545,6 @@ def train_and_evaluate(
         jax.distributed.initialize()
     is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    if is_main:
-        with open(os.path.join(workdir, 'config.json'), 'w') as f:
-            f.write(config.to_json_best_effort(indent=2))
-
     tokenizer = data_lib.get_tokenizer(config.data, workdir)
     model = build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
@@ -584,9 +580,22 @@ def train_and_evaluate(
     manager = checkpoint_manager(workdir, config)
     latest = manager.latest_step()
     if latest is not None:
-        state, meta = restore_checkpoint(manager, latest, abstract_tree(state))
+        try:
+            state, meta = restore_checkpoint(manager, latest, abstract_tree(state))
+        except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise TrainingError(
+                f'The checkpoint at step {latest} in {workdir}/checkpoints does not fit this '
+                f'config (model or optimizer changed?): {first_line}. Resume with the config '
+                'the run was started with, or use a new --workdir.'
+            ) from None
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
+    if is_main:
+        # Written once the config is known to fit the checkpoints, so that a mistaken resume
+        # never overwrites the description of what is saved.
+        with open(os.path.join(workdir, 'config.json'), 'w') as f:
+            f.write(config.to_json_best_effort(indent=2))
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info(
         'Model: %s parameters, %s; %s mode over %d devices.',
