@@ -41,15 +41,7 @@ def main(argv):
     tokenizer = data_lib.get_tokenizer(config.data, workdir)
     model = trainer.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
-    parallel = trainer.Parallel(
-        tc.parallelism,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=tc.label_smoothing,
-        accum_steps=tc.grad_accum_steps,
-        model_parallelism=tc.model_parallelism,
-    )
+    parallel = trainer.Parallel.from_config(config, model, tx, schedule)
     state = trainer.init_state(model, tx, jax.random.key(tc.seed), config.data.max_len)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     state = parallel.put_state(state)

@@ -322,6 +322,28 @@ class Parallel:
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
             self._step = jax.jit(step, donate_argnums=(0,))
 
+    @classmethod
+    def from_config(
+        cls,
+        config: ml_collections.ConfigDict,
+        model: Transformer,
+        tx: optax.GradientTransformation,
+        schedule: optax.Schedule,
+        devices=None,
+    ) -> Parallel:
+        """The mode, loss and accumulation settings of ``config.train``."""
+        tc = config.train
+        return cls(
+            tc.parallelism,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            label_smoothing=tc.label_smoothing,
+            accum_steps=tc.grad_accum_steps,
+            model_parallelism=tc.model_parallelism,
+            devices=devices,
+        )
+
     @property
     def num_data_shards(self) -> int:
         """How many ways the batch is split: its rows must be a multiple of this."""
@@ -548,16 +570,7 @@ def train_and_evaluate(
     tokenizer = data_lib.get_tokenizer(config.data, workdir)
     model = build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
-    parallel = Parallel(
-        tc.parallelism,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=tc.label_smoothing,
-        accum_steps=tc.grad_accum_steps,
-        model_parallelism=tc.model_parallelism,
-        devices=devices,
-    )
+    parallel = Parallel.from_config(config, model, tx, schedule, devices)
     rows_needed = parallel.num_data_shards * tc.grad_accum_steps * jax.process_count()
     if tc.batch_size % rows_needed:
         raise ValueError(
