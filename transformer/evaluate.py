@@ -265,20 +265,14 @@ def translate_batches(
     """Detokenized best hypotheses for evaluation batches, in the original example order."""
     outputs = []
     for i, batch in enumerate(batches):
-        if beam_size == 1:
-            tokens = decode_lib.greedy_search(
-                model, params, jnp.asarray(batch['inputs']), extra_length=extra_length
-            )
-        else:
-            sequences, _ = decode_lib.beam_search(
-                model,
-                params,
-                jnp.asarray(batch['inputs']),
-                beam_size=beam_size,
-                alpha=alpha,
-                extra_length=extra_length,
-            )
-            tokens = sequences[:, 0]
+        tokens = decode_lib.translate_batch(
+            model,
+            params,
+            jnp.asarray(batch['inputs']),
+            beam_size=beam_size,
+            alpha=alpha,
+            extra_length=extra_length,
+        )
         tokens = np.asarray(jax.device_get(tokens))
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
@@ -301,7 +295,7 @@ def evaluate_split(
     workdir: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``split`` and scores it against its raw references."""
-    sources, references = data_lib.load_text(config.data, split)
+    _, references = data_lib.load_text(config.data, split)
     batches = data_lib.make_eval_batches(
         config.data,
         tokenizer,
@@ -328,7 +322,6 @@ def evaluate_split(
         lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
         compound_split=bool(config.eval.get('compound_split', False)),
     )
-    del sources
     return scores, hypotheses
 
 
