@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from transformer import data
-from transformer.data import batching, tokenized
+from transformer.data import packing, tokenized
 from transformer.data import tokenizer as tokenizer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -103,8 +103,11 @@ def main() -> None:
         )
     )
     # What a run pays: reading the text, sampling, training, saving to the workdir.
-    tokenizer, results['get_tokenizer_s'] = _timed(lambda: data.get_tokenizer(config, workdir))
+    tokenizer, results['get_tokenizer_s'] = _timed(
+        lambda: data.get_tokenizer(config, os.path.join(workdir, 'vocab', 'spm.model'))
+    )
     results['vocab_size'] = tokenizer.vocab_size
+    cache_dir = os.path.join(workdir, 'data_cache')
 
     (source_ids, _), seconds = _timed(lambda: tokenized.encode_texts(tokenizer, sources))
     (target_ids, _), more = _timed(lambda: tokenized.encode_texts(tokenizer, targets))
@@ -113,7 +116,6 @@ def main() -> None:
     results['tokenize_tokens_per_s'] = results['train_tokens'] / results['tokenize_s']
     results['target_to_source_tokens'] = len(target_ids) / len(source_ids)
 
-    cache_dir = tokenized.resolve_cache_dir(config, workdir)
     split, results['tokenize_and_cache_s'] = _timed(  # reads the text again, tokenizes, saves
         lambda: tokenized.tokenize_split(config, tokenizer, 'train', cache_dir)
     )
@@ -124,7 +126,7 @@ def main() -> None:
 
     iterator, results['make_train_iterator_s'] = _timed(
         lambda: data.make_train_iterator(
-            config, tokenizer, batch_size=args.batch_size, seed=0, workdir=workdir
+            config, tokenizer, batch_size=args.batch_size, seed=0, cache_dir=cache_dir
         )
     )
     results['packing'] = iterator.stats()
@@ -140,8 +142,8 @@ def main() -> None:
         for max_len in (32, 64, 128, 256)
     }
     results['pack_one_epoch_s'] = _timed(
-        lambda: batching.pack_examples(
-            split.source_lengths, split.target_lengths, args.max_len, batching.OPEN_ROWS
+        lambda: packing.pack_examples(
+            split.source_lengths, split.target_lengths, args.max_len, packing.OPEN_ROWS
         )
     )[1]
 
@@ -156,7 +158,7 @@ def main() -> None:
     for split_name in (config.eval_split, config.test_split):
         batches, seconds = _timed(
             lambda s=split_name: data.make_eval_batches(
-                config, tokenizer, s, batch_size=64, workdir=workdir
+                config, tokenizer, s, batch_size=64, cache_dir=cache_dir
             )
         )
         rows = sum(int((b['index'] >= 0).sum()) for b in batches)

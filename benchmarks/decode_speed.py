@@ -26,9 +26,11 @@ import time
 
 import jax
 import numpy as np
+from flax import linen as nn
 
 from transformer import decode
-from transformer.model import EOS_ID, PAD_ID, Transformer, TransformerConfig
+from transformer.model import Transformer, TransformerConfig
+from transformer.tokens import EOS_ID, PAD_ID
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -98,7 +100,9 @@ def main() -> None:
     )
     model = Transformer(cfg)
     inputs = _sources(args)
-    params = jax.jit(model.init)(jax.random.key(args.seed), inputs[:1], inputs[:1])['params']
+    params = nn.unbox(
+        jax.jit(model.init)(jax.random.key(args.seed), inputs[:1], inputs[:1])['params']
+    )
     searches = {
         'greedy': lambda: decode.greedy_search(
             model, params, inputs, max_decode_len=args.max_decode_len

@@ -24,8 +24,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import data as data_lib  # noqa: E402
-from transformer import optim, trainer  # noqa: E402
+from transformer import trainer  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=True)
 _STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps.')
@@ -37,18 +36,10 @@ def main(argv):
     del argv
     config = _CONFIG.value
     tc = config.train
-    workdir = tempfile.mkdtemp(prefix='train-speed-')
-    tokenizer = data_lib.get_tokenizer(config.data, workdir)
-    model = trainer.build_model(config, tokenizer.vocab_size)
-    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
-    parallel = trainer.Parallel.from_config(config, model, tx, schedule)
-    state = trainer.init_state(model, tx, jax.random.key(tc.seed), config.data.max_len)
-    num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    state = parallel.put_state(state)
-    batches = data_lib.make_train_iterator(
-        config.data, tokenizer, batch_size=tc.batch_size, seed=tc.seed, workdir=workdir
-    )
-    rng = jax.random.key(1)
+    # The training command's own set-up, in a scratch workdir (no checkpoint to resume).
+    run = trainer.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
+    parallel, state, batches, rng = run.parallel, run.state, run.train_iter, run.dropout_rng
+    num_params = run.num_params
     first = next(batches)
     placed = parallel.put_batch(first)
     flops = None

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from transformer.attention import (
     MultiHeadAttention,
@@ -18,7 +19,7 @@ from transformer.attention import (
 
 def _init(module: MultiHeadAttention, x_q, x_kv, mask=None, seed=0):
     """The module's real initial parameters."""
-    return jax.jit(module.init)(jax.random.key(seed), x_q, x_kv, mask)['params']
+    return nn.unbox(jax.jit(module.init)(jax.random.key(seed), x_q, x_kv, mask)['params'])
 
 
 def _random_params(module: MultiHeadAttention, x_q, x_kv, seed=0):

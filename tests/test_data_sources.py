@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer import data
-from transformer.data import multi30k, sources
+from transformer.data import multi30k, tfds_translate
 
 # The real Multi30k raw files live in the `shared` folder beside the repository.
 MULTI30K_DIR = pathlib.Path(
@@ -28,7 +28,7 @@ def _config(**overrides):
 @pytest.fixture
 def offline(monkeypatch):
     """No network, whatever the machine has: downloads must fail fast, not be attempted."""
-    monkeypatch.setattr(sources, 'network_reachable', lambda *args, **kwargs: False)
+    monkeypatch.setattr(tfds_translate, 'network_reachable', lambda *args, **kwargs: False)
 
 
 def _write(path, lines, compress=False):
@@ -73,7 +73,7 @@ def test_folder_trains_end_to_end(tmp_path):
     _write(tmp_path / 'train.en', lines)
     _write(tmp_path / 'train.de', [line.upper() for line in lines])
     config = _config(dataset='folder', folder=str(tmp_path), vocab_size=60, max_len=16)
-    tokenizer = data.get_tokenizer(config, str(tmp_path / 'work'))
+    tokenizer = data.get_tokenizer(config, str(tmp_path / 'work' / 'spm.model'))
     batch = next(data.make_train_iterator(config, tokenizer, batch_size=2, seed=0))
     assert batch['inputs'].shape == (2, 16) and (batch['inputs_segmentation'] > 0).any()
 
@@ -102,7 +102,7 @@ def test_tfds_dataset_without_network_fails_fast(tmp_path, offline):
 
 def test_network_probe_gives_up_quickly():
     start = time.perf_counter()
-    assert not sources.network_reachable(('unreachable.invalid',), timeout=1.0)
+    assert not tfds_translate.network_reachable(('unreachable.invalid',), timeout=1.0)
     assert time.perf_counter() - start < 2
 
 
@@ -123,7 +123,7 @@ def test_mocked_wmt14_english_to_german(tmp_path, offline):
     config = _config(dataset='wmt14_translate/de-en', data_dir=str(tmp_path), vocab_size=80)
     with tfds.testing.mock_data(as_dataset_fn=as_dataset):
         train = data.load_text(config, 'train')
-        tokenizer = data.get_tokenizer(config, str(tmp_path / 'work'))
+        tokenizer = data.get_tokenizer(config, str(tmp_path / 'work' / 'spm.model'))
         iterator = data.make_train_iterator(config, tokenizer, batch_size=2, seed=0)
         batches = data.make_eval_batches(config, tokenizer, 'test', batch_size=4)
     assert (
@@ -209,3 +209,27 @@ def test_real_multi30k(tmp_path, offline):
         dataset='multi30k', data_dir=str(tmp_path), source_lang='de', target_lang='en'
     )
     assert data.load_text(reverse, 'test2016') == (lines['test2016.de'], lines['test2016.en'])
+
+
+def test_a_new_source_is_one_module_and_one_registry_line(monkeypatch):
+    """A module with read / identity / add_config, registered under a name, is a dataset:
+    its text loads, its config keys exist, and its identity keys the token cache."""
+    import types
+
+    from transformer.data import sources, tokenized
+
+    fake = types.ModuleType('fake_source')
+    fake.add_config = lambda config: config.update({'fake_size': 3})
+    fake.read = lambda cfg, split: ([f'{split} {i}' for i in range(cfg.fake_size)],) * 2
+    fake.identity = lambda cfg, split: {'size': cfg.fake_size}
+    monkeypatch.setitem(sources.SOURCES, 'fake', fake)
+    config = _config(dataset='fake')
+    assert config.fake_size == 3
+    assert data.load_text(config, 'dev') == (['dev 0', 'dev 1', 'dev 2'],) * 2
+
+    class Vocab:
+        fingerprint = 'v'
+
+    key = tokenized.cache_key(config, Vocab(), 'dev')
+    config.fake_size = 4
+    assert tokenized.cache_key(config, Vocab(), 'dev') != key

@@ -23,7 +23,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def tokenizer(workdir):
-    return data.get_tokenizer(_config(), workdir)
+    return data.get_tokenizer(_config(), os.path.join(workdir, 'spm.model'))
 
 
 def test_special_ids_and_round_trip(tokenizer):
@@ -43,15 +43,15 @@ def test_special_ids_and_round_trip(tokenizer):
     assert tokenizer.encode('zzzzqqq')  # unseen characters map to unk, not to nothing
 
 
-def test_saved_in_workdir_and_reused(tokenizer, workdir, monkeypatch):
-    path = os.path.join(workdir, 'vocab', 'spm.model')
+def test_saved_at_its_path_and_reused(tokenizer, workdir, monkeypatch):
+    path = os.path.join(workdir, 'spm.model')
     assert tokenizer.model_path == path and os.path.isfile(path)
 
     def no_text(*args, **kwargs):
         raise AssertionError('a saved vocabulary must not be retrained')
 
     monkeypatch.setattr(tokenizer_lib, 'load_text', no_text)
-    again = data.get_tokenizer(_config(), workdir)
+    again = data.get_tokenizer(_config(), path)
     assert again.fingerprint == tokenizer.fingerprint
     given = data.get_tokenizer(_config(vocab_path=path), None)
     assert given.encode('ze') == tokenizer.encode('ze')
@@ -63,7 +63,7 @@ def test_missing_vocab_path_fails(tmp_path):
 
 
 def test_training_is_deterministic(tokenizer, tmp_path):
-    again = data.get_tokenizer(_config(), str(tmp_path))
+    again = data.get_tokenizer(_config(), str(tmp_path / 'spm.model'))
     assert again.fingerprint == tokenizer.fingerprint
 
 

@@ -13,6 +13,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from tests.random_params import fill_random
 from transformer import decode
@@ -41,7 +42,7 @@ EXTRA = 3  # output limits 7, 5, 6 = input length + EXTRA; loop length 4 + EXTRA
 @functools.cache
 def _param_shapes() -> dict:
     tokens = jnp.ones((1, 2), jnp.int32)
-    return jax.eval_shape(MODEL.init, jax.random.key(0), tokens, tokens)['params']
+    return nn.unbox(jax.eval_shape(MODEL.init, jax.random.key(0), tokens, tokens)['params'])
 
 
 def random_params(sharpness: float = 1.0, seed: int = 0, eos_logit: float = 0.0) -> dict:

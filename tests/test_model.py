@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from flax import traverse_util
 
 from tests.random_params import fill_random
@@ -45,7 +46,9 @@ def tiny_config(**overrides) -> TransformerConfig:
 def random_params(cfg: TransformerConfig, seed: int = 0) -> dict:
     """Random values on the Transformer's real parameter tree."""
     tokens = jnp.ones((1, 2), jnp.int32)
-    shapes = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens, tokens)['params']
+    shapes = nn.unbox(
+        jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens, tokens)['params']
+    )
     return fill_random(shapes, seed)
 
 
@@ -334,7 +337,9 @@ def test_encoder_layer_wiring_is_post_ln_or_pre_ln(pre_layer_norm):
     x = np.random.default_rng(17).standard_normal((b, s, D)).astype(np.float32)
     mask = (np.arange(s) < np.array([[5], [3]]))[:, None, None, :]  # [B, 1, 1, S] key padding
     layer = EncoderLayer(cfg)
-    shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, mask, True))['params']
+    shapes = nn.unbox(
+        jax.eval_shape(lambda: layer.init(jax.random.key(0), x, mask, True))['params']
+    )
     params = fill_random(shapes, seed=18)
     y = jax.jit(lambda p: layer.apply({'params': p}, x, mask, True))(params)
 

@@ -46,6 +46,13 @@ Dtype = Any
 qkv_kernel_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
 
+# Logical axis names of every parameter, declared where it is created: D -> 'embed',
+# N -> 'heads', H -> 'kv', F -> 'mlp', V -> 'vocab'. transformer/parallel.py maps them onto
+# mesh axes with one rules table, so tensor (or FSDP) parallelism follows the declaration,
+# never a parameter's name.
+QKV_AXES = ('embed', 'heads', 'kv')
+OUT_AXES = ('heads', 'kv', 'embed')
+
 # Cache entries of `MultiHeadAttention(..., decode=True, static_kv=True)`: written once, then
 # only read, so beam search must not reorder them as it reorders the per-position caches.
 STATIC_CACHE_NAMES = ('cached_static_key', 'cached_static_value')
@@ -88,16 +95,20 @@ class _Projection(nn.Module):
     kernel_shape: tuple[int, ...]
     bias_shape: tuple[int, ...]
     kernel_init: Any
+    kernel_axes: tuple[str, ...]
     use_bias: bool
     dtype: Dtype
     param_dtype: Dtype
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        kernel = self.param('kernel', self.kernel_init, self.kernel_shape, self.param_dtype)
+        kernel_init = nn.with_logical_partitioning(self.kernel_init, self.kernel_axes)
+        kernel = self.param('kernel', kernel_init, self.kernel_shape, self.param_dtype)
         y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
-            bias = self.param('bias', nn.initializers.zeros, self.bias_shape, self.param_dtype)
+            bias_axes = self.kernel_axes[-len(self.bias_shape) :]
+            bias_init = nn.with_logical_partitioning(nn.initializers.zeros, bias_axes)
+            bias = self.param('bias', bias_init, self.bias_shape, self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
 
@@ -175,12 +186,13 @@ class MultiHeadAttention(nn.Module):
         num_heads = self.num_heads
         head_dim = self.head_dim or d_model // num_heads
 
-        def project(name: str, equation: str, kernel_shape, bias_shape, init) -> _Projection:
+        def project(name: str, equation: str, kernel_shape, bias_shape, init, axes):
             return _Projection(
                 equation=equation,
                 kernel_shape=kernel_shape,
                 bias_shape=bias_shape,
                 kernel_init=init,
+                kernel_axes=axes,
                 use_bias=self.use_bias,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
@@ -189,12 +201,12 @@ class MultiHeadAttention(nn.Module):
 
         qkv_shape = (d_model, num_heads, head_dim)
         heads_shape = (num_heads, head_dim)
-        query = project('query', 'BTD,DNH->BTNH', qkv_shape, heads_shape, qkv_kernel_init)
-        key = project('key', 'BSD,DNH->BSNH', qkv_shape, heads_shape, qkv_kernel_init)
-        value = project('value', 'BSD,DNH->BSNH', qkv_shape, heads_shape, qkv_kernel_init)
-        out = project(
-            'out', 'BTNH,NHD->BTD', (num_heads, head_dim, d_model), (d_model,), out_kernel_init
-        )
+        qkv = (qkv_shape, heads_shape, qkv_kernel_init, QKV_AXES)
+        query = project('query', 'BTD,DNH->BTNH', *qkv)
+        key = project('key', 'BSD,DNH->BSNH', *qkv)
+        value = project('value', 'BSD,DNH->BSNH', *qkv)
+        out_shape = (num_heads, head_dim, d_model)
+        out = project('out', 'BTNH,NHD->BTD', out_shape, (d_model,), out_kernel_init, OUT_AXES)
 
         q = query(inputs_q)
         if decode and static_kv:

@@ -37,6 +37,23 @@ def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any
         define(name, *args, **kwargs)
 
 
+def define_decoding_flags() -> None:
+    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+    define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
+    define_flag(
+        'step', flags.DEFINE_integer, None, 'Checkpoint step to load (default: the latest).'
+    )
+    define_flag(
+        'average_last',
+        flags.DEFINE_integer,
+        None,
+        'Average the last K checkpoints (default: eval.average_last).',
+    )
+    define_flag('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
+    define_flag('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
+    define_flag('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
+
+
 def require(*names: str) -> None:
     """A usage error naming the first missing required flag."""
     for name in names:

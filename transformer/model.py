@@ -5,7 +5,10 @@ Shape legend (see also transformer/attention.py):
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k) · F d_ff · V vocabulary
 
-Token ids: 0 = padding and the decoder start token, 1 = end of sentence.
+Token ids (transformer/tokens.py): 0 = padding and the decoder start token, 1 = end of
+sentence. Every parameter declares logical axis names where it is created ('embed', 'heads',
+'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``) and
+``nn.unbox`` gives the plain arrays the rest of the package uses.
 """
 
 from __future__ import annotations
@@ -16,14 +19,33 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
-from transformer.attention import MultiHeadAttention
+from transformer.layers import (
+    DecodePosition,
+    DecoderLayer,
+    EncoderLayer,
+    attention_mask,
+    layer_norm,
+    partitioned,
+    shift_right,
+    sinusoidal_positions,
+)
+from transformer.tokens import EOS_ID, PAD_ID
 
 Array = jax.Array
-PAD_ID = 0
-EOS_ID = 1
+# Re-exported: tests and callers reach the building blocks through the model.
+__all__ = [
+    'EOS_ID',
+    'PAD_ID',
+    'Transformer',
+    'TransformerConfig',
+    'attention_mask',
+    'config_from_dict',
+    'init_cache',
+    'shift_right',
+    'sinusoidal_positions',
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,178 +109,6 @@ def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerCo
     return TransformerConfig(vocab_size=vocab_size, **kwargs)
 
 
-def sinusoidal_positions(positions: Array, d_model: int) -> Array:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Sec. 3.5).
-
-    Computed from the positions themselves, so packed rows (positions restarting at 0) and
-    any length work without a precomputed table.
-
-    Args:
-      positions: integer positions, any shape [...].
-      d_model: D (even).
-
-    Returns:
-      [..., D] float32, sin at even and cos at odd channels, interleaved as in the paper.
-    """
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
-
-
-def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
-    """Decoder inputs: targets shifted one place right, starting with the start token 0.
-
-    With packing, every example in the row starts with its own start token: the first
-    token of each segment is zeroed instead of carrying the previous example's last token.
-    """
-    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-    if segmentation is not None:
-        prev_segment = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
-        shifted = jnp.where(segmentation == prev_segment, shifted, PAD_ID)
-    return shifted
-
-
-def attention_mask(
-    query_valid: Array,
-    key_valid: Array,
-    query_segmentation: Array | None = None,
-    key_segmentation: Array | None = None,
-    causal: bool = False,
-) -> Array:
-    """Boolean [B, 1, T, S] mask: both positions real, same packed segment, and (if causal)
-    key position <= query position."""
-    mask = query_valid[:, None, :, None] & key_valid[:, None, None, :]
-    if query_segmentation is not None:
-        same = query_segmentation[:, :, None] == key_segmentation[:, None, :]
-        mask = mask & same[:, None]
-    if causal:
-        t, s = query_valid.shape[1], key_valid.shape[1]
-        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
-    return mask
-
-
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        cfg = self.config
-        dense = dict(
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.xavier_uniform(),
-        )
-        h = nn.relu(nn.Dense(cfg.d_ff, name='wi', **dense)(x))  # [B, T, F]
-        h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
-        return nn.Dense(x.shape[-1], name='wo', **dense)(h)
-
-
-class _SubLayers(nn.Module):
-    """Residual connection + layer norm around a sub-layer, post-LN or pre-LN.
-
-    Post-LN (the paper, Sec. 3.1/5.4): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-LN (tensor2tensor's later default): x + Dropout(Sublayer(LayerNorm(x))).
-    """
-
-    config: TransformerConfig
-
-    def residual(self, x: Array, sublayer, name: str, deterministic: bool) -> Array:
-        cfg = self.config
-        norm = nn.LayerNorm(
-            epsilon=cfg.layer_norm_epsilon,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            name=f'{name}_norm',
-        )
-        drop = nn.Dropout(cfg.dropout_rate)
-        if cfg.pre_layer_norm:
-            return x + drop(sublayer(norm(x)), deterministic=deterministic)
-        return norm(x + drop(sublayer(x), deterministic=deterministic))
-
-    def attention(self, name: str) -> MultiHeadAttention:
-        cfg = self.config
-        return MultiHeadAttention(
-            num_heads=cfg.num_heads,
-            head_dim=cfg.head_dim,
-            dropout_rate=cfg.attention_dropout_rate,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            name=name,
-        )
-
-
-class EncoderLayer(_SubLayers):
-    """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1)."""
-
-    @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
-        attn = self.attention('self_attention')
-        x = self.residual(
-            x,
-            lambda y: attn(y, y, mask, deterministic=deterministic),
-            'self_attention',
-            deterministic,
-        )
-        ffn = FeedForward(self.config, name='ffn')
-        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
-
-
-class DecoderLayer(_SubLayers):
-    """Masked self-attention, encoder-decoder attention, FFN (Sec. 3.1)."""
-
-    @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        encoded: Array,
-        self_mask: Array | None,
-        cross_mask: Array,
-        deterministic: bool,
-        decode: bool,
-    ) -> Array:
-        self_attn = self.attention('self_attention')
-        x = self.residual(
-            x,
-            lambda y: self_attn(y, y, self_mask, deterministic=deterministic, decode=decode),
-            'self_attention',
-            deterministic,
-        )
-        cross_attn = self.attention('cross_attention')
-        # The encoder output is the same at every decoding step: its keys and values are
-        # projected once, when the cache is created, not once per decoded position.
-        x = self.residual(
-            x,
-            lambda y: cross_attn(
-                y,
-                encoded,
-                cross_mask,
-                deterministic=deterministic,
-                decode=decode,
-                static_kv=True,
-            ),
-            'cross_attention',
-            deterministic,
-        )
-        ffn = FeedForward(self.config, name='ffn')
-        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
-
-
-class DecodePosition(nn.Module):
-    """The position of the token decoded now, kept in the ``cache`` collection and advanced by
-    one each call (the init call only creates it)."""
-
-    @nn.compact
-    def __call__(self) -> Array:
-        is_initialized = self.has_variable('cache', 'position')
-        position = self.variable('cache', 'position', lambda: jnp.array(0, jnp.int32))
-        current = position.value
-        if is_initialized:
-            position.value = current + 1
-        return current
-
-
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with (optionally) tied embeddings.
 
@@ -275,7 +125,9 @@ class Transformer(nn.Module):
         embed = lambda name: nn.Embed(  # noqa: E731
             cfg.vocab_size,
             cfg.d_model,
-            embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+            embedding_init=partitioned(
+                nn.initializers.normal(stddev=cfg.d_model**-0.5), ('vocab', 'embed')
+            ),
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             name=name,
@@ -291,6 +143,7 @@ class Transformer(nn.Module):
                 use_bias=False,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
+                kernel_init=partitioned(nn.initializers.lecun_normal(), ('embed', 'vocab')),
                 name='logits_dense',
             )
         self.encoder_layers = [
@@ -299,13 +152,10 @@ class Transformer(nn.Module):
         self.decoder_layers = [
             DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
         ]
-        norm = lambda name: nn.LayerNorm(  # noqa: E731
-            epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
-        )
         if cfg.pre_layer_norm:
             # Pre-LN leaves the residual stream un-normalised; a final LayerNorm closes it.
-            self.encoder_norm = norm('encoder_norm')
-            self.decoder_norm = norm('decoder_norm')
+            self.encoder_norm = layer_norm(cfg, 'encoder_norm')
+            self.decoder_norm = layer_norm(cfg, 'decoder_norm')
         self.embed_dropout = nn.Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 

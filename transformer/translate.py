@@ -13,12 +13,44 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer import console, evaluate
+from transformer import console, workdir
 from transformer import data as data_lib
-from transformer.model import EOS_ID, Transformer
+from transformer import decode as decode_lib
+from transformer.model import Transformer
+from transformer.tokens import EOS_ID
+
+
+def translate_batches(
+    model: Transformer,
+    params: Any,
+    tokenizer: data_lib.Tokenizer,
+    batches: Sequence[dict[str, np.ndarray]],
+    *,
+    beam_size: int,
+    alpha: float,
+    extra_length: int,
+) -> list[str]:
+    """Detokenized best hypotheses of evaluation batches, in the original example order."""
+    outputs = []
+    for i, batch in enumerate(batches):
+        tokens = decode_lib.translate_batch(
+            model,
+            params,
+            jnp.asarray(batch['inputs']),
+            beam_size=beam_size,
+            alpha=alpha,
+            extra_length=extra_length,
+        )
+        tokens = np.asarray(jax.device_get(tokens))
+        outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
+        if (i + 1) % 10 == 0 or i + 1 == len(batches):
+            logging.info('Decoded %d/%d batches.', i + 1, len(batches))
+    return data_lib.restore_order(batches, outputs)
 
 
 def translate_lines(
@@ -70,7 +102,7 @@ def translate_lines(
     if not sources:
         return out
     batches = data_lib.batch_examples(sources, None, batch_size)
-    translations = evaluate.translate_batches(
+    translations = translate_batches(
         model,
         params,
         tokenizer,
@@ -88,7 +120,7 @@ def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
     from absl import flags
 
-    evaluate.define_decoding_flags()
+    console.define_decoding_flags()
     define = console.define_flag
     define(
         'max_input_tokens',
@@ -103,10 +135,10 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         try:
-            config, tokenizer, model, params, steps = evaluate.load_model(
+            config, tokenizer, model, params, steps = workdir.load_model(
                 FLAGS.workdir, FLAGS.step, FLAGS.average_last
             )
-        except (evaluate.EvaluationError, data_lib.DataError) as e:
+        except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
         if FLAGS.input:
             with open(FLAGS.input, encoding='utf-8') as f:

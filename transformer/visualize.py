@@ -16,9 +16,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import console
+from transformer import console, workdir
 from transformer import decode as decode_lib
-from transformer.model import EOS_ID, Transformer
+from transformer.model import Transformer
+from transformer.tokens import EOS_ID
 
 KINDS = (
     ('encoder', 'self_attention', 'encoder self'),
@@ -102,8 +103,6 @@ def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.visualize --workdir DIR --text "..." --out attention.png``."""
     from absl import flags
 
-    from transformer import evaluate
-
     define = console.define_flag
     define('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
     define('text', flags.DEFINE_string, None, 'Source sentence.')
@@ -115,10 +114,10 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir', 'text')
         try:
-            _, tokenizer, model, params, _ = evaluate.load_model(
+            _, tokenizer, model, params, _ = workdir.load_model(
                 FLAGS.workdir, FLAGS.step, average_last=1
             )
-        except evaluate.EvaluationError as e:
+        except workdir.WorkdirError as e:
             raise SystemExit(f'error: {e}') from None
         inputs = np.array(tokenizer.encode(FLAGS.text) + [EOS_ID], np.int32)
         if FLAGS.target is None:

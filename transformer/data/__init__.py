@@ -1,32 +1,37 @@
 """The input side of training: sources, vocabulary and batches.
 
-- ``load_text``: raw parallel text of a split (TFDS translation datasets, Multi30k, a folder
-  of text files, or the built-in synthetic task); failures raise ``DataError``.
-- ``get_tokenizer``: the joint SentencePiece vocabulary (0 = pad, 1 = eos, 2 = unk).
-- ``make_train_iterator``: packed, token-budget training batches with a resumable state.
-- ``make_eval_batches`` / ``restore_order``: every example, sorted and bucketed, and back.
+- ``load_text``: raw parallel text of a split, from the source ``data.dataset`` names
+  (registry in sources.py: synthetic, multi30k, folder, any TFDS translation dataset);
+  failures raise ``DataError``.
+- ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py).
+- ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
+- ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
+  example, sorted and bucketed, with its references, and back in order.
 - ``default_config``: the ``data`` config section with its defaults.
 """
 
-from transformer.data.batching import (
-    TrainIterator,
+from transformer.data.config import default_config
+from transformer.data.errors import DataError
+from transformer.data.eval_batches import (
+    EvalSet,
     batch_examples,
     bucket_length,
     make_eval_batches,
-    make_train_iterator,
-    pack_examples,
+    make_eval_set,
     restore_order,
 )
-from transformer.data.config import default_config
-from transformer.data.sources import DataError, load_text
+from transformer.data.packing import TrainIterator, make_train_iterator, pack_examples
+from transformer.data.sources import load_text
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
-from transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, get_tokenizer
+from transformer.data.tokenizer import Tokenizer, get_tokenizer
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',
     'DataError',
+    'EvalSet',
     'TokenizedSplit',
     'Tokenizer',
     'TrainIterator',
@@ -36,6 +41,7 @@ __all__ = [
     'get_tokenizer',
     'load_text',
     'make_eval_batches',
+    'make_eval_set',
     'make_train_iterator',
     'pack_examples',
     'restore_order',

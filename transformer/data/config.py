@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.data import sources
+
 
 def default_config() -> ml_collections.ConfigDict:
     """A ``data`` ConfigDict with every key the pipeline reads (synthetic task, tiny vocab).
@@ -17,9 +19,6 @@ def default_config() -> ml_collections.ConfigDict:
     config.dataset = 'synthetic'
     config.source_lang = 'en'  # language code keys of the TFDS examples / file suffixes
     config.target_lang = 'de'
-    config.data_dir = ml_collections.config_dict.placeholder(str)  # TFDS data_dir; None = default
-    config.manual_dir = ml_collections.config_dict.placeholder(str)  # raw files (multi30k)
-    config.folder = ml_collections.config_dict.placeholder(str)  # for dataset='folder'
     config.train_split = 'train'
     config.eval_split = 'validation'
     config.test_split = 'test'  # 'test2016' for multi30k
@@ -37,11 +36,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Token-id cache; None = <workdir>/data_cache (no disk cache without a workdir).
     config.cache_dir = ml_collections.config_dict.placeholder(str)
 
-    # The built-in synthetic task (transformer/data/synthetic.py).
-    config.synthetic = ml_collections.ConfigDict()
-    config.synthetic.seed = 0  # the lexicon and all sentences follow from it
-    config.synthetic.num_train = 10_000
-    config.synthetic.num_validation = 500
-    config.synthetic.num_test = 500
-    config.synthetic.max_words = 40  # longest sentence, in words, '.' included
+    # Each source's own keys (data_dir, manual_dir, folder, synthetic.*): see its module.
+    for module in (*sources.SOURCES.values(), sources.TFDS):
+        module.add_config(config)
     return config

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import gzip
 import os
+from typing import Any
 
+import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
+
+from transformer.data import tfds_translate
+from transformer.data.errors import DataError
 
 LANGUAGES = ('en', 'de')
 REQUIRED_SPLITS = ('train', 'validation', 'test2016')
@@ -155,3 +160,36 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             raise ValueError(f'Multi30k files {paths} have different line counts {counts}.')
         for i, pair in enumerate(zip(*columns.values(), strict=True)):
             yield i, dict(zip(columns, pair, strict=True))
+
+
+def add_config(config: ml_collections.ConfigDict) -> None:
+    """Multi30k reads ``data.manual_dir`` and ``data.data_dir`` (see tfds_translate.py)."""
+    tfds_translate.add_config(config)
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split, prepared from ``data.manual_dir`` or downloaded once."""
+    tfds_translate.check_languages('multi30k', LANGUAGES, data_config)
+    builder = Multi30k(data_dir=data_config.data_dir, file_format='tfrecord')
+    if not builder.is_prepared() and not tfds_translate.download_is_mocked(builder):
+        manual_dir = data_config.manual_dir
+        if has_manual_files(manual_dir):
+            logging.info('Preparing multi30k from %s into %s.', manual_dir, builder.data_dir)
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(manual_dir=os.fspath(manual_dir))
+            )
+        elif tfds_translate.network_reachable((DOWNLOAD_HOST,)):
+            logging.info('Downloading multi30k into %s.', builder.data_dir)
+            builder.download_and_prepare()
+        else:
+            where = f'data.manual_dir={manual_dir}' if manual_dir else 'data.manual_dir (unset)'
+            raise DataError(
+                f'Multi30k is not prepared in {builder.data_dir}, there is no network to download '
+                f'it, and {where} lacks the raw files {", ".join(expected_files())} '
+                '(plain or .gz, from github.com/multi30k/dataset data/task1/raw): put them there.'
+            )
+    return tfds_translate.read_builder(builder, split, data_config)
+
+
+def identity(data_config: Any, split: str) -> dict[str, Any]:
+    return {}

@@ -54,7 +54,11 @@ import functools
 import itertools
 import random
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import ml_collections
+
+from transformer.data.errors import DataError
 
 SPLITS = ('train', 'validation', 'test')
 T = TypeVar('T')
@@ -390,3 +394,24 @@ def vocabulary(seed: int = 0) -> tuple[list[str], list[str]]:
         source.append(s)
         target.append(t)
     return source, target
+
+
+def add_config(config: ml_collections.ConfigDict) -> None:
+    """The ``data.synthetic`` section: the lexicon and all sentences follow from its seed."""
+    config.synthetic = synthetic = ml_collections.ConfigDict()
+    synthetic.seed = 0
+    synthetic.num_train = 10_000
+    synthetic.num_validation = 500
+    synthetic.num_test = 500
+    synthetic.max_words = 40  # longest sentence, in words, '.' included
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split; ``data.source_lang`` / ``target_lang`` are ignored."""
+    if split not in SPLITS:
+        raise DataError(f'The synthetic dataset has no split {split!r}; splits: {list(SPLITS)}.')
+    return load_text(data_config.synthetic, split)
+
+
+def identity(data_config: Any, split: str) -> dict[str, Any]:
+    return {'synthetic': data_config.synthetic.to_dict()}

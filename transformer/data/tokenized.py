@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer.data.sources import folder_files, load_text
-from transformer.data.tokenizer import EOS_ID, Tokenizer
+from transformer.data import sources
+from transformer.data.tokenizer import Tokenizer
+from transformer.tokens import EOS_ID
 
-CACHE_SUBDIR = 'data_cache'
 _ENCODE_CHUNK = 100_000  # sentences per encode call: bounds the memory of Python id lists
 _MEMORY_CACHE_SIZE = 4  # recent splits kept in memory (e.g. repeated evaluations)
 
@@ -87,40 +87,10 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray
     return ids, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
-def _dataset_identity(data_config: Any, split: str) -> dict[str, Any]:
-    identity = {
-        'dataset': data_config.dataset,
-        'source_lang': data_config.source_lang,
-        'target_lang': data_config.target_lang,
-        'split': split,
-    }
-    if data_config.dataset == 'synthetic':
-        identity['synthetic'] = data_config.synthetic.to_dict()
-    elif data_config.dataset == 'folder' and data_config.folder:
-        # Edited files must not reuse stale ids: their sizes and times are part of the key.
-        files = []
-        for lang in (data_config.source_lang, data_config.target_lang):
-            for path in folder_files(data_config.folder, split, lang):
-                if path.is_file():
-                    stat = os.stat(path)
-                    files.append([os.path.abspath(path), stat.st_size, stat.st_mtime_ns])
-        identity['files'] = files
-    return identity
-
-
 def cache_key(data_config: Any, tokenizer: Tokenizer, split: str) -> str:
     """The hash that names a split's cache file."""
-    identity = {**_dataset_identity(data_config, split), 'vocab': tokenizer.fingerprint}
+    identity = {**sources.identity(data_config, split), 'vocab': tokenizer.fingerprint}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def resolve_cache_dir(data_config: Any, workdir: str | None) -> str | None:
-    """``data.cache_dir``, else ``<workdir>/data_cache``, else None (no disk cache)."""
-    if data_config.get('cache_dir'):
-        return data_config.cache_dir
-    if workdir:
-        return os.path.join(workdir, CACHE_SUBDIR)
-    return None
 
 
 def tokenize_split(
@@ -149,10 +119,10 @@ def tokenize_split(
             data = TokenizedSplit(**{field.name: arrays[field.name] for field in _FIELDS})
         logging.info('Loaded %d tokenized %s examples from %s.', data.num_examples, split, path)
     else:
-        sources, targets = load_text(data_config, split)
+        source_text, target_text = sources.load_text(data_config, split)
         start = time.perf_counter()
-        source_ids, source_offsets = encode_texts(tokenizer, sources)
-        target_ids, target_offsets = encode_texts(tokenizer, targets)
+        source_ids, source_offsets = encode_texts(tokenizer, source_text)
+        target_ids, target_offsets = encode_texts(tokenizer, target_text)
         data = TokenizedSplit(source_ids, source_offsets, target_ids, target_offsets)
         logging.info(
             'Tokenized %d %s examples (%d + %d tokens) in %.1f s.',

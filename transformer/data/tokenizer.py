@@ -20,13 +20,9 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
-from transformer.data.sources import DataError, load_text
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
-VOCAB_SUBDIR = 'vocab'
-MODEL_NAME = 'spm.model'
+from transformer.data.errors import DataError
+from transformer.data.sources import load_text
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 
 class Tokenizer:
@@ -156,17 +152,17 @@ def sample_sentences(sources: Sequence[str], targets: Sequence[str], size: int, 
     return [sources[i] if i < len(sources) else targets[i - len(sources)] for i in picked]
 
 
-def get_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
-    """The vocabulary of a run: given, reused from the workdir, or trained and saved there.
+def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
+    """The vocabulary of a run: given, reused, or trained and saved at ``model_path``.
 
-    Order: ``data_config.vocab_path`` if set; else ``<workdir>/vocab/spm.model`` if it exists
-    (a resumed run); else a new model trained on a sample of ``vocab_sample_size`` sentences
-    of the training split (both languages) and saved there (in a temporary directory when
-    ``workdir`` is None).
+    Order: ``data_config.vocab_path`` if set; else ``model_path`` if it exists (a resumed
+    run); else a new model trained on a sample of ``vocab_sample_size`` sentences of the
+    training split (both languages) and saved at ``model_path`` (in a temporary directory
+    when it is None). transformer/workdir.py decides where a run keeps it.
 
     Args:
       data_config: the ``data`` config section.
-      workdir: the run's directory, or None.
+      model_path: where the run's ``.model`` file lives, or None.
 
     Returns:
       The tokenizer.
@@ -175,9 +171,8 @@ def get_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
         if not os.path.isfile(data_config.vocab_path):
             raise DataError(f'data.vocab_path={data_config.vocab_path} does not exist.')
         return Tokenizer(data_config.vocab_path)
-    if workdir is None:
-        workdir = tempfile.mkdtemp(prefix='transformer-vocab-')
-    model_path = os.path.join(workdir, VOCAB_SUBDIR, MODEL_NAME)
+    if model_path is None:
+        model_path = os.path.join(tempfile.mkdtemp(prefix='transformer-vocab-'), 'spm.model')
     if os.path.isfile(model_path):
         logging.info('Reusing the vocabulary %s.', model_path)
         return Tokenizer(model_path)

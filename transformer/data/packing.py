@@ -1,6 +1,6 @@
-"""Packed training batches that resume exactly, and sorted, bucketed evaluation batches.
+"""Packed training batches that resume exactly.
 
-Training. The paper batches sentence pairs of similar length into ~25000 source and ~25000
+The paper batches sentence pairs of similar length into ~25000 source and ~25000
 target tokens (Sec. 5.1); with static shapes for XLA the same token budget is a fixed number
 of rows of ``max_len`` tokens, each packed with several examples. Every example is a segment
 of a row: segment ids 1, 2, ... (0 = padding) and positions restarting at 0, on the source and
@@ -25,10 +25,6 @@ milliseconds to ~0.2 s), without replaying the batches before it.
 Multi-host. All processes compute the same packing (it needs only the lengths); process p of
 P materializes rows [p * B / P, (p + 1) * B / P) of each global batch of B rows.
 
-Evaluation keeps every example: sorted by length, cut into batches of a fixed number of rows,
-each padded to a bucketed length (16, 32, 48, 64, 96, 128, 192, 256, ...) and the last filled
-with filler rows (index -1), so XLA compiles a few shapes; ``restore_order`` maps per-row
-outputs back to the dataset's order.
 """
 
 from __future__ import annotations
@@ -41,9 +37,10 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer.data.sources import DataError
-from transformer.data.tokenized import TokenizedSplit, resolve_cache_dir, tokenize_split
-from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer.data.errors import DataError
+from transformer.data.tokenized import TokenizedSplit, tokenize_split
+from transformer.data.tokenizer import Tokenizer
+from transformer.tokens import EOS_ID
 
 CHUNK_SIZE = 1 << 16  # examples packed together; bounds the cost of restoring a state
 OPEN_ROWS = 8  # rows open at once in first-fit packing
@@ -314,7 +311,7 @@ def make_train_iterator(
     *,
     batch_size: int,
     seed: int,
-    workdir: str | None = None,
+    cache_dir: str | None = None,
     process_index: int = 0,
     process_count: int = 1,
 ) -> TrainIterator:
@@ -325,7 +322,7 @@ def make_train_iterator(
       tokenizer: the vocabulary.
       batch_size: global number of packed rows per batch (all processes together).
       seed: the shuffling seed; the same seed gives the same batches.
-      workdir: the run's directory (token-id cache under ``data_cache/``), or None.
+      cache_dir: where the token ids are cached (None: not on disk).
       process_index: this process's index.
       process_count: number of processes; each gets batch_size // process_count rows.
 
@@ -333,9 +330,7 @@ def make_train_iterator(
       The iterator; see TrainIterator.
     """
     start = time.perf_counter()
-    data = tokenize_split(
-        data_config, tokenizer, data_config.train_split, resolve_cache_dir(data_config, workdir)
-    )
+    data = tokenize_split(data_config, tokenizer, data_config.train_split, cache_dir)
     iterator = TrainIterator(
         data,
         batch_size=batch_size,
@@ -357,131 +352,3 @@ def make_train_iterator(
         100 * stats['padding_fraction_targets'],
     )
     return iterator
-
-
-def bucket_length(n: int) -> int:
-    """The smallest of 16, 32, 48, 64, 96, 128, 192, 256, 384, ... that is >= n.
-
-    Steps of at most 1.5x keep padding at most a third, with ~2 shapes per doubling.
-    """
-    if n <= 16:
-        return 16
-    base = 32
-    while True:
-        if n <= base:
-            return base
-        if n <= base * 3 // 2:
-            return base * 3 // 2
-        base *= 2
-
-
-def batch_examples(
-    sources: Sequence[np.ndarray],
-    targets: Sequence[np.ndarray] | None,
-    batch_size: int,
-) -> list[dict[str, np.ndarray]]:
-    """Examples in length-sorted, bucketed batches of ``batch_size`` rows (see
-    ``make_eval_batches``); ``targets`` None for source-only batches (translation).
-
-    Args:
-      sources: token ids of each example's source, EOS included.
-      targets: the same for the targets, or None.
-      batch_size: rows per batch.
-
-    Returns:
-      Batches with 'inputs', 'targets' (when given) and 'index'.
-    """
-    n = len(sources)
-    source_lengths = np.array([len(x) for x in sources], np.int64)
-    target_lengths = (
-        np.array([len(x) for x in targets], np.int64)
-        if targets is not None
-        else np.zeros(n, np.int64)
-    )
-    order = np.argsort(np.maximum(source_lengths, target_lengths), kind='stable')
-    batches = []
-    for start in range(0, n, batch_size):
-        index = order[start : start + batch_size]
-        length = bucket_length(int(max(source_lengths[index].max(), target_lengths[index].max())))
-        batch = {
-            'inputs': np.full((batch_size, length), PAD_ID, np.int32),
-            'index': np.full((batch_size,), -1, np.int32),
-        }
-        if targets is not None:
-            batch['targets'] = np.full((batch_size, length), PAD_ID, np.int32)
-        batch['inputs'][len(index) :, 0] = EOS_ID
-        batch['index'][: len(index)] = index
-        for row, i in enumerate(index):
-            batch['inputs'][row, : len(sources[i])] = sources[i]
-            if targets is not None:
-                batch['targets'][row, : len(targets[i])] = targets[i]
-        batches.append(batch)
-    return batches
-
-
-def make_eval_batches(
-    data_config: Any,
-    tokenizer: Tokenizer,
-    split: str,
-    *,
-    batch_size: int,
-    workdir: str | None = None,
-    max_examples: int | None = None,
-) -> list[dict[str, np.ndarray]]:
-    """Every example of a split in batches sorted by length, for evaluation and decoding.
-
-    Nothing is dropped or truncated. Each batch holds ``batch_size`` rows: 'inputs' and
-    'targets' [batch_size, L] (each example ends with EOS, 0-padded; L = bucket_length of the
-    batch's longest side, possibly above max_len) and 'index' [batch_size] (the example's
-    position in the split, -1 for filler rows). Filler rows have the source [EOS] (so no row
-    is fully masked) and an all-padding target (so they weigh nothing in a loss).
-
-    Args:
-      data_config: the ``data`` config section.
-      tokenizer: the vocabulary.
-      split: the split's name.
-      batch_size: rows per batch.
-      workdir: the run's directory (token-id cache), or None.
-      max_examples: keep only the first ``max_examples`` examples of the split.
-
-    Returns:
-      The batches; see ``restore_order`` for putting outputs back in order.
-    """
-    data = tokenize_split(data_config, tokenizer, split, resolve_cache_dir(data_config, workdir))
-    n = data.num_examples if max_examples is None else min(max_examples, data.num_examples)
-    batches = batch_examples(
-        [data.source(i) for i in range(n)], [data.target(i) for i in range(n)], batch_size
-    )
-    logging.info(
-        'Evaluation data %s: %d examples in %d batches of %d rows, lengths %s.',
-        split,
-        n,
-        len(batches),
-        batch_size,
-        sorted({b['inputs'].shape[1] for b in batches}),
-    )
-    return batches
-
-
-def restore_order(batches: Sequence[dict[str, np.ndarray]], outputs: Sequence[Sequence]) -> list:
-    """Per-row outputs of ``make_eval_batches`` batches, in the split's order.
-
-    Args:
-      batches: the batches, as returned.
-      outputs: one sequence per batch with one item per row (e.g. decoded ids or texts).
-
-    Returns:
-      A list with one output per example, example 0 first; filler rows are dropped.
-    """
-    if len(batches) != len(outputs):
-        raise ValueError(f'{len(batches)} batches but {len(outputs)} outputs.')
-    ordered = {}
-    for batch, out in zip(batches, outputs, strict=True):
-        if len(out) != len(batch['index']):
-            raise ValueError(f'{len(out)} outputs for a batch of {len(batch["index"])} rows.')
-        for i, item in zip(batch['index'].tolist(), out, strict=True):
-            if i >= 0:
-                ordered[i] = item
-    if sorted(ordered) != list(range(len(ordered))):
-        raise ValueError('The batches do not cover examples 0..n-1 exactly once.')
-    return [ordered[i] for i in range(len(ordered))]

@@ -1,5 +1,4 @@
-"""Packed training batches (exact reconstruction, determinism, resumption, sharding) and
-evaluation batches (every example, in order)."""
+"""Packed training batches: exact reconstruction, determinism, resumption, sharding."""
 
 import json
 import pathlib
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer import data
-from transformer.data import batching, tokenized
+from transformer.data import packing, sources, tokenized
 
 MAX_LEN = 32
 
@@ -32,7 +31,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def tokenizer(workdir):
-    return data.get_tokenizer(_config(), workdir)
+    return data.get_tokenizer(_config(), f'{workdir}/spm.model')
 
 
 @pytest.fixture(scope='module')
@@ -129,7 +128,7 @@ def test_same_seed_same_batches(train_data):
     assert not np.array_equal(x['inputs'], z['inputs'])
 
 
-@pytest.mark.parametrize('chunk_size', [batching.CHUNK_SIZE, 50])
+@pytest.mark.parametrize('chunk_size', [packing.CHUNK_SIZE, 50])
 def test_restored_state_continues_identically(train_data, chunk_size):
     iterator = _iterator(train_data, batch_size=8, chunk_size=chunk_size)
     for step in range(60):  # crosses chunk and epoch boundaries
@@ -177,7 +176,10 @@ def test_long_examples_truncated(train_data):
 
 def test_make_train_iterator_uses_the_token_cache(tokenizer, workdir, monkeypatch):
     config = _config()
-    iterator = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, workdir=workdir)
+    cache_dir = f'{workdir}/data_cache'
+    iterator = data.make_train_iterator(
+        config, tokenizer, batch_size=4, seed=0, cache_dir=cache_dir
+    )
     first = next(iterator)
     files = list(pathlib.Path(workdir, 'data_cache').glob('*.npz'))
     assert len(files) == 1 and files[0].name.startswith('synthetic-train-')
@@ -186,59 +188,8 @@ def test_make_train_iterator_uses_the_token_cache(tokenizer, workdir, monkeypatc
     def no_text(*args, **kwargs):
         raise AssertionError('cached token ids must be reused')
 
-    monkeypatch.setattr(tokenized, 'load_text', no_text)
-    again = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, workdir=workdir)
+    monkeypatch.setattr(sources, 'load_text', no_text)
+    again = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, cache_dir=cache_dir)
     for key, value in next(again).items():
         np.testing.assert_array_equal(value, first[key])
     assert set(iterator.stats()) >= {'padding_fraction', 'examples_per_row'}
-
-
-def test_bucket_length():
-    assert [data.bucket_length(n) for n in (1, 16, 17, 32, 33, 48, 49, 65, 97, 129, 200)] == [
-        16,
-        16,
-        32,
-        32,
-        48,
-        48,
-        64,
-        96,
-        128,
-        192,
-        256,
-    ]
-
-
-def test_eval_batches_keep_every_example_in_order(tokenizer):
-    config = _config(max_len=8)  # eval ignores max_len: nothing is truncated
-    batches = data.make_eval_batches(config, tokenizer, 'validation', batch_size=16)
-    sources, targets = data.load_text(config, 'validation')
-    assert len(batches) == 5  # 70 examples: 4 full batches and one with 10 filler rows
-    lengths = set()
-    for batch in batches:
-        assert set(batch) == {'inputs', 'targets', 'index'}
-        assert batch['inputs'].shape == batch['targets'].shape == (16, batch['inputs'].shape[1])
-        lengths.add(batch['inputs'].shape[1])
-        fillers = batch['index'] == -1
-        assert (batch['targets'][fillers] == 0).all()
-        assert (batch['inputs'][fillers, 0] == data.EOS_ID).all()
-    assert lengths <= {16, 32, 48, 64}
-    assert (batches[-1]['index'] == -1).sum() == 10
-    # Per-row outputs come back in the split's order; here the outputs are the rows' texts.
-    outputs = [[tokenizer.decode(row) for row in batch['targets']] for batch in batches]
-    assert data.restore_order(batches, outputs) == targets
-    outputs = [[tokenizer.decode(row) for row in batch['inputs']] for batch in batches]
-    assert data.restore_order(batches, outputs) == sources
-    for batch in batches:
-        for row, i in zip(batch['inputs'], batch['index'], strict=True):
-            if i >= 0:
-                ids = row[row != 0]
-                assert ids[-1] == data.EOS_ID and len(ids) == len(tokenizer.encode(sources[i])) + 1
-    with pytest.raises(ValueError):
-        data.restore_order(batches, outputs[:-1])
-
-
-def test_eval_batches_max_examples(tokenizer):
-    batches = data.make_eval_batches(_config(), tokenizer, 'test', batch_size=8, max_examples=20)
-    assert sorted(i for b in batches for i in b['index'].tolist() if i >= 0) == list(range(20))
-    assert len(data.restore_order(batches, [b['index'] for b in batches])) == 20

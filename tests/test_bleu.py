@@ -1,0 +1,38 @@
+"""sacreBLEU, tokenized BLEU (lowercased, compound-split) and chrF."""
+
+import pytest
+import sacrebleu
+
+from transformer import bleu
+
+
+def test_sacrebleu_and_chrf_equal_sacrebleu_itself():
+    """The reported cased sacreBLEU / chrF are sacrebleu's corpus scores of the same text."""
+    hyps = ['Ein Mann fährt ein rotes Fahrrad.', 'Zwei Hunde spielen im Schnee.']
+    refs = ['Ein Mann fährt auf einem roten Fahrrad.', 'Zwei Hunde spielen im Schnee.']
+    scores = bleu.bleu_scores(hyps, refs, target_lang='de')
+    assert scores['sacrebleu'] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert scores['chrf'] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert 'tok:13a' in scores['sacrebleu_signature']
+    assert 0 < scores['sacrebleu'] < 100
+
+
+def test_tokenized_bleu_lowercases_and_splits_compounds():
+    """Lowercased tokenized BLEU ignores case; compound splitting turns a-b into three tokens,
+    as tensor2tensor's get_ende_bleu.sh does (only the first hyphen of a-b-c, like its regex)."""
+    assert bleu.split_compounds('Mann-Hund , x-y-z') == (
+        'Mann ##AT##-##AT## Hund , x ##AT##-##AT## y-z'
+    )
+    hyps, refs = ['EIN MANN LÄUFT .'], ['ein Mann läuft.']
+    cased = bleu.bleu_scores(hyps, refs, target_lang='de')
+    lower = bleu.bleu_scores(hyps, refs, target_lang='de', lowercase_tokenized=True)
+    assert lower['tokenized_bleu'] == pytest.approx(100.0)
+    assert cased['tokenized_bleu'] < 50
+    split = bleu.bleu_scores(
+        ['ein Mann-Hund läuft schnell weg'],
+        ['ein Mann-Hund läuft schnell weg'],
+        target_lang='de',
+        compound_split=True,
+    )
+    assert split['tokenized_bleu'] == pytest.approx(100.0)
+    assert 'compound-split' in split['tokenized_bleu_convention']

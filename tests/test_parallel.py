@@ -1,0 +1,109 @@
+"""Data parallelism (pmap / sharding == one device) and the tensor-parallel layout."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from configs import base
+from tests.tiny_run import LEN, packed_batch, tiny_model
+from transformer import optim, parallel, steps
+
+
+def _run(mode: str, devices, accum: int, num_steps: int = 3):
+    model = tiny_model()
+    opt = base.get_config().opt
+    opt.warmup_steps = 10
+    tx, schedule = optim.make_optimizer(opt, d_model=32)
+    par = parallel.Parallel(
+        mode,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        label_smoothing=0.1,
+        accum_steps=accum,
+        devices=devices,
+    )
+    state = par.put_state(steps.init_state(model, tx, jax.random.key(0), LEN))
+    losses = []
+    for step in range(num_steps):
+        state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
+        sums = jax.device_get(sums)
+        loss = np.asarray(sums['loss']).reshape(-1)[0] / np.asarray(sums['tokens']).reshape(-1)[0]
+        losses.append(loss)
+    return np.array(losses), jax.device_get(par.get_state(state).params)
+
+
+@functools.cache
+def _reference():
+    return _run('sharding', jax.devices()[:1], accum=1)
+
+
+@pytest.mark.parametrize(
+    'mode,num_devices,accum',
+    [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 1, 4)],
+)
+def test_data_parallel_equals_one_device(mode, num_devices, accum):
+    """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
+    or without gradient accumulation (the loss is normalised by the global token count)."""
+    assert len(jax.devices()) == 8, 'conftest should give 8 CPU devices'
+    ref_losses, ref_params = _reference()
+    losses, params = _run(mode, jax.devices()[:num_devices], accum)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert losses[-1] < losses[0]  # it learns: the comparison is not between frozen models
+    for ref, got in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_sharding_mode_splits_heads_on_the_model_axis():
+    """With a 'model' axis of 2, q/k/v kernels are split on N and out kernels on N."""
+    mesh = parallel.make_mesh(2, jax.devices()[:4])
+    model = tiny_model()
+    tx, _ = optim.make_optimizer(base.get_config().opt, d_model=32)
+    state = steps.init_state(model, tx, jax.random.key(0), LEN)
+    shardings = parallel.state_shardings(mesh, parallel.logical_specs(model, tx))
+    attn = shardings.params['encoder_layer_0']['self_attention']
+    assert attn['query']['kernel'].spec == jax.sharding.PartitionSpec(None, 'model', None)
+    assert attn['out']['kernel'].spec == jax.sharding.PartitionSpec('model', None, None)
+    mu = shardings.opt_state[-1][0].mu['encoder_layer_0']['self_attention']['key']['kernel']
+    assert mu.spec == jax.sharding.PartitionSpec(None, 'model', None)
+    placed = jax.device_put(state, shardings)
+    kernel = placed.params['encoder_layer_0']['self_attention']['query']['kernel']
+    assert kernel.addressable_shards[0].data.shape == (32, 2, 8)  # half of the 4 heads
+
+
+@pytest.mark.parametrize(
+    'overrides',
+    [{}, {'share_embeddings': 'none', 'pre_layer_norm': True}, {'share_embeddings': 'target'}],
+)
+def test_every_parameter_declares_its_logical_axes(overrides):
+    """Each parameter names every one of its axes where it is created, so a renamed layer
+    cannot silently fall out of the tensor-parallel layout; heads and d_ff map to 'model'."""
+    import dataclasses
+
+    from flax import linen as nn
+
+    from transformer.model import Transformer
+
+    model = Transformer(dataclasses.replace(tiny_model().config, **overrides))
+    specs = parallel.logical_specs(model, optim.make_optimizer(base.get_config().opt, 32)[0])
+    tokens = np.ones((1, 4), np.int32)
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens, tokens))['params']
+    flat_specs = jax.tree_util.tree_leaves_with_path(
+        specs.params, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+    )
+    flat_shapes = jax.tree.leaves(shapes)
+    assert len(flat_specs) == len(flat_shapes) > 0
+    for (path, spec), shape in zip(flat_specs, flat_shapes, strict=True):
+        assert len(spec) == len(shape.shape) and None not in spec, (path, spec)
+    mesh = parallel.make_mesh(2, jax.devices()[:4])
+    shardings = parallel.state_shardings(mesh, specs)
+    split = {
+        jax.tree_util.keystr(path)
+        for path, s in jax.tree_util.tree_leaves_with_path(shardings.params)
+        if 'model' in s.spec
+    }
+    layer = "['encoder_layer_0']"
+    assert f"{layer}['ffn']['wi']['kernel']" in split and f"{layer}['ffn']['wo']['kernel']" in split
+    assert all('embedding' not in name and 'norm' not in name for name in split)

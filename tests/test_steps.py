@@ -1,0 +1,68 @@
+"""The loss, its smoothing floor, and bfloat16 compute of the train step."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+from tests.tiny_run import LEN, packed_batch, tiny_model
+from transformer import optim, steps
+from transformer.model import Transformer
+
+
+def test_label_smoothing_matches_direct_computation():
+    """The closed form equals -sum_v q_v log p_v with the smoothed one-hot q built explicitly."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 5, 7)) * 3, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 7, size=(2, 5)))
+    weights = jnp.asarray(rng.integers(0, 2, size=(2, 5)), jnp.float32)
+    eps = 0.1
+    q = jax.nn.one_hot(targets, 7) * (1 - eps) + (1 - jax.nn.one_hot(targets, 7)) * eps / 6
+    direct = -(q * jax.nn.log_softmax(logits)).sum(-1)
+    loss, nll = steps.cross_entropy_with_smoothing(logits, targets, weights, eps)
+    np.testing.assert_allclose(loss, (direct * weights).sum(), rtol=1e-5)
+    plain = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll, (plain * weights).sum(), rtol=1e-5)
+    loss0, nll0 = steps.cross_entropy_with_smoothing(logits, targets, weights, 0.0)
+    np.testing.assert_allclose(loss0, nll0, rtol=1e-6)
+
+
+def test_smoothed_loss_is_finite_and_floor_is_its_minimum():
+    """Extreme logits give a finite loss; logits = log q reach exactly the constant floor."""
+    targets = jnp.array([[2, 0]])
+    weights = jnp.ones((1, 2))
+    huge = jnp.where(jax.nn.one_hot(targets, 5) > 0, 1e4, -1e4)
+    loss, _ = steps.cross_entropy_with_smoothing(huge, targets, weights, 0.1)
+    assert np.isfinite(loss)
+    q = jax.nn.one_hot(targets, 5) * 0.9 + (1 - jax.nn.one_hot(targets, 5)) * 0.1 / 4
+    best, _ = steps.cross_entropy_with_smoothing(jnp.log(q), targets, weights, 0.1)
+    np.testing.assert_allclose(best / 2, steps.smoothing_floor(5, 0.1), rtol=1e-5)
+    assert steps.smoothing_floor(5, 0.0) == 0.0
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    """model.dtype='bfloat16' computes in bfloat16 (close to the float32 loss) while the
+    parameters and optimizer state stay float32."""
+    opt = base.get_config().opt
+    tx, schedule = optim.make_optimizer(opt, d_model=32)
+    losses = {}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        model = Transformer(dataclasses.replace(tiny_model().config, dtype=dtype))
+        state = steps.init_state(model, tx, jax.random.key(0), LEN)
+        state, sums = jax.jit(
+            functools.partial(
+                steps.train_step,
+                model=model,
+                tx=tx,
+                schedule=schedule,
+                label_smoothing=0.1,
+                accum_steps=1,
+            )
+        )(state, packed_batch(0), jax.random.key(1))
+        losses[dtype] = float(sums['loss'] / sums['tokens'])
+        assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype('float32')}
+    assert losses[jnp.bfloat16] != losses[jnp.float32]  # it did compute in bfloat16
+    np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=2e-2)

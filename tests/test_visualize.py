@@ -1,0 +1,29 @@
+"""Attention maps of every layer and head, and their figure."""
+
+import numpy as np
+
+from transformer import visualize, workdir
+from transformer.tokens import EOS_ID
+
+
+def test_attention_maps_cover_every_layer_and_head(run_dir, tmp_path):
+    """visualize: one [N, T, S] map per (stack, layer, kind), rows summing to 1, and a figure."""
+    _, tokenizer, model, params, _ = workdir.load_model(str(run_dir))
+    inputs = np.array(tokenizer.encode('ze bix pud .') + [EOS_ID], np.int32)
+    targets = np.array(tokenizer.encode('lo bix pud .') + [EOS_ID], np.int32)
+    maps = visualize.attention_maps(model, params, inputs, targets)
+    assert sorted(maps) == [
+        ('decoder', 0, 'cross_attention'),
+        ('decoder', 0, 'self_attention'),
+        ('encoder', 0, 'self_attention'),
+    ]
+    num_heads = model.config.num_heads
+    assert maps[('encoder', 0, 'self_attention')].shape == (num_heads, len(inputs), len(inputs))
+    assert maps[('decoder', 0, 'cross_attention')].shape == (num_heads, len(targets), len(inputs))
+    for weights in maps.values():
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    causal = maps[('decoder', 0, 'self_attention')]
+    assert np.all(np.triu(causal, k=1) == 0)
+    out = tmp_path / 'attention.png'
+    visualize.plot_attention(maps, [str(i) for i in inputs], [str(i) for i in targets], str(out))
+    assert out.stat().st_size > 1000

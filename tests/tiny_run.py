@@ -1,0 +1,71 @@
+"""Small models, batches and configs shared by the tests of several modules."""
+
+import numpy as np
+
+from transformer.model import Transformer, TransformerConfig
+
+VOCAB = 32
+ROWS, LEN = 8, 12
+
+
+def tiny_model() -> Transformer:
+    return Transformer(
+        TransformerConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            num_heads=4,
+            d_ff=64,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dropout_rate=0.0,
+        )
+    )
+
+
+def packed_batch(seed: int) -> dict[str, np.ndarray]:
+    """Rows of two packed examples each, with trailing padding of varying length."""
+    rng = np.random.default_rng(seed)
+    batch = {k: np.zeros((ROWS, LEN), np.int32) for k in ('inputs', 'targets')}
+    for k in ('inputs', 'targets'):
+        batch[f'{k}_segmentation'] = np.zeros((ROWS, LEN), np.int32)
+        batch[f'{k}_positions'] = np.zeros((ROWS, LEN), np.int32)
+    for row in range(ROWS):
+        for k in ('inputs', 'targets'):
+            first, second = rng.integers(2, 6, size=2)
+            lengths = [first, second]
+            offset = 0
+            for segment, length in enumerate(lengths, start=1):
+                tokens = rng.integers(3, VOCAB, size=length)
+                tokens[-1] = 1  # EOS
+                batch[k][row, offset : offset + length] = tokens
+                batch[f'{k}_segmentation'][row, offset : offset + length] = segment
+                batch[f'{k}_positions'][row, offset : offset + length] = np.arange(length)
+                offset += length
+    return batch
+
+
+def tiny_run_config(num_steps: int):
+    """configs/tiny.py shrunk to seconds: the same code path as the README command."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.model.d_model = 32
+    config.model.num_heads = 4
+    config.model.d_ff = 64
+    config.model.num_encoder_layers = 1
+    config.model.num_decoder_layers = 1
+    config.model.dropout_rate = 0.1  # exercise the dropout key path in resume
+    config.model.max_len = 32
+    config.data.max_len = 32
+    config.data.synthetic.num_train = 200
+    config.data.synthetic.num_validation = 20
+    config.data.synthetic.num_test = 20
+    config.data.vocab_size = 300
+    config.train.batch_size = 8
+    config.train.num_steps = num_steps
+    config.train.log_every = 1
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 3
+    config.train.async_checkpointing = False
+    config.eval.batch_size = 16
+    return config

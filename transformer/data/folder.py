@@ -1,0 +1,70 @@
+"""Your own parallel text: aligned files in ``data.folder``, one sentence a line.
+
+Files are named ``{split}.{lang}`` (``train.en``, ``train.de``) or ``{lang}.{split}.txt`` as
+TFDS ``TranslateFolder`` names them. Line i of the source file is the translation of line i
+of the target file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+from etils import epath
+
+from transformer.data.errors import DataError
+
+
+def add_config(config: ml_collections.ConfigDict) -> None:
+    config.folder = ml_collections.config_dict.placeholder(str)  # for dataset='folder'
+
+
+def files(folder: epath.PathLike, split: str, lang: str) -> list[epath.Path]:
+    """The candidate paths of one side of a split in a folder, in order of preference."""
+    root = epath.Path(folder)
+    return [root / f'{split}.{lang}', root / f'{lang}.{split}.txt']
+
+
+def _read_lines(path: epath.Path) -> list[str]:
+    # split('\n'), not splitlines(): sentences may contain other Unicode line separators.
+    lines = path.read_text(encoding='utf-8').split('\n')
+    if lines and not lines[-1]:
+        lines.pop()
+    return [line.rstrip('\r') for line in lines]
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split."""
+    if not data_config.folder:
+        raise DataError("dataset='folder' needs data.folder, the directory of the text files.")
+    columns = []
+    for lang in (data_config.source_lang, data_config.target_lang):
+        candidates = files(data_config.folder, split, lang)
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            raise DataError(
+                f'Missing file for split {split!r} ({lang}): expected '
+                f'{" or ".join(map(str, candidates))}.'
+            )
+        columns.append(_read_lines(found))
+    sources, targets = columns
+    if len(sources) != len(targets):
+        raise DataError(
+            f'Split {split!r} in {data_config.folder} has {len(sources)} '
+            f'{data_config.source_lang} but {len(targets)} {data_config.target_lang} lines; '
+            'the files must be aligned line by line.'
+        )
+    return sources, targets
+
+
+def identity(data_config: Any, split: str) -> dict[str, Any]:
+    """Edited files must not reuse stale token ids: their sizes and times key the cache."""
+    found = []
+    if data_config.folder:
+        for lang in (data_config.source_lang, data_config.target_lang):
+            for candidate in files(data_config.folder, split, lang):
+                if candidate.is_file():
+                    stat = os.stat(candidate)
+                    found.append([os.path.abspath(candidate), stat.st_size, stat.st_mtime_ns])
+    return {'files': found}

@@ -1,0 +1,123 @@
+"""Any TFDS translation dataset, e.g. ``'wmt14_translate/de-en'``.
+
+WMT14 splits are 'train', 'validation' (newstest2013) and 'test' (newstest2014). TFDS keys the
+text by language code, so either direction is a matter of ``data.source_lang`` /
+``data.target_lang``. A dataset that is not prepared and cannot be downloaded (no network)
+fails within seconds with one line saying how to provide it, never with minutes of retries.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import ml_collections
+import tensorflow_datasets as tfds
+from absl import logging
+
+from transformer.data.errors import DataError
+
+# Hosts that downloads of TFDS translation datasets need (prepared copies on GCS, raw WMT data).
+_TFDS_HOSTS = ('storage.googleapis.com', 'www.statmt.org')
+_PROBE_TIMEOUT_S = 3.0
+
+
+def add_config(config: ml_collections.ConfigDict) -> None:
+    config.data_dir = ml_collections.config_dict.placeholder(str)  # TFDS data_dir; None = default
+    config.manual_dir = ml_collections.config_dict.placeholder(str)  # raw files (multi30k)
+
+
+def network_reachable(hosts: tuple[str, ...], timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to port 443 of any of ``hosts`` opens within ``timeout`` s.
+
+    Name resolution can block far longer than a socket timeout on a machine without network,
+    so the probe runs in a daemon thread that is abandoned when the time is up.
+    """
+    reachable = threading.Event()
+
+    def probe(host):
+        try:
+            with socket.create_connection((host, 443), timeout=timeout):
+                reachable.set()
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=probe, args=(host,), daemon=True) for host in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if reachable.is_set():
+            return True
+    return reachable.is_set()
+
+
+def download_is_mocked(builder: tfds.core.DatasetBuilder) -> bool:
+    """Whether ``download_and_prepare`` was replaced, as ``tfds.testing.mock_data`` does.
+
+    Mocked builders neither download nor need prepared files (``as_dataset`` generates
+    examples), so the offline check must not fire for them.
+    """
+    method = type(builder).download_and_prepare
+    return getattr(method, '__module__', '').startswith('tensorflow_datasets.testing')
+
+
+def check_languages(name: str, languages: tuple[str, ...], data_config: Any) -> None:
+    for key in ('source_lang', 'target_lang'):
+        if data_config[key] not in languages:
+            raise DataError(
+                f'{name} has no language {data_config[key]!r} (data.{key}); '
+                f'its languages are {list(languages)}.'
+            )
+
+
+def read_builder(
+    builder: tfds.core.DatasetBuilder, split: str, data_config: Any
+) -> tuple[list[str], list[str]]:
+    """Reads a split of a prepared (or mocked) builder in its stored order."""
+    splits = list(builder.info.splits)
+    if splits and split not in splits:
+        raise DataError(f'{builder.name} has no split {split!r}; splits: {sorted(splits)}.')
+    # Batched reading: one tf.data element per sentence pair would be ~10x slower.
+    dataset = builder.as_dataset(split=split, shuffle_files=False).batch(4096)
+    sources, targets = [], []
+    for batch in tfds.as_numpy(dataset):
+        sources += [s.decode('utf-8') for s in batch[data_config.source_lang]]
+        targets += [t.decode('utf-8') for t in batch[data_config.target_lang]]
+    return sources, targets
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split of the TFDS dataset ``data.dataset``."""
+    name = data_config.dataset
+    try:
+        builder = tfds.builder(name, data_dir=data_config.data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise DataError(
+            f"Unknown dataset {name!r}: use 'synthetic', 'multi30k', 'folder' or a TFDS "
+            "translation dataset such as 'wmt14_translate/de-en'."
+        ) from None
+    except ValueError as e:  # e.g. an unknown builder config such as 'wmt14_translate/xx-en'
+        raise DataError(f'Cannot build TFDS dataset {name!r}: {str(e).splitlines()[0]}') from None
+    languages = tuple(getattr(builder.info.features, 'languages', ()) or builder.info.features)
+    check_languages(name, languages, data_config)
+    if not builder.is_prepared() and not download_is_mocked(builder):
+        if not network_reachable(_TFDS_HOSTS):
+            raise DataError(
+                f'{name} is not prepared in {builder.data_dir} and there is no network to '
+                f'download it: run `tfds build {name} --data_dir=DIR` where there is, copy DIR '
+                'here and set data.data_dir=DIR.'
+            )
+        logging.info('Downloading and preparing %s into %s.', name, builder.data_dir)
+        download_config = None
+        if data_config.manual_dir:
+            download_config = tfds.download.DownloadConfig(manual_dir=data_config.manual_dir)
+        builder.download_and_prepare(download_config=download_config)
+    return read_builder(builder, split, data_config)
+
+
+def identity(data_config: Any, split: str) -> dict[str, Any]:
+    return {}

@@ -1,0 +1,211 @@
+"""The building blocks of the Transformer: positions, masks, the FFN and the layers.
+
+Shape legend (see transformer/attention.py): B batch · T target positions · S source
+positions · D d_model · F d_ff. Every parameter declares its logical axis names where it is
+created ('embed' = D, 'mlp' = F, ...); transformer/parallel.py maps them onto mesh axes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from transformer.attention import MultiHeadAttention
+from transformer.tokens import PAD_ID
+
+if TYPE_CHECKING:
+    from transformer.model import TransformerConfig
+
+Array = jax.Array
+
+
+def partitioned(init, axes: tuple[str, ...]):
+    return nn.with_logical_partitioning(init, axes)
+
+
+def layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_epsilon,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        scale_init=partitioned(nn.initializers.ones, ('embed',)),
+        bias_init=partitioned(nn.initializers.zeros, ('embed',)),
+        name=name,
+    )
+
+
+def sinusoidal_positions(positions: Array, d_model: int) -> Array:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Sec. 3.5).
+
+    Computed from the positions themselves, so packed rows (positions restarting at 0) and
+    any length work without a precomputed table.
+
+    Args:
+      positions: integer positions, any shape [...].
+      d_model: D (even).
+
+    Returns:
+      [..., D] float32, sin at even and cos at odd channels, interleaved as in the paper.
+    """
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
+    """Decoder inputs: targets shifted one place right, starting with the start token 0.
+
+    With packing, every example in the row starts with its own start token: the first
+    token of each segment is zeroed instead of carrying the previous example's last token.
+    """
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    if segmentation is not None:
+        prev_segment = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+        shifted = jnp.where(segmentation == prev_segment, shifted, PAD_ID)
+    return shifted
+
+
+def attention_mask(
+    query_valid: Array,
+    key_valid: Array,
+    query_segmentation: Array | None = None,
+    key_segmentation: Array | None = None,
+    causal: bool = False,
+) -> Array:
+    """Boolean [B, 1, T, S] mask: both positions real, same packed segment, and (if causal)
+    key position <= query position."""
+    mask = query_valid[:, None, :, None] & key_valid[:, None, None, :]
+    if query_segmentation is not None:
+        same = query_segmentation[:, :, None] == key_segmentation[:, None, :]
+        mask = mask & same[:, None]
+    if causal:
+        t, s = query_valid.shape[1], key_valid.shape[1]
+        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
+    return mask
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        cfg = self.config
+
+        def dense(features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+            return nn.Dense(
+                features,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
+                bias_init=partitioned(nn.initializers.zeros, axes[1:]),
+                name=name,
+            )
+
+        h = nn.relu(dense(cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
+        h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+        return dense(x.shape[-1], ('mlp', 'embed'), 'wo')(h)
+
+
+class _SubLayers(nn.Module):
+    """Residual connection + layer norm around a sub-layer, post-LN or pre-LN.
+
+    Post-LN (the paper, Sec. 3.1/5.4): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-LN (tensor2tensor's later default): x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    config: TransformerConfig
+
+    def residual(self, x: Array, sublayer, name: str, deterministic: bool) -> Array:
+        cfg = self.config
+        norm = layer_norm(cfg, f'{name}_norm')
+        drop = nn.Dropout(cfg.dropout_rate)
+        if cfg.pre_layer_norm:
+            return x + drop(sublayer(norm(x)), deterministic=deterministic)
+        return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+    def attention(self, name: str) -> MultiHeadAttention:
+        cfg = self.config
+        return MultiHeadAttention(
+            num_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            dropout_rate=cfg.attention_dropout_rate,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=name,
+        )
+
+
+class EncoderLayer(_SubLayers):
+    """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1)."""
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        attn = self.attention('self_attention')
+        x = self.residual(
+            x,
+            lambda y: attn(y, y, mask, deterministic=deterministic),
+            'self_attention',
+            deterministic,
+        )
+        ffn = FeedForward(self.config, name='ffn')
+        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+
+
+class DecoderLayer(_SubLayers):
+    """Masked self-attention, encoder-decoder attention, FFN (Sec. 3.1)."""
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array,
+        deterministic: bool,
+        decode: bool,
+    ) -> Array:
+        self_attn = self.attention('self_attention')
+        x = self.residual(
+            x,
+            lambda y: self_attn(y, y, self_mask, deterministic=deterministic, decode=decode),
+            'self_attention',
+            deterministic,
+        )
+        cross_attn = self.attention('cross_attention')
+        # The encoder output is the same at every decoding step: its keys and values are
+        # projected once, when the cache is created, not once per decoded position.
+        x = self.residual(
+            x,
+            lambda y: cross_attn(
+                y,
+                encoded,
+                cross_mask,
+                deterministic=deterministic,
+                decode=decode,
+                static_kv=True,
+            ),
+            'cross_attention',
+            deterministic,
+        )
+        ffn = FeedForward(self.config, name='ffn')
+        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+
+
+class DecodePosition(nn.Module):
+    """The position of the token decoded now, kept in the ``cache`` collection and advanced by
+    one each call (the init call only creates it)."""
+
+    @nn.compact
+    def __call__(self) -> Array:
+        is_initialized = self.has_variable('cache', 'position')
+        position = self.variable('cache', 'position', lambda: jnp.array(0, jnp.int32))
+        current = position.value
+        if is_initialized:
+            position.value = current + 1
+        return current

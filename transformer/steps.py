@@ -1,0 +1,220 @@
+"""What one training step computes: the train state, the label-smoothed loss, gradient
+accumulation, and the train / eval steps (parallelism lives in transformer/parallel.py).
+
+The loss is a *sum* over real target tokens; the step divides the summed gradient by the
+number of real target tokens of the whole global batch, so any split of the batch (devices,
+micro-batches, processes) computes the same update as one device holding all of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import linen as nn
+from flax import struct
+
+from transformer.model import Transformer, config_from_dict
+from transformer.tokens import PAD_ID
+
+Array = jax.Array
+PyTree = Any
+Batch = Mapping[str, Array]
+SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')
+
+
+@struct.dataclass
+class TrainState:
+    """What a step changes. The dropout key is derived from (seed, step), so it needs no slot."""
+
+    step: Array
+    params: PyTree
+    opt_state: PyTree
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+    """The Transformer of ``config.model`` with the tokenizer's vocabulary size."""
+    if config.model.max_len < config.data.max_len:
+        raise ValueError(
+            f'model.max_len={config.model.max_len} is below data.max_len={config.data.max_len}.'
+        )
+    return Transformer(config_from_dict(config.model, vocab_size))
+
+
+def init_state(
+    model: Transformer, tx: optax.GradientTransformation, rng: Array, max_len: int
+) -> TrainState:
+    """Random parameters (Glorot kernels, N(0, D^-1/2) embeddings) and a fresh optimizer."""
+    dummy = jnp.ones((1, max_len), jnp.int32)
+
+    @jax.jit
+    def init(rng):
+        params = nn.unbox(model.init(rng, dummy, dummy)['params'])
+        return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
+
+    return init(rng)
+
+
+def cross_entropy_with_smoothing(
+    logits: Array, targets: Array, weights: Array, label_smoothing: float
+) -> tuple[Array, Array]:
+    """Summed label-smoothed and plain cross-entropy over the weighted target positions.
+
+    The smoothed target puts 1 - eps on the reference token and eps / (V - 1) on each other
+    token (Sec. 5.4). Written with log_softmax and constants only, never log of a probability,
+    so it is finite for any logits: with q = low + (conf - low) * onehot,
+    -sum_v q_v log p_v = -(conf - low) log p_target - low * sum_v log p_v.
+
+    Args:
+      logits: [B, T, V].
+      targets: [B, T] token ids.
+      weights: [B, T], 1 for real target tokens, 0 for padding.
+      label_smoothing: eps_ls.
+
+    Returns:
+      (smoothed loss sum, NLL sum), each a float32 scalar.
+    """
+    vocab = logits.shape[-1]
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab - 1)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    target_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    smoothed = -(confidence - low) * target_log_prob - low * log_probs.sum(axis=-1)
+    return (smoothed * weights).sum(), (-target_log_prob * weights).sum()
+
+
+def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
+    """The smallest possible smoothed loss per token: the entropy of the smoothed target."""
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1)
+    entropy = -confidence * math.log(confidence) if confidence > 0 else 0.0
+    if low > 0:
+        entropy -= (vocab_size - 1) * low * math.log(low)
+    return entropy
+
+
+def loss_sums(
+    params: PyTree, batch: Batch, model: Transformer, label_smoothing: float, rng: Array | None
+) -> tuple[Array, dict[str, Array]]:
+    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need."""
+    train = rng is not None
+    logits = model.apply(
+        {'params': params},
+        batch['inputs'],
+        batch['targets'],
+        train=train,
+        inputs_segmentation=batch.get('inputs_segmentation'),
+        targets_segmentation=batch.get('targets_segmentation'),
+        inputs_positions=batch.get('inputs_positions'),
+        targets_positions=batch.get('targets_positions'),
+        rngs={'dropout': rng} if train else None,
+    )
+    weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
+    loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
+    correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
+    sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
+    return loss, sums
+
+
+def summarize(sums: Mapping[str, Any], vocab_size: int, label_smoothing: float) -> dict:
+    """Per-token metrics from summed ones (host side, after the step)."""
+    tokens = max(float(sums['tokens']), 1.0)
+    loss = float(sums['loss']) / tokens
+    nll = float(sums['nll']) / tokens
+    out = {
+        'loss': loss,
+        'nll': nll,
+        'perplexity': math.exp(min(nll, 50.0)),
+        'loss_above_floor': loss - smoothing_floor(vocab_size, label_smoothing),
+        'accuracy': float(sums['correct']) / tokens,
+        'target_tokens': tokens,
+    }
+    for key in ('grad_norm', 'learning_rate', 'source_tokens'):
+        if key in sums:
+            out[key] = float(sums[key])
+    return out
+
+
+def accumulated_grads(
+    params: PyTree,
+    batch: Batch,
+    model: Transformer,
+    label_smoothing: float,
+    rng: Array,
+    accum_steps: int,
+) -> tuple[PyTree, dict[str, Array]]:
+    """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
+
+    The micro-batches are consecutive row blocks of ``batch``; summing (not averaging) the
+    gradients and the token counts keeps the normalisation by the total token count exact.
+    """
+    grad_fn = jax.grad(loss_sums, has_aux=True)
+    if accum_steps == 1:
+        return grad_fn(params, batch, model, label_smoothing, rng)
+    micro = jax.tree.map(lambda x: x.reshape(accum_steps, -1, *x.shape[1:]), batch)
+
+    def body(carry, xs):
+        micro_batch, index = xs
+        grads, sums = grad_fn(
+            params, micro_batch, model, label_smoothing, jax.random.fold_in(rng, index)
+        )
+        return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    zero_sums = {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS}
+    (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), (micro, jnp.arange(accum_steps)))
+    return grads, sums
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    base_rng: Array,
+    *,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    label_smoothing: float,
+    accum_steps: int,
+    axis_name: str | None = None,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One optimiser step on the (local part of the) batch.
+
+    Under ``pmap`` (``axis_name`` set) each device folds its index into the dropout key and
+    the gradient and token sums are averaged over devices with ``pmean``: the ratio of the two
+    means is the global token-normalised gradient. Under ``jit`` the batch is global already.
+    """
+    rng = jax.random.fold_in(base_rng, state.step)
+    if axis_name is not None:
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+    grads, sums = accumulated_grads(state.params, batch, model, label_smoothing, rng, accum_steps)
+    if axis_name is not None:
+        grads, sums = jax.lax.pmean((grads, sums), axis_name)
+    tokens = jnp.maximum(sums['tokens'], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if axis_name is not None:
+        # Per-device means back to global sums, so metrics read the same in both modes.
+        sums = jax.tree.map(lambda x: x * jax.lax.psum(1, axis_name), sums)
+    sums['grad_norm'] = optax.tree.norm(grads)
+    sums['learning_rate'] = schedule(state.step)
+    source_tokens = (batch['inputs'] != PAD_ID).sum().astype(jnp.float32)
+    sums['source_tokens'] = (
+        jax.lax.psum(source_tokens, axis_name) if axis_name is not None else source_tokens
+    )
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, sums
+
+
+def eval_step(
+    params: PyTree, batch: Batch, *, model: Transformer, label_smoothing: float
+) -> dict[str, Array]:
+    """Summed loss / NLL / correct / token counts of one evaluation batch (no dropout)."""
+    _, sums = loss_sums(params, batch, model, label_smoothing, None)
+    return sums

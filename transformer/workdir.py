@@ -1,0 +1,253 @@
+"""The run directory: the one place that knows what a workdir holds and how to read it.
+
+    WORKDIR/config.json          the experiment config (written once it fits the checkpoints)
+    WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary
+    WORKDIR/data_cache/          token ids of each split (see transformer/data/tokenized.py)
+    WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position)
+    WORKDIR/metrics.jsonl        every logged metric; WORKDIR/tensorboard/ the same as events
+    WORKDIR/eval/                hypotheses and scores written by ``transformer.evaluate``
+
+Training saves and restores whole train states; evaluate, translate and visualize load
+parameters (one step or the average of the last K). Any checkpoint that cannot be read
+raises `WorkdirError` with one line that names the step and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from flax import linen as nn
+
+from transformer import data as data_lib
+from transformer.model import Transformer, config_from_dict
+from transformer.steps import TrainState
+
+PyTree = Any
+CONFIG_FILE = 'config.json'
+VOCAB_FILE = os.path.join('vocab', 'spm.model')
+DATA_CACHE = 'data_cache'
+CHECKPOINTS = 'checkpoints'
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD = 'tensorboard'
+FINAL_METRICS_FILE = 'final_metrics.json'
+EVAL_DIR = 'eval'
+_ITEMS = ('params', 'opt_state', 'meta')
+# What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree.
+_RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
+
+
+class WorkdirError(RuntimeError):
+    """A workdir, checkpoint or vocabulary that cannot be used; the message says why."""
+
+
+def path(workdir: str, *parts: str) -> str:
+    """A path inside the run directory."""
+    return os.path.join(workdir, *parts)
+
+
+def vocab_path(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
+    """``data.vocab_path`` if set, else the workdir's ``vocab/spm.model`` (None: no workdir)."""
+    if config.data.get('vocab_path'):
+        return config.data.vocab_path
+    return path(workdir, VOCAB_FILE) if workdir else None
+
+
+def data_cache_dir(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
+    """``data.cache_dir``, else ``WORKDIR/data_cache``, else None (no disk cache)."""
+    if config.data.get('cache_dir'):
+        return config.data.cache_dir
+    return path(workdir, DATA_CACHE) if workdir else None
+
+
+def get_tokenizer(config: ml_collections.ConfigDict, workdir: str | None) -> data_lib.Tokenizer:
+    """The run's vocabulary for training: reused when saved, else trained and saved."""
+    return data_lib.get_tokenizer(config.data, vocab_path(config, workdir))
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> data_lib.Tokenizer:
+    """The run's saved vocabulary; never trains a new one (that would not match the model)."""
+    model_path = vocab_path(config, workdir)
+    if not os.path.exists(model_path):
+        raise WorkdirError(
+            f'No vocabulary at {model_path}: the workdir has no trained SentencePiece model '
+            '(copy it there or set data.vocab_path).'
+        )
+    return data_lib.Tokenizer(model_path)
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    with open(path(workdir, CONFIG_FILE), 'w') as f:
+        f.write(config.to_json_best_effort(indent=2))
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a training run saved in ``WORKDIR/config.json``."""
+    config_path = path(workdir, CONFIG_FILE)
+    if not os.path.exists(config_path):
+        raise WorkdirError(
+            f'{config_path} not found: --workdir must be a directory written by train.py.'
+        )
+    with open(config_path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints.
+
+
+def checkpoint_manager(
+    workdir: str, config: ml_collections.ConfigDict | None = None
+) -> ocp.CheckpointManager:
+    """``WORKDIR/checkpoints``: for writing (``config`` given: its keep / async settings) or,
+    without ``config``, read-only."""
+    directory = path(os.path.abspath(workdir), CHECKPOINTS)
+    if config is None:
+        if not os.path.isdir(directory):
+            raise WorkdirError(f'No checkpoints in {workdir}: {directory} does not exist.')
+        options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+    else:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max(config.train.keep_checkpoints, config.eval.average_last),
+            enable_async_checkpointing=config.train.async_checkpointing,
+            create=True,
+        )
+    return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
+
+
+def save_state(
+    manager: ocp.CheckpointManager, state: TrainState, data_state: Mapping[str, Any], seed: int
+) -> None:
+    """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides."""
+    step = int(state.step)
+    meta = {'step': step, 'data_state': dict(data_state), 'seed': seed}
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave(state.opt_state),
+            meta=ocp.args.JsonSave(meta),
+        ),
+    )
+
+
+def _restore_error(workdir: str, step: int, error: Exception, what: str) -> WorkdirError:
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return WorkdirError(
+        f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} does not fit {what} or is '
+        f'incomplete: {first_line}'
+    )
+
+
+def restore_state(
+    manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
+) -> tuple[TrainState, dict[str, Any]]:
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta."""
+    try:
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_state.params),
+                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+    except _RESTORE_ERRORS as e:
+        raise WorkdirError(
+            f'{_restore_error(workdir, step, e, "this config (model or optimizer changed?)")}. '
+            'Resume with the config the run was started with, or use a new --workdir.'
+        ) from None
+    state = TrainState(
+        step=jnp.array(restored['meta']['step'], jnp.int32),
+        params=restored['params'],
+        opt_state=restored['opt_state'],
+    )
+    return state, restored['meta']
+
+
+def abstract_tree(tree: PyTree) -> PyTree:
+    """Shapes, dtypes and shardings of ``tree``, for restoring into the same layout."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 1) -> list[int]:
+    """The steps to load: ``[step]``, or the last ``average_last`` saved ones."""
+    steps = sorted(checkpoint_manager(workdir).all_steps())
+    if not steps:
+        raise WorkdirError(f'No complete checkpoint in {workdir}/{CHECKPOINTS}.')
+    if step is not None:
+        if step not in steps:
+            raise WorkdirError(f'No checkpoint for step {step} in {workdir}; saved: {steps}.')
+        return [step]
+    if average_last > len(steps):
+        logging.warning(
+            'Asked to average the last %d checkpoints but only %d exist; averaging those.',
+            average_last,
+            len(steps),
+        )
+    return steps[-average_last:]
+
+
+def abstract_params(model: Transformer) -> PyTree:
+    """Shapes and dtypes of the model's parameters, without allocating them."""
+    dummy = jnp.ones((1, 8), jnp.int32)
+    return nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy)['params']))
+
+
+def restore_params(workdir: str, step: int, model: Transformer) -> PyTree:
+    """The parameters saved at ``step``, checked against the model's shapes."""
+    target = abstract_params(model)
+    try:
+        restored = checkpoint_manager(workdir).restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
+        )
+    except _RESTORE_ERRORS as e:
+        raise _restore_error(workdir, step, e, 'the model of its config.json') from None
+    params = restored['params']
+    if jax.tree.map(np.shape, params) != jax.tree.map(lambda x: x.shape, target):
+        raise WorkdirError(
+            f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} has parameter shapes '
+            'that differ from the model in config.json.'
+        )
+    return params
+
+
+def average_params(trees: Sequence[PyTree]) -> PyTree:
+    """The element-wise mean of parameter trees (the paper averages checkpoints, Sec. 6.1)."""
+    if not trees:
+        raise ValueError('No parameter trees to average.')
+    return jax.tree.map(lambda *xs: sum(np.asarray(x, np.float64) for x in xs) / len(xs), *trees)
+
+
+def load_model(
+    workdir: str, step: int | None = None, average_last: int | None = None
+) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
+    """Config, tokenizer, model and parameters of a training run.
+
+    Args:
+      workdir: the run's directory.
+      step: load this checkpoint alone.
+      average_last: otherwise average the last K checkpoints (default: the run's
+        ``eval.average_last``).
+
+    Returns:
+      (config, tokenizer, model, params, the steps loaded).
+    """
+    config = read_config(workdir)
+    tokenizer = load_tokenizer(config, workdir)
+    model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
+    if step is None and average_last is None:
+        average_last = config.eval.average_last
+    steps = checkpoint_steps(workdir, step, average_last or 1)
+    trees = [restore_params(workdir, s, model) for s in steps]
+    params = trees[0] if len(trees) == 1 else average_params(trees)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return config, tokenizer, model, params, steps
