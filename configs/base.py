@@ -68,14 +68,21 @@ def get_config() -> ml_collections.ConfigDict:
     train.batch_size = 104  # global packed rows per step (~25k target tokens, Sec. 5.1)
     train.grad_accum_steps = 1  # micro-batches per step, to reach the budget on fewer devices
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
-    train.parallelism = 'pmap'  # 'pmap' (replicated state) or 'sharding' (jit + NamedSharding)
+    train.parallelism = 'sharding'  # 'sharding' (jit + NamedSharding) or 'pmap' (replicated)
     train.model_parallelism = 1  # size of the mesh's 'model' axis in 'sharding' mode
+    train.fsdp = False  # also shard parameters + Adam moments over 'data' (ZeRO-3 style)
+    train.prefetch = 2  # batches packed and placed ahead on a background thread (0 = off)
     train.log_every = 100  # steps between console / metrics lines
     train.eval_every = 2000  # steps between validation loss (0 = only at the end)
     train.checkpoint_every = 2000  # steps between checkpoints (~10 min on 8 P100s)
     train.keep_checkpoints = 5  # kept on disk; >= eval.average_last
     train.async_checkpointing = True  # write checkpoints while training continues
-    train.distributed = False  # call jax.distributed.initialize() (multi-host)
+    train.distributed = False  # join a multi-process run with jax.distributed.initialize()
+    # Passed to jax.distributed.initialize; None = the cluster's auto-detection.
+    train.coordinator_address = config_dict.placeholder(str)  # e.g. 'localhost:12355'
+    train.num_processes = config_dict.placeholder(int)
+    train.process_id = config_dict.placeholder(int)
+    train.init_timeout_s = 60  # a process that cannot reach the coordinator stops after this
 
     config.eval = ev = ml_collections.ConfigDict()
     ev.beam_size = 4  # Sec. 6.1

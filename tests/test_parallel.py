@@ -11,7 +11,7 @@ from tests.tiny_run import LEN, packed_batch, tiny_model
 from transformer import optim, parallel, steps
 
 
-def _run(mode: str, devices, accum: int, num_steps: int = 3):
+def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
     model = tiny_model()
     opt = base.get_config().opt
     opt.warmup_steps = 10
@@ -24,36 +24,119 @@ def _run(mode: str, devices, accum: int, num_steps: int = 3):
         label_smoothing=0.1,
         accum_steps=accum,
         devices=devices,
+        **layout,
     )
-    state = par.put_state(steps.init_state(model, tx, jax.random.key(0), LEN))
+    state = par.put_state(
+        par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    )
     losses = []
     for step in range(num_steps):
         state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
         sums = jax.device_get(sums)
         loss = np.asarray(sums['loss']).reshape(-1)[0] / np.asarray(sums['tokens']).reshape(-1)[0]
         losses.append(loss)
-    return np.array(losses), jax.device_get(par.get_state(state).params)
+    return np.array(losses), jax.device_get(par.global_state(state).params), state
 
 
 @functools.cache
 def _reference():
-    return _run('sharding', jax.devices()[:1], accum=1)
+    return _run('sharding', jax.devices()[:1], accum=1)[:2]
+
+
+def _assert_same_training(got, reference) -> None:
+    (losses, params), (ref_losses, ref_params) = got[:2], reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert losses[-1] < losses[0]  # it learns: the comparison is not between frozen models
+    for ref, value in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(
     'mode,num_devices,accum',
-    [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 1, 4)],
+    [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 4, 2), ('sharding', 1, 4)],
 )
 def test_data_parallel_equals_one_device(mode, num_devices, accum):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
     or without gradient accumulation (the loss is normalised by the global token count)."""
     assert len(jax.devices()) == 8, 'conftest should give 8 CPU devices'
-    ref_losses, ref_params = _reference()
-    losses, params = _run(mode, jax.devices()[:num_devices], accum)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    assert losses[-1] < losses[0]  # it learns: the comparison is not between frozen models
-    for ref, got in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params), strict=True):
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    _assert_same_training(_run(mode, jax.devices()[:num_devices], accum), _reference())
+
+
+def _per_device_bytes(state, device) -> int:
+    return sum(
+        shard.data.nbytes
+        for leaf in jax.tree.leaves(state.params)
+        for shard in leaf.addressable_shards
+        if shard.device == device
+    )
+
+
+@pytest.mark.parametrize(
+    'model_parallelism,fsdp', [(1, False), (2, False), (1, True), (2, True)], ids=str
+)
+def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
+    """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each
+    device holds the parameter bytes the layout implies: heads and d_ff split on 'model',
+    d_model split on 'data' under FSDP."""
+    got = _run('sharding', jax.devices(), 1, model_parallelism=model_parallelism, fsdp=fsdp)
+    _assert_same_training(got, _reference())
+    specs = parallel.logical_specs(tiny_model(), optim.make_optimizer(base.get_config().opt, 32)[0])
+    data_shards = 8 // model_parallelism
+    expected = 0
+    for spec, leaf in zip(
+        jax.tree.leaves(specs.params, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+        jax.tree.leaves(got[1]),
+        strict=True,
+    ):
+        divide = 1
+        if {'heads', 'mlp'} & set(spec):
+            divide *= model_parallelism
+        if fsdp and 'embed' in spec:
+            divide *= data_shards
+        expected += leaf.nbytes // divide
+    assert _per_device_bytes(got[2], jax.devices()[0]) == expected
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(got[1]))
+    assert (expected < total) == (fsdp or model_parallelism > 1)
+
+
+@pytest.mark.parametrize('accum', [1, 2, 4])
+def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
+    """In sharding mode each micro-step computes rows / (devices x A) rows on every device
+    (read from the compiled step's [rows, T, V] logits), with no all-gather of the batch."""
+    import re
+
+    from tests.tiny_run import ROWS, VOCAB
+
+    model = tiny_model()
+    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
+    par = parallel.Parallel(
+        'sharding',
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        label_smoothing=0.1,
+        accum_steps=accum,
+        devices=jax.devices()[:2],
+    )
+    state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    compiled = par._step.lower(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
+    hlo = compiled.as_text()
+    rows = {int(r) for r in re.findall(rf'f32\[(\d+),{LEN},{VOCAB}\]', hlo)}
+    assert rows == {ROWS // (2 * accum)}
+    assert 'all-gather' not in hlo
+
+
+def test_layouts_the_model_cannot_take_fail_before_compiling():
+    """A 'model' axis that does not divide heads or d_ff, FSDP over a data axis that does
+    not divide d_model: one-line ValueErrors from the constructor."""
+    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
+    kwargs = dict(model=tiny_model(), tx=tx, schedule=schedule, label_smoothing=0.1)
+    with pytest.raises(ValueError, match=r'model_parallelism=8 does not divide model.num_heads=4'):
+        parallel.Parallel('sharding', accum_steps=1, model_parallelism=8, **kwargs)
+    with pytest.raises(ValueError, match='fsdp shards model.d_model=32 over 6'):
+        parallel.Parallel('sharding', accum_steps=1, fsdp=True, devices=jax.devices()[:6], **kwargs)
+    with pytest.raises(ValueError, match="need train.parallelism='sharding'"):
+        parallel.Parallel('pmap', accum_steps=1, fsdp=True, **kwargs)
 
 
 def test_sharding_mode_splits_heads_on_the_model_axis():

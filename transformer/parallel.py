@@ -1,23 +1,29 @@
-"""Data (and tensor) parallelism behind one interface: `Parallel`.
+"""Data (and tensor / FSDP) parallelism behind one interface: `Parallel`.
 
 Two modes (``train.parallelism``):
 
+- ``'sharding'`` (default, as JAX recommends): one ``jit`` over a ``Mesh(('data', 'model'))``
+  of every process's devices, with ``NamedSharding``: the batch is split on ``'data'``;
+  parameters and optimizer state follow the logical axis names each parameter declares where
+  it is created (transformer/attention.py, layers.py, model.py), mapped onto mesh axes by one
+  rules table (`rules`): heads and d_ff on ``'model'``, and with ``train.fsdp`` the d_model
+  axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each device holds 1/data of the
+  parameters and of Adam's moments). XLA inserts the collectives.
 - ``'pmap'``: the train state is replicated on every device, each device takes its slice of
-  the batch, and gradients are averaged with ``pmean`` over the ``'batch'`` axis.
-- ``'sharding'``: one ``jit`` over a ``Mesh(('data', 'model'))`` with ``NamedSharding``: the
-  batch is split on ``'data'``; parameters and optimizer state follow the logical axis names
-  each parameter declares where it is created (transformer/attention.py, model.py), mapped
-  onto mesh axes by `RULES`: heads and d_ff split on ``'model'`` when that axis is larger than
-  1, everything else is replicated. XLA inserts the collectives.
+  the batch, and gradients are averaged with ``pmean`` over all devices of all processes.
 
-The training loop sees neither mode: it hands host batches to `Parallel.train_step`, gets
-global metric sums back, and reads one global copy of the state with `Parallel.get_state`.
+Multi-host: both modes span ``jax.devices()`` (all processes), and each process places only
+its own rows of the global batch (``jax.make_array_from_process_local_data`` / its local pmap
+devices), so collectives are global, not host-local. The loop sees neither mode: it hands
+host rows to `Parallel.put_batch`, steps with `Parallel.train_step`, gets global metric sums
+back, and reads the *global* train state (what Orbax saves and restores collectively, on any
+number of devices or processes) with `Parallel.global_state`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -27,6 +33,7 @@ import numpy as np
 import optax
 from flax import jax_utils
 from flax import linen as nn
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -36,18 +43,20 @@ from transformer.steps import Batch, TrainState
 
 PyTree = Any
 
-# Logical axis -> mesh axis (None = replicated). The one table that decides every layout.
-RULES: tuple[tuple[str, str | None], ...] = (
-    ('heads', 'model'),  # N: heads are independent until the output projection
-    ('mlp', 'model'),  # F: the FFN's inner width
-    ('embed', None),  # D
-    ('kv', None),  # H
-    ('vocab', None),  # V
-)
+
+def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
+    """Logical axis -> mesh axis (None = replicated): the one table that decides every layout."""
+    return (
+        ('heads', 'model'),  # N: heads are independent until the output projection
+        ('mlp', 'model'),  # F: the FFN's inner width
+        ('embed', 'data' if fsdp else None),  # D: every parameter has it but biases of wi
+        ('kv', None),  # H
+        ('vocab', None),  # V
+    )
 
 
 def make_mesh(model_parallelism: int = 1, devices=None) -> jax.sharding.Mesh:
-    """A ('data', 'model') mesh over ``devices`` (default: all), with Auto axis types.
+    """A ('data', 'model') mesh over ``devices`` (default: all processes'), Auto axis types.
 
     ``jax.make_mesh`` now defaults to Explicit axes, under which ordinary Flax code does not
     trace; Auto lets XLA propagate shardings from the inputs.
@@ -79,9 +88,26 @@ def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> Train
     return nn.get_partition_spec(jax.eval_shape(init))
 
 
-def state_shardings(mesh: jax.sharding.Mesh, specs: PyTree, rules=RULES) -> PyTree:
-    """NamedShardings of the train state: ``specs`` (from `logical_specs`) through ``rules``."""
-    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+def state_shardings(mesh: jax.sharding.Mesh, specs: PyTree, fsdp: bool = False) -> PyTree:
+    """NamedShardings of the train state: ``specs`` (from `logical_specs`) through `rules`."""
+    return nn.logical_to_mesh_sharding(specs, mesh, rules(fsdp))
+
+
+def check_layout(model: Transformer, model_parallelism: int, data_shards: int, fsdp: bool):
+    """One-line errors, before anything compiles, for a layout the model cannot take."""
+    cfg = model.config
+    if model_parallelism > 1:
+        for name, size in (('model.num_heads', cfg.num_heads), ('model.d_ff', cfg.d_ff)):
+            if size % model_parallelism:
+                raise ValueError(
+                    f'train.model_parallelism={model_parallelism} does not divide '
+                    f'{name}={size}: choose a divisor of both heads and d_ff.'
+                )
+    if fsdp and cfg.d_model % data_shards:
+        raise ValueError(
+            f'train.fsdp shards model.d_model={cfg.d_model} over {data_shards} data devices, '
+            'which does not divide it: change the device count or turn fsdp off.'
+        )
 
 
 class Parallel:
@@ -97,12 +123,20 @@ class Parallel:
         label_smoothing: float,
         accum_steps: int,
         model_parallelism: int = 1,
+        fsdp: bool = False,
         devices=None,
     ):
         if mode not in ('pmap', 'sharding'):
             raise ValueError(f"train.parallelism must be 'pmap' or 'sharding', got {mode!r}.")
+        if mode == 'pmap' and (model_parallelism != 1 or fsdp):
+            raise ValueError(
+                "train.model_parallelism > 1 and train.fsdp need train.parallelism='sharding'."
+            )
         self.mode = mode
-        self.devices = jax.local_devices() if devices is None else devices
+        self.devices = list(jax.devices() if devices is None else devices)
+        self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
+        self.mesh = make_mesh(model_parallelism, self.devices)
+        check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         step = functools.partial(
             steps.train_step,
             model=model,
@@ -114,9 +148,15 @@ class Parallel:
         self._eval = jax.jit(
             functools.partial(steps.eval_step, model=model, label_smoothing=label_smoothing)
         )
+        specs = logical_specs(model, tx)
         if mode == 'pmap':
-            if model_parallelism != 1:
-                raise ValueError("train.model_parallelism > 1 needs train.parallelism='sharding'.")
+            self.shardings = jax.tree.map(
+                lambda _: NamedSharding(self.mesh, P()),
+                specs,
+                is_leaf=lambda x: isinstance(x, P),
+            )
+            local_mesh = jax.sharding.Mesh(np.array(self.local_devices), ('local',))
+            self._local_sharding = NamedSharding(local_mesh, P('local'))
             self._step = jax.pmap(
                 functools.partial(step, axis_name='batch'),
                 axis_name='batch',
@@ -125,9 +165,8 @@ class Parallel:
                 devices=self.devices,
             )
         else:
-            self.mesh = make_mesh(model_parallelism, self.devices)
+            self.shardings = state_shardings(self.mesh, specs, fsdp)
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
-            self._state_shardings = state_shardings(self.mesh, logical_specs(model, tx))
             self._step = jax.jit(step, donate_argnums=(0,))
 
     @classmethod
@@ -139,7 +178,7 @@ class Parallel:
         schedule: optax.Schedule,
         devices=None,
     ) -> Parallel:
-        """The mode, loss and accumulation settings of ``config.train``."""
+        """The mode, layout, loss and accumulation settings of ``config.train``."""
         tc = config.train
         return cls(
             tc.parallelism,
@@ -149,44 +188,84 @@ class Parallel:
             label_smoothing=tc.label_smoothing,
             accum_steps=tc.grad_accum_steps,
             model_parallelism=tc.model_parallelism,
+            fsdp=tc.fsdp,
             devices=devices,
         )
 
     @property
     def num_data_shards(self) -> int:
-        """How many ways the batch is split: its rows must be a multiple of this."""
+        """How many ways the global batch is split: its rows must be a multiple of this."""
         return len(self.devices) if self.mode == 'pmap' else self.mesh.shape['data']
 
-    def put_state(self, state: TrainState) -> TrainState:
-        """Host or single-device state -> the mode's device layout."""
-        if self.mode == 'pmap':
-            return jax_utils.replicate(state, self.devices)
-        return jax.device_put(state, self._state_shardings)
+    # --- the train state: global (what checkpoints hold) <-> the step's layout --------------
 
-    def get_state(self, state: TrainState) -> TrainState:
-        """The mode's layout -> one global copy (for checkpoints and evaluation)."""
+    def init_state(self, init: Callable[[], TrainState]) -> TrainState:
+        """Runs ``init`` so that its result is born global in the mode's layout (FSDP never
+        materialises the whole state on one device)."""
+        return jax.jit(init, out_shardings=self.shardings)()
+
+    def abstract_state(self, init: Callable[[], TrainState]) -> TrainState:
+        """Shapes, dtypes and global shardings of ``init()``: the target of a restore."""
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            jax.eval_shape(init),
+            self.shardings,
+        )
+
+    def put_state(self, state: TrainState) -> TrainState:
+        """Global state -> the layout the step takes (pmap: one copy per local device)."""
         if self.mode == 'pmap':
-            return jax.tree.map(lambda x: x[0], state)
+            local = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), state)
+            return jax_utils.replicate(local, self.local_devices)
+        return jax.device_put(state, self.shardings)  # a no-op for a state born global
+
+    def global_state(self, state: TrainState) -> TrainState:
+        """The step's layout -> global arrays (for checkpoints and evaluation)."""
+        if self.mode == 'pmap':
+            return jax.tree.map(
+                lambda x, s: jax.make_array_from_process_local_data(
+                    s, np.asarray(x.addressable_data(0))[0]
+                ),
+                state,
+                self.shardings,
+            )
         return state
 
+    def host_params(self, state: TrainState) -> PyTree:
+        """Full parameters on this process's first device, for decoding and validation."""
+        params = self.global_state(state).params
+        if jax.process_count() > 1:
+            params = multihost_utils.process_allgather(params, tiled=True)
+        return jax.device_put(params, self.local_devices[0])
+
+    # --- batches and steps --------------------------------------------------------------------
+
     def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Host rows -> the mode's device layout (split over the data devices)."""
-        n = self.num_data_shards
-        rows = next(iter(batch.values())).shape[0]
-        if rows % n:
-            raise ValueError(f'Batch of {rows} rows does not split over {n} devices.')
+        """This process's rows of the global batch -> the mode's device layout."""
         if self.mode == 'pmap':
-            return {k: v.reshape(n, rows // n, *v.shape[1:]) for k, v in batch.items()}
-        return jax.device_put(dict(batch), self._batch_sharding)
+            n = len(self.local_devices)
+            rows = next(iter(batch.values())).shape[0]
+            if rows % n:
+                raise ValueError(f'Batch of {rows} rows does not split over {n} devices.')
+            split = {k: v.reshape(n, rows // n, *v.shape[1:]) for k, v in batch.items()}
+            return jax.device_put(split, self._local_sharding)
+        return {
+            k: jax.make_array_from_process_local_data(self._batch_sharding, v)
+            for k, v in batch.items()
+        }
 
     def train_step(
-        self, state: TrainState, batch: Batch, rng: jax.Array
+        self, state: TrainState, batch: Mapping[str, Any], rng: jax.Array
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """One step; the metric sums come back global and unreplicated in both modes."""
-        state, sums = self._step(state, self.put_batch(batch), rng)
+        """One step on a batch (host rows, or already placed by `put_batch`); the metric sums
+        come back global and unreplicated in both modes."""
+        if not isinstance(next(iter(batch.values())), jax.Array):
+            batch = self.put_batch(batch)
+        state, sums = self._step(state, batch, rng)
         if self.mode == 'pmap':
             sums = {k: v[0] for k, v in sums.items()}  # identical on every device
         return state, sums
 
     def eval_step(self, params: PyTree, batch: Batch) -> dict[str, jax.Array]:
+        """Summed loss metrics of one batch with `host_params` parameters."""
         return self._eval(params, batch)

@@ -150,13 +150,19 @@ def accumulated_grads(
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
-    The micro-batches are consecutive row blocks of ``batch``; summing (not averaging) the
-    gradients and the token counts keeps the normalisation by the total token count exact.
+    Micro-batches are strided: row r goes to micro-batch r mod A. The batch's rows are split
+    over the data devices in contiguous blocks, so every micro-batch keeps rows on every
+    device: each device computes rows / (devices x A) rows at a time, which is what saves
+    activation memory (contiguous micro-batches would each live on a fraction of the devices
+    and make XLA gather them). Summing (not averaging) the gradients and the token counts
+    keeps the normalisation by the total token count exact.
     """
     grad_fn = jax.grad(loss_sums, has_aux=True)
     if accum_steps == 1:
         return grad_fn(params, batch, model, label_smoothing, rng)
-    micro = jax.tree.map(lambda x: x.reshape(accum_steps, -1, *x.shape[1:]), batch)
+    micro = jax.tree.map(
+        lambda x: jnp.swapaxes(x.reshape(-1, accum_steps, *x.shape[1:]), 0, 1), batch
+    )
 
     def body(carry, xs):
         micro_batch, index = xs

@@ -13,8 +13,10 @@ the run directory holds in transformer/workdir.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +31,7 @@ from absl import logging
 from transformer import console, evaluate, optim, steps
 from transformer import data as data_lib
 from transformer import workdir as workdir_lib
+from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
 from transformer.parallel import Parallel
 from transformer.steps import TrainState
@@ -63,30 +66,78 @@ class Run:
         return jax.process_index() == 0
 
 
+def init_distributed(tc: ml_collections.ConfigDict) -> None:
+    """Joins the processes of a multi-host run (``train.distributed``), before jax is used.
+
+    ``train.coordinator_address`` / ``num_processes`` / ``process_id`` go to
+    ``jax.distributed.initialize``; unset, the cluster (SLURM, TPU pods, ...) is detected.
+    A process that cannot reach the coordinator stops after ``train.init_timeout_s``.
+    """
+    if not tc.distributed:
+        return
+    kwargs = {
+        key: tc.get(key)
+        for key in ('coordinator_address', 'num_processes', 'process_id')
+        if tc.get(key) is not None
+    }
+    address = kwargs.get('coordinator_address')
+    if address and kwargs.get('process_id', 0) != 0:
+        # jax aborts the process (after its own timeout, with a page of C++ stack) when the
+        # coordinator never answers; a plain TCP probe first turns that into one line.
+        _wait_for_coordinator(address, tc.init_timeout_s)
+    try:
+        jax.distributed.initialize(**kwargs, initialization_timeout=int(tc.init_timeout_s))
+    except Exception as e:  # noqa: BLE001 - jax raises several types here; all mean the same
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise TrainingError(
+            f'Could not join the run of {kwargs.get("num_processes", "?")} processes at '
+            f'{kwargs.get("coordinator_address", "the auto-detected coordinator")} within '
+            f'{tc.init_timeout_s} s (train.init_timeout_s): {first_line}'
+        ) from None
+    if jax.process_index() != 0:
+        logging.set_verbosity(logging.WARNING)  # only process 0 logs progress
+
+
+def _wait_for_coordinator(address: str, timeout_s: float) -> None:
+    host, _, port = address.rpartition(':')
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise TrainingError(
+                    f'No coordinator answers at {address} (train.coordinator_address) after '
+                    f'{timeout_s} s (train.init_timeout_s): {e.strerror or e}. Start process 0 '
+                    'first, or check the address and port.'
+                ) from None
+            time.sleep(0.2)
+
+
 def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> Run:
     """Builds a run in ``workdir``, restored from its latest checkpoint if there is one.
 
     Args:
       config: the experiment config (sections model, data, opt, train, eval).
       workdir: where the vocabulary, config, checkpoints and metrics live.
-      devices: the devices to use (default: all local ones).
+      devices: the devices to use (default: all devices of all processes).
     """
     tc = config.train
-    if tc.distributed:
-        jax.distributed.initialize()
+    init_distributed(tc)
     os.makedirs(workdir, exist_ok=True)
     tokenizer = workdir_lib.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
-    rows_needed = parallel.num_data_shards * tc.grad_accum_steps * jax.process_count()
-    if tc.batch_size % rows_needed:
+    rows_needed = parallel.num_data_shards * tc.grad_accum_steps
+    if tc.batch_size % rows_needed or tc.batch_size % (jax.process_count() * tc.grad_accum_steps):
         raise ValueError(
-            f'train.batch_size={tc.batch_size} must be a multiple of devices x grad_accum_steps '
-            f'x processes = {rows_needed}.'
+            f'train.batch_size={tc.batch_size} must be a multiple of data devices x '
+            f'grad_accum_steps = {rows_needed} (and of processes x grad_accum_steps).'
         )
     init_rng, dropout_rng = jax.random.split(jax.random.key(tc.seed))
-    state = steps.init_state(model, tx, init_rng, config.data.max_len)
+    init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
         config.data,
         tokenizer,
@@ -98,9 +149,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     )
     manager = workdir_lib.checkpoint_manager(workdir, config)
     latest = manager.latest_step()
-    if latest is not None:
+    if latest is None:
+        state = parallel.init_state(init)
+    else:
+        # Restored straight into this run's global layout, whatever the layout that saved it.
         state, meta = workdir_lib.restore_state(
-            manager, latest, workdir_lib.abstract_tree(state), workdir
+            manager, latest, parallel.abstract_state(init), workdir
         )
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
@@ -110,11 +164,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         workdir_lib.write_config(workdir, config)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info(
-        'Model: %s parameters, %s; %s mode over %d devices.',
+        'Model: %s parameters, %s; %s mode over %d devices of %d processes.',
         f'{num_params:,}',
         model.config,
         tc.parallelism,
         len(parallel.devices),
+        jax.process_count(),
     )
     return Run(
         config=config,
@@ -179,13 +234,20 @@ class TrainLog:
         self._run = run
         self._sums: dict[str, float] = {}
         self._since_time, self._since_step = time.time(), step
+        self._since_wait = 0.0
 
     def add(self, sums: Mapping[str, Any]) -> None:
         for key in (*steps.SUM_KEYS, 'source_tokens'):
             self._sums[key] = self._sums.get(key, 0.0) + sums[key]
 
-    def flush(self, step: int, last: Mapping[str, Any]) -> dict[str, float]:
-        """Metrics since the last flush (``last``: the latest step's sums), printed once."""
+    def flush(self, step: int, last: Mapping[str, Any], wait_s: float) -> dict[str, float]:
+        """Metrics since the last flush, printed once.
+
+        Args:
+          step: the step just taken.
+          last: that step's sums (gradient norm, learning rate).
+          wait_s: the loop's total time waiting for data so far.
+        """
         run, tc = self._run, self._run.config.train
         elapsed = max(time.time() - self._since_time, 1e-9)
         metrics = steps.summarize(
@@ -196,9 +258,11 @@ class TrainLog:
         metrics['steps_per_s'] = (step - self._since_step) / elapsed
         tokens = float(self._sums['tokens']) + float(self._sums['source_tokens'])
         metrics['tokens_per_s'] = tokens / elapsed
+        metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
         eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
         logging.info(
-            'step %d/%d  loss %.4f  nll %.4f  acc %.3f  lr %.3g  %.2f steps/s  %s tokens/s  ETA %s',
+            'step %d/%d  loss %.4f  nll %.4f  acc %.3f  lr %.3g  %.2f steps/s  '
+            '%s tokens/s  data wait %.0f%%  ETA %s',
             step,
             tc.num_steps,
             metrics['loss'],
@@ -207,10 +271,11 @@ class TrainLog:
             metrics['learning_rate'],
             metrics['steps_per_s'],
             f'{metrics["tokens_per_s"]:,.0f}',
+            100 * metrics['data_wait'],
             _format_duration(eta),
         )
         self._sums = {}
-        self._since_time, self._since_step = time.time(), step
+        self._since_time, self._since_step, self._since_wait = time.time(), step, wait_s
         return metrics
 
 
@@ -285,7 +350,7 @@ def train_and_evaluate(
     Args:
       config: the experiment config (sections model, data, opt, train, eval).
       workdir: where the vocabulary, config, checkpoints and metrics live.
-      devices: the local devices to use (default: all).
+      devices: the devices to use (default: all devices of all processes).
       on_step: optional callback (step, metrics) after every logged step (tests use it).
 
     Returns:
@@ -296,41 +361,33 @@ def train_and_evaluate(
     tc, parallel = config.train, run.parallel
     validation = Validation(run)
     writer = MetricWriter(workdir, enabled=run.is_main)
-    step = first_step = int(parallel.get_state(run.state).step)
+    step = first_step = int(parallel.global_state(run.state).step)
     log, last_saved, final = TrainLog(run, step), run.restored_step, {}
-    while step < tc.num_steps:
-        run.state, sums = parallel.train_step(run.state, next(run.train_iter), run.dropout_rng)
-        step += 1
-        is_last = step == tc.num_steps
-        is_log = step % tc.log_every == 0 or is_last
-        is_ckpt = step % tc.checkpoint_every == 0 or is_last
-        if is_log or is_ckpt:
-            sums = jax.device_get(sums)
-            _check_finite(run, step, sums, last_saved)
-        log.add(sums)
-        if is_log:
-            final['train'] = log.flush(step, sums)
-            writer.write(step, 'train', final['train'])
-            if on_step is not None:
-                on_step(step, final['train'])
-        params = parallel.get_state(run.state).params
-        if (tc.eval_every and step % tc.eval_every == 0) or is_last:
-            final['validation'] = metrics = validation.loss(params)
-            logging.info(
-                'step %d  validation loss %.4f  nll %.4f  perplexity %.2f  accuracy %.4f',
-                *(step, metrics['loss'], metrics['nll'], metrics['perplexity']),
-                metrics['accuracy'],
-            )
-            writer.write(step, 'validation', metrics)
-        bleu_every = config.eval.bleu_every
-        if bleu_every and (step % bleu_every == 0 or is_last):
-            final['validation_bleu'] = validation.bleu(params)
-            logging.info('step %d  validation %s', step, final['validation_bleu'])
-            writer.write(step, 'validation', final['validation_bleu'])
-        if is_ckpt:
-            state = parallel.get_state(run.state)
-            workdir_lib.save_state(run.manager, state, run.train_iter.get_state(), tc.seed)
-            last_saved = step
+    batches = Prefetcher(run.train_iter, parallel.put_batch, depth=tc.prefetch)
+    try:
+        while step < tc.num_steps:
+            batch, data_state = next(batches)
+            run.state, sums = parallel.train_step(run.state, batch, run.dropout_rng)
+            step += 1
+            is_last = step == tc.num_steps
+            is_log = step % tc.log_every == 0 or is_last
+            is_ckpt = step % tc.checkpoint_every == 0 or is_last
+            if is_log or is_ckpt:
+                sums = jax.device_get(sums)
+                _check_finite(run, step, sums, last_saved)
+            log.add(sums)
+            if is_log:
+                final['train'] = log.flush(step, sums, batches.wait_s)
+                writer.write(step, 'train', final['train'])
+                if on_step is not None:
+                    on_step(step, final['train'])
+            final.update(_validate(run, validation, writer, step, is_last))
+            if is_ckpt:
+                state = parallel.global_state(run.state)
+                workdir_lib.save_state(run.manager, state, data_state, tc.seed)
+                last_saved = step
+    finally:
+        batches.close()
     run.manager.wait_until_finished()
     writer.close()
     final.update(
@@ -343,6 +400,32 @@ def train_and_evaluate(
         with open(workdir_lib.path(workdir, workdir_lib.FINAL_METRICS_FILE), 'w') as f:
             json.dump(final, f, indent=2)
     return final
+
+
+def _validate(
+    run: Run, validation: Validation, writer: MetricWriter, step: int, is_last: bool
+) -> dict[str, Any]:
+    """Validation loss every ``train.eval_every`` steps, BLEU every ``eval.bleu_every``."""
+    tc, out = run.config.train, {}
+    bleu_every = run.config.eval.bleu_every
+    do_loss = (tc.eval_every and step % tc.eval_every == 0) or is_last
+    do_bleu = bleu_every and (step % bleu_every == 0 or is_last)
+    if not (do_loss or do_bleu):
+        return out
+    params = run.parallel.host_params(run.state)
+    if do_loss:
+        out['validation'] = metrics = validation.loss(params)
+        logging.info(
+            'step %d  validation loss %.4f  nll %.4f  perplexity %.2f  accuracy %.4f',
+            *(step, metrics['loss'], metrics['nll'], metrics['perplexity']),
+            metrics['accuracy'],
+        )
+        writer.write(step, 'validation', metrics)
+    if do_bleu:
+        out['validation_bleu'] = validation.bleu(params)
+        logging.info('step %d  validation %s', step, out['validation_bleu'])
+        writer.write(step, 'validation', out['validation_bleu'])
+    return out
 
 
 def cli(argv: list[str] | None = None) -> None:

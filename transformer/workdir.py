@@ -197,9 +197,13 @@ def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 
 
 
 def abstract_params(model: Transformer) -> PyTree:
-    """Shapes and dtypes of the model's parameters, without allocating them."""
+    """Shapes and dtypes of the model's parameters on this process's first device, without
+    allocating them. The explicit sharding lets Orbax restore a checkpoint written by any
+    number of devices or processes."""
     dummy = jnp.ones((1, 8), jnp.int32)
-    return nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy)['params']))
+    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy)['params']))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
 
 
 def restore_params(workdir: str, step: int, model: Transformer) -> PyTree:
