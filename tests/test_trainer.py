@@ -88,6 +88,7 @@ def test_train_py_smoke(tmp_path, monkeypatch):
     records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
     train_steps = [r['step'] for r in records if r['split'] == 'train']
     assert train_steps == [2, 4]
+    assert all(0.0 <= r['data_wait'] <= 1.0 for r in records if r['split'] == 'train')
     assert any(r['split'] == 'validation' and r['step'] == 4 and 'loss' in r for r in records)
     bleu = [r for r in records if 'sacrebleu' in r]  # validation BLEU through evaluate's code
     assert [r['step'] for r in bleu] == [4] and 0.0 <= bleu[0]['sacrebleu'] <= 100.0
