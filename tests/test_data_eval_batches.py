@@ -2,40 +2,17 @@
 
 import pytest
 
+from tests.tiny_run import data_config
 from transformer import data
-
-MAX_LEN = 32
 
 
 def _config(**overrides):
-    config = data.default_config()
-    config.synthetic.num_train = 600
-    config.synthetic.num_validation = 70
-    config.synthetic.num_test = 50
-    config.vocab_size = 500
-    config.max_len = MAX_LEN
-    config.update(overrides)
-    return config
+    return data_config(**{'max_len': 32, **overrides})
 
 
 @pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp('workdir'))
-
-
-@pytest.fixture(scope='module')
-def tokenizer(workdir):
-    return data.get_tokenizer(_config(), f'{workdir}/spm.model')
-
-
-@pytest.fixture(scope='module')
-def train_data(tokenizer):
-    return data.tokenize_split(_config(), tokenizer, 'train')
-
-
-def _iterator(train_data, **kwargs):
-    kwargs = {'batch_size': 4, 'seed': 0, 'max_len': MAX_LEN, **kwargs}
-    return data.TrainIterator(train_data, **kwargs)
+def tokenizer(tmp_path_factory):
+    return data.get_tokenizer(_config(), str(tmp_path_factory.mktemp('vocab') / 'spm.model'))
 
 
 def test_bucket_length():

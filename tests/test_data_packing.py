@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.tiny_run import data_config
 from transformer import data
 from transformer.data import packing, sources, tokenized
 
@@ -14,14 +15,7 @@ MAX_LEN = 32
 
 
 def _config(**overrides):
-    config = data.default_config()
-    config.synthetic.num_train = 600
-    config.synthetic.num_validation = 70
-    config.synthetic.num_test = 50
-    config.vocab_size = 500
-    config.max_len = MAX_LEN
-    config.update(overrides)
-    return config
+    return data_config(**{'max_len': MAX_LEN, **overrides})
 
 
 @pytest.fixture(scope='module')

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from transformer import data
 from transformer.model import Transformer, TransformerConfig
 
 VOCAB = 32
@@ -68,4 +69,15 @@ def tiny_run_config(num_steps: int):
     config.train.checkpoint_every = 3
     config.train.async_checkpointing = False
     config.eval.batch_size = 16
+    return config
+
+
+def data_config(**overrides):
+    """A small synthetic ``data`` section (600 training pairs, 500-piece vocabulary)."""
+    config = data.default_config()
+    config.synthetic.num_train = 600
+    config.synthetic.num_validation = 70
+    config.synthetic.num_test = 50
+    config.vocab_size = 500
+    config.update(overrides)
     return config
