@@ -275,8 +275,10 @@ def export(
     """
     if format not in FORMATS:
         raise ExportError(f'--format={format} is unknown; use one of {", ".join(FORMATS)}.')
-    if quantization is not None and (format != 'ctranslate2' or quantization not in QUANTIZATIONS):
-        raise ExportError(f'--quantization={quantization} needs --format=ctranslate2 and int8.')
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ExportError(f'--quantization={quantization} is unknown; use one of {QUANTIZATIONS}.')
+    if quantization is not None and format != 'ctranslate2':
+        raise ExportError(f'--quantization={quantization} applies to --format=ctranslate2 only.')
     out = os.path.abspath(out)
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not overwrite):
         raise ExportError(f'{out} exists and is not empty; pass --overwrite to replace it.')
