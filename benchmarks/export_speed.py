@@ -1,0 +1,170 @@
+"""Translation speed and BLEU: CTranslate2 (float32, int8) against our own decoding, on CPU.
+
+One trained run, exported with ``transformer.export``, translates the same Multi30k test2016
+sentences with beam 4 three ways: our translate path (jax, the ``transformer.translate``
+command's code), CTranslate2 float32 and CTranslate2 int8. Ours is run twice and the second
+run is timed (the first compiles one program per batch shape; its time is saved too); each
+CTranslate2 model translates a few sentences before it is timed. Both use every core
+(``--threads``). The beam searches are not the same: ours normalises scores by GNMT's
+((5 + length) / 6)^alpha and limits outputs to input length + 50 tokens, CTranslate2 divides
+by length^alpha, so BLEU may differ a little even in float32 (greedy outputs are identical;
+tests/test_export.py). Prints the figures and saves them as JSON.
+
+    python benchmarks/export_speed.py --workdir runs/multi30k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--workdir', required=True, help='a trained Multi30k run')
+    parser.add_argument('--step', type=int, default=None, help='one checkpoint (default: avg)')
+    parser.add_argument('--average_last', type=int, default=None)
+    parser.add_argument('--source', default=str(DATA / 'test2016.en'))
+    parser.add_argument('--reference', default=str(DATA / 'test2016.de'))
+    parser.add_argument('--beam_size', type=int, default=4)
+    parser.add_argument('--batch_size', type=int, default=64, help='sentences per batch')
+    parser.add_argument('--threads', type=int, default=os.cpu_count() or 1)
+    parser.add_argument('--out', default=str(REPO / 'benchmarks' / 'results' / 'export_speed.json'))
+    return parser.parse_args()
+
+
+def _read_lines(path: str) -> list[str]:
+    with open(path, encoding='utf-8') as f:
+        return [line.strip() for line in f]
+
+
+def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dict]:
+    from transformer import translate
+
+    def run():
+        start = time.perf_counter()
+        out = translate.translate_lines(
+            lines,
+            tokenizer,
+            model,
+            params,
+            beam_size=args.beam_size,
+            alpha=config.eval.alpha,
+            extra_length=config.eval.extra_length,
+            batch_size=args.batch_size,
+            max_input_tokens=config.model.max_len,
+        )
+        return out, time.perf_counter() - start
+
+    _, first = run()
+    hypotheses, seconds = run()
+    return hypotheses, {'seconds': seconds, 'first_run_seconds_with_compilation': first}
+
+
+def _ctranslate2(args, lines, directory: str, compute_type: str) -> tuple[list[str], dict]:
+    import ctranslate2
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(directory, 'source.spm'))
+    translator = ctranslate2.Translator(
+        directory, device='cpu', compute_type=compute_type, intra_threads=args.threads
+    )
+    options = dict(
+        beam_size=args.beam_size,
+        max_batch_size=args.batch_size,
+        suppress_sequences=[['<pad>']],  # id 0 starts the decoder and is never an output
+    )
+
+    def run(batch):
+        start = time.perf_counter()
+        sources = [[*sp.encode(line, out_type=str), '</s>'] for line in batch]
+        results = translator.translate_batch(sources, **options)
+        out = [sp.decode_pieces(r.hypotheses[0]) for r in results]
+        return out, time.perf_counter() - start
+
+    run(lines[: args.batch_size])
+    hypotheses, seconds = run(lines)
+    return hypotheses, {'seconds': seconds, 'compute_type': compute_type}
+
+
+def main() -> None:
+    args = _parse_args()
+    from transformer import bleu, export
+
+    lines, references = _read_lines(args.source), _read_lines(args.reference)
+    config, tokenizer, model, params, steps = export.load_run(
+        args.workdir, args.step, args.average_last
+    )
+    load_before = os.getloadavg()  # other jobs on the machine make the timings noisy
+    hypotheses, results = {}, {}
+    hypotheses['ours'], results['ours'] = _ours(args, lines, config, tokenizer, model, params)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, quantization in (('ctranslate2_float32', None), ('ctranslate2_int8', 'int8')):
+            directory = os.path.join(tmp, name)
+            export.export(
+                args.workdir,
+                directory,
+                step=args.step,
+                average_last=args.average_last,
+                format='ctranslate2',
+                quantization=quantization,
+            )
+            compute_type = 'int8' if quantization else 'float32'
+            hypotheses[name], results[name] = _ctranslate2(args, lines, directory, compute_type)
+    for name, result in results.items():
+        scores = bleu.bleu_scores(
+            hypotheses[name],
+            references,
+            target_lang=config.data.target_lang,
+            lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
+            compound_split=bool(config.eval.get('compound_split', False)),
+        )
+        same = sum(a == b for a, b in zip(hypotheses[name], hypotheses['ours'], strict=True))
+        lengths = [len(tokenizer.encode(h)) + 1 for h in hypotheses[name]]
+        result.update(
+            sentences_per_s=len(lines) / result['seconds'],
+            mean_output_tokens=sum(lengths) / len(lengths),  # EOS included
+            sacrebleu=scores['sacrebleu'],
+            tokenized_bleu=scores['tokenized_bleu'],
+            tokenized_bleu_convention=scores['tokenized_bleu_convention'],
+            identical_to_ours=same,
+        )
+        print(
+            f'{name:>20}: {result["sentences_per_s"]:7.1f} sentences/s  '
+            f'sacreBLEU {result["sacrebleu"]:5.2f}  '
+            f'tokenized BLEU {result["tokenized_bleu"]:5.2f}  '
+            f'{result["mean_output_tokens"]:.1f} tokens/output  '
+            f'{same}/{len(lines)} outputs identical to ours'
+        )
+    report = {
+        'workdir': os.path.abspath(args.workdir),
+        'steps': steps,
+        'model': dict(config.model),
+        'sentences': len(lines),
+        'source': args.source,
+        'beam_size': args.beam_size,
+        'alpha': config.eval.alpha,
+        'batch_size': args.batch_size,
+        'threads': args.threads,
+        'platform': platform.platform(),
+        'processor': platform.processor(),
+        'cpu_count': os.cpu_count(),
+        'load_average_1min_before_after': [load_before[0], os.getloadavg()[0]],
+        'results': results,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, 'w') as f:
+        json.dump(report, f, indent=2, default=str)
+    print(f'saved {args.out}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,289 @@
+"""transformer.export: the MarianMT and CTranslate2 exports compute what our model computes."""
+
+import dataclasses
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import data as data_lib
+from transformer import export, trainer, translate, workdir
+from transformer.model import TransformerConfig, sinusoidal_positions
+from transformer.tokens import EOS_ID
+
+_SKIP = "{} is not installed: pip install -e '.[export]'"
+torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
+transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
+ctranslate2 = pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
+pytest.importorskip('safetensors', reason=_SKIP.format('safetensors'))
+MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.MarianTokenizer
+
+NUM_TEST = 120
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+    """A tiny synthetic run trained until greedy translations are real sentences (~30 s)."""
+    from tests.tiny_run import tiny_run_config
+
+    config = tiny_run_config(300)
+    config.model.dropout_rate = 0.0
+    config.opt.warmup_steps = 100
+    config.train.batch_size = 32
+    config.train.checkpoint_every = 100
+    config.train.log_every = 100
+    config.data.vocab_size = 1000  # every word of the pair: no <unk> in the outputs
+    config.data.synthetic.num_train = 3000
+    config.data.synthetic.num_test = NUM_TEST
+    workdir = tmp_path_factory.mktemp('run')
+    trainer.train_and_evaluate(config, str(workdir))
+    return workdir
+
+
+@pytest.fixture(scope='module')
+def loaded(run_dir):
+    return workdir.load_model(str(run_dir))
+
+
+@pytest.fixture(scope='module')
+def hf_dir(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp('exports') / 'hf'
+    _cli(f'--workdir={run_dir}', f'--out={out}')
+    return out
+
+
+@pytest.fixture(scope='module')
+def ct2_dir(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp('exports') / 'ct2'
+    _cli(f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2')
+    return out
+
+
+def _cli(*args):
+    """Runs the export command in-process; returns its exit message (None on success)."""
+    with pytest.raises(SystemExit) as info:
+        export.cli(['export', *args])
+    return info.value.code
+
+
+def _test_sentences(config):
+    sources, _ = data_lib.load_text(config.data, config.data.test_split)
+    return sources[:NUM_TEST]
+
+
+def test_marian_channel_order_turns_our_sinusoids_into_marians():
+    """Our interleaved table, channels permuted, is Hugging Face Marian's sin | cos table."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    d_model, positions = 16, 40
+    theirs = MarianSinusoidalPositionalEmbedding(positions, d_model).create_weight().numpy()
+    ours = np.asarray(sinusoidal_positions(jnp.arange(positions), d_model))
+    perm = export.marian_channel_order(d_model)
+    np.testing.assert_allclose(ours[:, perm], theirs, atol=2e-5)
+    assert np.abs(ours - theirs).max() > 0.5  # unpermuted, they are different tables
+
+
+def test_teacher_forced_logits_equal_ours(loaded, hf_dir):
+    """Logits of the exported MarianMT equal ours on a padded batch: to 1e-4 with our layer
+    norm epsilon, and close with Marian's hard-coded 1e-5 (the README's measured figure)."""
+    config, tokenizer, model, params, _ = loaded
+    sources, references = data_lib.load_text(config.data, config.data.test_split)
+    inputs = data_lib.batch_examples(
+        [np.array([*tokenizer.encode(s), EOS_ID], np.int32) for s in sources[:24]], None, 24
+    )[0]['inputs']
+    targets = np.zeros((len(inputs), 40), np.int32)
+    for row, text in enumerate(references[:24]):
+        ids = [*tokenizer.encode(text), EOS_ID][:40]
+        targets[row, : len(ids)] = ids
+    assert (inputs == 0).any() and (targets == 0).any()  # the batch has padding
+    ours = np.asarray(model.apply({'params': params}, jnp.asarray(inputs), jnp.asarray(targets)))
+
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+
+    def hf_logits():
+        with torch.no_grad():
+            return hf(
+                input_ids=torch.as_tensor(inputs, dtype=torch.long),
+                attention_mask=torch.as_tensor(inputs != 0),
+                decoder_input_ids=torch.as_tensor(np.pad(targets, ((0, 0), (1, 0)))[:, :-1]),
+            ).logits.numpy()
+
+    valid = targets != 0
+    marian_eps = np.abs(hf_logits() - ours)[valid].max()
+    for module in hf.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = model.config.layer_norm_epsilon
+    same_eps = np.abs(hf_logits() - ours)[valid].max()
+    eps = model.config.layer_norm_epsilon
+    print(f'max |logit difference|: {same_eps:.2e} (eps {eps}), {marian_eps:.2e} (eps 1e-5)')
+    assert same_eps < 1e-4
+    assert marian_eps < 5e-4
+    assert np.abs(ours[valid]).max() > 5  # not a model whose logits are all near zero
+
+
+def _until_eos(tokens):
+    tokens = [int(t) for t in tokens if t != 0]
+    return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
+
+
+def _with_our_length_limits(translate_rows, source_ids, extra_length, own_limit):
+    """``translate_rows(rows, limit)`` for every sentence, first with the export's own fixed
+    limit (limit=None: ``own_limit`` tokens), then again, grouped by limit, for those that reach
+    it or ours: input length + ``extra_length`` tokens, EOS included and forced at the last one
+    (Sec. 6.1), a limit per sentence that the exports' configurations cannot express."""
+    limits = [len(ids) + extra_length for ids in source_ids]
+    out = translate_rows(list(range(len(source_ids))), None)
+    long = [
+        i for i, t in enumerate(out) if len(t) >= min(limits[i], own_limit) or t[-1:] != [EOS_ID]
+    ]
+    for limit in sorted({limits[i] for i in long}):
+        rows = [i for i in long if limits[i] == limit]
+        for i, tokens in zip(rows, translate_rows(rows, limit), strict=True):
+            out[i] = tokens
+    return out, len(long)
+
+
+def test_greedy_translations_are_identical_ours_hf_ctranslate2(loaded, hf_dir, ct2_dir):
+    """Greedy translations of 120 test sentences: ours (the translate command's path), the
+    Hugging Face export's generate() and CTranslate2 float32 give the same text, token for
+    token, including the few that only end at our length limit."""
+    config, tokenizer, model, params, _ = loaded
+    sentences = _test_sentences(config)
+    extra = config.eval.extra_length
+    ours = translate.translate_lines(
+        sentences,
+        tokenizer,
+        model,
+        params,
+        beam_size=1,
+        alpha=config.eval.alpha,
+        extra_length=extra,
+        batch_size=64,
+        max_input_tokens=1000,  # whole lines, as the exports read them
+    )
+    hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    source_ids = hf_tokenizer(sentences)['input_ids']
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+
+    def hf_rows(rows, limit):
+        batch = hf_tokenizer([sentences[i] for i in rows], return_tensors='pt', padding=True)
+        lengths = {} if limit is None else {'max_length': limit + 1}  # + the start token
+        with torch.no_grad():
+            out = hf.generate(**batch, num_beams=1, do_sample=False, **lengths)
+        return [_until_eos(row[1:].tolist()) for row in out]
+
+    translator = ctranslate2.Translator(str(ct2_dir))
+
+    def ct2_rows(rows, limit):
+        results = translator.translate_batch(
+            [hf_tokenizer.convert_ids_to_tokens(source_ids[i]) for i in rows],
+            beam_size=1,
+            max_decoding_length=256 if limit is None else limit - 1,
+            suppress_sequences=[['<pad>']],
+            return_end_token=True,
+        )
+        tokens = [hf_tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+        if limit is None:
+            return tokens
+        return [t if t[-1:] == [EOS_ID] else [*t, EOS_ID] for t in tokens]  # EOS at the limit
+
+    hf_tokens, hf_long = _with_our_length_limits(
+        hf_rows, source_ids, extra, hf.generation_config.max_length - 1
+    )
+    ct2_tokens, ct2_long = _with_our_length_limits(ct2_rows, source_ids, extra, 256)
+    assert len(ours) == NUM_TEST >= 100
+    assert [tokenizer.decode(t) for t in hf_tokens] == ours
+    assert ct2_tokens == hf_tokens
+    assert hf_tokenizer.batch_decode(hf_tokens, skip_special_tokens=True) == ours
+    assert len(set(ours)) > NUM_TEST // 2 and np.mean([len(t) for t in hf_tokens]) > 5
+    assert hf_long == ct2_long <= NUM_TEST - 100  # at least 100 end on their own
+
+
+def test_marian_tokenizer_gives_our_ids_and_text(loaded, hf_dir):
+    """MarianTokenizer on the export encodes to our ids (EOS appended, unknown words -> our
+    <unk>) and decodes our ids to our text."""
+    config, tokenizer, *_ = loaded
+    hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    sentences = [*_test_sentences(config), 'ze qwxyzzy pud .']
+    ours = [[*tokenizer.encode(s), EOS_ID] for s in sentences]
+    assert hf_tokenizer(sentences)['input_ids'] == ours
+    assert 2 in ours[-1]  # the made-up word is our <unk>
+    assert hf_tokenizer.pad_token_id == 0 and hf_tokenizer.eos_token_id == EOS_ID
+    texts = hf_tokenizer.batch_decode(ours[:-1], skip_special_tokens=True)
+    assert texts == [tokenizer.decode(ids) for ids in ours[:-1]]
+
+
+def test_ctranslate2_int8_is_smaller_and_translates_alike(run_dir, ct2_dir, tmp_path, loaded):
+    """--quantization int8 writes int8 weights (a smaller model.bin; the float32 sinusoid
+    tables it keeps are most of this tiny model) whose greedy outputs mostly agree with
+    float32's."""
+    import sentencepiece as spm
+
+    out = tmp_path / 'int8'
+    assert not _cli(f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2',
+                    '--quantization=int8')  # fmt: skip
+    assert (out / 'model.bin').stat().st_size < 0.7 * (ct2_dir / 'model.bin').stat().st_size
+    sp = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
+    batch = [[*sp.encode(s, out_type=str), '</s>'] for s in _test_sentences(loaded[0])]
+    results = {}
+    for name, directory in (('float32', ct2_dir), ('int8', out)):
+        translator = ctranslate2.Translator(str(directory), compute_type='auto')
+        hyps = translator.translate_batch(batch, beam_size=1, suppress_sequences=[['<pad>']])
+        results[name] = [sp.decode(h.hypotheses[0]) for h in hyps]
+    same = sum(a == b for a, b in zip(results['float32'], results['int8'], strict=True))
+    assert same >= 0.8 * NUM_TEST
+
+
+def test_unexportable_configs_are_one_line_errors():
+    """Options MarianMT cannot express fail with one line naming the option and the fix."""
+    base = dict(vocab_size=8, d_model=32, num_heads=4)
+    cases = [
+        (dict(pre_layer_norm=True), 'pre_layer_norm=True'),
+        (dict(share_embeddings='target'), "share_embeddings='target'"),
+        (dict(head_dim=16), 'head_dim=16'),
+    ]
+    export.check_expressible(TransformerConfig(**base))
+    for change, option in cases:
+        with pytest.raises(export.ExportError, match=f'model.{option}') as info:
+            export.check_expressible(TransformerConfig(**base | change))
+        assert '\n' not in str(info.value) and 'only' in str(info.value)
+
+
+def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path, monkeypatch):
+    """No checkpoints, a non-empty --out without --overwrite, a failure half-way, a pre-LN model:
+    one `error:` line or the exception, --out as it was and no temporary directory left."""
+    empty = tmp_path / 'no_checkpoints'
+    shutil.copytree(run_dir, empty, ignore=shutil.ignore_patterns('checkpoints'))
+    message = _cli(f'--workdir={empty}', f'--out={tmp_path / "a"}')
+    assert message.startswith('error: No checkpoints') and '\n' not in message
+
+    existing = tmp_path / 'existing'
+    existing.mkdir()
+    (existing / 'keep.txt').write_text('mine')
+    message = _cli(f'--workdir={run_dir}', f'--out={existing}')
+    assert message.startswith('error: ') and '--overwrite' in message and '\n' not in message
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('conversion failed')
+
+    monkeypatch.setattr(export, 'write_ctranslate2', broken)
+    with pytest.raises(RuntimeError, match='conversion failed'):
+        export.export(str(run_dir), str(existing), format='ctranslate2', overwrite=True)
+    assert os.listdir(existing) == ['keep.txt']
+    assert not _cli(f'--workdir={run_dir}', f'--out={existing}', '--overwrite')
+    assert 'keep.txt' not in os.listdir(existing) and 'model.safetensors' in os.listdir(existing)
+
+    # A run whose model MarianMT cannot express: the same checkpoint read as a pre-LN model.
+    load_run = export.load_run
+
+    def pre_ln_run(*args):
+        config, tokenizer, model, params, steps = load_run(*args)
+        model = model.clone(config=dataclasses.replace(model.config, pre_layer_norm=True))
+        return config, tokenizer, model, params, steps
+
+    monkeypatch.setattr(export, 'load_run', pre_ln_run)
+    message = _cli(f'--workdir={run_dir}', f'--out={tmp_path / "b"}')
+    assert message.startswith('error: model.pre_layer_norm=True') and '\n' not in message
+    assert sorted(os.listdir(tmp_path)) == ['existing', 'no_checkpoints']
