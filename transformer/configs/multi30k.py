@@ -12,7 +12,7 @@ text-only Transformer reaches 41.0 lowercased tokenized BLEU on test2016 (Wu et 
 
 import ml_collections
 
-from configs import base
+from transformer.configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ README ("Results").
 
 import ml_collections
 
-from configs import base
+from transformer.configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
