@@ -102,17 +102,19 @@ print(json.dumps(tf))
 """
 
 
-def test_core_never_imports_tensorflow_and_prints_no_library_noise(tmp_path):
+def test_core_never_imports_tensorflow_and_prints_no_library_noise(run_dir, tmp_path):
     """Training (with TensorBoard events and validation BLEU), evaluating and translating on
     synthetic data, and reading folder and Multi30k files, import neither TensorFlow nor
-    TFDS; `evaluate` prints none of the libraries' noise, and --verbosity=1 brings it back."""
+    TFDS; `evaluate` prints none of the libraries' noise (and loads a run saved on another
+    number of devices), and --verbosity=1 brings the noise back."""
     done = _python(_CORE_RUN, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert list((tmp_path / 'run' / 'tensorboard').iterdir())
 
+    # run_dir was trained on 8 (simulated) devices, and is evaluated here on one.
     evaluate = 'from transformer import evaluate; evaluate.cli()'
-    args = ('--workdir=run', '--max_examples=3', '--beam_size=2', '--output=h.txt')
+    args = (f'--workdir={run_dir}', '--max_examples=3', '--beam_size=2', '--output=h.txt')
     quiet = _python(evaluate, tmp_path, *args)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert 'Evaluating' in quiet.stderr  # our own progress lines stay

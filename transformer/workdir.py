@@ -239,8 +239,12 @@ def best_step(workdir: str) -> int:
 
 def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = False) -> PyTree:
     """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), checked against the
-    model's shapes."""
-    target = abstract_params(model)
+    model's shapes. They come onto one local device whatever the saving run's device count
+    (without a sharding in the target, Orbax refuses a checkpoint saved on other devices)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params(model)
+    )
     try:
         restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
