@@ -150,7 +150,9 @@ def _tiny_multi30k(root):
             _write(root / f'{stem}.{lang}.gz', [f'{stem} {lang} {i}' for i in range(n)], True)
 
 
-def test_multi30k_builder_from_manual_files(tmp_path, offline):
+def test_multi30k_from_manual_files_reads_them_directly(tmp_path, offline):
+    """Raw files in data.manual_dir are read as they are (file order, raw text), without
+    preparing anything in data.data_dir."""
     _tiny_multi30k(tmp_path / 'manual')
     config = _config(
         dataset='multi30k', manual_dir=str(tmp_path / 'manual'), data_dir=str(tmp_path / 'tfds')
@@ -163,14 +165,25 @@ def test_multi30k_builder_from_manual_files(tmp_path, offline):
         'test_2017_mscoco de 0',
         'test_2017_mscoco de 1',
     ]
-    # Once prepared, neither the manual files nor a network are needed.
-    config.manual_dir = None
-    assert data.load_text(config, 'test2016')[0] == [
-        'test_2016_flickr en 0',
-        'test_2016_flickr en 1',
-    ]
+    assert not (tmp_path / 'tfds').exists()
     with pytest.raises(data.DataError, match='no split'):
         data.load_text(config, 'test2018')
+
+
+def test_multi30k_tfds_builder_gives_the_same_text(tmp_path, offline):
+    """The TFDS builder (for downloads and TFDS users), prepared from the same files, reads
+    back the same text in the same order; once prepared, no files or network are needed."""
+    from transformer.data.multi30k_tfds import Multi30k
+
+    _tiny_multi30k(tmp_path / 'manual')
+    direct = _config(dataset='multi30k', manual_dir=str(tmp_path / 'manual'))
+    builder = Multi30k(data_dir=str(tmp_path / 'tfds'), file_format='tfrecord')
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=str(tmp_path / 'manual'))
+    )
+    prepared = _config(dataset='multi30k', data_dir=str(tmp_path / 'tfds'))
+    for split in ('train', 'validation', 'test2016', 'mscoco2017'):
+        assert data.load_text(prepared, split) == data.load_text(direct, split)
 
 
 def test_multi30k_missing_files_fail_fast(tmp_path, offline):
@@ -193,7 +206,7 @@ def test_multi30k_missing_files_fail_fast(tmp_path, offline):
     reason=f'Multi30k raw files not found in {MULTI30K_DIR} (set MULTI30K_DIR)',
 )
 def test_real_multi30k(tmp_path, offline):
-    config = _config(dataset='multi30k', manual_dir=str(MULTI30K_DIR), data_dir=str(tmp_path))
+    config = _config(dataset='multi30k', manual_dir=str(MULTI30K_DIR))
     lines = {
         name: (MULTI30K_DIR / name).read_text(encoding='utf-8').split('\n')[:-1]
         for name in ('val.en', 'val.de', 'test2016.en', 'test2016.de')
@@ -206,7 +219,7 @@ def test_real_multi30k(tmp_path, offline):
     assert len(en) == len(de) == 29000
     assert en[0] == 'Two young, White males are outside near many bushes.'
     reverse = _config(
-        dataset='multi30k', data_dir=str(tmp_path), source_lang='de', target_lang='en'
+        dataset='multi30k', manual_dir=str(MULTI30K_DIR), source_lang='de', target_lang='en'
     )
     assert data.load_text(reverse, 'test2016') == (lines['test2016.de'], lines['test2016.en'])
 
@@ -233,3 +246,57 @@ def test_a_new_source_is_one_module_and_one_registry_line(monkeypatch):
     key = tokenized.cache_key(config, Vocab(), 'dev')
     config.fake_size = 4
     assert tokenized.cache_key(config, Vocab(), 'dev') != key
+
+
+class ShuffledToy(tfds.core.GeneratorBasedBuilder):
+    """A TFDS builder stored shuffled, keyed like TFDS's WMT builders ('<set>/<file>/<line>')."""
+
+    VERSION = tfds.core.Version('1.0.0')
+    subsets = {'test': ['toytest2014'], 'train': ['a', 'b']}  # as WmtTranslate.subsets
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.Translation(languages=('de', 'en')),
+            supervised_keys=('en', 'de'),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {'train': self._generate_examples('a'), 'test': self._generate_examples()}
+
+    def _generate_examples(self, subset='toytest2014'):
+        for i in range(40):
+            yield f'{subset}/0/{i}', {'en': f'line {i}', 'de': f'Zeile {i}'}
+
+
+class ShuffledUnknownKeys(ShuffledToy):
+    """The same, but with keys whose order nothing here can recover."""
+
+    subsets = None
+
+    def _generate_examples(self, subset='test'):
+        for i in range(40):
+            yield f'{subset}{i * 7919 % 40}', {'en': f'line {i}', 'de': f'Zeile {i}'}
+
+
+def test_tfds_shuffled_split_comes_back_in_file_order(tmp_path, offline):
+    """A split TFDS stores in hashed order is read in the generator's (the files') order when
+    its keys are known (WMT test sets), so line i of eval/*.txt is sentence i of the test set
+    and --max_examples N takes the first N; otherwise the stored order is kept and said so."""
+    config = _config(dataset='shuffled_toy', data_dir=str(tmp_path), vocab_size=60)
+    builder = tfds.builder('shuffled_toy', data_dir=str(tmp_path))
+    builder.download_and_prepare()
+    stored = [ex['en'].decode() for ex in tfds.as_numpy(builder.as_dataset(split='test'))]
+    official = [f'line {i}' for i in range(40)]
+    assert sorted(stored) == sorted(official) and stored != official  # really shuffled
+    assert data.load_text(config, 'test') == (official, [f'Zeile {i}' for i in range(40)])
+    assert data.order_note(config, 'test') is None
+    tokenizer = data.get_tokenizer(config, str(tmp_path / 'spm.model'))
+    eval_set = data.make_eval_set(config, tokenizer, 'test', batch_size=8, max_examples=5)
+    assert eval_set.references == [f'Zeile {i}' for i in range(5)]
+
+    unknown = _config(dataset='shuffled_unknown_keys', data_dir=str(tmp_path))
+    tfds.builder('shuffled_unknown_keys', data_dir=str(tmp_path)).download_and_prepare()
+    sources_, targets = data.load_text(unknown, 'test')
+    assert sources_ != official and [s.replace('line', 'Zeile') for s in sources_] == targets
+    assert 'cannot be recovered' in data.order_note(unknown, 'test')

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from configs import base
 from tests.tiny_run import LEN, packed_batch, tiny_model
 from transformer import optim, parallel, steps
+from transformer.configs import base
 
 
 def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):

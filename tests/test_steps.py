@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import base
 from tests.tiny_run import LEN, packed_batch, tiny_model
 from transformer import optim, steps
+from transformer.configs import base
 from transformer.model import Transformer
 
 

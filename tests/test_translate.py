@@ -34,3 +34,49 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
         max_input_tokens=24,
     )
     assert alone == [out[4]]
+
+
+def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(run_dir, tmp_path):
+    """--nbest K: K rows per line, best first; log_prob is the teacher-forced log P(y|x) of
+    the hypothesis (recomputed here with a full forward pass), score = log_prob / penalty,
+    and rank 1 is the plain translation with the same beam."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from transformer import decode
+
+    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    _, tokenizer, model, params, _ = workdir.load_model(str(run_dir))
+    kwargs = dict(alpha=0.6, extra_length=10, batch_size=4, max_input_tokens=32)
+    lines = [sources[2], '', sources[3]]
+    nbest = translate.translate_lines(
+        lines, tokenizer, model, params, beam_size=3, nbest=3, **kwargs
+    )
+    plain = translate.translate_lines(lines, tokenizer, model, params, beam_size=3, **kwargs)
+    assert nbest[1] == [] and plain[1] == ''
+    for line, hypotheses, best in zip(lines, nbest, plain, strict=True):
+        if not line:
+            continue
+        assert 1 <= len(hypotheses) <= 3 and hypotheses[0].text == best
+        scores = [h.score for h in hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        inputs = jnp.asarray([[*tokenizer.encode(line), 1]])
+        for h in hypotheses:
+            target = jnp.asarray([[*tokenizer.encode(h.text), 1]])
+            log_probs = jax.nn.log_softmax(model.apply({'params': params}, inputs, target))
+            forward = float(jnp.take_along_axis(log_probs, target[..., None], -1).sum())
+            np.testing.assert_allclose(h.log_prob, forward, rtol=1e-4, atol=1e-4)
+            penalty = float(decode.length_penalty(target.shape[1], 0.6))
+            np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
+
+    infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
+    infile.write_text('\n'.join(lines) + '\n')
+    argv = ['translate', f'--workdir={run_dir}', f'--input={infile}', f'--output={outfile}']
+    with pytest.raises(SystemExit) as exit_info:
+        translate.cli([*argv, '--beam_size=3', '--nbest=2', '--max_input_tokens=32'])
+    assert not exit_info.value.code
+    rows = [row.split('\t') for row in outfile.read_text().splitlines()]
+    assert all(len(row) == 5 for row in rows)
+    assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('2', '1'), ('2', '2')]
+    assert float(rows[0][2]) >= float(rows[1][2])

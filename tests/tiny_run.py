@@ -47,7 +47,7 @@ def packed_batch(seed: int) -> dict[str, np.ndarray]:
 
 def tiny_run_config(num_steps: int):
     """configs/tiny.py shrunk to seconds: the same code path as the README command."""
-    from configs import tiny
+    from transformer.configs import tiny
 
     config = tiny.get_config()
     config.model.d_model = 32

@@ -1,30 +1,92 @@
-"""Console output of the command-line tools: our progress lines, not the libraries' chatter."""
+"""Console output of the command-line tools: our progress lines, not the libraries' chatter.
+
+By default (absl's ``--verbosity=0``) the terminal shows this package's INFO lines and the
+libraries' warnings and errors, minus a few lines every run would print and no user can act
+on (`NOISE`): jax's TPU probe, Orbax's notes on the read-only checkpoint managers that
+evaluate / translate use, sacreBLEU's guess that tokenized-looking text (the synthetic task,
+Moses-style references) was not detokenized, and ml_collections' ``load_module``
+DeprecationWarning. ``--verbosity=1`` (or ``-v 1``) shows everything, library INFO and DEBUG
+lines included.
+"""
 
 from __future__ import annotations
 
 import logging as std_logging
 import os
+import re
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import app, flags, logging
 
-# Libraries that log every checkpoint file and array at INFO through absl.
-_QUIET_PATHS = (f'{os.sep}orbax{os.sep}', f'{os.sep}etils{os.sep}')
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Library lines that are dropped at the default verbosity (matched anywhere in the message).
+NOISE = (
+    "Unable to initialize backend 'tpu'",
+    "Platform 'tpu' is experimental",
+    'CheckpointManagerOptions.read_only=True, setting',
+    'Given directory is read only',
+    "That's 100 lines that end in a tokenized period",
+    'It looks like you forgot to detokenize your test data',
+    'If you insist your data is detokenized',
+)
+_NOISE_RE = re.compile('|'.join(re.escape(line) for line in NOISE))
+# ml_collections loads config files with the deprecated loader.load_module().
+_DEPRECATION = r'.*load_module\(\) method is deprecated'
 
 
-class _LibraryInfoFilter(std_logging.Filter):
-    """Drops INFO (and below) records that come from the listed libraries' files."""
+class _QuietFilter(std_logging.Filter):
+    """Keeps every record of this package; of the libraries, warnings and errors not in NOISE."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        if record.levelno > std_logging.INFO:
+        if record.pathname.startswith(_PACKAGE_DIR):
             return True
-        return not any(part in record.pathname for part in _QUIET_PATHS)
+        if record.levelno <= std_logging.INFO:
+            return False
+        return not _NOISE_RE.search(record.getMessage())
+
+
+_FILTER = _QuietFilter()
+# Loggers whose records may reach a handler other than absl's (sacreBLEU's command line sets
+# up its own); a logger's filter sees the records logged on it directly.
+_NOISY_LOGGERS = ('sacrebleu', 'jax._src.xla_bridge', 'absl')
 
 
 def quiet_library_logs() -> None:
-    """Keeps warnings from every library but INFO lines only from this package and absl."""
-    logging.get_absl_handler().addFilter(_LibraryInfoFilter())
+    """Installs the default-verbosity filters (see the module docstring)."""
+    logging.get_absl_handler().addFilter(_FILTER)
+    for name in _NOISY_LOGGERS:
+        std_logging.getLogger(name).addFilter(_FILTER)
+    warnings.filterwarnings('ignore', message=_DEPRECATION, category=DeprecationWarning)
+    # TensorFlow (read only for TFDS datasets) logs from C++ unless told before its import.
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+def verbose_library_logs() -> None:
+    """Removes those filters: every library line is shown again."""
+    logging.get_absl_handler().removeFilter(_FILTER)
+    for name in _NOISY_LOGGERS:
+        std_logging.getLogger(name).removeFilter(_FILTER)
+
+
+def argv_verbosity(argv: Sequence[str]) -> int:
+    """The ``--verbosity`` / ``-v`` value in ``argv`` (0 when absent), read before absl parses
+    the flags: config files are loaded during parsing, and their warnings must be filtered
+    (or not) by then."""
+    value = '0'
+    args = list(argv)
+    for i, arg in enumerate(args):
+        for name in ('--verbosity', '-verbosity', '--v', '-v'):
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + '='):
+                value = arg[len(name) + 1 :]
+    try:
+        return int(value)
+    except ValueError:
+        return 0
 
 
 def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -35,6 +97,36 @@ def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any
     """
     if name not in flags.FLAGS:
         define(name, *args, **kwargs)
+
+
+def resolve_config_arg(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--config NAME`` (``--config=NAME``, ``NAME:args``) made the path of the
+    packaged config NAME (transformer/configs/NAME.py) when NAME is not an existing file.
+
+    ml_collections' config flag only takes paths, and loads the file while absl parses the
+    flags, so names are resolved before that. Paths are left as they are.
+    """
+    from transformer import configs
+
+    def resolve(value: str) -> str:
+        name, colon, rest = value.partition(':')
+        if os.path.exists(name) or name.endswith('.py') or os.sep in name:
+            return value
+        if name not in configs.names():
+            raise app.UsageError(
+                f'--config {name}: no such file, and the packaged configs are '
+                f'{", ".join(configs.names())}.'
+            )
+        return configs.path(name) + colon + rest
+
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg in ('--config', '-config') and i + 1 < len(args):
+            args[i + 1] = resolve(args[i + 1])
+        elif arg.startswith(('--config=', '-config=')):
+            flag, _, value = arg.partition('=')
+            args[i] = f'{flag}={resolve(value)}'
+    return args
 
 
 def define_decoding_flags() -> None:
@@ -48,6 +140,12 @@ def define_decoding_flags() -> None:
         flags.DEFINE_integer,
         None,
         'Average the last K checkpoints (default: eval.average_last).',
+    )
+    define_flag(
+        'best',
+        flags.DEFINE_bool,
+        False,
+        'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
     define_flag('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
     define_flag('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
@@ -63,11 +161,21 @@ def require(*names: str) -> None:
 
 def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) -> None:
     """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests)."""
+    args = list(argv) if argv is not None else list(sys.argv)
+    verbose = argv_verbosity(args[1:]) >= 1
+    if not verbose:
+        quiet_library_logs()
 
     def wrapped(args):
-        quiet_library_logs()
+        if verbose or flags.FLAGS.verbosity >= 1:
+            verbose_library_logs()
+        else:
+            quiet_library_logs()
         if len(args) > 1:
             raise app.UsageError(f'Unexpected arguments: {args[1:]}')
         main(args)
 
-    app.run(wrapped, argv=list(argv) if argv is not None else None)
+    # Every command starts from the flags' defaults, not the values an earlier command of the
+    # same process (tests) parsed.
+    flags.FLAGS.unparse_flags()
+    app.run(wrapped, argv=args)

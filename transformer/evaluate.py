@@ -1,6 +1,7 @@
 """Decode a split of a trained run and score it against the raw references.
 
-``python -m transformer.evaluate --workdir DIR [--step N | --average_last K] [--split test]``
+``python -m transformer.evaluate --workdir DIR [--step N | --average_last K | --best]
+[--split test]``
 
 Checkpoints are loaded (and averaged) by transformer/workdir.py, sentences decoded by
 transformer/translate.py's batch path, and scored by transformer/bleu.py: sacreBLEU (cased,
@@ -77,6 +78,7 @@ def cli(argv: list[str] | None = None) -> None:
                 FLAGS.workdir,
                 step=FLAGS.step,
                 average_last=FLAGS.average_last,
+                best=FLAGS.best,
                 split=FLAGS.split,
                 beam_size=FLAGS.beam_size,
                 alpha=FLAGS.alpha,
@@ -95,6 +97,7 @@ def run(
     *,
     step: int | None = None,
     average_last: int | None = None,
+    best: bool = False,
     split: str | None = None,
     beam_size: int | None = None,
     alpha: float | None = None,
@@ -104,7 +107,7 @@ def run(
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores."""
     start = time.time()
-    config, tokenizer, model, params, steps = workdir.load_model(run_dir, step, average_last)
+    config, tokenizer, model, params, steps = workdir.load_model(run_dir, step, average_last, best)
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
@@ -133,9 +136,12 @@ def run(
         beam_size=beam_size,
         alpha=alpha,
         direction=f'{config.data.source_lang}->{config.data.target_lang}',
+        # Whether line i of the hypotheses is sentence i of the official test set.
+        order=data_lib.order_note(config.data, split) or 'original',
         wall_time_s=time.time() - start,
     )
-    stem = f'{split}-{steps[-1]}' + (f'-avg{len(steps)}' if len(steps) > 1 else '')
+    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
+    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
     if output is None:
         os.makedirs(workdir.path(run_dir, workdir.EVAL_DIR), exist_ok=True)
         output = workdir.path(run_dir, workdir.EVAL_DIR, f'{stem}.txt')
@@ -147,6 +153,8 @@ def run(
     print(f'tokenized BLEU {scores["tokenized_bleu"]:.2f}  ({scores["tokenized_bleu_convention"]})')
     print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}')
     print(f'hypotheses: {output}')
+    if scores['order'] != 'original':
+        print(f'order: {scores["order"]}')
     return scores
 
 

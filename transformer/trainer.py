@@ -1,6 +1,6 @@
 """The training loop, its metrics and the train command.
 
-``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``).
+``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train --config X``).
 
 `setup` builds everything a run needs (vocabulary, model, optimizer, `Parallel`, train state
 restored from the latest checkpoint, data iterator at its saved position, evaluation sets);
@@ -28,9 +28,12 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import console, evaluate, optim, steps
+from transformer import console, optim, steps
 from transformer import data as data_lib
+from transformer import metrics as metrics_lib
+from transformer import validation as validation_lib
 from transformer import workdir as workdir_lib
+from transformer.best import BestTracker
 from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
 from transformer.parallel import Parallel
@@ -57,6 +60,8 @@ class Run:
     state: TrainState  # in the parallel mode's device layout
     train_iter: data_lib.TrainIterator
     manager: ocp.CheckpointManager
+    best_manager: ocp.CheckpointManager | None  # WORKDIR/best; None without validation BLEU
+    best: BestTracker
     dropout_rng: jax.Array
     num_params: int
     restored_step: int | None  # the checkpoint this run resumed from
@@ -148,7 +153,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         process_count=jax.process_count(),
     )
     manager = workdir_lib.checkpoint_manager(workdir, config)
-    latest = manager.latest_step()
+    latest, meta = manager.latest_step(), None
     if latest is None:
         state = parallel.init_state(init)
     else:
@@ -182,42 +187,16 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         state=parallel.put_state(state),
         train_iter=train_iter,
         manager=manager,
+        best_manager=(
+            workdir_lib.checkpoint_manager(workdir, config, best=True)
+            if config.eval.bleu_every
+            else None
+        ),
+        best=BestTracker.from_config(config, meta),
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
     )
-
-
-class MetricWriter:
-    """Metrics to ``WORKDIR/metrics.jsonl`` and TensorBoard event files (process 0 only)."""
-
-    def __init__(self, workdir: str, enabled: bool):
-        self.enabled = enabled
-        self._tb = None
-        if not enabled:
-            return
-        os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(workdir_lib.path(workdir, workdir_lib.METRICS_FILE), 'a')  # noqa: SIM115
-        import tensorflow as tf  # TensorBoard event files; imported lazily (slow import).
-
-        self._tf = tf
-        self._tb = tf.summary.create_file_writer(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
-
-    def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
-        if not self.enabled:
-            return
-        record = {'step': step, 'split': split, **{k: float(v) for k, v in metrics.items()}}
-        self._jsonl.write(json.dumps(record) + '\n')
-        self._jsonl.flush()
-        with self._tb.as_default(step=step):
-            for key, value in metrics.items():
-                self._tf.summary.scalar(f'{split}/{key}', float(value))
-        self._tb.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._jsonl.close()
-            self._tb.close()
 
 
 def _format_duration(seconds: float) -> str:
@@ -279,53 +258,6 @@ class TrainLog:
         return metrics
 
 
-class Validation:
-    """Validation loss and BLEU on evaluation sets built once per run."""
-
-    def __init__(self, run: Run):
-        self._run = run
-        self.loss_set = self._eval_set(None)
-        limit = run.config.eval.bleu_max_examples
-        full = limit <= 0 or limit >= len(self.loss_set.references)
-        self.bleu_set = self.loss_set if full else self._eval_set(limit)
-
-    def _eval_set(self, max_examples: int | None) -> data_lib.EvalSet:
-        run = self._run
-        return data_lib.make_eval_set(
-            run.config.data,
-            run.tokenizer,
-            run.config.data.eval_split,
-            batch_size=run.config.eval.batch_size,
-            cache_dir=workdir_lib.data_cache_dir(run.config, run.workdir),
-            max_examples=max_examples,
-        )
-
-    def loss(self, params: PyTree) -> dict[str, float]:
-        """Summed validation loss / NLL / accuracy over every evaluation batch."""
-        totals: dict[str, float] = {}
-        for batch in self.loss_set.batches:
-            inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            for key, value in jax.device_get(self._run.parallel.eval_step(params, inputs)).items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-        run = self._run
-        return steps.summarize(totals, run.tokenizer.vocab_size, run.config.train.label_smoothing)
-
-    def bleu(self, params: PyTree) -> dict[str, float]:
-        """BLEU of the validation split (or its first ``eval.bleu_max_examples`` sentences),
-        decoded and scored exactly as ``transformer.evaluate`` does."""
-        run = self._run
-        scores, _ = evaluate.score_eval_set(
-            run.config,
-            run.tokenizer,
-            run.model,
-            params,
-            self.bleu_set,
-            beam_size=run.config.eval.beam_size,
-            alpha=run.config.eval.alpha,
-        )
-        return {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
-
-
 def _check_finite(run: Run, step: int, sums: Mapping[str, Any], last_saved: int | None) -> None:
     if np.isfinite(sums['loss']) and np.isfinite(sums['grad_norm']):
         return
@@ -359,13 +291,21 @@ def train_and_evaluate(
     start_time = time.time()
     run = setup(config, workdir, devices=devices)
     tc, parallel = config.train, run.parallel
-    validation = Validation(run)
-    writer = MetricWriter(workdir, enabled=run.is_main)
+    validation = validation_lib.Validation(run)
+    writer = metrics_lib.MetricWriter(
+        workdir_lib.path(workdir, workdir_lib.METRICS_FILE),
+        workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
+        enabled=run.is_main,
+    )
     step = first_step = int(parallel.global_state(run.state).step)
     log, last_saved, final = TrainLog(run, step), run.restored_step, {}
+    stopped_early = run.best.should_stop  # a restarted run that had already stopped early
+    if stopped_early:
+        logging.info('Early stopping ended this run at step %d; nothing to train.', step)
+    bleu_every = config.eval.bleu_every
     batches = Prefetcher(run.train_iter, parallel.put_batch, depth=tc.prefetch)
     try:
-        while step < tc.num_steps:
+        while step < tc.num_steps and not stopped_early:
             batch, data_state = next(batches)
             run.state, sums = parallel.train_step(run.state, batch, run.dropout_rng)
             step += 1
@@ -381,18 +321,27 @@ def train_and_evaluate(
                 writer.write(step, 'train', final['train'])
                 if on_step is not None:
                     on_step(step, final['train'])
-            final.update(_validate(run, validation, writer, step, is_last))
-            if is_ckpt:
+            is_loss = (tc.eval_every and step % tc.eval_every == 0) or is_last
+            is_bleu = bool(bleu_every) and (step % bleu_every == 0 or is_last)
+            if is_loss or is_bleu:
+                stopped_early = validation_lib.validate(
+                    run, validation, writer, step, final, is_loss, is_bleu
+                )
+            if is_ckpt or stopped_early:
                 state = parallel.global_state(run.state)
-                workdir_lib.save_state(run.manager, state, data_state, tc.seed)
+                workdir_lib.save_state(run.manager, state, data_state, tc.seed, run.best.state())
                 last_saved = step
     finally:
         batches.close()
     run.manager.wait_until_finished()
     writer.close()
+    if run.best_manager is not None:
+        run.best_manager.wait_until_finished()
     final.update(
         step=step,
         steps_this_run=step - first_step,
+        best=run.best.state(),
+        stopped_early=stopped_early,
         wall_time_s=time.time() - start_time,
         num_params=run.num_params,
     )
@@ -402,42 +351,20 @@ def train_and_evaluate(
     return final
 
 
-def _validate(
-    run: Run, validation: Validation, writer: MetricWriter, step: int, is_last: bool
-) -> dict[str, Any]:
-    """Validation loss every ``train.eval_every`` steps, BLEU every ``eval.bleu_every``."""
-    tc, out = run.config.train, {}
-    bleu_every = run.config.eval.bleu_every
-    do_loss = (tc.eval_every and step % tc.eval_every == 0) or is_last
-    do_bleu = bleu_every and (step % bleu_every == 0 or is_last)
-    if not (do_loss or do_bleu):
-        return out
-    params = run.parallel.host_params(run.state)
-    if do_loss:
-        out['validation'] = metrics = validation.loss(params)
-        logging.info(
-            'step %d  validation loss %.4f  nll %.4f  perplexity %.2f  accuracy %.4f',
-            *(step, metrics['loss'], metrics['nll'], metrics['perplexity']),
-            metrics['accuracy'],
-        )
-        writer.write(step, 'validation', metrics)
-    if do_bleu:
-        out['validation_bleu'] = validation.bleu(params)
-        logging.info('step %d  validation %s', step, out['validation_bleu'])
-        writer.write(step, 'validation', out['validation_bleu'])
-    return out
-
-
 def cli(argv: list[str] | None = None) -> None:
-    """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``)."""
-    from absl import flags
+    """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``;
+    ``--config X`` names a packaged config, transformer/configs/X.py)."""
+    import sys
+
+    from absl import app, flags
     from ml_collections import config_flags
 
     console.define_flag(
         'config',
         config_flags.DEFINE_config_file,
         None,
-        'Experiment config file, e.g. configs/base.py.',
+        'Experiment config: a packaged one by name (base, big, multi30k, tiny) or a file path, '
+        'e.g. configs/base.py.',
         lock_config=True,
     )
     console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
@@ -450,4 +377,8 @@ def cli(argv: list[str] | None = None) -> None:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
 
+    try:
+        argv = console.resolve_config_arg(sys.argv if argv is None else argv)
+    except app.UsageError as e:
+        raise SystemExit(f'error: {e}') from None
     console.run(main, argv)

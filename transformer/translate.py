@@ -5,13 +5,23 @@
 Output line i is the translation of input line i: empty (or blank) lines stay empty, and a line
 longer than ``--max_input_tokens`` tokens is cut to that length (with a warning on stderr)
 rather than failing the run. Progress and warnings go to stderr, translations to stdout.
+
+``--nbest K`` writes the K best beam-search hypotheses of every non-blank input line instead,
+best first, one a line, tab-separated (as Moses and fairseq n-best lists, line numbers from 0):
+
+    line_index  rank (1 = best)  score  log_prob  text
+
+``score`` is what beam search ranks by, log P(y|x) / length_penalty(|y|) (Sec. 6.1, GNMT's
+penalty with ``--alpha``); ``log_prob`` is log P(y|x) itself, recovered as score x penalty
+(|y| counts EOS) without another pass of the model. Blank input lines have no rows; an input
+with fewer than K distinct hypotheses (tiny vocabularies) has fewer rows.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,34 +63,80 @@ def translate_batches(
     return data_lib.restore_order(batches, outputs)
 
 
-def translate_lines(
-    lines: Sequence[str],
-    tokenizer: data_lib.Tokenizer,
+class Hypothesis(NamedTuple):
+    """One entry of an n-best list."""
+
+    text: str
+    score: float  # log P(y|x) / length_penalty(|y|): what beam search ranks by
+    log_prob: float  # log P(y|x)
+
+
+def sequence_log_probs(sequences: np.ndarray, scores: np.ndarray, alpha: float) -> np.ndarray:
+    """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
+    times the length penalty of |y| (EOS included); -inf where the score is -inf."""
+    lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
+    penalty = np.asarray(decode_lib.length_penalty(lengths, alpha))
+    with np.errstate(invalid='ignore'):
+        return np.where(np.isfinite(scores), scores * penalty, -np.inf)
+
+
+def nbest_batches(
     model: Transformer,
     params: Any,
+    tokenizer: data_lib.Tokenizer,
+    batches: Sequence[dict[str, np.ndarray]],
     *,
+    nbest: int,
     beam_size: int,
     alpha: float,
     extra_length: int,
-    batch_size: int,
-    max_input_tokens: int,
-) -> list[str]:
-    """Translations of ``lines``, aligned with them ('' for blank lines).
+) -> list[list[Hypothesis]]:
+    """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
+    first, in the original example order."""
+    outputs = []
+    for batch in batches:
+        sequences, scores = decode_lib.beam_search(
+            model,
+            params,
+            jnp.asarray(batch['inputs']),
+            beam_size=max(beam_size, nbest),
+            alpha=alpha,
+            extra_length=extra_length,
+        )
+        sequences, scores = (np.asarray(x) for x in jax.device_get((sequences, scores)))
+        log_probs = sequence_log_probs(sequences, scores, alpha)
+        outputs.append(
+            [
+                [
+                    Hypothesis(
+                        ' '.join(tokenizer.decode(seq.tolist()).split()), float(s), float(lp)
+                    )
+                    for seq, s, lp in zip(seqs[:nbest], row[:nbest], lps[:nbest], strict=True)
+                    if np.isfinite(s)
+                ]
+                for seqs, row, lps in zip(sequences, scores, log_probs, strict=True)
+            ]
+        )
+    return data_lib.restore_order(batches, outputs)
 
-    Args:
-      lines: source sentences (no trailing newlines).
-      tokenizer: the run's vocabulary.
-      model: the Transformer.
-      params: its parameters.
-      beam_size: 1 = greedy.
-      alpha: length penalty.
-      extra_length: output may be this many tokens longer than its input (Sec. 6.1).
-      batch_size: sentences per decoding batch.
-      max_input_tokens: longer inputs are cut to this many tokens (EOS included).
 
-    Returns:
-      One translation per line.
-    """
+def _one_line(text: str) -> str:
+    return ' '.join(text.split())  # never a newline or tab inside a translation
+
+
+def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
+    """``line_index\trank\tscore\tlog_prob\ttext`` rows (see the module docstring)."""
+    return ''.join(
+        f'{index}\t{rank}\t{h.score:.4f}\t{h.log_prob:.4f}\t{h.text}\n'
+        for index, hypotheses in enumerate(nbest)
+        for rank, h in enumerate(hypotheses, start=1)
+    )
+
+
+def _encode_lines(
+    lines: Sequence[str], tokenizer: data_lib.Tokenizer, max_input_tokens: int
+) -> tuple[list[int], list[np.ndarray]]:
+    """(numbers of the non-blank lines, their token ids + EOS, cut to max_input_tokens)."""
     if max_input_tokens < 2:
         raise ValueError(f'max_input_tokens must be at least 2, got {max_input_tokens}.')
     todo, sources = [], []
@@ -98,10 +154,60 @@ def translate_lines(
             ids = ids[: max_input_tokens - 1]
         todo.append(number)
         sources.append(np.array([*ids, EOS_ID], np.int32))
-    out = [''] * len(lines)
+    return todo, sources
+
+
+def translate_lines(
+    lines: Sequence[str],
+    tokenizer: data_lib.Tokenizer,
+    model: Transformer,
+    params: Any,
+    *,
+    beam_size: int,
+    alpha: float,
+    extra_length: int,
+    batch_size: int,
+    max_input_tokens: int,
+    nbest: int = 0,
+) -> list[str] | list[list[Hypothesis]]:
+    """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
+    K > 0 the K best `Hypothesis` of each line ([] for blank lines).
+
+    Args:
+      lines: source sentences (no trailing newlines).
+      tokenizer: the run's vocabulary.
+      model: the Transformer.
+      params: its parameters.
+      beam_size: 1 = greedy.
+      alpha: length penalty.
+      extra_length: output may be this many tokens longer than its input (Sec. 6.1).
+      batch_size: sentences per decoding batch.
+      max_input_tokens: longer inputs are cut to this many tokens (EOS included).
+      nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
+        with max(beam_size, K) beams).
+
+    Returns:
+      One translation (or list of hypotheses) per line.
+    """
+    todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
+    out: list = [[] for _ in lines] if nbest else [''] * len(lines)
     if not sources:
         return out
     batches = data_lib.batch_examples(sources, None, batch_size)
+    if nbest:
+        hypotheses = nbest_batches(
+            model,
+            params,
+            tokenizer,
+            batches,
+            nbest=nbest,
+            beam_size=beam_size,
+            alpha=alpha,
+            extra_length=extra_length,
+        )
+        for number, found in zip(todo, hypotheses, strict=True):
+            out[number] = found
+        return out
     translations = translate_batches(
         model,
         params,
@@ -112,13 +218,13 @@ def translate_lines(
         extra_length=extra_length,
     )
     for number, text in zip(todo, translations, strict=True):
-        out[number] = ' '.join(text.split())  # never a newline inside a translation
+        out[number] = _one_line(text)
     return out
 
 
 def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
-    from absl import flags
+    from absl import app, flags
 
     console.define_decoding_flags()
     define = console.define_flag
@@ -128,15 +234,25 @@ def cli(argv: list[str] | None = None) -> None:
         None,
         'Longer input lines are cut to this many tokens (default: model.max_len).',
     )
+    define(
+        'nbest',
+        flags.DEFINE_integer,
+        0,
+        'Write the K best hypotheses of each line as tab-separated rows: line_index (from 0), '
+        'rank (1 = best), score (log-prob / length penalty), log_prob, text. 0 = one '
+        'translation per line.',
+    )
     define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
     define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
     FLAGS = flags.FLAGS
 
     def main(_):
         console.require('workdir')
+        if FLAGS.nbest < 0:
+            raise app.UsageError(f'--nbest must be 0 (off) or positive, got {FLAGS.nbest}.')
         try:
             config, tokenizer, model, params, steps = workdir.load_model(
-                FLAGS.workdir, FLAGS.step, FLAGS.average_last
+                FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
             )
         except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -156,8 +272,12 @@ def cli(argv: list[str] | None = None) -> None:
             extra_length=config.eval.extra_length,
             batch_size=FLAGS.batch_size or config.eval.batch_size,
             max_input_tokens=FLAGS.max_input_tokens or config.model.max_len,
+            nbest=FLAGS.nbest,
         )
-        text = ''.join(t + '\n' for t in translations)
+        if FLAGS.nbest:
+            text = format_nbest(translations)
+        else:
+            text = ''.join(t + '\n' for t in translations)
         if FLAGS.output:
             with open(FLAGS.output, 'w', encoding='utf-8') as f:
                 f.write(text)

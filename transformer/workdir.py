@@ -3,7 +3,9 @@
     WORKDIR/config.json          the experiment config (written once it fits the checkpoints)
     WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary
     WORKDIR/data_cache/          token ids of each split (see transformer/data/tokenized.py)
-    WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position)
+    WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position,
+                                 the best validation score so far and the patience count)
+    WORKDIR/best/<step>/         Orbax: params and meta of the best validation BLEU so far
     WORKDIR/metrics.jsonl        every logged metric; WORKDIR/tensorboard/ the same as events
     WORKDIR/eval/                hypotheses and scores written by ``transformer.evaluate``
 
@@ -36,6 +38,10 @@ CONFIG_FILE = 'config.json'
 VOCAB_FILE = os.path.join('vocab', 'spm.model')
 DATA_CACHE = 'data_cache'
 CHECKPOINTS = 'checkpoints'
+# The best checkpoint lives in its own directory, not among CHECKPOINTS: those keep the last
+# K steps (averaging and resuming need exactly those), so a best one there would either be
+# deleted by max_to_keep or, with Orbax's best_fn, turn "the last K" into "the K best".
+BEST = 'best'
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
 FINAL_METRICS_FILE = 'final_metrics.json'
@@ -105,18 +111,20 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def checkpoint_manager(
-    workdir: str, config: ml_collections.ConfigDict | None = None
+    workdir: str, config: ml_collections.ConfigDict | None = None, *, best: bool = False
 ) -> ocp.CheckpointManager:
-    """``WORKDIR/checkpoints``: for writing (``config`` given: its keep / async settings) or,
-    without ``config``, read-only."""
-    directory = path(os.path.abspath(workdir), CHECKPOINTS)
+    """``WORKDIR/checkpoints`` (``best``: ``WORKDIR/best``): for writing (``config`` given: its
+    keep / async settings) or, without ``config``, read-only."""
+    directory = path(os.path.abspath(workdir), BEST if best else CHECKPOINTS)
     if config is None:
         if not os.path.isdir(directory):
-            raise WorkdirError(f'No checkpoints in {workdir}: {directory} does not exist.')
+            what = 'best checkpoint (eval.bleu_every was 0?)' if best else 'checkpoints'
+            raise WorkdirError(f'No {what} in {workdir}: {directory} does not exist.')
         options = ocp.CheckpointManagerOptions(read_only=True, create=False)
     else:
+        keep = max(config.train.keep_checkpoints, config.eval.average_last)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max(config.train.keep_checkpoints, config.eval.average_last),
+            max_to_keep=1 if best else keep,
             enable_async_checkpointing=config.train.async_checkpointing,
             create=True,
         )
@@ -124,17 +132,36 @@ def checkpoint_manager(
 
 
 def save_state(
-    manager: ocp.CheckpointManager, state: TrainState, data_state: Mapping[str, Any], seed: int
+    manager: ocp.CheckpointManager,
+    state: TrainState,
+    data_state: Mapping[str, Any],
+    seed: int,
+    best: Mapping[str, Any] | None = None,
 ) -> None:
-    """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides."""
+    """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides
+    (``best``: the best-checkpoint tracker's state, see transformer/best.py)."""
     step = int(state.step)
-    meta = {'step': step, 'data_state': dict(data_state), 'seed': seed}
+    meta = {'step': step, 'data_state': dict(data_state), 'seed': seed, 'best': dict(best or {})}
     manager.save(
         step,
         args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt_state=ocp.args.StandardSave(state.opt_state),
             meta=ocp.args.JsonSave(meta),
+        ),
+    )
+
+
+def save_best(manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str, Any]) -> None:
+    """Replaces the best checkpoint (``manager`` of ``WORKDIR/best``) with ``params``."""
+    step = int(meta['step'])
+    for old in manager.all_steps():
+        if old >= step:  # written by a run that stopped before its next regular checkpoint
+            manager.delete(old)
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(dict(meta))
         ),
     )
 
@@ -206,11 +233,20 @@ def abstract_params(model: Transformer) -> PyTree:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
 
 
-def restore_params(workdir: str, step: int, model: Transformer) -> PyTree:
-    """The parameters saved at ``step``, checked against the model's shapes."""
+def best_step(workdir: str) -> int:
+    """The step of the best checkpoint (``WORKDIR/best``)."""
+    step = checkpoint_manager(workdir, best=True).latest_step()
+    if step is None:
+        raise WorkdirError(f'No complete best checkpoint in {workdir}/{BEST}.')
+    return step
+
+
+def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = False) -> PyTree:
+    """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), checked against the
+    model's shapes, on one local device whatever the saving run's device count."""
     target = abstract_params(model)
     try:
-        restored = checkpoint_manager(workdir).restore(
+        restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
         )
     except _RESTORE_ERRORS as e:
@@ -232,7 +268,7 @@ def average_params(trees: Sequence[PyTree]) -> PyTree:
 
 
 def load_model(
-    workdir: str, step: int | None = None, average_last: int | None = None
+    workdir: str, step: int | None = None, average_last: int | None = None, best: bool = False
 ) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
     """Config, tokenizer, model and parameters of a training run.
 
@@ -241,6 +277,7 @@ def load_model(
       step: load this checkpoint alone.
       average_last: otherwise average the last K checkpoints (default: the run's
         ``eval.average_last``).
+      best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
 
     Returns:
       (config, tokenizer, model, params, the steps loaded).
@@ -248,10 +285,16 @@ def load_model(
     config = read_config(workdir)
     tokenizer = load_tokenizer(config, workdir)
     model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
-    if step is None and average_last is None:
-        average_last = config.eval.average_last
-    steps = checkpoint_steps(workdir, step, average_last or 1)
-    trees = [restore_params(workdir, s, model) for s in steps]
+    if best:
+        if step is not None or average_last is not None:
+            raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
+        steps = [best_step(workdir)]
+        trees = [restore_params(workdir, steps[0], model, best=True)]
+    else:
+        if step is None and average_last is None:
+            average_last = config.eval.average_last
+        steps = checkpoint_steps(workdir, step, average_last or 1)
+        trees = [restore_params(workdir, s, model) for s in steps]
     params = trees[0] if len(trees) == 1 else average_params(trees)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     return config, tokenizer, model, params, steps

@@ -2,7 +2,8 @@
 
 - ``load_text``: raw parallel text of a split, from the source ``data.dataset`` names
   (registry in sources.py: synthetic, multi30k, folder, any TFDS translation dataset);
-  failures raise ``DataError``.
+  failures raise ``DataError``; ``order_note``: why a split cannot come in its original
+  order (TFDS datasets stored shuffled), or None.
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
@@ -21,7 +22,7 @@ from transformer.data.eval_batches import (
     restore_order,
 )
 from transformer.data.packing import TrainIterator, make_train_iterator, pack_examples
-from transformer.data.sources import load_text
+from transformer.data.sources import load_text, order_note
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -43,6 +44,7 @@ __all__ = [
     'make_eval_batches',
     'make_eval_set',
     'make_train_iterator',
+    'order_note',
     'pack_examples',
     'restore_order',
     'tokenize_split',

@@ -1,25 +1,24 @@
-"""Multi30k (WMT16 multimodal translation, task 1), text only, English-German, as a TFDS builder.
+"""Multi30k (WMT16 multimodal translation, task 1), text only, English-German.
 
 29000 training, 1014 validation and 1000 test2016 sentence pairs of image captions (Elliott et
 al., 2016). The raw, untokenized, original-case files of the multi30k/dataset GitHub repository
-(data/task1/raw/*.gz) are either read from a manual directory (no network needed) or
-downloaded. The manual directory may hold the repository's names, gzipped or not
-(``train.en.gz``, ``val.de``, ``test_2016_flickr.en`` ...), or the short names ``train.en``,
-``val.en``, ``test2016.en`` ...
+(data/task1/raw/*.gz) are read directly from ``data.manual_dir`` (no network, no
+TensorFlow); without them, the TFDS builder in multi30k_tfds.py reads a prepared copy in
+``data.data_dir`` or downloads the files. The manual directory may hold the repository's
+names, gzipped or not (``train.en.gz``, ``val.de``, ``test_2016_flickr.en`` ...), or the short
+names ``train.en``, ``val.en``, ``test2016.en`` ...
 
 Splits: 'train', 'validation', 'test2016', and 'test2017', 'test2018', 'mscoco2017' when their
-files are present. Examples keep the order of the files (shuffling is disabled), so line i of
-a split is example i.
+files are present. Either way examples keep the order of the files: line i of a split is
+example i.
 """
 
 from __future__ import annotations
 
 import gzip
-import os
 from typing import Any
 
 import ml_collections
-import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
@@ -31,7 +30,7 @@ REQUIRED_SPLITS = ('train', 'validation', 'test2016')
 OPTIONAL_SPLITS = ('test2017', 'test2018', 'mscoco2017')
 
 # Split -> file stems that hold it: the short name first, then the repository's name.
-_FILE_STEMS = {
+FILE_STEMS = {
     'train': ('train',),
     'validation': ('val', 'validation'),
     'test2016': ('test2016', 'test_2016_flickr'),
@@ -39,24 +38,12 @@ _FILE_STEMS = {
     'test2018': ('test2018', 'test_2018_flickr'),
     'mscoco2017': ('mscoco2017', 'test_2017_mscoco'),
 }
-_URL = 'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{stem}.{lang}.gz'
 DOWNLOAD_HOST = 'raw.githubusercontent.com'
-
-_CITATION = """
-@inproceedings{elliott-etal-2016-multi30k,
-  title = {Multi30K: Multilingual English-German Image Descriptions},
-  author = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},
-  booktitle = {Proceedings of the 5th Workshop on Vision and Language},
-  year = {2016},
-  pages = {70--74},
-  doi = {10.18653/v1/W16-3210},
-}
-"""
 
 
 def expected_files() -> list[str]:
     """The names of the files a manual directory must hold (one per required split and language)."""
-    return [f'{_FILE_STEMS[split][0]}.{lang}' for split in REQUIRED_SPLITS for lang in LANGUAGES]
+    return [f'{FILE_STEMS[split][0]}.{lang}' for split in REQUIRED_SPLITS for lang in LANGUAGES]
 
 
 def find_files(manual_dir: epath.PathLike | None) -> dict[str, dict[str, epath.Path]]:
@@ -67,7 +54,7 @@ def find_files(manual_dir: epath.PathLike | None) -> dict[str, dict[str, epath.P
     if not root.is_dir():
         return {}
     found = {}
-    for split, stems in _FILE_STEMS.items():
+    for split, stems in FILE_STEMS.items():
         paths = {}
         for lang in LANGUAGES:
             for stem in stems:
@@ -84,7 +71,7 @@ def has_manual_files(manual_dir: epath.PathLike | None) -> bool:
     return set(REQUIRED_SPLITS) <= set(find_files(manual_dir))
 
 
-def _read_lines(path: epath.Path) -> list[str]:
+def read_lines(path: epath.Path) -> list[str]:
     data = path.read_bytes()
     # By content, not name: downloaded files are renamed by the download manager.
     if data[:2] == b'\x1f\x8b':
@@ -96,89 +83,37 @@ def _read_lines(path: epath.Path) -> list[str]:
     return [line.rstrip('\r') for line in lines]
 
 
-class Multi30k(tfds.core.GeneratorBasedBuilder):
-    """Multi30k task 1 (text only), English-German, from the raw files."""
-
-    VERSION = tfds.core.Version('1.0.0')
-    RELEASE_NOTES = {'1.0.0': 'Raw text of train, val and the test sets, in file order.'}
-    MANUAL_DOWNLOAD_INSTRUCTIONS = (
-        'Put the raw files of https://github.com/multi30k/dataset/tree/master/data/task1/raw '
-        f'(gzipped or not) in the manual directory: {", ".join(expected_files())} '
-        '(or the repository names, e.g. test_2016_flickr.en.gz).'
-    )
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description='Multi30k task 1 (WMT16 multimodal translation), text only, en-de.',
-            features=tfds.features.Translation(languages=LANGUAGES),
-            supervised_keys=LANGUAGES,
-            homepage='https://github.com/multi30k/dataset',
-            citation=_CITATION,
-            # Keeps line i of a file as example i, as references and test sets expect.
-            disable_shuffling=True,
-        )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        files = self._manual_files(dl_manager)
-        if files:
-            logging.info('Multi30k: reading the manual files %s.', files)
-        else:
-            files = self._download(dl_manager)
-        return {split: self._generate_examples(paths) for split, paths in files.items()}
-
-    @staticmethod
-    def _manual_files(dl_manager) -> dict[str, dict[str, epath.Path]]:
-        # Manual files, when present, win: no download is attempted then.
-        try:
-            manual_dir = dl_manager.manual_dir
-        except (AssertionError, ValueError):
-            return {}
-        files = find_files(manual_dir)
-        return files if set(REQUIRED_SPLITS) <= set(files) else {}
-
-    @staticmethod
-    def _download(dl_manager) -> dict[str, dict[str, epath.Path]]:
-        def urls(split):
-            stem = _FILE_STEMS[split][-1]
-            return {lang: _URL.format(stem=stem, lang=lang) for lang in LANGUAGES}
-
-        files = {split: dl_manager.download(urls(split)) for split in REQUIRED_SPLITS}
-        for split in OPTIONAL_SPLITS:
-            try:
-                files[split] = dl_manager.download(urls(split))
-            except Exception as e:  # An optional test set may be missing upstream.
-                logging.warning('Multi30k: no %s split (%s).', split, e)
-        return {
-            split: {lang: epath.Path(os.fspath(path)) for lang, path in paths.items()}
-            for split, paths in files.items()
-        }
-
-    def _generate_examples(self, paths: dict[str, epath.Path]):
-        columns = {lang: _read_lines(path) for lang, path in paths.items()}
-        counts = {lang: len(lines) for lang, lines in columns.items()}
-        if len(set(counts.values())) != 1:
-            raise ValueError(f'Multi30k files {paths} have different line counts {counts}.')
-        for i, pair in enumerate(zip(*columns.values(), strict=True)):
-            yield i, dict(zip(columns, pair, strict=True))
-
-
 def add_config(config: ml_collections.ConfigDict) -> None:
     """Multi30k reads ``data.manual_dir`` and ``data.data_dir`` (see tfds_translate.py)."""
     tfds_translate.add_config(config)
 
 
+def read_files(paths: dict[str, epath.Path]) -> dict[str, list[str]]:
+    """{lang: lines} of one split's files, checked to be aligned."""
+    columns = {lang: read_lines(path) for lang, path in paths.items()}
+    counts = {lang: len(lines) for lang, lines in columns.items()}
+    if len(set(counts.values())) != 1:
+        raise DataError(f'Multi30k files {paths} have different line counts {counts}.')
+    return columns
+
+
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
-    """(sources, targets) of a split, prepared from ``data.manual_dir`` or downloaded once."""
+    """(sources, targets) of a split: from the raw files in ``data.manual_dir`` when it holds
+    them (no TensorFlow), else through the TFDS builder (prepared copy or download)."""
     tfds_translate.check_languages('multi30k', LANGUAGES, data_config)
+    manual_dir = data_config.manual_dir
+    files = find_files(manual_dir)
+    if set(REQUIRED_SPLITS) <= set(files):
+        if split not in files:
+            raise DataError(f'multi30k has no split {split!r}; splits: {sorted(files)}.')
+        columns = read_files(files[split])
+        return columns[data_config.source_lang], columns[data_config.target_lang]
+    tfds_translate.import_tfds()  # a one-line DataError when TFDS is not installed
+    from transformer.data.multi30k_tfds import Multi30k
+
     builder = Multi30k(data_dir=data_config.data_dir, file_format='tfrecord')
     if not builder.is_prepared() and not tfds_translate.download_is_mocked(builder):
-        manual_dir = data_config.manual_dir
-        if has_manual_files(manual_dir):
-            logging.info('Preparing multi30k from %s into %s.', manual_dir, builder.data_dir)
-            builder.download_and_prepare(
-                download_config=tfds.download.DownloadConfig(manual_dir=os.fspath(manual_dir))
-            )
-        elif tfds_translate.network_reachable((DOWNLOAD_HOST,)):
+        if tfds_translate.network_reachable((DOWNLOAD_HOST,)):
             logging.info('Downloading multi30k into %s.', builder.data_dir)
             builder.download_and_prepare()
         else:

@@ -6,12 +6,15 @@
   in the dataset's order, or a one-line `DataError` saying how to provide them;
 - ``identity(data_config, split) -> dict``: what besides the name, languages and split
   decides its content (part of the token-cache key);
-- ``add_config(config)``: the keys it reads, added to the ``data`` config section.
+- ``add_config(config)``: the keys it reads, added to the ``data`` config section;
+- optionally ``order_note(data_config, split) -> str | None``: why ``read`` cannot give the
+  dataset's original order (TFDS datasets stored shuffled), None when it does.
 
 Registered: ``'synthetic'`` (the built-in invented language pair, transformer/data/
 synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py);
 any other name is a TFDS translation dataset (tfds_translate.py). A new dataset is one module
-plus one line in `SOURCES`.
+plus one line in `SOURCES`. Only reading a TFDS dataset imports tensorflow_datasets (and
+TensorFlow); the other sources, and Multi30k from raw files, never do.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ SOURCES: dict[str, ModuleType] = {
     'folder': folder,
 }
 TFDS = tfds_translate  # every other ``data.dataset`` name
-__all__ = ['SOURCES', 'DataError', 'identity', 'load_text', 'source']
+__all__ = ['SOURCES', 'DataError', 'identity', 'load_text', 'order_note', 'source']
 
 
 def source(name: str) -> ModuleType:
@@ -67,3 +70,9 @@ def identity(data_config: Any, split: str) -> dict[str, Any]:
         'split': split,
         **source(data_config.dataset).identity(data_config, split),
     }
+
+
+def order_note(data_config: Any, split: str) -> str | None:
+    """None when `load_text` gives the split in the dataset's original order, else why not."""
+    note = getattr(source(data_config.dataset), 'order_note', None)
+    return note(data_config, split) if note is not None else None

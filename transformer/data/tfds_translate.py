@@ -11,13 +11,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
-import tensorflow_datasets as tfds
 from absl import logging
 
 from transformer.data.errors import DataError
+
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
 
 # Hosts that downloads of TFDS translation datasets need (prepared copies on GCS, raw WMT data).
 _TFDS_HOSTS = ('storage.googleapis.com', 'www.statmt.org')
@@ -55,6 +57,22 @@ def network_reachable(hosts: tuple[str, ...], timeout: float = _PROBE_TIMEOUT_S)
     return reachable.is_set()
 
 
+def import_tfds():
+    """tensorflow_datasets (and with it TensorFlow), imported only when a TFDS dataset is read.
+
+    Raises:
+      DataError: it is not installed (the ``tfds`` extra).
+    """
+    try:
+        import tensorflow_datasets
+    except ImportError:
+        raise DataError(
+            "Reading a TFDS dataset needs tensorflow-datasets: pip install 'transformer[tfds]' "
+            "(from a checkout: pip install -e '.[tfds]')."
+        ) from None
+    return tensorflow_datasets
+
+
 def download_is_mocked(builder: tfds.core.DatasetBuilder) -> bool:
     """Whether ``download_and_prepare`` was replaced, as ``tfds.testing.mock_data`` does.
 
@@ -74,10 +92,55 @@ def check_languages(name: str, languages: tuple[str, ...], data_config: Any) -> 
             )
 
 
+def official_keys(builder: tfds.core.DatasetBuilder, split: str, n: int) -> list[str] | None:
+    """The generator keys of a split's ``n`` examples in file order, where they are known.
+
+    TFDS's WMT builders (tensorflow_datasets/translate/wmt.py) key sentence i of file f of a
+    test set as ``'<test set>/<f>/<i>'``; a validation or test split made of one test set
+    (newstest2013, newstest2014) whose one file pair has no empty line therefore has the keys
+    ``'<test set>/0/0' ... '<test set>/0/<n-1>'``. Other builders: unknown (None).
+    """
+    subsets = getattr(builder, 'subsets', None)
+    names = subsets.get(split, []) if isinstance(subsets, dict) else []
+    if len(names) != 1:
+        return None
+    return [f'{names[0]}/0/{i}' for i in range(n)]
+
+
+def stored_to_official(builder: tfds.core.DatasetBuilder, split: str, n: int) -> list[int] | None:
+    """For each stored example, its index in the original files (None: not recoverable).
+
+    TFDS writes a shuffled split sorted by the md5 hash of (split name, example key)
+    (tensorflow_datasets/core/hashing.py, the "S3" format of every 1.x+ WMT version), so
+    with the keys known, sorting them by that hash gives the stored order.
+    """
+    if builder.info.disable_shuffling or download_is_mocked(builder):
+        return list(range(n))
+    keys = official_keys(builder, split, n)
+    if keys is None:
+        return None
+    from tensorflow_datasets.core import hashing
+
+    hasher = hashing.Hasher(split)
+    hashes = [hasher.hash_key(key) for key in keys]
+    return sorted(range(n), key=hashes.__getitem__)
+
+
+def _unordered_note(name: str, split: str) -> str:
+    return (
+        f'TFDS stores {name} {split} shuffled and its original order cannot be recovered: '
+        'outputs follow the stored order (--max_examples takes a hashed subset); the scores '
+        "pair each hypothesis with its own row's reference, but do not score the hypotheses "
+        'against the official reference file.'
+    )
+
+
 def read_builder(
     builder: tfds.core.DatasetBuilder, split: str, data_config: Any
 ) -> tuple[list[str], list[str]]:
-    """Reads a split of a prepared (or mocked) builder in its stored order."""
+    """Reads a split of a prepared (or mocked) builder, in the original files' order where
+    that can be recovered (`stored_to_official`), else in the stored order."""
+    tfds = import_tfds()
     splits = list(builder.info.splits)
     if splits and split not in splits:
         raise DataError(f'{builder.name} has no split {split!r}; splits: {sorted(splits)}.')
@@ -87,14 +150,23 @@ def read_builder(
     for batch in tfds.as_numpy(dataset):
         sources += [s.decode('utf-8') for s in batch[data_config.source_lang]]
         targets += [t.decode('utf-8') for t in batch[data_config.target_lang]]
-    return sources, targets
+    positions = stored_to_official(builder, split, len(sources))
+    if positions is None:
+        if split != data_config.train_split:
+            logging.warning(_unordered_note(builder.name, split))
+        return sources, targets
+    official_sources, official_targets = [''] * len(sources), [''] * len(targets)
+    for stored, official in enumerate(positions):
+        official_sources[official] = sources[stored]
+        official_targets[official] = targets[stored]
+    return official_sources, official_targets
 
 
-def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
-    """(sources, targets) of a split of the TFDS dataset ``data.dataset``."""
+def _builder(data_config: Any) -> tfds.core.DatasetBuilder:
     name = data_config.dataset
+    tfds = import_tfds()
     try:
-        builder = tfds.builder(name, data_dir=data_config.data_dir)
+        return tfds.builder(name, data_dir=data_config.data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         raise DataError(
             f"Unknown dataset {name!r}: use 'synthetic', 'multi30k', 'folder' or a TFDS "
@@ -102,6 +174,13 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
         ) from None
     except ValueError as e:  # e.g. an unknown builder config such as 'wmt14_translate/xx-en'
         raise DataError(f'Cannot build TFDS dataset {name!r}: {str(e).splitlines()[0]}') from None
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split of the TFDS dataset ``data.dataset``."""
+    name = data_config.dataset
+    tfds = import_tfds()
+    builder = _builder(data_config)
     languages = tuple(getattr(builder.info.features, 'languages', ()) or builder.info.features)
     check_languages(name, languages, data_config)
     if not builder.is_prepared() and not download_is_mocked(builder):
@@ -119,5 +198,15 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     return read_builder(builder, split, data_config)
 
 
+def order_note(data_config: Any, split: str) -> str | None:
+    """None when ``read`` gives the split in its original order, else why not."""
+    builder = _builder(data_config)
+    n = builder.info.splits[split].num_examples if split in builder.info.splits else 0
+    if stored_to_official(builder, split, n) is not None:
+        return None
+    return _unordered_note(builder.name, split)
+
+
 def identity(data_config: Any, split: str) -> dict[str, Any]:
-    return {}
+    # Token ids cached before evaluation splits were put back in file order must not be reused.
+    return {'order': 'files'}

@@ -1,0 +1,124 @@
+"""Command-line plumbing: a quiet terminal by default, --verbosity, configs found by name, and
+a core that never imports TensorFlow."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from transformer import configs, console
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the quiet console must keep off the terminal (one fragment of each line in NOISE).
+NOISE_FRAGMENTS = (
+    "Unable to initialize backend 'tpu'",
+    'read_only=True, setting',
+    'Given directory is read only',
+    'If you insist your data is detokenized',
+    'load_module',
+)
+
+
+def _python(code, cwd, *args):
+    env = {**os.environ, 'PYTHONPATH': REPO, 'JAX_PLATFORMS': ''}
+    env.pop('XLA_FLAGS', None)  # one CPU device is enough, and faster to start
+    return subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_quiet_filter_keeps_warnings_drops_listed_noise_and_library_info():
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger('sacrebleu')
+    handler = Keep()
+    handler.addFilter(console._FILTER)
+    logger.addHandler(handler)
+    try:
+        logger.warning('If you insist your data is detokenized, or do not care, ...')
+        logger.warning('A warning someone should read.')
+        logger.info('Library chatter.')
+    finally:
+        logger.removeHandler(handler)
+    assert records == ['A warning someone should read.']
+
+
+def test_argv_verbosity():
+    assert console.argv_verbosity(['--workdir=x']) == 0
+    assert console.argv_verbosity(['--verbosity=1']) == 1
+    assert console.argv_verbosity(['-v', '2']) == 2
+    assert console.argv_verbosity(['--verbosity', '-1']) == -1
+
+
+def test_config_by_name_or_path():
+    """--config base names the packaged file; paths (and the configs/ shims) stay paths."""
+    assert configs.names() == ['base', 'big', 'multi30k', 'tiny']
+    resolved = console.resolve_config_arg(['t', '--config', 'tiny', '--config=base:x'])
+    assert resolved == ['t', '--config', configs.path('tiny'), f'--config={configs.path("base")}:x']
+    assert console.resolve_config_arg(['t', '--config=configs/base.py']) == [
+        't',
+        '--config=configs/base.py',
+    ]
+    with pytest.raises(Exception, match='packaged configs are base, big, multi30k, tiny'):
+        console.resolve_config_arg(['t', '--config', 'nosuch'])
+
+
+_CORE_RUN = """
+import json, sys
+from transformer import data, evaluate, trainer, translate, workdir
+from tests.tiny_run import tiny_run_config
+
+config = tiny_run_config(2)
+config.eval.bleu_every = 2
+config.eval.bleu_max_examples = 3
+config.eval.beam_size = 2
+trainer.train_and_evaluate(config, 'run')
+evaluate.run('run', beam_size=2, max_examples=3, output='hyps.txt')
+_, tokenizer, model, params, _ = workdir.load_model('run')
+translate.translate_lines(['a b c'], tokenizer, model, params, beam_size=2, alpha=0.6,
+                          extra_length=5, batch_size=2, max_input_tokens=16, nbest=2)
+for name in ('train.en', 'train.de', 'val.en', 'val.de', 'test2016.en', 'test2016.de'):
+    open(name, 'w').write('a b\\n')
+folder = data.default_config()
+folder.update(dataset='folder', folder='.')
+multi30k = data.default_config()
+multi30k.update(dataset='multi30k', manual_dir='.')
+data.load_text(folder, 'train'), data.load_text(multi30k, 'test2016')
+tf = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets'))
+print(json.dumps(tf))
+"""
+
+
+def test_core_never_imports_tensorflow_and_prints_no_library_noise(run_dir, tmp_path):
+    """Training (with TensorBoard events and validation BLEU), evaluating and translating on
+    synthetic data, and reading folder and Multi30k files, import neither TensorFlow nor
+    TFDS; `evaluate` prints none of the libraries' noise (and loads a run saved on another
+    number of devices), and --verbosity=1 brings the noise back."""
+    done = _python(_CORE_RUN, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert list((tmp_path / 'run' / 'tensorboard').iterdir())
+
+    # run_dir was trained on 8 (simulated) devices, and is evaluated here on one.
+    evaluate = 'from transformer import evaluate; evaluate.cli()'
+    args = (f'--workdir={run_dir}', '--max_examples=3', '--beam_size=2', '--output=h.txt')
+    quiet = _python(evaluate, tmp_path, *args)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert 'Evaluating' in quiet.stderr  # our own progress lines stay
+    assert not [f for f in NOISE_FRAGMENTS if f in quiet.stderr], quiet.stderr
+    verbose = _python(evaluate, tmp_path, *args, '--verbosity=1')
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert 'Given directory is read only' in verbose.stderr

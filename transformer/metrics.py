@@ -1,0 +1,86 @@
+"""Training metrics on disk: ``WORKDIR/metrics.jsonl`` and TensorBoard event files.
+
+The event files are written with the protocol buffers and record writer of the
+``tensorboard`` package alone, not TensorFlow's ``tf.summary`` (whose import costs seconds
+and gigabytes) nor flax.metrics.tensorboard (which imports TensorFlow): a record is the
+serialized ``Event`` framed by its length and CRCs, exactly what ``tensorboard --logdir``
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Mapping
+
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+
+class EventWriter:
+    """Scalars to one TensorBoard event file in ``logdir``."""
+
+    def __init__(self, logdir: str):
+        os.makedirs(logdir, exist_ok=True)
+        # The name TensorBoard looks for: events.out.tfevents.<time>.<host>[.<pid>].
+        name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}'
+        self.path = os.path.join(logdir, name)
+        self._writer = RecordWriter(open(self.path, 'wb'))  # noqa: SIM115
+        self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+
+    def _write(self, event: event_pb2.Event) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        summary = summary_pb2.Summary(
+            value=[
+                summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()
+            ]
+        )
+        self._write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def read_scalars(path: str) -> list[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar in an event file (for tests and quick looks)."""
+    out = []
+    with open(path, 'rb') as f:
+        data = f.read()
+    offset = 0
+    while offset < len(data):
+        (length,) = struct.unpack('<Q', data[offset : offset + 8])
+        event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+        offset += 12 + length + 4
+        out += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+    return out
+
+
+class MetricWriter:
+    """Metrics to ``metrics.jsonl`` and TensorBoard event files (process 0 only)."""
+
+    def __init__(self, jsonl_path: str, tensorboard_dir: str, enabled: bool):
+        self.enabled = enabled
+        if not enabled:
+            return
+        os.makedirs(os.path.dirname(jsonl_path) or '.', exist_ok=True)
+        self._jsonl = open(jsonl_path, 'a')  # noqa: SIM115
+        self._events = EventWriter(tensorboard_dir)
+
+    def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {'step': step, 'split': split, **{k: float(v) for k, v in metrics.items()}}
+        self._jsonl.write(json.dumps(record) + '\n')
+        self._jsonl.flush()
+        self._events.scalars(step, {f'{split}/{k}': v for k, v in metrics.items()})
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._events.close()
