@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging as std_logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,8 +63,37 @@ def require(*names: str) -> None:
             raise app.UsageError(f'--{name} is required.')
 
 
-def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) -> None:
-    """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests)."""
+USAGE_EXIT_CODE = 2  # a command line that cannot run (the argparse convention)
+
+
+def usage_exit(message: str) -> None:
+    """Ends the command with ``error: message`` (one line) and exit code 2."""
+    print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
+    sys.exit(USAGE_EXIT_CODE)
+
+
+def _parse_flags(
+    argv: list[str], explain: Callable[[Exception, list[str]], str | None] | None
+) -> list[str]:
+    # Errors of the command line itself, including ml_collections' override parsing (which
+    # raises AttributeError / KeyError / TypeError from inside absl): one line, no traceback.
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+        message = explain(e, argv) if explain is not None else None
+        usage_exit(message or (str(e).strip().splitlines() or [type(e).__name__])[0])
+
+
+def run(
+    main: Callable[[list[str]], None],
+    argv: Sequence[str] | None = None,
+    explain_flag_error: Callable[[Exception, list[str]], str | None] | None = None,
+) -> None:
+    """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests).
+
+    A command line that does not parse ends with one ``error:`` line and exit code 2;
+    ``explain_flag_error(error, argv)`` may word that line (None: the error's first line).
+    """
 
     def wrapped(args):
         quiet_library_logs()
@@ -70,4 +101,8 @@ def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) ->
             raise app.UsageError(f'Unexpected arguments: {args[1:]}')
         main(args)
 
-    app.run(wrapped, argv=list(argv) if argv is not None else None)
+    app.run(
+        wrapped,
+        argv=list(argv) if argv is not None else None,
+        flags_parser=functools.partial(_parse_flags, explain=explain_flag_error),
+    )

@@ -23,10 +23,9 @@ import jax
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import console, evaluate, optim, steps
+from transformer import config_checks, console, evaluate, optim, steps
 from transformer import data as data_lib
 from transformer import workdir as workdir_lib
 from transformer.model import Transformer
@@ -53,7 +52,7 @@ class Run:
     parallel: Parallel
     state: TrainState  # in the parallel mode's device layout
     train_iter: data_lib.TrainIterator
-    manager: ocp.CheckpointManager
+    checkpoints: workdir_lib.Checkpoints
     dropout_rng: jax.Array
     num_params: int
     restored_step: int | None  # the checkpoint this run resumed from
@@ -74,17 +73,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     tc = config.train
     if tc.distributed:
         jax.distributed.initialize()
+    config_checks.check(config, devices)  # before anything is written
     os.makedirs(workdir, exist_ok=True)
     tokenizer = workdir_lib.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
-    rows_needed = parallel.num_data_shards * tc.grad_accum_steps * jax.process_count()
-    if tc.batch_size % rows_needed:
-        raise ValueError(
-            f'train.batch_size={tc.batch_size} must be a multiple of devices x grad_accum_steps '
-            f'x processes = {rows_needed}.'
-        )
     init_rng, dropout_rng = jax.random.split(jax.random.key(tc.seed))
     state = steps.init_state(model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
@@ -96,12 +90,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    manager = workdir_lib.checkpoint_manager(workdir, config)
-    latest = manager.latest_step()
-    if latest is not None:
-        state, meta = workdir_lib.restore_state(
-            manager, latest, workdir_lib.abstract_tree(state), workdir
-        )
+    checkpoints = workdir_lib.Checkpoints(workdir, config)
+    latest = None
+    restored = checkpoints.restore_latest(workdir_lib.abstract_tree(state))
+    if restored is not None:
+        state, meta, latest = restored
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
     if jax.process_index() == 0:
@@ -126,7 +119,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         parallel=parallel,
         state=parallel.put_state(state),
         train_iter=train_iter,
-        manager=manager,
+        checkpoints=checkpoints,
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
@@ -261,16 +254,30 @@ class Validation:
         return {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
 
 
-def _check_finite(run: Run, step: int, sums: Mapping[str, Any], last_saved: int | None) -> None:
+def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
+    """Stops on a non-finite loss or gradient, naming the newest checkpoint that verifies;
+    right after a resume it says that this checkpoint itself may be the cause."""
     if np.isfinite(sums['loss']) and np.isfinite(sums['grad_norm']):
         return
-    run.manager.wait_until_finished()
-    kept = f'step {last_saved}' if last_saved is not None else 'none'
-    raise TrainingError(
+    run.checkpoints.seal()
+    good = run.checkpoints.newest_verified()
+    where = f'{run.workdir}/{workdir_lib.CHECKPOINTS}'
+    kept = f'step {good} in {where}' if good is not None else f'none in {where}'
+    message = (
         f'Non-finite loss or gradient at step {step} (loss={sums["loss"]}, '
-        f'grad_norm={sums["grad_norm"]}); stopped. Last good checkpoint: {kept} in '
-        f'{run.workdir}/{workdir_lib.CHECKPOINTS}. Lower opt.lr_scale or raise opt.warmup_steps.'
+        f'grad_norm={sums["grad_norm"]}); stopped. Newest verified checkpoint: {kept}. '
     )
+    since = None if run.restored_step is None else step - run.restored_step
+    if since is not None and since <= run.config.train.log_every:
+        message += (
+            f'The run resumed from step {run.restored_step} only {since} step(s) before, so '
+            'that checkpoint itself may be bad (its values, not only the learning rate): move '
+            f'checkpoints/{run.restored_step} away to resume from an earlier step, or lower '
+            'opt.lr_scale / raise opt.warmup_steps.'
+        )
+    else:
+        message += 'Lower opt.lr_scale or raise opt.warmup_steps.'
+    raise TrainingError(message)
 
 
 def train_and_evaluate(
@@ -297,7 +304,7 @@ def train_and_evaluate(
     validation = Validation(run)
     writer = MetricWriter(workdir, enabled=run.is_main)
     step = first_step = int(parallel.get_state(run.state).step)
-    log, last_saved, final = TrainLog(run, step), run.restored_step, {}
+    log, final = TrainLog(run, step), {}
     while step < tc.num_steps:
         run.state, sums = parallel.train_step(run.state, next(run.train_iter), run.dropout_rng)
         step += 1
@@ -306,7 +313,7 @@ def train_and_evaluate(
         is_ckpt = step % tc.checkpoint_every == 0 or is_last
         if is_log or is_ckpt:
             sums = jax.device_get(sums)
-            _check_finite(run, step, sums, last_saved)
+            _check_finite(run, step, sums)
         log.add(sums)
         if is_log:
             final['train'] = log.flush(step, sums)
@@ -329,9 +336,8 @@ def train_and_evaluate(
             writer.write(step, 'validation', final['validation_bleu'])
         if is_ckpt:
             state = parallel.get_state(run.state)
-            workdir_lib.save_state(run.manager, state, run.train_iter.get_state(), tc.seed)
-            last_saved = step
-    run.manager.wait_until_finished()
+            run.checkpoints.save(state, run.train_iter.get_state(), tc.seed)
+    run.checkpoints.seal()
     writer.close()
     final.update(
         step=step,
@@ -362,9 +368,33 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('config', 'workdir')
         try:
+            config_checks.check(flags.FLAGS.config)
+        except config_checks.ConfigError as e:
+            console.usage_exit(str(e))
+        try:
             final = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
         except (TrainingError, workdir_lib.WorkdirError, data_lib.DataError, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
 
-    console.run(main, argv)
+    console.run(main, argv, explain_flag_error=_explain_flag_error)
+
+
+def _explain_flag_error(error: Exception, argv: list[str]) -> str | None:
+    """Names an unknown ``--config.KEY`` override and the nearest valid key."""
+    from absl import flags
+
+    if isinstance(error, flags.Error):
+        return None  # absl's own message names the flag and the bad value
+    config_arg = next(
+        (a for a in argv if a.startswith('--config=') and '.' not in a.split('=')[0]), None
+    )
+    if config_arg is None and '--config' in argv[:-1]:
+        config_arg = '--config=' + argv[argv.index('--config') + 1]
+    if config_arg is None:
+        return None
+    try:
+        config = flags.FLAGS['config'].parser.parse(config_arg.split('=', 1)[1])
+    except Exception:  # noqa: BLE001 (the config file's own error: absl's line says it)
+        return None
+    return config_checks.unknown_key_message(config, argv)

@@ -10,12 +10,34 @@
 Training saves and restores whole train states; evaluate, translate and visualize load
 parameters (one step or the average of the last K). Any checkpoint that cannot be read
 raises `WorkdirError` with one line that names the step and what to do.
+
+Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
+but does not checksum the data, so a flipped or truncated file loads silently. Every step
+therefore gets ``checkpoints/<step>/manifest.json``: the size and sha256 of each of its
+files, written (atomically, by rename) once Orbax has finished the step: `Checkpoints.seal`
+runs before the next save (Orbax waits for the previous save there anyway) and at the end of
+training. Every restore verifies the manifest first; a file that is missing, of another size
+or another hash raises `CorruptCheckpoint` naming the step and the file. Training resume
+falls back to the newest intact step (moving the corrupt ones to ``corrupt_checkpoints/``,
+as their step numbers will be written again) and stops when none is intact.
+
+A step without a manifest is either older than this scheme or was committed by a run
+killed before it sealed the step (the window is one save interval with async checkpoints).
+Both are accepted with a one-line warning rather than refused: refusing would strand every
+existing run, and an unsealed step is not suspect by itself. Training seals such a step when
+it resumes from it, and only after restoring it completely (which fails on missing or
+truncated files) and finding every parameter and optimizer value finite; hashing it unseen
+would certify whatever bytes happen to be there. The other commands never write manifests:
+they only read the run directory.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +49,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from flax import linen as nn
 
+from transformer import checksums
 from transformer import data as data_lib
 from transformer.model import Transformer, config_from_dict
 from transformer.steps import TrainState
@@ -40,6 +63,8 @@ METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
 FINAL_METRICS_FILE = 'final_metrics.json'
 EVAL_DIR = 'eval'
+MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
+CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 _ITEMS = ('params', 'opt_state', 'meta')
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree.
 _RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
@@ -47,6 +72,10 @@ _RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
 
 class WorkdirError(RuntimeError):
     """A workdir, checkpoint or vocabulary that cannot be used; the message says why."""
+
+
+class CorruptCheckpoint(WorkdirError):
+    """A checkpoint step whose files differ from its manifest."""
 
 
 def path(workdir: str, *parts: str) -> str:
@@ -147,10 +176,56 @@ def _restore_error(workdir: str, step: int, error: Exception, what: str) -> Work
     )
 
 
+def step_dir(workdir: str, step: int) -> str:
+    """``WORKDIR/checkpoints/<step>`` (Orbax's step directory, without prefix)."""
+    return path(os.path.abspath(workdir), CHECKPOINTS, str(step))
+
+
+def seal_step(workdir: str, step: int) -> None:
+    """Writes the manifest of a finished step: size and sha256 of each of its files."""
+    checksums.write(step_dir(workdir, step), MANIFEST)
+
+
+def verify_step(
+    workdir: str, step: int, items: Sequence[str] | None = None, *, warn: bool = True
+) -> bool:
+    """Checks a step's files against its manifest before anything reads them.
+
+    Args:
+      workdir: the run directory.
+      step: the checkpoint step.
+      items: check only these Orbax items (e.g. ``('params',)``) and the step's own files.
+      warn: log a one-line warning for a step without manifest.
+
+    Returns:
+      True when verified, False when the step has no manifest (accepted unverified; see the
+      module docstring).
+
+    Raises:
+      CorruptCheckpoint: a file is missing or differs from the manifest.
+    """
+    try:
+        sealed = checksums.verify(step_dir(workdir, step), MANIFEST, items)
+    except checksums.Mismatch as e:
+        raise CorruptCheckpoint(
+            f'Checkpoint step {step} in {workdir}/{CHECKPOINTS} failed verification: '
+            f'{CHECKPOINTS}/{step}/{e} and cannot be used.'
+        ) from None
+    if not sealed and warn:
+        logging.warning(
+            'Checkpoint step %d in %s/%s has no %s (saved before checksums were kept, or its '
+            'run stopped before sealing it); loading it unverified.',
+            *(step, workdir, CHECKPOINTS, MANIFEST),
+        )
+    return sealed
+
+
 def restore_state(
     manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
 ) -> tuple[TrainState, dict[str, Any]]:
-    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta."""
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta.
+
+    The caller verifies the step first (`verify_step`; `Checkpoints.restore_latest` does)."""
     try:
         restored = manager.restore(
             step,
@@ -171,6 +246,118 @@ def restore_state(
         opt_state=restored['opt_state'],
     )
     return state, restored['meta']
+
+
+def _all_finite(tree: PyTree) -> bool:
+    return all(
+        np.isfinite(np.asarray(x)).all()
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    )
+
+
+class Checkpoints:
+    """The trainer's checkpoints: asynchronous saves that are sealed with a manifest once
+    Orbax has finished them, and a resume that never starts from a step that failed checks.
+
+    Disk errors while saving (a full disk, a read-only directory) become one-line
+    `WorkdirError`s; the steps saved before stay as they were.
+    """
+
+    def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+        self.workdir = workdir
+        self.manager = checkpoint_manager(workdir, config)
+        self._unsealed: list[int] = []  # saved by this process, manifest not yet written
+        self._writes = jax.process_index() == 0
+
+    def _save_error(self, step: int | None, error: BaseException) -> WorkdirError:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        kept = [s for s in self.manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
+        return WorkdirError(
+            f'Could not write checkpoint step {step} in {self.workdir}/{CHECKPOINTS} '
+            f'({first_line}); stopped. Steps saved before are intact: {sorted(kept)}.'
+        )
+
+    def save(self, state: TrainState, data_state: Mapping[str, Any], seed: int) -> None:
+        """Starts saving ``state`` (asynchronously if configured) after sealing the last."""
+        self.seal()
+        step = int(state.step)
+        try:
+            save_state(self.manager, state, data_state, seed)
+        except OSError as e:
+            raise self._save_error(step, e) from None
+        self._unsealed.append(step)
+
+    def seal(self) -> None:
+        """Waits for the pending saves, then writes the manifests of the committed ones."""
+        pending, self._unsealed = self._unsealed, []
+        try:
+            self.manager.wait_until_finished()
+            for step in pending:
+                # A save that failed in the background leaves no committed step directory.
+                if not os.path.isdir(step_dir(self.workdir, step)):
+                    raise OSError(errno.EIO, 'Orbax did not commit the step')
+                if self._writes:
+                    seal_step(self.workdir, step)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise self._save_error(pending[-1] if pending else None, e) from None
+
+    def newest_verified(self) -> int | None:
+        """The newest step whose files match its manifest (None: none)."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                if verify_step(self.workdir, step, warn=False):
+                    return step
+            except CorruptCheckpoint:
+                continue
+        return None
+
+    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict, int] | None:
+        """(state, meta, step) of the newest intact step; None when there is no checkpoint.
+
+        Newer steps that fail verification are moved to ``WORKDIR/corrupt_checkpoints/``
+        (their step numbers will be saved again) with a one-line warning.
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        failed: list[CorruptCheckpoint] = []
+        for step in steps:
+            try:
+                sealed = verify_step(self.workdir, step, warn=False)
+                break
+            except CorruptCheckpoint as e:
+                failed.append(e)
+        else:
+            if not steps:
+                return None
+            raise WorkdirError(f'{failed[0]} No intact checkpoint to resume from: {steps}.')
+        if failed:
+            self._quarantine([int(s) for s in steps[: len(failed)]])
+            logging.warning('%s Resuming from step %d, the newest intact one.', failed[0], step)
+        state, meta = restore_state(self.manager, step, abstract_state, self.workdir)
+        if not sealed:
+            if not _all_finite((state.params, state.opt_state)):
+                raise CorruptCheckpoint(
+                    f'Checkpoint step {step} in {self.workdir}/{CHECKPOINTS} has no manifest '
+                    'and holds non-finite values; move it away to resume from an earlier step.'
+                )
+            if self._writes:
+                seal_step(self.workdir, step)
+            logging.warning(
+                'Checkpoint step %d had no %s (saved before checksums were kept, or the run '
+                'stopped before sealing it); it restored completely with finite values, so '
+                'it is now sealed.',
+                *(step, MANIFEST),
+            )
+        return state, meta, step
+
+    def _quarantine(self, steps: Sequence[int]) -> None:
+        if self._writes:
+            target = path(self.workdir, CORRUPT_CHECKPOINTS)
+            os.makedirs(target, exist_ok=True)
+            for step in steps:
+                destination = tempfile.mkdtemp(prefix=f'{step}-', dir=target)
+                shutil.move(step_dir(self.workdir, step), destination)
+        self.manager.reload()
 
 
 def abstract_tree(tree: PyTree) -> PyTree:
@@ -203,8 +390,10 @@ def abstract_params(model: Transformer) -> PyTree:
 
 
 def restore_params(workdir: str, step: int, model: Transformer) -> PyTree:
-    """The parameters saved at ``step``, checked against the model's shapes."""
+    """The parameters saved at ``step``, verified against the step's manifest (when it has
+    one) and checked against the model's shapes."""
     target = abstract_params(model)
+    verify_step(workdir, step, items=('params',))
     try:
         restored = checkpoint_manager(workdir).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
