@@ -293,6 +293,9 @@ class Checkpoints:
         pending, self._unsealed = self._unsealed, []
         try:
             self.manager.wait_until_finished()
+            # Orbax logs a failed background save and leaves the step uncommitted; this
+            # re-raises its error (once per thread) so that the message can name the cause.
+            self.manager.check_for_errors()
             for step in pending:
                 # A save that failed in the background leaves no committed step directory.
                 if not os.path.isdir(step_dir(self.workdir, step)):
