@@ -168,8 +168,12 @@ def save_state(
     )
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
 def _restore_error(workdir: str, step: int, error: Exception, what: str) -> WorkdirError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    first_line = _first_line(error)
     return WorkdirError(
         f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} does not fit {what} or is '
         f'incomplete: {first_line}'
@@ -223,9 +227,8 @@ def verify_step(
 def restore_state(
     manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
 ) -> tuple[TrainState, dict[str, Any]]:
-    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta.
-
-    The caller verifies the step first (`verify_step`; `Checkpoints.restore_latest` does)."""
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
+    `Checkpoints.restore_latest` verifies the step first."""
     try:
         restored = manager.restore(
             step,
@@ -271,7 +274,7 @@ class Checkpoints:
         self._writes = jax.process_index() == 0
 
     def _save_error(self, step: int | None, error: BaseException) -> WorkdirError:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        first_line = _first_line(error)
         kept = [s for s in self.manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
         return WorkdirError(
             f'Could not write checkpoint step {step} in {self.workdir}/{CHECKPOINTS} '
