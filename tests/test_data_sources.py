@@ -300,3 +300,20 @@ def test_tfds_shuffled_split_comes_back_in_file_order(tmp_path, offline):
     sources_, targets = data.load_text(unknown, 'test')
     assert sources_ != official and [s.replace('line', 'Zeile') for s in sources_] == targets
     assert 'cannot be recovered' in data.order_note(unknown, 'test')
+
+
+def test_folder_with_hostile_lines_trains(tmp_path):
+    """Training input from files with invalid UTF-8, NUL, CRLF, blank and over-long lines:
+    the vocabulary trains and packed batches come out (blank pairs and, by default, pairs
+    over max_len are dropped by the packer)."""
+    from tests.test_data_text import HOSTILE
+
+    words = 'the a cat dog sees runs big small house tree'.split()
+    lines = [' '.join(words[(i * k) % 10] for k in range(1, 2 + i % 6)) for i in range(60)]
+    body = '\n'.join(lines).encode()
+    (tmp_path / 'train.en').write_bytes(HOSTILE + b'\n' + b'dog ' * 300 + b'\n' + body)
+    (tmp_path / 'train.de').write_bytes(HOSTILE + b'\nDOG\n' + body.upper() + b'\n')
+    config = _config(dataset='folder', folder=str(tmp_path), vocab_size=60, max_len=16)
+    tokenizer = data.get_tokenizer(config, str(tmp_path / 'work' / 'spm.model'))
+    batch = next(data.make_train_iterator(config, tokenizer, batch_size=2, seed=0))
+    assert batch['inputs'].shape == (2, 16) and (batch['inputs_segmentation'] > 0).any()

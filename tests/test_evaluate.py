@@ -27,3 +27,35 @@ def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path):
     scores = json.loads(out.with_suffix('.json').read_text())
     assert scores['num_sentences'] == 7 and scores['beam_size'] == 2 and scores['steps'] == [4]
     assert 0.0 <= scores['sacrebleu'] <= 100.0
+
+
+def test_evaluate_split_of_hostile_folder_data(run_dir, tmp_path, caplog):
+    """`evaluate --split` on folder files with hostile lines (as in test_data_text) scores
+    every line; a split whose files differ in line count names both files and counts."""
+    import shutil
+
+    from tests.test_data_text import HOSTILE
+
+    run, folder = tmp_path / 'run', tmp_path / 'text'
+    shutil.copytree(run_dir, run)
+    folder.mkdir()
+    long_line = b' '.join([b'ze bix pud'] * 40)
+    (folder / 'hostile.en').write_bytes(HOSTILE + b'\n' + long_line)
+    (folder / 'hostile.de').write_bytes(HOSTILE.replace(b'\r\n', b'\n') + b'\nlo\n')
+    (folder / 'short.en').write_bytes(b'a\nb\n')
+    (folder / 'short.de').write_bytes(b'a\n')
+    config = json.loads((run / 'config.json').read_text())
+    config['data'].update(dataset='folder', folder=str(folder))
+    (run / 'config.json').write_text(json.dumps(config))
+    out = tmp_path / 'hyps.txt'
+    argv = ['evaluate', f'--workdir={run}', '--beam_size=1', f'--output={out}']
+    argv += ['--max_examples=0', '--step=4']  # absl flags outlive a cli() call in one process
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.cli([*argv, '--split=hostile'])
+    assert not exit_info.value.code
+    assert len(out.read_text().split('\n')) == 8 + 1
+    assert 'hostile.en line 4: invalid UTF-8' in caplog.text
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.cli([*argv, '--split=short'])
+    message = str(exit_info.value.code)
+    assert 'short.en has 2 lines but' in message and 'short.de has 1' in message

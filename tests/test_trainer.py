@@ -1,11 +1,21 @@
 """The training loop: exact resume, clear errors, the train.py command, non-finite stops."""
 
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
 import jax
 import numpy as np
 import pytest
 
 from tests.tiny_run import tiny_run_config
 from transformer import trainer, workdir
+
+REPO = pathlib.Path(__file__).parents[1]
 
 
 def _params_at(run_dir, step):
@@ -110,9 +120,120 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     config.opt.lr_scale = 1e12
     config.train.checkpoint_every = 1
     config.train.log_every = 1
-    with pytest.raises(trainer.TrainingError, match='Non-finite'):
+    with pytest.raises(trainer.TrainingError, match='Non-finite') as info:
         trainer.train_and_evaluate(config, str(tmp_path))
+    assert 'Newest verified checkpoint: step' in str(info.value)
+    assert 'may be bad' not in str(info.value)  # a fresh run: the learning rate is the suspect
     steps = workdir.checkpoint_steps(str(tmp_path), average_last=100)
     assert steps, 'a good checkpoint must survive'
     params = _params_at(tmp_path, steps[-1])
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_non_finite_right_after_resume_suspects_the_checkpoint(run_dir, tmp_path):
+    """A loss that turns non-finite within train.log_every steps of a resume: the message
+    names the newest verified checkpoint and says the checkpoint itself may be bad."""
+    import shutil
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    config = tiny_run_config(12)
+    config.opt.schedule = 'constant'
+    config.opt.lr_scale = 1e12
+    config.train.checkpoint_every = 2
+    config.train.log_every = 8
+    with pytest.raises(trainer.TrainingError) as info:
+        trainer.train_and_evaluate(config, str(run))
+    message = str(info.value)
+    assert 'Newest verified checkpoint: step' in message and '\n' not in message
+    assert 'resumed from step 4' in message and 'checkpoint itself may be bad' in message
+
+
+# The kill test's run: configs/tiny.py shrunk to seconds, a checkpoint every step, async.
+_KILL_OVERRIDES = {
+    'model.d_model': 32,
+    'model.d_ff': 64,
+    'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1,
+    'model.max_len': 32,
+    'data.max_len': 32,
+    'data.synthetic.num_train': 200,
+    'data.synthetic.num_validation': 8,
+    'data.synthetic.num_test': 8,
+    'data.vocab_size': 300,
+    'train.batch_size': 8,
+    'train.num_steps': 10,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'train.checkpoint_every': 1,
+    'train.async_checkpointing': True,
+    'eval.bleu_every': 0,
+    'eval.batch_size': 8,
+}
+
+
+def _meta(run_dir, step):
+    import orbax.checkpoint as ocp
+
+    manager = workdir.checkpoint_manager(str(run_dir))
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+
+
+def _train_lines(run_dir):
+    metrics = run_dir / 'metrics.jsonl'
+    return metrics.read_text().count('"split": "train"') if metrics.exists() else 0
+
+
+def _wait_for(condition, proc, timeout=180.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not condition():
+        time.sleep(0.02)
+
+
+def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
+    """`python train.py` SIGKILLed three times (at random moments after it trained a step,
+    and once while an asynchronous checkpoint is being written), re-run each time with the
+    same command: no partial step is ever on disk as a step or restored, and the final
+    parameters and data position equal those of an uninterrupted run exactly."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.update_from_flattened_dict(_KILL_OVERRIDES)
+    trainer.train_and_evaluate(config, str(tmp_path / 'straight'))
+    killed = tmp_path / 'killed'
+    ckpts = killed / 'checkpoints'
+    command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={killed}']
+    command += [f'--config.{k}={v}' for k, v in _KILL_OVERRIDES.items()]
+    rng, steps_seen = random.Random(0), []
+    tmp_dir = lambda: any('tmp' in p.name for p in ckpts.iterdir()) if ckpts.exists() else False
+    for attempt in range(4):
+        log = tmp_path / f'attempt{attempt}.log'
+        before = _train_lines(killed)
+        with open(log, 'w') as err:
+            proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                if attempt < 3:
+                    _wait_for(lambda b=before: _train_lines(killed) > b, proc)
+                    if attempt == 1:
+                        _wait_for(tmp_dir, proc, timeout=10)  # an async save in flight
+                    else:
+                        time.sleep(rng.uniform(0.0, 0.5))
+                    proc.kill()
+                assert proc.wait(timeout=300) in (0, -signal.SIGKILL)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        resumed = re.findall(r'Resumed from .* at step (\d+)', log.read_text())
+        if resumed:  # it restored one of the complete steps the previous attempt left
+            assert steps_seen and int(resumed[0]) in steps_seen[-1], log.read_text()[-2000:]
+        steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+        for step in steps:
+            workdir.verify_step(str(killed), step, warn=False)  # complete, or no manifest yet
+        steps_seen.append(steps)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    last = _KILL_OVERRIDES['train.num_steps']
+    assert _meta(killed, last)['data_state'] == _meta(tmp_path / 'straight', last)['data_state']
+    a, b = _params_at(tmp_path / 'straight', last), _params_at(killed, last)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)

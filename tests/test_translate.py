@@ -80,3 +80,32 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     assert all(len(row) == 5 for row in rows)
     assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('2', '1'), ('2', '2')]
     assert float(rows[0][2]) >= float(rows[1][2])
+
+
+def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
+    """Seven hostile lines on stdin (invalid UTF-8, NUL and other controls, CRLF, blank,
+    whitespace-only, far longer than max_len, no final newline): exit 0, exactly one output
+    line each, and a warning naming each line that was changed."""
+    import io
+    import sys
+
+    from tests.test_data_text import HOSTILE
+
+    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    data = HOSTILE + b'\n' + ' '.join(sources[:40]).encode() + b'\r\nend'
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(data)))
+    with pytest.raises(SystemExit) as exit_info:
+        # absl flags outlive a cli() call in one process: reset what other tests set.
+        translate.cli(
+            ['translate', f'--workdir={run_dir}', '--beam_size=1', '--input=', '--output=']
+            + ['--max_input_tokens=0', '--step=4']
+        )
+    assert not exit_info.value.code
+    out = capsys.readouterr().out
+    assert out.endswith('\n') and out.count('\n') == 9
+    lines = out.split('\n')
+    assert lines[1] == lines[2] == ''  # empty and whitespace-only lines stay empty
+    warned = caplog.text
+    for number in (4, 5, 6):
+        assert f'stdin line {number}:' in warned
+    assert 'Line 8 has' in warned  # the over-long line, cut to max_len tokens

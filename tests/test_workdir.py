@@ -65,3 +65,139 @@ def test_partial_checkpoint_is_a_clear_error(run_dir, tmp_path):
     with pytest.raises(workdir.WorkdirError) as info:
         workdir.load_model(str(partial), step=4)
     assert '\n' not in str(info.value)
+
+
+def _params_file(run, step):
+    """The largest parameter data file of a step (where the weights' bytes are)."""
+    files = [p for p in (run / 'checkpoints' / str(step) / 'params').rglob('*') if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _flip(file, offset=1000, count=64):
+    data = bytearray(file.read_bytes())
+    data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
+    file.write_bytes(bytes(data))
+
+
+def test_every_step_is_sealed_with_a_manifest_that_verifies(run_dir):
+    """Training writes checkpoints/<step>/manifest.json (size + sha256 per file) for each step
+    once Orbax has committed it; both steps verify."""
+    for step in (2, 4):
+        manifest = json.loads((run_dir / 'checkpoints' / str(step) / workdir.MANIFEST).read_text())
+        assert any(name.startswith('params/') for name in manifest['files'])
+        assert workdir.verify_step(str(run_dir), step) is True
+
+
+@pytest.mark.parametrize('command', ['evaluate', 'translate', 'visualize'])
+def test_corrupted_checkpoint_stops_every_command_with_one_line(run_dir, tmp_path, command):
+    """64 flipped bytes in a parameter file: the commands that load a model stop (non-zero
+    exit) with one line naming the step and the file, before decoding anything."""
+    from transformer import evaluate, translate, visualize
+
+    broken = tmp_path / 'broken'
+    shutil.copytree(run_dir, broken)
+    flipped = _params_file(broken, 4)
+    _flip(flipped)
+    cli = {'evaluate': evaluate.cli, 'translate': translate.cli, 'visualize': visualize.cli}
+    argv = [command, f'--workdir={broken}', '--step=4', '--text=x', f'--input={tmp_path}/in']
+    argv = [a for a in argv if command == 'visualize' or not a.startswith('--text')]
+    argv = [a for a in argv if command == 'translate' or not a.startswith('--input')]
+    with pytest.raises(SystemExit) as info:
+        cli[command](argv)
+    message = str(info.value.code)
+    assert 'step 4' in message and flipped.name in message and 'failed verification' in message
+    assert '\n' not in message
+
+
+def test_truncated_missing_and_unsealed_checkpoints(run_dir, tmp_path, caplog):
+    """A truncated file and a missing file are named; a step without manifest (written
+    before checksums, or killed before sealing) loads with a one-line warning."""
+    broken = tmp_path / 'broken'
+    shutil.copytree(run_dir, broken)
+    data_file = _params_file(broken, 4)
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    with pytest.raises(workdir.CorruptCheckpoint, match=rf'step 4 .*{data_file.name} has 100'):
+        workdir.load_model(str(broken))
+    data_file.unlink()
+    with pytest.raises(workdir.CorruptCheckpoint, match=f'{data_file.name} is missing'):
+        workdir.load_model(str(broken), average_last=2)
+    (broken / 'checkpoints' / '2' / workdir.MANIFEST).unlink()
+    _, _, _, _, steps = workdir.load_model(str(broken), step=2)
+    assert steps == [2]
+    assert 'step 2' in caplog.text and 'no manifest.json' in caplog.text
+
+
+def test_resume_skips_a_corrupted_step_and_continues_exactly(run_dir, tmp_path, caplog):
+    """Training resumes from the newest intact step (with a warning), moves the corrupt
+    step aside, and re-trains to the same parameters; with no intact step it stops."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    config = tiny_run_config(4)
+    config.train.checkpoint_every = 2
+    broken = tmp_path / 'broken'
+    shutil.copytree(run_dir, broken)
+    _flip(_params_file(broken, 4))
+    final = trainer.train_and_evaluate(config, str(broken))
+    assert final['steps_this_run'] == 2
+    assert 'Resuming from step 2, the newest intact one' in caplog.text
+    assert list((broken / 'corrupt_checkpoints').iterdir())
+    _, _, _, expected, _ = workdir.load_model(str(run_dir), step=4)
+    _, _, _, got, _ = workdir.load_model(str(broken), step=4)
+    for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(x, y)
+    for step in (2, 4):
+        _flip(_params_file(broken, step))
+    with pytest.raises(workdir.WorkdirError, match=r'No intact checkpoint.*\[4, 2\]') as info:
+        trainer.train_and_evaluate(config, str(broken))
+    assert '\n' not in str(info.value)
+
+
+def test_unsealed_step_is_sealed_when_training_resumes_from_it(run_dir, tmp_path):
+    """A step committed by a run killed before it wrote the manifest: resuming restores it
+    completely, finds it finite, and seals it."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    config = tiny_run_config(4)
+    config.train.checkpoint_every = 2
+    unsealed = tmp_path / 'unsealed'
+    shutil.copytree(run_dir, unsealed)
+    manifest = unsealed / 'checkpoints' / '4' / workdir.MANIFEST
+    manifest.unlink()
+    trainer.train_and_evaluate(config, str(unsealed))
+    assert manifest.exists() and workdir.verify_step(str(unsealed), 4)
+
+
+def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp_path):
+    """Checkpoint files that the OS refuses to write (async checkpoints): one line naming
+    the step, and the steps saved before still verify.
+
+    Tests run as root, for whom chmod does not stop writes, and cannot mount a small disk;
+    a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored) makes the kernel refuse every
+    write past 40 kB with EFBIG, as a full disk refuses with ENOSPC: parameter files are
+    larger, metrics and logs smaller. The refusal comes from the OS inside tensorstore's
+    writer thread, with no Python code patched."""
+    import resource
+    import signal
+
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    config = tiny_run_config(6)
+    config.train.checkpoint_every = 2
+    config.train.async_checkpointing = True
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, limits[1]))
+    try:
+        with pytest.raises(workdir.WorkdirError, match='Could not write checkpoint step 6') as info:
+            trainer.train_and_evaluate(config, str(run))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert '\n' not in str(info.value) and 'intact: [2, 4]' in str(info.value)
+    assert all(workdir.verify_step(str(run), s) for s in (2, 4))
+    assert not (run / 'checkpoints' / '6').exists()

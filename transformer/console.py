@@ -11,6 +11,7 @@ lines included.
 
 from __future__ import annotations
 
+import functools
 import logging as std_logging
 import os
 import re
@@ -159,8 +160,37 @@ def require(*names: str) -> None:
             raise app.UsageError(f'--{name} is required.')
 
 
-def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) -> None:
-    """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests)."""
+USAGE_EXIT_CODE = 2  # a command line that cannot run (the argparse convention)
+
+
+def usage_exit(message: str) -> None:
+    """Ends the command with ``error: message`` (one line) and exit code 2."""
+    print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
+    sys.exit(USAGE_EXIT_CODE)
+
+
+def _parse_flags(
+    argv: list[str], explain: Callable[[Exception, list[str]], str | None] | None
+) -> list[str]:
+    # Errors of the command line itself, including ml_collections' override parsing (which
+    # raises AttributeError / KeyError / TypeError from inside absl): one line, no traceback.
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+        message = explain(e, argv) if explain is not None else None
+        usage_exit(message or (str(e).strip().splitlines() or [type(e).__name__])[0])
+
+
+def run(
+    main: Callable[[list[str]], None],
+    argv: Sequence[str] | None = None,
+    explain_flag_error: Callable[[Exception, list[str]], str | None] | None = None,
+) -> None:
+    """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests).
+
+    A command line that does not parse ends with one ``error:`` line and exit code 2;
+    ``explain_flag_error(error, argv)`` may word that line (None: the error's first line).
+    """
     args = list(argv) if argv is not None else list(sys.argv)
     verbose = argv_verbosity(args[1:]) >= 1
     if not verbose:
@@ -178,4 +208,8 @@ def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) ->
     # Every command starts from the flags' defaults, not the values an earlier command of the
     # same process (tests) parsed.
     flags.FLAGS.unparse_flags()
-    app.run(wrapped, argv=args)
+    app.run(
+        wrapped,
+        argv=args,
+        flags_parser=functools.partial(_parse_flags, explain=explain_flag_error),
+    )

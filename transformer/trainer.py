@@ -28,12 +28,13 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import console, optim, steps
+from transformer import config_checks, console, optim, steps
 from transformer import data as data_lib
 from transformer import metrics as metrics_lib
 from transformer import validation as validation_lib
 from transformer import workdir as workdir_lib
 from transformer.best import BestTracker
+from transformer.checkpoints import Checkpoints
 from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
 from transformer.parallel import Parallel
@@ -59,7 +60,7 @@ class Run:
     parallel: Parallel
     state: TrainState  # in the parallel mode's device layout
     train_iter: data_lib.TrainIterator
-    manager: ocp.CheckpointManager
+    checkpoints: Checkpoints
     best_manager: ocp.CheckpointManager | None  # WORKDIR/best; None without validation BLEU
     best: BestTracker
     dropout_rng: jax.Array
@@ -130,17 +131,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     """
     tc = config.train
     init_distributed(tc)
+    # Before anything is written; now that the processes have joined, the batch is checked
+    # against the devices of all of them.
+    config_checks.check(config, jax.devices() if devices is None else devices)
     os.makedirs(workdir, exist_ok=True)
     tokenizer = workdir_lib.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
-    rows_needed = parallel.num_data_shards * tc.grad_accum_steps
-    if tc.batch_size % rows_needed or tc.batch_size % (jax.process_count() * tc.grad_accum_steps):
-        raise ValueError(
-            f'train.batch_size={tc.batch_size} must be a multiple of data devices x '
-            f'grad_accum_steps = {rows_needed} (and of processes x grad_accum_steps).'
-        )
     init_rng, dropout_rng = jax.random.split(jax.random.key(tc.seed))
     init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
@@ -152,15 +150,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    manager = workdir_lib.checkpoint_manager(workdir, config)
-    latest, meta = manager.latest_step(), None
-    if latest is None:
+    checkpoints = Checkpoints(workdir, config)
+    # Restored straight into this run's global layout, whatever the layout that saved it.
+    restored = checkpoints.restore_latest(parallel.abstract_state(init))
+    latest, meta = None, None
+    if restored is None:
         state = parallel.init_state(init)
     else:
-        # Restored straight into this run's global layout, whatever the layout that saved it.
-        state, meta = workdir_lib.restore_state(
-            manager, latest, parallel.abstract_state(init), workdir
-        )
+        state, meta, latest = restored
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
     if jax.process_index() == 0:
@@ -186,7 +183,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         parallel=parallel,
         state=parallel.put_state(state),
         train_iter=train_iter,
-        manager=manager,
+        checkpoints=checkpoints,
         best_manager=(
             workdir_lib.checkpoint_manager(workdir, config, best=True)
             if config.eval.bleu_every
@@ -258,16 +255,30 @@ class TrainLog:
         return metrics
 
 
-def _check_finite(run: Run, step: int, sums: Mapping[str, Any], last_saved: int | None) -> None:
+def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
+    """Stops on a non-finite loss or gradient, naming the newest checkpoint that verifies;
+    right after a resume it says that this checkpoint itself may be the cause."""
     if np.isfinite(sums['loss']) and np.isfinite(sums['grad_norm']):
         return
-    run.manager.wait_until_finished()
-    kept = f'step {last_saved}' if last_saved is not None else 'none'
-    raise TrainingError(
+    run.checkpoints.seal()
+    good = run.checkpoints.newest_verified()
+    where = f'{run.workdir}/{workdir_lib.CHECKPOINTS}'
+    kept = f'step {good} in {where}' if good is not None else f'none in {where}'
+    message = (
         f'Non-finite loss or gradient at step {step} (loss={sums["loss"]}, '
-        f'grad_norm={sums["grad_norm"]}); stopped. Last good checkpoint: {kept} in '
-        f'{run.workdir}/{workdir_lib.CHECKPOINTS}. Lower opt.lr_scale or raise opt.warmup_steps.'
+        f'grad_norm={sums["grad_norm"]}); stopped. Newest verified checkpoint: {kept}. '
     )
+    since = None if run.restored_step is None else step - run.restored_step
+    if since is not None and since <= run.config.train.log_every:
+        message += (
+            f'The run resumed from step {run.restored_step} only {since} step(s) before, so '
+            'that checkpoint itself may be bad (its values, not only the learning rate): move '
+            f'checkpoints/{run.restored_step} away to resume from an earlier step, or lower '
+            'opt.lr_scale / raise opt.warmup_steps.'
+        )
+    else:
+        message += 'Lower opt.lr_scale or raise opt.warmup_steps.'
+    raise TrainingError(message)
 
 
 def train_and_evaluate(
@@ -298,7 +309,7 @@ def train_and_evaluate(
         enabled=run.is_main,
     )
     step = first_step = int(parallel.global_state(run.state).step)
-    log, last_saved, final = TrainLog(run, step), run.restored_step, {}
+    log, final = TrainLog(run, step), {}
     stopped_early = run.best.should_stop  # a restarted run that had already stopped early
     if stopped_early:
         logging.info('Early stopping ended this run at step %d; nothing to train.', step)
@@ -314,7 +325,7 @@ def train_and_evaluate(
             is_ckpt = step % tc.checkpoint_every == 0 or is_last
             if is_log or is_ckpt:
                 sums = jax.device_get(sums)
-                _check_finite(run, step, sums, last_saved)
+                _check_finite(run, step, sums)
             log.add(sums)
             if is_log:
                 final['train'] = log.flush(step, sums, batches.wait_s)
@@ -329,11 +340,10 @@ def train_and_evaluate(
                 )
             if is_ckpt or stopped_early:
                 state = parallel.global_state(run.state)
-                workdir_lib.save_state(run.manager, state, data_state, tc.seed, run.best.state())
-                last_saved = step
+                run.checkpoints.save(state, data_state, tc.seed, run.best.state())
     finally:
         batches.close()
-    run.manager.wait_until_finished()
+    run.checkpoints.seal()
     writer.close()
     if run.best_manager is not None:
         run.best_manager.wait_until_finished()
@@ -372,6 +382,10 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('config', 'workdir')
         try:
+            config_checks.check(flags.FLAGS.config)
+        except config_checks.ConfigError as e:
+            console.usage_exit(str(e))
+        try:
             final = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
         except (TrainingError, workdir_lib.WorkdirError, data_lib.DataError, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -381,4 +395,24 @@ def cli(argv: list[str] | None = None) -> None:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
     except app.UsageError as e:
         raise SystemExit(f'error: {e}') from None
-    console.run(main, argv)
+    console.run(main, argv, explain_flag_error=_explain_flag_error)
+
+
+def _explain_flag_error(error: Exception, argv: list[str]) -> str | None:
+    """Names an unknown ``--config.KEY`` override and the nearest valid key."""
+    from absl import flags
+
+    if isinstance(error, flags.Error):
+        return None  # absl's own message names the flag and the bad value
+    config_arg = next(
+        (a for a in argv if a.startswith('--config=') and '.' not in a.split('=')[0]), None
+    )
+    if config_arg is None and '--config' in argv[:-1]:
+        config_arg = '--config=' + argv[argv.index('--config') + 1]
+    if config_arg is None:
+        return None
+    try:
+        config = flags.FLAGS['config'].parser.parse(config_arg.split('=', 1)[1])
+    except Exception:  # noqa: BLE001 (the config file's own error: absl's line says it)
+        return None
+    return config_checks.unknown_key_message(config, argv)

@@ -4,7 +4,10 @@
 
 Output line i is the translation of input line i: empty (or blank) lines stay empty, and a line
 longer than ``--max_input_tokens`` tokens is cut to that length (with a warning on stderr)
-rather than failing the run. Progress and warnings go to stderr, translations to stdout.
+rather than failing the run. Input is read as bytes and split at ``\n`` only; CRLF line ends
+are accepted, invalid UTF-8 becomes U+FFFD and control characters spaces, each with a warning
+naming the line (transformer/data/text.py). Progress and warnings go to stderr,
+translations to stdout.
 
 ``--nbest K`` writes the K best beam-search hypotheses of every non-blank input line instead,
 best first, one a line, tab-separated (as Moses and fairseq n-best lists, line numbers from 0):
@@ -257,10 +260,10 @@ def cli(argv: list[str] | None = None) -> None:
         except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
         if FLAGS.input:
-            with open(FLAGS.input, encoding='utf-8') as f:
-                lines = f.read().splitlines()
+            with open(FLAGS.input, 'rb') as f:
+                lines = data_lib.decode_lines(f.read(), FLAGS.input)
         else:
-            lines = sys.stdin.read().splitlines()
+            lines = data_lib.decode_lines(sys.stdin.buffer.read(), 'stdin')
         logging.info('Translating %d lines with checkpoints %s.', len(lines), steps)
         translations = translate_lines(
             lines,

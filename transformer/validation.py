@@ -99,7 +99,9 @@ def validate(
     writer.write(step, 'validation', scores)
     best = run.best
     if best.update(step, scores):
-        workdir_lib.save_best(run.best_manager, params, {**best.state(), 'metric': best.metric})
+        workdir_lib.save_best(
+            run.best_manager, params, {**best.state(), 'metric': best.metric}, run.workdir
+        )
     logging.info(
         'step %d  validation %s  (best %s %.2f at step %d)',
         *(step, scores, best.metric, best.score, best.step),

@@ -12,6 +12,25 @@
 Training saves and restores whole train states; evaluate, translate and visualize load
 parameters (one step or the average of the last K). Any checkpoint that cannot be read
 raises `WorkdirError` with one line that names the step and what to do.
+
+Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
+but does not checksum the data, so a flipped or truncated file loads silently. Every step
+therefore gets ``checkpoints/<step>/manifest.json``: the size and sha256 of each of its
+files, written (atomically, by rename) once Orbax has finished the step: `Checkpoints.seal`
+runs before the next save (Orbax waits for the previous save there anyway) and at the end of
+training. Every restore verifies the manifest first; a file that is missing, of another size
+or another hash raises `CorruptCheckpoint` naming the step and the file. Training resume
+falls back to the newest intact step (moving the corrupt ones to ``corrupt_checkpoints/``,
+as their step numbers will be written again) and stops when none is intact.
+
+A step without a manifest is either older than this scheme or was committed by a run
+killed before it sealed the step (the window is one save interval with async checkpoints).
+Both are accepted with a one-line warning rather than refused: refusing would strand every
+existing run, and an unsealed step is not suspect by itself. Training seals such a step when
+it resumes from it, and only after restoring it completely (which fails on missing or
+truncated files) and finding every parameter and optimizer value finite; hashing it unseen
+would certify whatever bytes happen to be there. The other commands never write manifests:
+they only read the run directory.
 """
 
 from __future__ import annotations
@@ -29,6 +48,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from flax import linen as nn
 
+from transformer import checksums
 from transformer import data as data_lib
 from transformer.model import Transformer, config_from_dict
 from transformer.steps import TrainState
@@ -46,6 +66,8 @@ METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
 FINAL_METRICS_FILE = 'final_metrics.json'
 EVAL_DIR = 'eval'
+MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
+CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 _ITEMS = ('params', 'opt_state', 'meta')
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree.
 _RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
@@ -53,6 +75,10 @@ _RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
 
 class WorkdirError(RuntimeError):
     """A workdir, checkpoint or vocabulary that cannot be used; the message says why."""
+
+
+class CorruptCheckpoint(WorkdirError):
+    """A checkpoint step whose files differ from its manifest."""
 
 
 def path(workdir: str, *parts: str) -> str:
@@ -152,8 +178,11 @@ def save_state(
     )
 
 
-def save_best(manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str, Any]) -> None:
-    """Replaces the best checkpoint (``manager`` of ``WORKDIR/best``) with ``params``."""
+def save_best(
+    manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str, Any], workdir: str
+) -> None:
+    """Replaces the best checkpoint (``manager`` of ``WORKDIR/best``) with ``params``, sealed
+    with a manifest like every other step."""
     step = int(meta['step'])
     for old in manager.all_steps():
         if old >= step:  # written by a run that stopped before its next regular checkpoint
@@ -164,20 +193,78 @@ def save_best(manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str,
             params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(dict(meta))
         ),
     )
+    manager.wait_until_finished()  # rare (an improved BLEU): sealing it at once is cheap
+    if jax.process_index() == 0:
+        seal_step(workdir, step, best=True)
+
+
+def error_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
 def _restore_error(workdir: str, step: int, error: Exception, what: str) -> WorkdirError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    first_line = error_line(error)
     return WorkdirError(
         f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} does not fit {what} or is '
         f'incomplete: {first_line}'
     )
 
 
+def step_dir(workdir: str, step: int, *, best: bool = False) -> str:
+    """``WORKDIR/checkpoints/<step>`` (``best``: ``WORKDIR/best/<step>``)."""
+    return path(os.path.abspath(workdir), BEST if best else CHECKPOINTS, str(step))
+
+
+def seal_step(workdir: str, step: int, *, best: bool = False) -> None:
+    """Writes the manifest of a finished step: size and sha256 of each of its files."""
+    checksums.write(step_dir(workdir, step, best=best), MANIFEST)
+
+
+def verify_step(
+    workdir: str,
+    step: int,
+    items: Sequence[str] | None = None,
+    *,
+    warn: bool = True,
+    best: bool = False,
+) -> bool:
+    """Checks a step's files against its manifest before anything reads them.
+
+    Args:
+      workdir: the run directory.
+      step: the checkpoint step.
+      items: check only these Orbax items (e.g. ``('params',)``) and the step's own files.
+      warn: log a one-line warning for a step without manifest.
+
+    Returns:
+      True when verified, False when the step has no manifest (accepted unverified; see the
+      module docstring).
+
+    Raises:
+      CorruptCheckpoint: a file is missing or differs from the manifest.
+    """
+    try:
+        sealed = checksums.verify(step_dir(workdir, step, best=best), MANIFEST, items)
+    except checksums.Mismatch as e:
+        where = BEST if best else CHECKPOINTS
+        raise CorruptCheckpoint(
+            f'Checkpoint step {step} in {workdir}/{where} failed verification: '
+            f'{where}/{step}/{e} and cannot be used.'
+        ) from None
+    if not sealed and warn:
+        logging.warning(
+            'Checkpoint step %d in %s/%s has no %s (saved before checksums were kept, or its '
+            'run stopped before sealing it); loading it unverified.',
+            *(step, workdir, CHECKPOINTS, MANIFEST),
+        )
+    return sealed
+
+
 def restore_state(
     manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
 ) -> tuple[TrainState, dict[str, Any]]:
-    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta."""
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
+    `Checkpoints.restore_latest` verifies the step first."""
     try:
         restored = manager.restore(
             step,
@@ -242,9 +329,11 @@ def best_step(workdir: str) -> int:
 
 
 def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = False) -> PyTree:
-    """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), checked against the
-    model's shapes, on one local device whatever the saving run's device count."""
+    """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), verified against the
+    step's manifest (when it has one), checked against the model's shapes, on one local
+    device whatever the saving run's device count."""
     target = abstract_params(model)
+    verify_step(workdir, step, items=('params',), best=best)
     try:
         restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))

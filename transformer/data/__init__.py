@@ -23,6 +23,7 @@ from transformer.data.eval_batches import (
 )
 from transformer.data.packing import TrainIterator, make_train_iterator, pack_examples
 from transformer.data.sources import load_text, order_note
+from transformer.data.text import decode_lines
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -38,6 +39,7 @@ __all__ = [
     'TrainIterator',
     'batch_examples',
     'bucket_length',
+    'decode_lines',
     'default_config',
     'get_tokenizer',
     'load_text',

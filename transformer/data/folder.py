@@ -13,6 +13,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
+from transformer.data import text
 from transformer.data.errors import DataError
 
 
@@ -27,18 +28,15 @@ def files(folder: epath.PathLike, split: str, lang: str) -> list[epath.Path]:
 
 
 def _read_lines(path: epath.Path) -> list[str]:
-    # split('\n'), not splitlines(): sentences may contain other Unicode line separators.
-    lines = path.read_text(encoding='utf-8').split('\n')
-    if lines and not lines[-1]:
-        lines.pop()
-    return [line.rstrip('\r') for line in lines]
+    # Hostile bytes (invalid UTF-8, NUL, CRLF, ...) are cleaned with a warning per line.
+    return text.decode_lines(path.read_bytes(), str(path))
 
 
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     """(sources, targets) of a split."""
     if not data_config.folder:
         raise DataError("dataset='folder' needs data.folder, the directory of the text files.")
-    columns = []
+    columns, paths = [], []
     for lang in (data_config.source_lang, data_config.target_lang):
         candidates = files(data_config.folder, split, lang)
         found = next((p for p in candidates if p.is_file()), None)
@@ -48,12 +46,12 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
                 f'{" or ".join(map(str, candidates))}.'
             )
         columns.append(_read_lines(found))
+        paths.append(found)
     sources, targets = columns
     if len(sources) != len(targets):
         raise DataError(
-            f'Split {split!r} in {data_config.folder} has {len(sources)} '
-            f'{data_config.source_lang} but {len(targets)} {data_config.target_lang} lines; '
-            'the files must be aligned line by line.'
+            f'{paths[0]} has {len(sources)} lines but {paths[1]} has {len(targets)}; '
+            f'the files of split {split!r} must be aligned line by line.'
         )
     return sources, targets
 

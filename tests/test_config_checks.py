@@ -1,0 +1,64 @@
+"""Config errors: one line, exit code 2, nothing written to the workdir."""
+
+import sys
+
+import pytest
+from absl import flags
+
+from configs import base, big, multi30k, tiny
+from transformer import config_checks, trainer
+
+
+def _forget_config_overrides():
+    for name in [n for n in flags.FLAGS if n.startswith('config.')]:
+        delattr(flags.FLAGS, name)
+
+
+@pytest.fixture(autouse=True)
+def fresh_overrides():
+    """ml_collections defines a flag per --config.KEY override; in one process a second
+    parse of the same key would be a duplicate definition (each CLI run is its own process)."""
+    _forget_config_overrides()
+    yield
+    _forget_config_overrides()
+
+
+@pytest.mark.parametrize('module', [base, big, multi30k, tiny])
+def test_shipped_configs_pass(module):
+    config_checks.check(module.get_config(), devices=[None] * 8)
+
+
+@pytest.mark.parametrize(
+    'override, message',
+    [
+        ('model.d_modle=8', 'unknown config key model.d_modle; did you mean model.d_model?'),
+        ('model.d_model=abc', "invalid literal for int() with base 10: 'abc'"),
+        ('model.dropout_rate=1.0', 'model.dropout_rate=1.0 must be in [0, 1).'),
+        ('model.dropout_rate=-0.1', 'model.dropout_rate=-0.1 must be in [0, 1).'),
+        ('opt.warmup_steps=0', 'opt.warmup_steps=0 must be an integer >= 1.'),
+        ('eval.beam_size=0', 'eval.beam_size=0 must be an integer >= 1.'),
+        ('train.label_smoothing=1.0', 'train.label_smoothing=1.0 must be in [0, 1).'),
+        ('train.batch_size=12', 'train.batch_size=12 must be a multiple of data-parallel'),
+        ('model.num_heads=5', 'model.d_model=128 must be a multiple of model.num_heads=5'),
+    ],
+)
+def test_config_error_is_one_line_exit_2_and_writes_nothing(
+    override, message, tmp_path, monkeypatch, capsys
+):
+    workdir = tmp_path / 'run'
+    argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', f'--config.{override}']
+    monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    with pytest.raises(SystemExit) as info:
+        trainer.cli(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+    assert not workdir.exists()
+
+
+def test_wrong_type_in_a_config_file_is_named():
+    config = tiny.get_config()
+    del config.eval['beam_size']  # a ConfigDict keeps a field's type; replace the field
+    config.eval.beam_size = '4'
+    with pytest.raises(config_checks.ConfigError, match=r"eval.beam_size='4' must be of type int"):
+        config_checks.check(config, devices=[None])

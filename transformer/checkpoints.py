@@ -1,0 +1,156 @@
+"""The trainer's checkpoints: saves sealed with a manifest, resumes that never start from a
+step that failed its checks (see transformer/workdir.py, "Integrity", for the scheme)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from transformer.steps import TrainState
+from transformer.workdir import (
+    CHECKPOINTS,
+    CORRUPT_CHECKPOINTS,
+    MANIFEST,
+    CorruptCheckpoint,
+    PyTree,
+    WorkdirError,
+    checkpoint_manager,
+    error_line,
+    path,
+    restore_state,
+    save_state,
+    seal_step,
+    step_dir,
+    verify_step,
+)
+
+
+def _all_finite(tree: PyTree) -> bool:
+    return all(
+        np.isfinite(np.asarray(x)).all()
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    )
+
+
+class Checkpoints:
+    """The trainer's checkpoints: asynchronous saves that are sealed with a manifest once
+    Orbax has finished them, and a resume that never starts from a step that failed checks.
+
+    Disk errors while saving (a full disk, a read-only directory) become one-line
+    `WorkdirError`s; the steps saved before stay as they were.
+    """
+
+    def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+        self.workdir = workdir
+        self.manager = checkpoint_manager(workdir, config)
+        self._unsealed: list[int] = []  # saved by this process, manifest not yet written
+        self._writes = jax.process_index() == 0
+
+    def _save_error(self, step: int | None, error: BaseException) -> WorkdirError:
+        first_line = error_line(error)
+        kept = [s for s in self.manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
+        return WorkdirError(
+            f'Could not write checkpoint step {step} in {self.workdir}/{CHECKPOINTS} '
+            f'({first_line}); stopped. Steps saved before are intact: {sorted(kept)}.'
+        )
+
+    def save(
+        self,
+        state: TrainState,
+        data_state: Mapping[str, Any],
+        seed: int,
+        best: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Starts saving ``state`` (asynchronously if configured) after sealing the last."""
+        self.seal()
+        step = int(state.step)
+        try:
+            save_state(self.manager, state, data_state, seed, best)
+        except OSError as e:
+            raise self._save_error(step, e) from None
+        self._unsealed.append(step)
+
+    def seal(self) -> None:
+        """Waits for the pending saves, then writes the manifests of the committed ones."""
+        pending, self._unsealed = self._unsealed, []
+        try:
+            self.manager.wait_until_finished()
+            # Orbax logs a failed background save and leaves the step uncommitted; this
+            # re-raises its error (once per thread) so that the message can name the cause.
+            self.manager.check_for_errors()
+            for step in pending:
+                # A save that failed in the background leaves no committed step directory.
+                if not os.path.isdir(step_dir(self.workdir, step)):
+                    raise OSError(errno.EIO, 'Orbax did not commit the step')
+                if self._writes:
+                    seal_step(self.workdir, step)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise self._save_error(pending[-1] if pending else None, e) from None
+
+    def newest_verified(self) -> int | None:
+        """The newest step whose files match its manifest (None: none)."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                if verify_step(self.workdir, step, warn=False):
+                    return step
+            except CorruptCheckpoint:
+                continue
+        return None
+
+    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict, int] | None:
+        """(state, meta, step) of the newest intact step; None when there is no checkpoint.
+
+        Newer steps that fail verification are moved to ``WORKDIR/corrupt_checkpoints/``
+        (their step numbers will be saved again) with a one-line warning.
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        failed: list[CorruptCheckpoint] = []
+        for step in steps:
+            try:
+                sealed = verify_step(self.workdir, step, warn=False)
+                break
+            except CorruptCheckpoint as e:
+                failed.append(e)
+        else:
+            if not steps:
+                return None
+            raise WorkdirError(f'{failed[0]} No intact checkpoint to resume from: {steps}.')
+        if failed:
+            self._quarantine([int(s) for s in steps[: len(failed)]])
+            logging.warning('%s Resuming from step %d, the newest intact one.', failed[0], step)
+        state, meta = restore_state(self.manager, step, abstract_state, self.workdir)
+        if not sealed:
+            if not _all_finite((state.params, state.opt_state)):
+                raise CorruptCheckpoint(
+                    f'Checkpoint step {step} in {self.workdir}/{CHECKPOINTS} has no manifest '
+                    'and holds non-finite values; move it away to resume from an earlier step.'
+                )
+            if self._writes:
+                seal_step(self.workdir, step)
+            logging.warning(
+                'Checkpoint step %d had no %s (saved before checksums were kept, or the run '
+                'stopped before sealing it); it restored completely with finite values, so '
+                'it is now sealed.',
+                *(step, MANIFEST),
+            )
+        return state, meta, step
+
+    def _quarantine(self, steps: Sequence[int]) -> None:
+        if self._writes:
+            target = path(self.workdir, CORRUPT_CHECKPOINTS)
+            os.makedirs(target, exist_ok=True)
+            for step in steps:
+                destination = tempfile.mkdtemp(prefix=f'{step}-', dir=target)
+                shutil.move(step_dir(self.workdir, step), destination)
+        self.manager.reload()
