@@ -85,7 +85,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
             f'train.batch_size={tc.batch_size} must be a multiple of devices x grad_accum_steps '
             f'x processes = {rows_needed}.'
         )
-    init_rng, dropout_rng = jax.random.split(jax.random.key(tc.seed))
+    init_rng = jax.random.split(jax.random.key(tc.seed))[0]
+    dropout_rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
     state = steps.init_state(model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
         config.data,
