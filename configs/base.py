@@ -69,9 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
     train.batch_size = 104  # global packed rows per step (~25k target tokens, Sec. 5.1)
     train.grad_accum_steps = 1  # micro-batches per step, to reach the budget on fewer devices
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
-    # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' or 'unsafe_rbg' (XLA's
-    # RngBitGenerator, as t5x and MaxText use: far fewer operations per random bit). Each is
-    # deterministic per seed and step, so resuming stays exact.
+    # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' / 'unsafe_rbg' (XLA's
+    # RngBitGenerator, as t5x and MaxText use) or 'philox4x32'. Each is deterministic per seed
+    # and step, so resuming stays exact. philox4x32 is the cheapest on CPU under jit
+    # (benchmarks/step_overhead.py) but does not compile under pmap in jax 0.10.2.
     train.dropout_prng = 'rbg'
     train.parallelism = 'pmap'  # 'pmap' (replicated state) or 'sharding' (jit + NamedSharding)
     train.model_parallelism = 1  # size of the mesh's 'model' axis in 'sharding' mode

@@ -70,8 +70,8 @@ def test_bfloat16_compute_keeps_float32_params():
 
 
 def test_rbg_dropout_is_deterministic_per_seed_and_differs_between_seeds():
-    """train.dropout_prng='rbg' / 'unsafe_rbg': the same (seed, step) gives bit-identical
-    updates (what exact resumption needs), another seed other dropout masks."""
+    """train.dropout_prng 'rbg' / 'unsafe_rbg' / 'philox4x32': the same (seed, step) gives
+    bit-identical updates (what exact resumption needs), another seed other dropout masks."""
     opt = base.get_config().opt
     tx, schedule = optim.make_optimizer(opt, d_model=32)
     model = Transformer(dataclasses.replace(tiny_model().config, dropout_rate=0.3))
@@ -86,7 +86,7 @@ def test_rbg_dropout_is_deterministic_per_seed_and_differs_between_seeds():
         )
     )
     state = steps.init_state(model, tx, jax.random.key(0), LEN)
-    for prng in ('rbg', 'unsafe_rbg'):
+    for prng in ('rbg', 'unsafe_rbg', 'philox4x32'):
         losses = [
             float(step(state, packed_batch(0), steps.dropout_key(seed, prng))[1]['loss'])
             for seed in (0, 0, 1)
