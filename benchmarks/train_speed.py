@@ -1,11 +1,21 @@
-r"""Training throughput of a config: steps/s, tokens/s, achieved FLOP/s, peak memory.
+r"""Training throughput of a config: steps/s, tokens/s, FLOPs, MFU, peak memory.
 
   python benchmarks/train_speed.py --config configs/multi30k.py \
-      --config.data.manual_dir=../shared/data/multi30k --steps 30
+      --config.data.manual_dir=../shared/data/multi30k --steps 30     # real packed batches
+  python benchmarks/train_speed.py --config configs/base.py --config.model.dtype=bfloat16
+                                    # GPU: random batches of the config's shape, no TensorFlow
 
-Runs the real train step (the config's parallelism mode over all local devices) on the real
-packed batches, after a few untimed steps that compile it, and saves a JSON next to this file
-in results/. FLOPs per step come from XLA's cost analysis of the compiled step.
+Runs the real train step (the config's parallelism mode over all local devices, dropout and
+its PRNG as configured) after a few untimed steps that compile it. ``--data=real`` reads the
+config's dataset through the training command's own set-up; ``--data=random`` builds packed
+rows of random tokens of the config's shape (batch_size x data.max_len, ~4 segments a row,
+~8% padding) and needs only jax/flax/optax/numpy; ``auto`` (default) is real when the data is
+local (a ``manual_dir``/``folder`` is given, or the built-in synthetic task), else random.
+
+Reports analytic matmul FLOPs per step (transformer/flops.py), achieved FLOP/s, MFU against
+the accelerator's data-sheet peak for the compute dtype or, on CPU, a measured jitted matmul,
+peak memory, and the projected wall time of ``train.num_steps`` (the paper's 100k steps for
+configs/base.py). Saves a JSON in results/.
 """
 
 import json
@@ -24,30 +34,86 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import trainer  # noqa: E402
+from transformer import flops as flops_lib  # noqa: E402
+from transformer import optim, steps  # noqa: E402
+from transformer.parallel import Parallel  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=True)
 _STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).')
+_DATA = flags.DEFINE_enum('data', 'auto', ['auto', 'real', 'random'], 'Batches to time.')
 _OUT = flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
+
+
+def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0):
+    """Endless packed batches of random ids in [3, V), shaped like the real ones."""
+    rng = np.random.default_rng(seed)
+    while True:
+        seg = np.zeros((rows, length), np.int32)
+        pos = np.zeros((rows, length), np.int32)
+        for r in range(rows):
+            start, index = 0, 1
+            while start < length * 0.92:
+                n = min(int(rng.integers(length // 8, length // 3 + 1)), length - start)
+                seg[r, start : start + n], pos[r, start : start + n] = index, np.arange(n)
+                start, index = start + n, index + 1
+        ids = rng.integers(3, vocab_size, (2, rows, length))
+        yield {
+            'inputs': np.where(seg > 0, ids[0], 0).astype(np.int32),
+            'targets': np.where(seg > 0, ids[1], 0).astype(np.int32),
+            'inputs_segmentation': seg,
+            'targets_segmentation': seg,
+            'inputs_positions': pos,
+            'targets_positions': pos,
+        }
+
+
+def _random_setup(config):
+    """Model, Parallel, state, batches and dropout key without the data pipeline."""
+    tc = config.train
+    model = steps.build_model(config, config.data.vocab_size)
+    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
+    parallel = Parallel.from_config(config, model, tx, schedule)
+    init_rng = jax.random.split(jax.random.key(tc.seed))[0]
+    state = steps.init_state(model, tx, init_rng, config.data.max_len)
+    batches = random_packed_batches(tc.batch_size, config.data.max_len, config.data.vocab_size)
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
+    return model, parallel, parallel.put_state(state), batches, rng, num_params
+
+
+def _real_setup(config):
+    from transformer import trainer  # the data pipeline (TFDS, TensorFlow) only on this path
+
+    run = trainer.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
+    return run.model, run.parallel, run.state, run.train_iter, run.dropout_rng, run.num_params
+
+
+def _data_mode(config) -> str:
+    if _DATA.value != 'auto':
+        return _DATA.value
+    data = config.data
+    local = data.dataset == 'synthetic' or data.get('manual_dir') or data.get('folder')
+    return 'real' if local else 'random'
 
 
 def main(argv):
     del argv
     config = _CONFIG.value
     tc = config.train
-    # The training command's own set-up, in a scratch workdir (no checkpoint to resume).
-    run = trainer.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
-    parallel, state, batches, rng = run.parallel, run.state, run.train_iter, run.dropout_rng
-    num_params = run.num_params
-    first = next(batches)
-    placed = parallel.put_batch(first)
-    flops = None
-    if tc.parallelism == 'sharding':
-        # pmap'ed functions expose no cost analysis; the jit step does.
+    mode = _data_mode(config)
+    setup = _real_setup if mode == 'real' else _random_setup
+    model, parallel, state, batches, rng, num_params = setup(config)
+    device = jax.devices()[0]
+    step_flops = flops_lib.train_flops(
+        model.config, tc.batch_size, config.data.max_len, config.data.max_len
+    )
+    xla_flops = None
+    if tc.parallelism == 'sharding':  # pmap'ed functions expose no cost analysis
+        placed = parallel.put_batch(next(batches))
         cost = parallel._step.lower(state, placed, rng).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
-        flops = float(cost.get('flops', 0.0)) or None
+        xla_flops = float(cost.get('flops', 0.0)) or None
     for _ in range(_WARMUP.value):
         state, sums = parallel.train_step(state, next(batches), rng)
     jax.block_until_ready(sums)
@@ -59,30 +125,47 @@ def main(argv):
         state, sums = parallel.train_step(state, batch, rng)
     jax.block_until_ready(sums)
     elapsed = time.perf_counter() - start
-    device = jax.devices()[0]
+    dtype = str(config.model.dtype)
+    peak, peak_source = flops_lib.peak_flops(device, dtype)
+    achieved = step_flops * _STEPS.value / elapsed
+    steps_per_s = _STEPS.value / elapsed
     result = {
         'config': os.path.basename(config_flags.get_config_filename(flags.FLAGS['config'])),
+        'data': mode,
         'device': f'{device.platform}:{getattr(device, "device_kind", "")}',
         'num_devices': len(jax.devices()),
         'cpu_count': os.cpu_count(),
+        'load_average_1min': os.getloadavg()[0],
         'machine': platform.machine(),
         'jax': jax.__version__,
+        'xla_flags': os.environ.get('XLA_FLAGS', ''),
         'parallelism': tc.parallelism,
+        'dtype': dtype,
+        'dropout_rate': config.model.dropout_rate,
+        'dropout_prng': tc.get('dropout_prng', 'threefry'),
+        'attention_impl': model.config.attention_impl,
         'params': int(num_params),
         'batch_rows': tc.batch_size,
         'max_len': config.data.max_len,
         'steps': _STEPS.value,
         'seconds': elapsed,
-        'steps_per_s': _STEPS.value / elapsed,
+        'steps_per_s': steps_per_s,
+        'ms_per_step': 1e3 / steps_per_s,
         'tokens_per_s': tokens / elapsed,
         'real_tokens_per_step': tokens / _STEPS.value,
-        'flops_per_step': flops,
-        'achieved_flops_per_s': flops * _STEPS.value / elapsed if flops else None,
+        'flops_per_step': step_flops,
+        'xla_flops_per_step': xla_flops,
+        'achieved_flops_per_s': achieved,
+        'peak_flops_per_s': peak,
+        'peak_source': peak_source,
+        'mfu': achieved / peak,
+        'num_steps': tc.num_steps,
+        'projected_hours_for_num_steps': tc.num_steps / steps_per_s / 3600,
         'peak_host_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         'loss_after': float(np.asarray(sums['loss']).reshape(-1)[0])
         / float(np.asarray(sums['tokens']).reshape(-1)[0]),
     }
-    if device.platform == 'gpu':
+    if device.platform != 'cpu':
         stats = device.memory_stats() or {}
         result['peak_device_mib'] = stats.get('peak_bytes_in_use', 0) / 2**20
     out = _OUT.value or os.path.join(
@@ -94,6 +177,11 @@ def main(argv):
     with open(out, 'w') as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
+    print(
+        f'{result["ms_per_step"]:.0f} ms/step, {achieved / 1e12:.3f} TFLOP/s, MFU '
+        f'{result["mfu"]:.1%} of {peak / 1e12:.3f} TFLOP/s ({peak_source}); '
+        f'{tc.num_steps} steps would take {result["projected_hours_for_num_steps"]:.1f} h'
+    )
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests.tiny_run import LEN, packed_batch, tiny_model
 from transformer import optim, steps
@@ -66,3 +67,31 @@ def test_bfloat16_compute_keeps_float32_params():
         assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype('float32')}
     assert losses[jnp.bfloat16] != losses[jnp.float32]  # it did compute in bfloat16
     np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=2e-2)
+
+
+def test_rbg_dropout_is_deterministic_per_seed_and_differs_between_seeds():
+    """train.dropout_prng 'rbg' / 'unsafe_rbg' / 'philox4x32': the same (seed, step) gives
+    bit-identical updates (what exact resumption needs), another seed other dropout masks."""
+    opt = base.get_config().opt
+    tx, schedule = optim.make_optimizer(opt, d_model=32)
+    model = Transformer(dataclasses.replace(tiny_model().config, dropout_rate=0.3))
+    step = jax.jit(
+        functools.partial(
+            steps.train_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            label_smoothing=0.1,
+            accum_steps=1,
+        )
+    )
+    state = steps.init_state(model, tx, jax.random.key(0), LEN)
+    for prng in ('rbg', 'unsafe_rbg', 'philox4x32'):
+        losses = [
+            float(step(state, packed_batch(0), steps.dropout_key(seed, prng))[1]['loss'])
+            for seed in (0, 0, 1)
+        ]
+        assert losses[0] == losses[1], prng
+        assert losses[0] != losses[2], prng
+    with pytest.raises(ValueError, match='dropout_prng'):
+        steps.dropout_key(0, 'philox')

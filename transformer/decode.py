@@ -237,11 +237,13 @@ def _beam_search(
     limits = _output_limits(inputs, loop_length, extra_length)
     max_penalty = length_penalty(limits, alpha)  # [B]
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-    # Every beam of an example reads the same source: repeat it once, not at every step.
-    encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D]
-    beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
     cache_length = -(-loop_length // _REORDER_CHUNKS) * _REORDER_CHUNKS
-    cache = init_cache(model, params, encoded, beam_inputs, cache_length)
+    # Every beam of an example reads the same source: its keys and values are projected once
+    # per sentence, then the cache (and the source) are repeated once for the K beams.
+    cache = init_cache(model, params, encoded, inputs, cache_length)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, cache)
+    encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D]; the steps never read it
+    beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
     beam_limits = jnp.repeat(limits, beam_size)
     row_offsets = jnp.arange(batch)[:, None] * beam_size
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.attention import ATTENTION_IMPLS
 from transformer.layers import (
     DecodePosition,
     DecoderLayer,
@@ -30,6 +31,7 @@ from transformer.layers import (
     partitioned,
     shift_right,
     sinusoidal_positions,
+    tied_logits,
 )
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -69,6 +71,9 @@ class TransformerConfig:
     share_embeddings: Literal['all', 'target', 'none'] = 'all'
     pre_layer_norm: bool = False  # False = post-LN as in the paper; True = pre-LN + final LN
     layer_norm_epsilon: float = 1e-6
+    # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
+    # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs).
+    attention_impl: Literal['einsum', 'fused'] = 'einsum'
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
 
@@ -77,6 +82,10 @@ class TransformerConfig:
             raise ValueError(
                 f"share_embeddings must be 'all', 'target' or 'none', got "
                 f'{self.share_embeddings!r}.'
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f'attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}.'
             )
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
@@ -249,7 +258,8 @@ class Transformer(nn.Module):
         if cfg.share_embeddings == 'none':
             logits = self.logits_dense(y)
         else:
-            logits = self.target_embedding.attend(y)  # y E^T: tied pre-softmax (Sec. 3.4)
+            embedding = self.target_embedding.embedding.astype(cfg.dtype)
+            logits = tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
         return logits.astype(jnp.float32)
 
     def __call__(

@@ -60,6 +60,27 @@ def init_state(
     return init(rng)
 
 
+DROPOUT_PRNGS = ('threefry', 'rbg', 'unsafe_rbg', 'philox4x32')
+
+
+def dropout_key(seed: int, prng: str = 'threefry') -> Array:
+    """The run's base dropout key; each step folds in its step number (and device index).
+
+    'threefry' is jax's default (and this package's original) key, the second half of
+    ``split(key(seed))``. 'rbg' / 'unsafe_rbg' draw the masks with XLA's RngBitGenerator
+    ('unsafe_rbg' also derives keys cheaply, as t5x and MaxText accept for dropout);
+    'philox4x32' is jax's Philox counter-based generator, measured fastest on CPU (dropout
+    masks of a Multi30k step: 0.24x threefry's time, rbg 0.73x) but, in jax 0.10.2, not
+    compilable inside pmap (its mulhi op under manual sharding). All are functions of
+    (seed, step) only, so a resumed run draws the same masks.
+    """
+    if prng not in DROPOUT_PRNGS:
+        raise ValueError(f'train.dropout_prng must be one of {DROPOUT_PRNGS}, got {prng!r}.')
+    if prng == 'threefry':
+        return jax.random.split(jax.random.key(seed))[1]
+    return jax.random.fold_in(jax.random.key(seed, impl=prng), 1)
+
+
 def cross_entropy_with_smoothing(
     logits: Array, targets: Array, weights: Array, label_smoothing: float
 ) -> tuple[Array, Array]:

@@ -139,7 +139,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
-    init_rng, dropout_rng = jax.random.split(jax.random.key(tc.seed))
+    init_rng = jax.random.split(jax.random.key(tc.seed))[0]
+    dropout_rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
     init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
         config.data,

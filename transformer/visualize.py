@@ -11,6 +11,7 @@ decoder-encoder (cross) attention.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -39,6 +40,8 @@ def attention_maps(
       inputs: source ids [S] ending with EOS.
       targets: target ids [T] ending with EOS.
     """
+    # Only the explicit einsum path forms (and sows) the attention matrices.
+    model = model.clone(config=dataclasses.replace(model.config, attention_impl='einsum'))
     _, variables = model.apply(
         {'params': params},
         jnp.asarray(inputs)[None],

@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.share_embeddings = 'all'  # source, target, pre-softmax share one matrix (Sec. 3.4)
     model.pre_layer_norm = False  # post-LN as in the paper; True = pre-LN (t2t's later default)
     model.layer_norm_epsilon = 1e-6
+    model.attention_impl = 'einsum'  # 'fused': jax.nn.dot_product_attention (cuDNN on GPU)
     model.dtype = 'float32'  # computation dtype; 'bfloat16' on GPU/TPU (params stay float32)
     model.param_dtype = 'float32'
 
@@ -68,6 +69,11 @@ def get_config() -> ml_collections.ConfigDict:
     train.batch_size = 104  # global packed rows per step (~25k target tokens, Sec. 5.1)
     train.grad_accum_steps = 1  # micro-batches per step, to reach the budget on fewer devices
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
+    # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' / 'unsafe_rbg' (XLA's
+    # RngBitGenerator, as t5x and MaxText use) or 'philox4x32'. Each is deterministic per seed
+    # and step, so resuming stays exact. philox4x32 is the cheapest on CPU under jit
+    # (benchmarks/step_overhead.py) but does not compile under pmap in jax 0.10.2.
+    train.dropout_prng = 'rbg'
     train.parallelism = 'sharding'  # 'sharding' (jit + NamedSharding) or 'pmap' (replicated)
     train.model_parallelism = 1  # size of the mesh's 'model' axis in 'sharding' mode
     train.fsdp = False  # also shard parameters + Adam moments over 'data' (ZeRO-3 style)

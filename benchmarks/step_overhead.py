@@ -1,0 +1,126 @@
+r"""The full training step against the bare model step, interleaved in one process.
+
+  python benchmarks/step_overhead.py --preset multi30k
+
+Times, on the same token count, (1) peers.py's model step (random 64 x 32 batch, dropout 0,
+plain mean cross-entropy, optax.adam) and the package's real `steps.train_step` on packed
+32 x 64 rows (segment masks, label-smoothed sums, metrics, the paper's schedule) with
+(2) dropout 0, (3) dropout 0.1 drawn by threefry, (4) by rbg and (5) by philox4x32. Run
+interleaved (1 2 3 4 5 1 2 ...) after compilation; prints the median ms and the median per-round
+ratio to (1), which is robust to the host's load.
+"""
+
+import argparse
+import dataclasses
+import functools
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from train_speed import random_packed_batches  # noqa: E402
+
+from configs import multi30k  # noqa: E402
+from transformer import optim, steps  # noqa: E402
+from transformer.model import Transformer, config_from_dict  # noqa: E402
+
+
+def model_step(cfg, batch, length):
+    """peers.py's step: dropout 0, one-hot smoothed cross-entropy mean, optax.adam."""
+    model = Transformer(dataclasses.replace(cfg, dropout_rate=0.0))
+    rng = np.random.default_rng(0)
+    src, tgt = (rng.integers(3, cfg.vocab_size, (batch, length)).astype(np.int32) for _ in '12')
+    params = jax.jit(model.init)(jax.random.key(0), src, tgt)['params']
+    tx = optax.adam(1e-4)
+
+    def loss_fn(p, s, t):
+        logits = model.apply({'params': p}, s, t)
+        labels = optax.smooth_labels(jax.nn.one_hot(t, cfg.vocab_size), 0.1)
+        w = (t > 0).astype(jnp.float32)
+        return jnp.sum(optax.softmax_cross_entropy(logits, labels) * w) / jnp.sum(w)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(state, s, t):
+        p, o = state
+        loss, g = jax.value_and_grad(loss_fn)(p, s, t)
+        upd, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, upd), o), loss
+
+    state = [(params, tx.init(params))]
+
+    def run():
+        state[0], loss = step(state[0], src, tgt)
+        jax.block_until_ready(loss)
+
+    return run
+
+
+def full_step(config, dropout, prng):
+    config = config.copy_and_resolve_references()
+    config.model.dropout_rate = dropout
+    model = Transformer(config_from_dict(config.model, config.data.vocab_size))
+    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
+    step = jax.jit(
+        functools.partial(
+            steps.train_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            label_smoothing=config.train.label_smoothing,
+            accum_steps=1,
+        ),
+        donate_argnums=0,
+    )
+    state = [steps.init_state(model, tx, jax.random.key(0), config.data.max_len)]
+    batch = next(
+        random_packed_batches(config.train.batch_size, config.data.max_len, config.data.vocab_size)
+    )
+    rng = steps.dropout_key(0, prng)
+
+    def run():
+        state[0], sums = step(state[0], batch, rng)
+        jax.block_until_ready(sums)
+
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--steps', type=int, default=10)
+    args = parser.parse_args()
+    config = multi30k.get_config()
+    cfg = config_from_dict(config.model, config.data.vocab_size)
+    tokens = config.train.batch_size * config.data.max_len
+    runs = {
+        'model step (peers.py)': model_step(cfg, tokens // 32, 32),
+        'train_step dropout 0': full_step(config, 0.0, 'rbg'),
+        'train_step 0.1 threefry': full_step(config, 0.1, 'threefry'),
+        'train_step 0.1 rbg': full_step(config, 0.1, 'rbg'),
+        'train_step 0.1 philox4x32': full_step(config, 0.1, 'philox4x32'),
+    }
+    for run in runs.values():
+        run(), run()
+    times = {name: [] for name in runs}
+    load = os.getloadavg()[0]
+    for _ in range(args.steps):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    base = times['model step (peers.py)']
+    print(f'load average {load:.1f} -> {os.getloadavg()[0]:.1f}, {tokens} target tokens/step')
+    for name, t in times.items():
+        ratio = statistics.median(a / b for a, b in zip(t, base, strict=True))
+        print(f'{name:26} {statistics.median(t) * 1e3:8.0f} ms  x{ratio:.3f} of the model step')
+
+
+if __name__ == '__main__':
+    main()
