@@ -38,11 +38,16 @@ from transformer import flops as flops_lib  # noqa: E402
 from transformer import optim, steps  # noqa: E402
 from transformer.parallel import Parallel  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=True)
-_STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps.')
-_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).')
-_DATA = flags.DEFINE_enum('data', 'auto', ['auto', 'real', 'random'], 'Batches to time.')
-_OUT = flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """Only when run as a script: tests import `random_packed_batches` from this module."""
+    config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=True)
+    flags.DEFINE_integer('steps', 30, 'Timed steps.')
+    flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).')
+    flags.DEFINE_enum('data', 'auto', ['auto', 'real', 'random'], 'Batches to time.')
+    flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
 
 
 def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0):
@@ -90,8 +95,8 @@ def _real_setup(config):
 
 
 def _data_mode(config) -> str:
-    if _DATA.value != 'auto':
-        return _DATA.value
+    if FLAGS.data != 'auto':
+        return FLAGS.data
     data = config.data
     local = data.dataset == 'synthetic' or data.get('manual_dir') or data.get('folder')
     return 'real' if local else 'random'
@@ -99,7 +104,7 @@ def _data_mode(config) -> str:
 
 def main(argv):
     del argv
-    config = _CONFIG.value
+    config = FLAGS.config
     tc = config.train
     mode = _data_mode(config)
     setup = _real_setup if mode == 'real' else _random_setup
@@ -114,12 +119,12 @@ def main(argv):
         cost = parallel._step.lower(state, placed, rng).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         xla_flops = float(cost.get('flops', 0.0)) or None
-    for _ in range(_WARMUP.value):
+    for _ in range(FLAGS.warmup):
         state, sums = parallel.train_step(state, next(batches), rng)
     jax.block_until_ready(sums)
     tokens = 0.0
     start = time.perf_counter()
-    for _ in range(_STEPS.value):
+    for _ in range(FLAGS.steps):
         batch = next(batches)
         tokens += float((batch['inputs'] != 0).sum() + (batch['targets'] != 0).sum())
         state, sums = parallel.train_step(state, batch, rng)
@@ -127,8 +132,8 @@ def main(argv):
     elapsed = time.perf_counter() - start
     dtype = str(config.model.dtype)
     peak, peak_source = flops_lib.peak_flops(device, dtype)
-    achieved = step_flops * _STEPS.value / elapsed
-    steps_per_s = _STEPS.value / elapsed
+    achieved = step_flops * FLAGS.steps / elapsed
+    steps_per_s = FLAGS.steps / elapsed
     result = {
         'config': os.path.basename(config_flags.get_config_filename(flags.FLAGS['config'])),
         'data': mode,
@@ -147,12 +152,12 @@ def main(argv):
         'params': int(num_params),
         'batch_rows': tc.batch_size,
         'max_len': config.data.max_len,
-        'steps': _STEPS.value,
+        'steps': FLAGS.steps,
         'seconds': elapsed,
         'steps_per_s': steps_per_s,
         'ms_per_step': 1e3 / steps_per_s,
         'tokens_per_s': tokens / elapsed,
-        'real_tokens_per_step': tokens / _STEPS.value,
+        'real_tokens_per_step': tokens / FLAGS.steps,
         'flops_per_step': step_flops,
         'xla_flops_per_step': xla_flops,
         'achieved_flops_per_s': achieved,
@@ -168,7 +173,7 @@ def main(argv):
     if device.platform != 'cpu':
         stats = device.memory_stats() or {}
         result['peak_device_mib'] = stats.get('peak_bytes_in_use', 0) / 2**20
-    out = _OUT.value or os.path.join(
+    out = FLAGS.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)),
         'results',
         f'train_speed_{os.path.splitext(result["config"])[0]}.json',
@@ -185,5 +190,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    _define_flags()
     flags.mark_flag_as_required('config')
     app.run(main)

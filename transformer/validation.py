@@ -99,8 +99,11 @@ def validate(
     writer.write(step, 'validation', scores)
     best = run.best
     if best.update(step, scores):
+        # Global arrays, as every checkpoint holds (Orbax refuses host-local ones when the
+        # run spans several processes).
+        global_params = run.parallel.global_state(run.state).params
         workdir_lib.save_best(
-            run.best_manager, params, {**best.state(), 'metric': best.metric}, run.workdir
+            run.best_manager, global_params, {**best.state(), 'metric': best.metric}, run.workdir
         )
     logging.info(
         'step %d  validation %s  (best %s %.2f at step %d)',
