@@ -140,3 +140,23 @@ def unknown_key_message(config: ml_collections.ConfigDict, argv: Sequence[str]) 
         hint = f'; did you mean {close[0]}?' if close else ''
         return f'unknown config key {key}{hint}'
     return None
+
+
+def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
+    """Names an unknown ``--config.KEY`` override and the nearest valid key."""
+    from absl import flags
+
+    if isinstance(error, flags.Error):
+        return None  # absl's own message names the flag and the bad value
+    config_arg = next(
+        (a for a in argv if a.startswith('--config=') and '.' not in a.split('=')[0]), None
+    )
+    if config_arg is None and '--config' in argv[:-1]:
+        config_arg = '--config=' + argv[argv.index('--config') + 1]
+    if config_arg is None:
+        return None
+    try:
+        config = flags.FLAGS['config'].parser.parse(config_arg.split('=', 1)[1])
+    except Exception:  # noqa: BLE001 (the config file's own error: absl's line says it)
+        return None
+    return unknown_key_message(config, argv)

@@ -396,24 +396,4 @@ def cli(argv: list[str] | None = None) -> None:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
     except app.UsageError as e:
         raise SystemExit(f'error: {e}') from None
-    console.run(main, argv, explain_flag_error=_explain_flag_error)
-
-
-def _explain_flag_error(error: Exception, argv: list[str]) -> str | None:
-    """Names an unknown ``--config.KEY`` override and the nearest valid key."""
-    from absl import flags
-
-    if isinstance(error, flags.Error):
-        return None  # absl's own message names the flag and the bad value
-    config_arg = next(
-        (a for a in argv if a.startswith('--config=') and '.' not in a.split('=')[0]), None
-    )
-    if config_arg is None and '--config' in argv[:-1]:
-        config_arg = '--config=' + argv[argv.index('--config') + 1]
-    if config_arg is None:
-        return None
-    try:
-        config = flags.FLAGS['config'].parser.parse(config_arg.split('=', 1)[1])
-    except Exception:  # noqa: BLE001 (the config file's own error: absl's line says it)
-        return None
-    return config_checks.unknown_key_message(config, argv)
+    console.run(main, argv, explain_flag_error=config_checks.explain_flag_error)
