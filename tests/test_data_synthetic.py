@@ -10,28 +10,28 @@ from transformer.data import synthetic
 
 
 def _config(**overrides):
-    config = data.default_config().synthetic
-    config.num_train = 2000
-    config.num_validation = 300
-    config.num_test = 300
-    config.update(overrides)
+    config = data.default_config()
+    config.synthetic.num_train = 2000
+    config.synthetic.num_validation = 300
+    config.synthetic.num_test = 300
+    config.synthetic.update(overrides)
     return config
 
 
 @pytest.fixture(scope='module')
 def splits():
     config = _config()
-    return {split: synthetic.load_text(config, split) for split in synthetic.SPLITS}
+    return {split: synthetic.read(config, split) for split in synthetic.SPLITS}
 
 
 def test_deterministic_from_seed():
     synthetic._split_text.cache_clear()
     synthetic.make_lexicon.cache_clear()
-    first = synthetic.load_text(_config(), 'train')
+    first = synthetic.read(_config(), 'train')
     synthetic._split_text.cache_clear()
     synthetic.make_lexicon.cache_clear()
-    assert synthetic.load_text(_config(), 'train') == first
-    other = synthetic.load_text(_config(seed=1), 'train')
+    assert synthetic.read(_config(), 'train') == first
+    other = synthetic.read(_config(seed=1), 'train')
     assert other[0][:50] != first[0][:50]
     assert set(synthetic.vocabulary(1)[0]) != set(synthetic.vocabulary(0)[0])
 

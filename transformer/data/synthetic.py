@@ -257,32 +257,6 @@ def _split_text(
     return tuple(sources), tuple(targets)
 
 
-def load_text(synthetic_config, split: str) -> tuple[list[str], list[str]]:
-    """Source and target sentences of a split of the synthetic task.
-
-    Args:
-      synthetic_config: the ``data.synthetic`` section (seed, num_train, num_validation,
-        num_test, max_words).
-      split: 'train', 'validation' or 'test'.
-
-    Returns:
-      (sources, targets), aligned lists of whitespace-separated sentences.
-    """
-    counts = {
-        'train': synthetic_config.num_train,
-        'validation': synthetic_config.num_validation,
-        'test': synthetic_config.num_test,
-    }
-    sources, targets = _split_text(
-        int(synthetic_config.seed),
-        split,
-        int(counts[split]),
-        int(synthetic_config.max_words),
-        int(synthetic_config.num_train),
-    )
-    return list(sources), list(targets)
-
-
 def translate(source: str, seed: int = 0) -> str:
     """The reference translation of a source sentence of the synthetic language.
 
@@ -407,10 +381,16 @@ def add_config(config: ml_collections.ConfigDict) -> None:
 
 
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
-    """(sources, targets) of a split; ``data.source_lang`` / ``target_lang`` are ignored."""
+    """(sources, targets) of 'train', 'validation' or 'test': aligned lists of
+    whitespace-separated sentences (``data.source_lang`` / ``target_lang`` are ignored)."""
     if split not in SPLITS:
         raise DataError(f'The synthetic dataset has no split {split!r}; splits: {list(SPLITS)}.')
-    return load_text(data_config.synthetic, split)
+    cfg = data_config.synthetic
+    count = {'train': cfg.num_train, 'validation': cfg.num_validation, 'test': cfg.num_test}
+    sources, targets = _split_text(
+        int(cfg.seed), split, int(count[split]), int(cfg.max_words), int(cfg.num_train)
+    )
+    return list(sources), list(targets)
 
 
 def identity(data_config: Any, split: str) -> dict[str, Any]:
