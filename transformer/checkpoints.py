@@ -13,7 +13,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 
 from transformer.steps import TrainState
@@ -36,11 +35,11 @@ from transformer.workdir import (
 
 
 def _all_finite(tree: PyTree) -> bool:
-    return all(
-        np.isfinite(np.asarray(x)).all()
-        for x in jax.tree.leaves(tree)
-        if jnp.issubdtype(x.dtype, jnp.inexact)
-    )
+    """Reduced on the devices: no host copy of the whole state, and valid for global arrays
+    that span several processes (numpy cannot read those)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    finite = jax.jit(lambda xs: jnp.stack([jnp.isfinite(x).all() for x in xs]).all())(leaves)
+    return bool(finite)
 
 
 class Checkpoints:
