@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import trainer, workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,15 +36,17 @@ def _config(mode: str, num_steps: int):
 
 def _overrides(config) -> list[str]:
     """The command-line flags that turn configs/tiny.py into ``config``."""
-    keys = [
-        'model.d_model', 'model.num_heads', 'model.d_ff', 'model.num_encoder_layers',
-        'model.num_decoder_layers', 'model.dropout_rate', 'model.max_len', 'data.max_len',
-        'data.synthetic.num_train', 'data.synthetic.num_validation', 'data.synthetic.num_test',
-        'data.vocab_size', 'train.batch_size', 'train.num_steps', 'train.log_every',
-        'train.eval_every', 'train.checkpoint_every', 'train.async_checkpointing',
-        'train.parallelism', 'eval.batch_size', 'eval.bleu_every',
-    ]  # fmt: skip
-    return [f'--config.{key}={config[key.split(".")[0]][key.split(".", 1)[1]]}' for key in keys]
+    keys = [*SMALL, 'model.dropout_rate', 'train.num_steps', 'train.log_every']
+    keys += ['train.eval_every', 'train.checkpoint_every', 'train.async_checkpointing']
+    keys += ['train.parallelism', 'eval.bleu_every']
+
+    def value(key):
+        node = config
+        for part in key.split('.'):
+            node = node[part]
+        return node
+
+    return command_line({key: value(key) for key in keys})
 
 
 def _free_port() -> int:

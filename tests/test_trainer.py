@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import trainer, workdir
 
 REPO = pathlib.Path(__file__).parents[1]
@@ -69,27 +69,17 @@ def test_train_py_smoke(tmp_path, monkeypatch):
 
     workdir = tmp_path / 'run'
     argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}']
-    overrides = {
-        'model.d_model': 32,
-        'model.d_ff': 64,
-        'model.num_encoder_layers': 1,
-        'model.num_decoder_layers': 1,
-        'model.max_len': 32,
-        'data.max_len': 32,
-        'data.synthetic.num_train': 200,
-        'data.synthetic.num_validation': 20,
-        'data.synthetic.num_test': 20,
-        'data.vocab_size': 300,
-        'train.batch_size': 8,
-        'train.num_steps': 4,
-        'train.log_every': 2,
-        'train.checkpoint_every': 2,
-        'eval.batch_size': 16,
-        'eval.bleu_every': 4,
-        'eval.bleu_max_examples': 5,
-        'eval.beam_size': 2,
-    }
-    argv += [f'--config.{k}={v}' for k, v in overrides.items()]
+    argv += command_line(
+        {
+            **SMALL,
+            'train.num_steps': 4,
+            'train.log_every': 2,
+            'train.checkpoint_every': 2,
+            'eval.bleu_every': 4,
+            'eval.bleu_max_examples': 5,
+            'eval.beam_size': 2,
+        }
+    )
     # ml_collections registers the --config.x.y override flags from sys.argv.
     monkeypatch.setattr(sys, 'argv', argv)
     with pytest.raises(SystemExit) as exit_info:
@@ -151,17 +141,9 @@ def test_non_finite_right_after_resume_suspects_the_checkpoint(run_dir, tmp_path
 
 # The kill test's run: configs/tiny.py shrunk to seconds, a checkpoint every step, async.
 _KILL_OVERRIDES = {
-    'model.d_model': 32,
-    'model.d_ff': 64,
-    'model.num_encoder_layers': 1,
-    'model.num_decoder_layers': 1,
-    'model.max_len': 32,
-    'data.max_len': 32,
-    'data.synthetic.num_train': 200,
+    **SMALL,
     'data.synthetic.num_validation': 8,
     'data.synthetic.num_test': 8,
-    'data.vocab_size': 300,
-    'train.batch_size': 8,
     'train.num_steps': 10,
     'train.log_every': 1,
     'train.eval_every': 0,
@@ -203,7 +185,7 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
     killed = tmp_path / 'killed'
     ckpts = killed / 'checkpoints'
     command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={killed}']
-    command += [f'--config.{k}={v}' for k, v in _KILL_OVERRIDES.items()]
+    command += command_line(_KILL_OVERRIDES)
     rng, steps_seen = random.Random(0), []
     tmp_dir = lambda: any('tmp' in p.name for p in ckpts.iterdir()) if ckpts.exists() else False
     for attempt in range(4):

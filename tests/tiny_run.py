@@ -45,30 +45,45 @@ def packed_batch(seed: int) -> dict[str, np.ndarray]:
     return batch
 
 
+# configs/tiny.py shrunk to seconds, as dotted config keys: applied by `tiny_run_config` and
+# passed as --config.KEY=VALUE flags (`command_line`) by the tests that run train.py itself.
+SMALL = {
+    'model.d_model': 32,
+    'model.num_heads': 4,
+    'model.d_ff': 64,
+    'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1,
+    'model.max_len': 32,
+    'data.max_len': 32,
+    'data.synthetic.num_train': 200,
+    'data.synthetic.num_validation': 20,
+    'data.synthetic.num_test': 20,
+    'data.vocab_size': 300,
+    'train.batch_size': 8,
+    'eval.batch_size': 16,
+}
+
+
+def command_line(overrides: dict) -> list[str]:
+    """``--config.KEY=VALUE`` flags for ``python train.py --config=configs/tiny.py``."""
+    return [f'--config.{key}={value}' for key, value in overrides.items()]
+
+
 def tiny_run_config(num_steps: int):
     """configs/tiny.py shrunk to seconds: the same code path as the README command."""
     from transformer.configs import tiny
 
     config = tiny.get_config()
-    config.model.d_model = 32
-    config.model.num_heads = 4
-    config.model.d_ff = 64
-    config.model.num_encoder_layers = 1
-    config.model.num_decoder_layers = 1
-    config.model.dropout_rate = 0.1  # exercise the dropout key path in resume
-    config.model.max_len = 32
-    config.data.max_len = 32
-    config.data.synthetic.num_train = 200
-    config.data.synthetic.num_validation = 20
-    config.data.synthetic.num_test = 20
-    config.data.vocab_size = 300
-    config.train.batch_size = 8
-    config.train.num_steps = num_steps
-    config.train.log_every = 1
-    config.train.eval_every = 0
-    config.train.checkpoint_every = 3
-    config.train.async_checkpointing = False
-    config.eval.batch_size = 16
+    overrides = {
+        **SMALL,
+        'model.dropout_rate': 0.1,  # exercise the dropout key path in resume
+        'train.num_steps': num_steps,
+        'train.log_every': 1,
+        'train.eval_every': 0,
+        'train.checkpoint_every': 3,
+        'train.async_checkpointing': False,
+    }
+    config.update_from_flattened_dict(overrides)
     return config
 
 
