@@ -5,12 +5,15 @@ r"""The full training step against the bare model step, interleaved in one proce
 Times, on the same token count, (1) peers.py's model step (random 64 x 32 batch, dropout 0,
 plain mean cross-entropy, optax.adam) and the package's real `steps.train_step` on packed
 32 x 64 rows (segment masks, label-smoothed sums, metrics, the paper's schedule) with
-(2) dropout 0, (3) dropout 0.1 drawn by threefry, (4) by rbg and (5) by philox4x32. Run
-interleaved (1 2 3 4 5 1 2 ...) after compilation; prints the median ms and the median per-round
-ratio to (1), which is robust to the host's load.
+(2) dropout 0, (3) dropout 0.1 drawn by threefry, (4) by rbg and (5) by philox4x32, all with
+the package's 16-bit keep masks (transformer/dropout.py), and (6) rbg with flax's nn.Dropout
+(a 32-bit uniform per element) swapped in while that step compiles. Run interleaved
+(1 2 3 4 5 6 1 2 ...) after compilation; prints the median ms and the median per-round ratio
+to (1), which is robust to the host's load.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -63,7 +66,26 @@ def model_step(cfg, batch, length):
     return run
 
 
-def full_step(config, dropout, prng):
+@contextlib.contextmanager
+def flax_dropout():
+    """The model built with flax's nn.Dropout in place of transformer.dropout.Dropout."""
+    from flax import linen as nn
+
+    from transformer import attention, layers
+    from transformer import model as model_lib
+
+    modules = (attention, layers, model_lib)
+    saved = [m.Dropout for m in modules]
+    for m in modules:
+        m.Dropout = nn.Dropout
+    try:
+        yield
+    finally:
+        for m, d in zip(modules, saved, strict=True):
+            m.Dropout = d
+
+
+def full_step(config, dropout, prng, masks='16-bit'):
     config = config.copy_and_resolve_references()
     config.model.dropout_rate = dropout
     model = Transformer(config_from_dict(config.model, config.data.vocab_size))
@@ -89,6 +111,8 @@ def full_step(config, dropout, prng):
         state[0], sums = step(state[0], batch, rng)
         jax.block_until_ready(sums)
 
+    with flax_dropout() if masks == 'flax' else contextlib.nullcontext():
+        run()  # traces and compiles the step with the chosen dropout module
     return run
 
 
@@ -105,6 +129,7 @@ def main():
         'train_step 0.1 threefry': full_step(config, 0.1, 'threefry'),
         'train_step 0.1 rbg': full_step(config, 0.1, 'rbg'),
         'train_step 0.1 philox4x32': full_step(config, 0.1, 'philox4x32'),
+        'train_step 0.1 rbg, flax nn.Dropout': full_step(config, 0.1, 'rbg', masks='flax'),
     }
     for run in runs.values():
         run(), run()
@@ -119,7 +144,7 @@ def main():
     print(f'load average {load:.1f} -> {os.getloadavg()[0]:.1f}, {tokens} target tokens/step')
     for name, t in times.items():
         ratio = statistics.median(a / b for a, b in zip(t, base, strict=True))
-        print(f'{name:26} {statistics.median(t) * 1e3:8.0f} ms  x{ratio:.3f} of the model step')
+        print(f'{name:36} {statistics.median(t) * 1e3:8.0f} ms  x{ratio:.3f} of the model step')
 
 
 if __name__ == '__main__':

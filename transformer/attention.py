@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.dropout import Dropout
+
 Array = jax.Array
 Dtype = Any
 
@@ -298,7 +300,7 @@ class MultiHeadAttention(nn.Module):
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
-            probs = nn.Dropout(rate=self.dropout_rate)(probs, deterministic=False)
+            probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
         if one_query:
             weights = probs[:, :, 0, :].transpose(0, 2, 1)[..., None].astype(self.dtype)
             heads = jnp.sum(weights * v, axis=1, keepdims=True)  # [B, 1, N, H]

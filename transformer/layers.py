@@ -15,6 +15,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformer.attention import MultiHeadAttention
+from transformer.dropout import Dropout
 from transformer.tokens import PAD_ID
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class FeedForward(nn.Module):
             )
 
         h = nn.relu(dense(cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
-        h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+        h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
         return dense(x.shape[-1], ('mlp', 'embed'), 'wo')(h)
 
 
@@ -151,7 +152,7 @@ class _SubLayers(nn.Module):
     def residual(self, x: Array, sublayer, name: str, deterministic: bool) -> Array:
         cfg = self.config
         norm = layer_norm(cfg, f'{name}_norm')
-        drop = nn.Dropout(cfg.dropout_rate)
+        drop = Dropout(cfg.dropout_rate)
         if cfg.pre_layer_norm:
             return x + drop(sublayer(norm(x)), deterministic=deterministic)
         return norm(x + drop(sublayer(x), deterministic=deterministic))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer.attention import ATTENTION_IMPLS
+from transformer.dropout import Dropout
 from transformer.layers import (
     DecodePosition,
     DecoderLayer,
@@ -165,7 +166,7 @@ class Transformer(nn.Module):
             # Pre-LN leaves the residual stream un-normalised; a final LayerNorm closes it.
             self.encoder_norm = layer_norm(cfg, 'encoder_norm')
             self.decoder_norm = layer_norm(cfg, 'decoder_norm')
-        self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+        self.embed_dropout = Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 
     def _embed(self, embedding: nn.Embed, tokens: Array, positions: Array, train: bool) -> Array:
