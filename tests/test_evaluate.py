@@ -59,3 +59,31 @@ def test_evaluate_split_of_hostile_folder_data(run_dir, tmp_path, caplog):
         evaluate.cli([*argv, '--split=short'])
     message = str(exit_info.value.code)
     assert 'short.en has 2 lines but' in message and 'short.de has 1' in message
+
+
+def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, capsys):
+    """benchmarks/eval_sweep.py: one row per (average, beam, alpha), each the score evaluate
+    gives for that setting; the test split cannot be used to pick settings."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+    import eval_sweep
+
+    args = ['--workdir', str(run_dir), '--average_last', '1', '2', '--beam_size', '1', '2']
+    rows = eval_sweep.main([*args, '--max_examples', '6'])
+    assert [(r['average_last'], r['beam_size']) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert rows[0]['steps'] == [4] and rows[2]['steps'] == [2, 4]
+    assert {r['split'] for r in rows} == {'validation'}
+    direct = evaluate.run(
+        str(run_dir),
+        average_last=2,
+        split='validation',
+        beam_size=2,
+        max_examples=6,
+        output=str(run_dir / 'direct.txt'),
+    )
+    assert rows[3]['tokenized_bleu'] == direct['tokenized_bleu']
+    assert '| 2 (steps 2-4) | 2 | 0.6 |' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match='is the test split of this run'):
+        eval_sweep.main(['--workdir', str(run_dir), '--split', 'test'])

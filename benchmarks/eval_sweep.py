@@ -1,0 +1,92 @@
+r"""Decoding settings of a finished run, scored on the validation split (never the test split).
+
+  python benchmarks/eval_sweep.py --workdir runs/multi30k_recipe \
+      --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
+      --out benchmarks/results/multi30k_recipe_validation.json
+
+Runs transformer/evaluate.py's `run` for every combination of checkpoint averaging, beam size
+and length penalty, on ``--split`` (default: the config's eval_split), and prints a markdown
+table of sacreBLEU, tokenized BLEU (the run's convention) and chrF. Picking settings on the
+test split would tune to it, so the config's test split is refused. Hypotheses of each setting
+go to WORKDIR/eval/sweep/; the table is saved as JSON.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformer import evaluate, workdir  # noqa: E402
+
+
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--workdir', required=True)
+    parser.add_argument('--split', default=None, help='default: the config data.eval_split')
+    parser.add_argument('--average_last', type=int, nargs='+', default=[1])
+    parser.add_argument('--beam_size', type=int, nargs='+', default=[4])
+    parser.add_argument('--alpha', type=float, nargs='+', default=[0.6])
+    parser.add_argument('--max_examples', type=int, default=0, help='first N sentences; 0 = all')
+    parser.add_argument('--out', default=None, help='JSON of the table (default: none)')
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = _parse_args(argv)
+    try:
+        config = workdir.read_config(args.workdir)
+    except workdir.WorkdirError as e:
+        raise SystemExit(f'error: {e}') from None
+    split = args.split or config.data.eval_split
+    if split == config.data.test_split:
+        raise SystemExit(
+            f'error: --split {split} is the test split of this run; choose settings on '
+            f'{config.data.eval_split} and score the test split once with transformer.evaluate.'
+        )
+    sweep_dir = workdir.path(args.workdir, workdir.EVAL_DIR, 'sweep')
+    os.makedirs(sweep_dir, exist_ok=True)
+    rows = []
+    for k, beam, alpha in itertools.product(args.average_last, args.beam_size, args.alpha):
+        start = time.time()
+        scores = evaluate.run(
+            args.workdir,
+            average_last=k,
+            split=split,
+            beam_size=beam,
+            alpha=alpha,
+            max_examples=args.max_examples,
+            output=os.path.join(sweep_dir, f'{split}-avg{k}-beam{beam}-alpha{alpha}.txt'),
+        )
+        row = {
+            'split': split,
+            'steps': scores['steps'],
+            'average_last': k,
+            'beam_size': beam,
+            'alpha': alpha,
+            'sacrebleu': scores['sacrebleu'],
+            'tokenized_bleu': scores['tokenized_bleu'],
+            'chrf': scores['chrf'],
+            'seconds': time.time() - start,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f'\n| checkpoints averaged | beam | alpha | {split} tokenized BLEU | sacreBLEU | chrF |')
+    print('|---|---|---|---|---|---|')
+    for r in rows:
+        print(
+            f'| {r["average_last"]} (steps {r["steps"][0]}-{r["steps"][-1]}) | {r["beam_size"]} '
+            f'| {r["alpha"]} | {r["tokenized_bleu"]:.2f} | {r["sacrebleu"]:.2f} | {r["chrf"]:.2f} |'
+        )
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump({'workdir': args.workdir, 'rows': rows}, f, indent=2)
+    return rows
+
+
+if __name__ == '__main__':
+    main()
