@@ -374,8 +374,8 @@ def cli(argv: list[str] | None = None) -> None:
         'config',
         config_flags.DEFINE_config_file,
         None,
-        'Experiment config: a packaged one by name (base, big, multi30k, multi30k_recipe, tiny) or a file path, '
-        'e.g. configs/base.py.',
+        'Experiment config: a packaged one by name (base, big, multi30k, multi30k_recipe, '
+        'tiny) or a file path, e.g. configs/base.py.',
         lock_config=True,
     )
     console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
