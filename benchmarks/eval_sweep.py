@@ -1,8 +1,8 @@
 r"""Decoding settings of a finished run, scored on the validation split (never the test split).
 
-  python benchmarks/eval_sweep.py --workdir runs/multi30k_recipe \
+  python benchmarks/eval_sweep.py --workdir runs/multi30k_dropout03 \
       --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
-      --out benchmarks/results/multi30k_recipe_validation.json
+      --out benchmarks/results/multi30k_dropout03_validation.json
 
 Runs transformer/evaluate.py's `run` for every combination of checkpoint averaging, beam size
 and length penalty, on ``--split`` (default: the config's eval_split), and prints a markdown

@@ -5,7 +5,7 @@ import sys
 import pytest
 from absl import flags
 
-from configs import base, big, multi30k, multi30k_recipe, tiny
+from configs import base, big, multi30k, multi30k_dropout03, tiny
 from transformer import config_checks, trainer
 
 
@@ -23,7 +23,7 @@ def fresh_overrides():
     _forget_config_overrides()
 
 
-@pytest.mark.parametrize('module', [base, big, multi30k, multi30k_recipe, tiny])
+@pytest.mark.parametrize('module', [base, big, multi30k, multi30k_dropout03, tiny])
 def test_shipped_configs_pass(module):
     config_checks.check(module.get_config(), devices=[None] * 8)
 

@@ -374,7 +374,7 @@ def cli(argv: list[str] | None = None) -> None:
         'config',
         config_flags.DEFINE_config_file,
         None,
-        'Experiment config: a packaged one by name (base, big, multi30k, multi30k_recipe, '
+        'Experiment config: a packaged one by name (base, big, multi30k, multi30k_dropout03, '
         'tiny) or a file path, e.g. configs/base.py.',
         lock_config=True,
     )
