@@ -370,12 +370,14 @@ def cli(argv: list[str] | None = None) -> None:
     from absl import app, flags
     from ml_collections import config_flags
 
+    from transformer import configs
+
     console.define_flag(
         'config',
         config_flags.DEFINE_config_file,
         None,
-        'Experiment config: a packaged one by name (base, big, multi30k, multi30k_dropout03, '
-        'tiny) or a file path, e.g. configs/base.py.',
+        f'Experiment config: a packaged one by name ({", ".join(configs.names())}) or a file '
+        'path, e.g. configs/base.py.',
         lock_config=True,
     )
     console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
