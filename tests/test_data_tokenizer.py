@@ -75,3 +75,26 @@ def test_sample_sentences():
     assert sample == tokenizer_lib.sample_sentences(sources, targets, 50, seed=0)
     assert any(s.startswith('s') for s in sample) and any(s.startswith('t') for s in sample)
     assert len(tokenizer_lib.sample_sentences(sources, targets, 1000)) == 200
+
+
+def test_lowercasing_vocabulary(tmp_path):
+    """'nmt_nfkc_cf' is stored in the model: every encode lowercases, German sharp s kept."""
+    sentences = ['Ein Mann läuft über die Straße.', 'Zwei Hunde spielen im Schnee.'] * 50
+    lower = tokenizer_lib.train_tokenizer(
+        sentences, str(tmp_path / 'lc.model'), vocab_size=60, normalization='nmt_nfkc_cf'
+    )
+    cased = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / 'cased.model'), vocab_size=60)
+    text = 'Ein MANN läuft über die Straße.'
+    assert lower.decode(lower.encode(text)) == 'ein mann läuft über die straße.'
+    assert lower.encode(text) == lower.encode(text.lower())
+    # The cased vocabulary never saw upper-case 'ANN'; it keeps the case of what it knows.
+    assert cased.decode(cased.encode('Ein Mann')) == 'Ein Mann'
+    assert cased.encode('Ein') != cased.encode('ein')
+    # A reloaded model keeps its rule, whatever the config says later.
+    assert tokenizer_lib.Tokenizer(lower.model_path).encode('ZWEI') == lower.encode('zwei')
+
+
+def test_unknown_normalization_fails(tmp_path):
+    config = _config(vocab_normalization='lowercase')
+    with pytest.raises(data.DataError, match='vocab_normalization must be one of'):
+        data.get_tokenizer(config, str(tmp_path / 'spm.model'))

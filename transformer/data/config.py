@@ -27,6 +27,10 @@ def default_config() -> ml_collections.ConfigDict:
     # vocab_size when the training text has fewer distinct pieces (tiny data).
     config.vocab_size = 1000
     config.vocab_model_type = 'bpe'  # 'bpe' | 'unigram' | 'word' | 'char'
+    # SentencePiece normalization, kept in the vocabulary and applied to every text it encodes:
+    # 'nmt_nfkc' keeps the case; 'nmt_nfkc_cf' lowercases training text and inputs alike (the
+    # model then writes lowercase, as systems trained on lowercased corpora do).
+    config.vocab_normalization = 'nmt_nfkc'
     config.vocab_sample_size = 1_000_000  # sentences (both languages) sampled to train it
     config.vocab_path = ml_collections.config_dict.placeholder(str)  # None = workdir/vocab
     config.max_len = 64  # tokens per packed training row (source and target alike)

@@ -25,6 +25,11 @@ from transformer.data.sources import load_text
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 
+# SentencePiece's built-in normalization rules. 'nmt_nfkc' (its default) keeps the case;
+# the '_cf' rules also lowercase (Unicode case folding that keeps the German sharp s).
+NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf', 'nfkc', 'nfkc_cf', 'identity')
+
+
 class Tokenizer:
     """A SentencePiece model with the project's id conventions.
 
@@ -78,6 +83,7 @@ def train_tokenizer(
     *,
     vocab_size: int,
     model_type: str = 'bpe',
+    normalization: str = 'nmt_nfkc',
 ) -> Tokenizer:
     """Trains a SentencePiece model on ``sentences`` and writes it to ``model_path``.
 
@@ -86,6 +92,8 @@ def train_tokenizer(
       model_path: where the ``.model`` file goes.
       vocab_size: wanted number of ids; smaller when the text has fewer distinct pieces.
       model_type: 'bpe', 'unigram', 'word' or 'char'.
+      normalization: SentencePiece's normalization rule, one of `NORMALIZATIONS`; stored in
+        the model, so every later encode applies it too ('nmt_nfkc_cf' lowercases).
 
     Returns:
       The trained tokenizer.
@@ -107,6 +115,7 @@ def train_tokenizer(
         model_writer=model,
         vocab_size=vocab_size,
         model_type=model_type,
+        normalization_rule_name=normalization,
         pad_id=PAD_ID,
         eos_id=EOS_ID,
         unk_id=UNK_ID,
@@ -158,7 +167,9 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
     Order: ``data_config.vocab_path`` if set; else ``model_path`` if it exists (a resumed
     run); else a new model trained on a sample of ``vocab_sample_size`` sentences of the
     training split (both languages) and saved at ``model_path`` (in a temporary directory
-    when it is None). transformer/workdir.py decides where a run keeps it.
+    when it is None). transformer/workdir.py decides where a run keeps it. A given or reused
+    model keeps the normalization it was trained with (``data.vocab_normalization`` only
+    applies to a new one).
 
     Args:
       data_config: the ``data`` config section.
@@ -171,6 +182,11 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
         if not os.path.isfile(data_config.vocab_path):
             raise DataError(f'data.vocab_path={data_config.vocab_path} does not exist.')
         return Tokenizer(data_config.vocab_path)
+    normalization = data_config.vocab_normalization
+    if normalization not in NORMALIZATIONS:
+        raise DataError(
+            f'data.vocab_normalization must be one of {NORMALIZATIONS}, got {normalization!r}.'
+        )
     if model_path is None:
         model_path = os.path.join(tempfile.mkdtemp(prefix='transformer-vocab-'), 'spm.model')
     if os.path.isfile(model_path):
@@ -183,4 +199,5 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
         model_path,
         vocab_size=int(data_config.vocab_size),
         model_type=data_config.vocab_model_type,
+        normalization=normalization,
     )
