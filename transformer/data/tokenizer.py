@@ -24,7 +24,6 @@ from transformer.data.errors import DataError
 from transformer.data.sources import load_text
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
-
 # SentencePiece's built-in normalization rules. 'nmt_nfkc' (its default) keeps the case;
 # the '_cf' rules also lowercase (Unicode case folding that keeps the German sharp s).
 NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf', 'nfkc', 'nfkc_cf', 'identity')
