@@ -39,6 +39,7 @@ def test_shipped_configs_pass(module):
         ('eval.beam_size=0', 'eval.beam_size=0 must be an integer >= 1.'),
         ('train.label_smoothing=1.0', 'train.label_smoothing=1.0 must be in [0, 1).'),
         ('train.batch_size=12', 'train.batch_size=12 must be a multiple of data-parallel'),
+        ('data.vocab_normalization=lower', "data.vocab_normalization='lower' must be one of"),
         ('model.num_heads=5', 'model.d_model=128 must be a multiple of model.num_heads=5'),
     ],
 )

@@ -15,6 +15,8 @@ from typing import Any
 
 import ml_collections
 
+from transformer.data.tokenizer import NORMALIZATIONS
+
 
 class ConfigError(ValueError):
     """A config value that cannot work; the one-line message names the key."""
@@ -39,6 +41,11 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     'model.dtype': (str, lambda v: v in ('float32', 'bfloat16', 'float16'), 'a float dtype'),
     'data.max_len': (int, lambda v: v >= 2, 'an integer >= 2'),
     'data.vocab_size': (int, lambda v: v >= 4, 'an integer >= 4'),
+    'data.vocab_normalization': (
+        str,
+        lambda v: v in NORMALIZATIONS,
+        'one of ' + ', '.join(repr(n) for n in NORMALIZATIONS),
+    ),
     'data.long_examples': (str, lambda v: v in ('drop', 'truncate'), "'drop' or 'truncate'"),
     'opt.warmup_steps': (int, *_positive),
     'opt.lr_scale': (float, lambda v: v > 0, '> 0'),
