@@ -5,7 +5,15 @@ import sys
 import pytest
 from absl import flags
 
-from configs import base, big, multi30k, multi30k_dropout03, tiny
+from configs import (
+    base,
+    big,
+    multi30k,
+    multi30k_dropout02,
+    multi30k_dropout03,
+    multi30k_lowercase,
+    tiny,
+)
 from transformer import config_checks, trainer
 
 
@@ -23,7 +31,10 @@ def fresh_overrides():
     _forget_config_overrides()
 
 
-@pytest.mark.parametrize('module', [base, big, multi30k, multi30k_dropout03, tiny])
+@pytest.mark.parametrize(
+    'module',
+    [base, big, multi30k, multi30k_dropout02, multi30k_dropout03, multi30k_lowercase, tiny],
+)
 def test_shipped_configs_pass(module):
     config_checks.check(module.get_config(), devices=[None] * 8)
 

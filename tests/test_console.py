@@ -65,14 +65,22 @@ def test_argv_verbosity():
 
 def test_config_by_name_or_path():
     """--config base names the packaged file; paths (and the configs/ shims) stay paths."""
-    assert configs.names() == ['base', 'big', 'multi30k', 'multi30k_dropout03', 'tiny']
+    assert configs.names() == [
+        'base',
+        'big',
+        'multi30k',
+        'multi30k_dropout02',
+        'multi30k_dropout03',
+        'multi30k_lowercase',
+        'tiny',
+    ]
     resolved = console.resolve_config_arg(['t', '--config', 'tiny', '--config=base:x'])
     assert resolved == ['t', '--config', configs.path('tiny'), f'--config={configs.path("base")}:x']
     assert console.resolve_config_arg(['t', '--config=configs/base.py']) == [
         't',
         '--config=configs/base.py',
     ]
-    names = 'base, big, multi30k, multi30k_dropout03, tiny'
+    names = 'base, big, multi30k, multi30k_dropout02, multi30k_dropout03, multi30k_lowercase, tiny'
     with pytest.raises(Exception, match=f'packaged configs are {names}'):
         console.resolve_config_arg(['t', '--config', 'nosuch'])
 
