@@ -28,7 +28,7 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import config_checks, console, optim, steps
+from transformer import config_checks, configs, console, optim, steps
 from transformer import data as data_lib
 from transformer import metrics as metrics_lib
 from transformer import validation as validation_lib
@@ -369,8 +369,6 @@ def cli(argv: list[str] | None = None) -> None:
 
     from absl import app, flags
     from ml_collections import config_flags
-
-    from transformer import configs
 
     console.define_flag(
         'config',
