@@ -295,3 +295,37 @@ def test_fused_attention_equals_einsum_with_empty_rows_and_self_attention():
             np.testing.assert_allclose(
                 np.asarray(y_f)[empty], np.broadcast_to(bias, (empty.sum(), d)), atol=1e-6
             )
+
+
+def test_decode_step_query_rows_share_static_cache_rows():
+    """A decoding step whose G*B query rows read a static cache of B rows (beam search: the K
+    beams of a source share its encoder keys/values) equals ordinary attention of every
+    query row to its own copy of the source, under a padding mask."""
+    b, g, s, d, n = 2, 3, 5, 16, 2
+    x_kv, x_q = _normal(7, (b, s, d)), _normal(8, (b * g, 1, d))
+    mask = np.random.default_rng(9).random((b * g, 1, 1, s)) < 0.6
+    mask[:, :, :, 0] = True
+    module = MultiHeadAttention(num_heads=n, use_bias=True)
+    repeated = np.repeat(x_kv, g, axis=0)  # [B*G, S, D]: each query row's own source
+    params = _random_params(module, x_q, repeated)
+
+    @jax.jit
+    def step(params, x_q, x_kv, mask):
+        _, made = module.apply(
+            {'params': params}, x_q[::g], x_kv, decode=True, static_kv=True, mutable=['cache']
+        )
+        assert made['cache']['cached_static_key'].shape[0] == b
+        return module.apply(
+            {'params': params, 'cache': made['cache']},
+            x_q,
+            x_kv,
+            mask,
+            decode=True,
+            static_kv=True,
+            mutable=['cache'],
+        )[0]
+
+    expected = jax.jit(module.apply)({'params': params}, x_q, repeated, mask)
+    np.testing.assert_allclose(step(params, x_q, x_kv, mask), expected, atol=1e-5)
+    with pytest.raises(ValueError, match='do not share'):
+        step(params, x_q[:-1], x_kv, mask[:-1])

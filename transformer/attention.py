@@ -284,29 +284,45 @@ class MultiHeadAttention(nn.Module):
             k, v, mask = self._update_cache(k, v, mask)
 
         dropout = not deterministic and self.dropout_rate > 0.0
-        one_query = decode and q.shape[1] == 1
+        one_query = decode and q.shape[1] == 1 and not dropout
         if self.attention_impl == 'fused' and not dropout and not one_query:
             return out(fused_attention(q, k, v, mask))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
         if one_query:
-            # A decoding step's single query makes both products matrix-vector: written as
-            # multiply + reduce they read the [B, S, N, H] caches where they lie. As dots, XLA
-            # transposed every cache to [B, N, H, S] at every step (measured: a third of a
-            # beam search's time on CPU).
-            logits = jnp.sum(q * k, axis=-1).transpose(0, 2, 1)[:, :, None, :]  # [B, N, 1, S]
-        else:
-            logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
+            return out(self._one_query(q, k, v, mask))
+        logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        if one_query:
-            weights = probs[:, :, 0, :].transpose(0, 2, 1)[..., None].astype(self.dtype)
-            heads = jnp.sum(weights * v, axis=1, keepdims=True)  # [B, 1, N, H]
-        else:
-            heads = jnp.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
+        heads = jnp.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
         return out(heads)
+
+    def _one_query(self, q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+        """One decoding step: q [R, 1, N, H] (scaled) over k, v [B, S, N, H] -> [R, 1, N, H].
+
+        R may be a multiple G * B of the caches' rows: query rows g*G .. g*G + G-1 then share
+        cache row g (beam search's G = K beams of one source read its encoder keys/values
+        once, not K copies). A single query makes both products matrix-vector: written as
+        multiply + reduce they read the caches where they lie. As dots, XLA transposed every
+        cache to [B, N, H, S] at every step (measured: a third of a beam search's time on
+        CPU); reading K repeated copies of the encoder caches was another sixth.
+        """
+        rows, batch = q.shape[0], k.shape[0]
+        if rows % batch:
+            raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
+        group = rows // batch
+        shape = q.shape
+        q = q.reshape(batch, group, 1, *shape[2:])  # [B, G, 1, N, H]
+        logits = jnp.sum(q * k[:, None], axis=-1)  # [B, G, S, N]
+        logits = logits.reshape(rows, k.shape[1], shape[2]).transpose(0, 2, 1)[:, :, None, :]
+        probs = masked_softmax(logits, mask)  # [R, N, 1, S]
+        self.sow('intermediates', 'attention_weights', probs)
+        weights = probs[:, :, 0, :].transpose(0, 2, 1).astype(self.dtype)  # [R, S, N]
+        weights = weights.reshape(batch, group, k.shape[1], shape[2], 1)
+        heads = jnp.sum(weights * v[:, None], axis=2)  # [B, G, N, H]
+        return heads.reshape(shape)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
         """Writes this step's key/value into the cache and masks the positions not yet written."""

@@ -69,20 +69,15 @@ def _output_limits(inputs: Array, loop_length: int, extra_length: int) -> Array:
     return jnp.minimum(input_lengths + extra_length, loop_length)
 
 
-def _step_log_probs(
+def _step_logits(
     model: Transformer,
     params: Params,
     cache: Cache,
     encoded: Array,
     inputs: Array,
     last_tokens: Array,
-    at_limit: Array,
 ) -> tuple[Array, Cache]:
-    """One cached decoder step: log-probs [B', V] for the next token and the updated cache.
-
-    ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
-    stays possible there. Pad/start (0) is never possible.
-    """
+    """One cached decoder step: logits [B', V] for the next token and the updated cache."""
     logits, variables = model.apply(
         {'params': params, 'cache': cache},
         encoded,
@@ -92,10 +87,18 @@ def _step_log_probs(
         method=Transformer.decode,
         mutable=['cache'],
     )
-    log_probs = jax.nn.log_softmax(logits[:, 0])
-    vocab = jnp.arange(log_probs.shape[-1])
+    return logits[:, 0], variables['cache']
+
+
+def _forbid(scores: Array, at_limit: Array) -> Array:
+    """``scores`` [B', V] with impossible tokens at -inf.
+
+    ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
+    stays possible there. Pad/start (0) is never possible.
+    """
+    vocab = jnp.arange(scores.shape[-1])
     forbidden = (vocab == PAD_ID) | (at_limit[:, None] & (vocab != EOS_ID))
-    return jnp.where(forbidden, -jnp.inf, log_probs), variables['cache']
+    return jnp.where(forbidden, -jnp.inf, scores)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'max_decode_len', 'extra_length'))
@@ -133,10 +136,10 @@ def greedy_search(
 
     def decode_step(state):
         step, tokens, last_tokens, done, cache = state
-        log_probs, cache = _step_log_probs(
-            model, params, cache, encoded, inputs, last_tokens, step + 1 >= limits
-        )
-        next_tokens = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+        logits, cache = _step_logits(model, params, cache, encoded, inputs, last_tokens)
+        # log_softmax keeps each row's order: the argmax of the logits is greedy's token.
+        best = jnp.argmax(_forbid(logits, step + 1 >= limits), axis=-1).astype(jnp.int32)
+        next_tokens = jnp.where(done, PAD_ID, best)
         tokens = tokens.at[:, step].set(next_tokens)
         return step + 1, tokens, next_tokens, done | (next_tokens == EOS_ID), cache
 
@@ -159,10 +162,9 @@ def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Ca
     attending to it. So only the chunks holding written positions are gathered, each back into
     its own place (dynamic_update_slice in a loop, which XLA does in place): a step moves
     O(written * B*K * N * H) per cache instead of O(T' * B*K * N * H), and no second full-size
-    buffer is allocated. The encoder-decoder caches (`STATIC_CACHE_NAMES`) are not touched:
-    ``rows`` only points within an example, whose K beams share one source and so hold the
-    same keys and values there. Scalars (``cache_index``, ``position``) are the same for every
-    row and are not touched either; any other array with a B*K axis is gathered whole.
+    buffer is allocated. The encoder-decoder caches (`STATIC_CACHE_NAMES`, one copy per
+    example, shared by its K beams) are not touched, nor are scalars (``cache_index``,
+    ``position``: the same for every row); any other array with a B*K axis is gathered whole.
     """
     num_rows = rows.shape[0]
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(cache)
@@ -209,17 +211,10 @@ class _BeamState(NamedTuple):
     cache: Cache  # rows b*K + k follow alive_seqs[b, k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        'model',
-        'beam_size',
-        'alpha',
-        'max_decode_len',
-        'extra_length',
-        'early_stop',
-    ),
-)
+_BEAM_STATIC = ('model', 'beam_size', 'alpha', 'max_decode_len', 'extra_length', 'early_stop')
+
+
+@functools.partial(jax.jit, static_argnames=_BEAM_STATIC)
 def _beam_search(
     model: Transformer,
     params: Params,
@@ -238,11 +233,16 @@ def _beam_search(
     max_penalty = length_penalty(limits, alpha)  # [B]
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
     cache_length = -(-loop_length // _REORDER_CHUNKS) * _REORDER_CHUNKS
-    # Every beam of an example reads the same source: its keys and values are projected once
-    # per sentence, then the cache (and the source) are repeated once for the K beams.
+    # An example's encoder keys/values are projected and stored once: its K beams' query rows
+    # attend to that copy (`MultiHeadAttention._one_query`). The rest is repeated K times.
     cache = init_cache(model, params, encoded, inputs, cache_length)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, cache)
-    encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D]; the steps never read it
+
+    def per_beam(path, x):
+        if not x.ndim or getattr(path[-1], 'key', None) in STATIC_CACHE_NAMES:
+            return x
+        return jnp.repeat(x, beam_size, axis=0)
+
+    cache = jax.tree_util.tree_map_with_path(per_beam, cache)
     beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
     beam_limits = jnp.repeat(limits, beam_size)
     row_offsets = jnp.arange(batch)[:, None] * beam_size
@@ -268,15 +268,10 @@ def _beam_search(
             ),
             PAD_ID,
         )
-        log_probs, cache = _step_log_probs(
-            model,
-            params,
-            state.cache,
-            encoded,
-            beam_inputs,
-            last_tokens.reshape(-1),
-            step + 1 >= beam_limits,
+        logits, cache = _step_logits(  # steps never read `encoded`: its keys/values are cached
+            model, params, state.cache, encoded, beam_inputs, last_tokens.reshape(-1)
         )
+        log_probs = _forbid(jax.nn.log_softmax(logits), step + 1 >= beam_limits)
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(batch, beam_size, -1)
         vocab = log_probs.shape[-1]
 
