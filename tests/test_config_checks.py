@@ -12,6 +12,7 @@ from configs import (
     multi30k_dropout02,
     multi30k_dropout03,
     multi30k_lowercase,
+    multi30k_tiny,
     tiny,
 )
 from transformer import config_checks, trainer
@@ -33,7 +34,16 @@ def fresh_overrides():
 
 @pytest.mark.parametrize(
     'module',
-    [base, big, multi30k, multi30k_dropout02, multi30k_dropout03, multi30k_lowercase, tiny],
+    [
+        base,
+        big,
+        multi30k,
+        multi30k_dropout02,
+        multi30k_dropout03,
+        multi30k_lowercase,
+        multi30k_tiny,
+        tiny,
+    ],
 )
 def test_shipped_configs_pass(module):
     config_checks.check(module.get_config(), devices=[None] * 8)

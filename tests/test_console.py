@@ -72,6 +72,7 @@ def test_config_by_name_or_path():
         'multi30k_dropout02',
         'multi30k_dropout03',
         'multi30k_lowercase',
+        'multi30k_tiny',
         'tiny',
     ]
     resolved = console.resolve_config_arg(['t', '--config', 'tiny', '--config=base:x'])
@@ -80,7 +81,10 @@ def test_config_by_name_or_path():
         't',
         '--config=configs/base.py',
     ]
-    names = 'base, big, multi30k, multi30k_dropout02, multi30k_dropout03, multi30k_lowercase, tiny'
+    names = (
+        'base, big, multi30k, multi30k_dropout02, multi30k_dropout03, multi30k_lowercase, '
+        'multi30k_tiny, tiny'
+    )
     with pytest.raises(Exception, match=f'packaged configs are {names}'):
         console.resolve_config_arg(['t', '--config', 'nosuch'])
 
