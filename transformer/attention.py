@@ -59,6 +59,11 @@ OUT_AXES = ('heads', 'kv', 'embed')
 # only read, so beam search must not reorder them as it reorders the per-position caches.
 STATIC_CACHE_NAMES = ('cached_static_key', 'cached_static_value')
 
+# A decoding step's self-attention reads the cache only up to the end of the chunk (of this
+# many equal chunks) that holds the position written: the cache is sized for the longest
+# output, most outputs end far earlier, and positions not yet written are masked anyway.
+CACHE_CHUNKS = 4
+
 
 def per_head(kernel: Array) -> Array:
     """[D, N, H] query/key/value kernel -> [N, D, H]: element i is head i's own W_i."""
@@ -188,6 +193,31 @@ def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
     return jnp.where(jnp.swapaxes(any_key, 1, 2)[..., None], out, 0).astype(out.dtype)
 
 
+def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """One decoding step: q [R, 1, N, H] (scaled) over k, v [B, S, N, H] -> [R, 1, N, H].
+
+    R may be a multiple G * B of the caches' rows: query rows g*G .. g*G + G-1 then share
+    cache row g (beam search's G = K beams of one source read its encoder keys/values
+    once, not K copies). A single query makes both products matrix-vector: written as
+    multiply + reduce they read the caches where they lie. As dots, XLA transposed every
+    cache to [B, N, H, S] at every step (measured: a third of a beam search's time on
+    CPU); reading K repeated copies of the encoder caches was another sixth.
+    """
+    rows, batch = q.shape[0], k.shape[0]
+    if rows % batch:
+        raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
+    group = rows // batch
+    shape = q.shape
+    q = q.reshape(batch, group, 1, *shape[2:])  # [B, G, 1, N, H]
+    logits = jnp.sum(q * k[:, None], axis=-1)  # [B, G, S, N]
+    logits = logits.reshape(rows, k.shape[1], shape[2]).transpose(0, 2, 1)[:, :, None, :]
+    probs = masked_softmax(logits, mask)  # [R, N, 1, S]
+    weights = probs[:, :, 0, :].transpose(0, 2, 1).astype(q.dtype)  # [R, S, N]
+    weights = weights.reshape(batch, group, k.shape[1], shape[2], 1)
+    heads = jnp.sum(weights * v[:, None], axis=2)  # [B, G, N, H]
+    return heads.reshape(shape)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, Sec. 3.2.2.
 
@@ -289,8 +319,20 @@ class MultiHeadAttention(nn.Module):
             return out(fused_attention(q, k, v, mask))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
+        if one_query and not static_kv:
+            # Only the chunks up to the position just written (`CACHE_CHUNKS`): one branch
+            # per prefix length, each with static shapes.
+            length = k.shape[1]
+            ends = sorted({-(-length * (c + 1) // CACHE_CHUNKS) for c in range(CACHE_CHUNKS)})
+            written = self.get_variable('cache', 'cache_index')  # positions written so far
+            branches = [
+                lambda q, k, v, m, end=end: _one_query(q, k[:, :end], v[:, :end], m[..., :end])
+                for end in ends
+            ]
+            index = jnp.searchsorted(jnp.asarray(ends), written)
+            return out(jax.lax.switch(index, branches, q, k, v, mask))
         if one_query:
-            return out(self._one_query(q, k, v, mask))
+            return out(_one_query(q, k, v, mask))
         logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
@@ -298,31 +340,6 @@ class MultiHeadAttention(nn.Module):
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
         heads = jnp.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
         return out(heads)
-
-    def _one_query(self, q: Array, k: Array, v: Array, mask: Array | None) -> Array:
-        """One decoding step: q [R, 1, N, H] (scaled) over k, v [B, S, N, H] -> [R, 1, N, H].
-
-        R may be a multiple G * B of the caches' rows: query rows g*G .. g*G + G-1 then share
-        cache row g (beam search's G = K beams of one source read its encoder keys/values
-        once, not K copies). A single query makes both products matrix-vector: written as
-        multiply + reduce they read the caches where they lie. As dots, XLA transposed every
-        cache to [B, N, H, S] at every step (measured: a third of a beam search's time on
-        CPU); reading K repeated copies of the encoder caches was another sixth.
-        """
-        rows, batch = q.shape[0], k.shape[0]
-        if rows % batch:
-            raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
-        group = rows // batch
-        shape = q.shape
-        q = q.reshape(batch, group, 1, *shape[2:])  # [B, G, 1, N, H]
-        logits = jnp.sum(q * k[:, None], axis=-1)  # [B, G, S, N]
-        logits = logits.reshape(rows, k.shape[1], shape[2]).transpose(0, 2, 1)[:, :, None, :]
-        probs = masked_softmax(logits, mask)  # [R, N, 1, S]
-        self.sow('intermediates', 'attention_weights', probs)
-        weights = probs[:, :, 0, :].transpose(0, 2, 1).astype(self.dtype)  # [R, S, N]
-        weights = weights.reshape(batch, group, k.shape[1], shape[2], 1)
-        heads = jnp.sum(weights * v[:, None], axis=2)  # [B, G, N, H]
-        return heads.reshape(shape)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
         """Writes this step's key/value into the cache and masks the positions not yet written."""

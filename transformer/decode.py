@@ -36,17 +36,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import STATIC_CACHE_NAMES
+from transformer.attention import CACHE_CHUNKS, STATIC_CACHE_NAMES
 from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
 
 Array = jax.Array
 Params = Any
 Cache = Any
 
-# The beam cache's time axis is split into this many equal chunks so that reordering copies
-# only the chunks already written (see `_reorder_cache`). More chunks copy less but add loop
-# iterations per step; the cache grows by fewer than this many positions.
-_REORDER_CHUNKS = 4
+# The beam cache's time axis is split into `CACHE_CHUNKS` equal chunks (the cache grows by
+# fewer than that many positions): reordering copies only the chunks already written (see
+# `_reorder_cache`), as a step's self-attention reads only those.
 
 
 def length_penalty(length: Array | int, alpha: float) -> Array:
@@ -157,7 +156,7 @@ def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Ca
     """Cache whose row r holds what row ``rows[r]`` held, for positions < ``written``.
 
     Entries are told apart by name. The self-attention caches ``cached_key`` / ``cached_value``
-    are [B*K, T', N, H] with T' = ``length``, a multiple of `_REORDER_CHUNKS`. Positions at or
+    are [B*K, T', N, H] with T' = ``length``, a multiple of `CACHE_CHUNKS`. Positions at or
     after ``written`` are left as they are: the model masks them and overwrites each before
     attending to it. So only the chunks holding written positions are gathered, each back into
     its own place (dynamic_update_slice in a loop, which XLA does in place): a step moves
@@ -176,7 +175,7 @@ def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Ca
             continue
         if x.ndim and x.shape[0] == num_rows:
             leaves[i] = jnp.take(x, rows, axis=0)
-    chunk = length // _REORDER_CHUNKS
+    chunk = length // CACHE_CHUNKS
 
     def reorder_chunk(c, kv):
         start = c * chunk
@@ -232,7 +231,7 @@ def _beam_search(
     limits = _output_limits(inputs, loop_length, extra_length)
     max_penalty = length_penalty(limits, alpha)  # [B]
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-    cache_length = -(-loop_length // _REORDER_CHUNKS) * _REORDER_CHUNKS
+    cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS
     # An example's encoder keys/values are projected and stored once: its K beams' query rows
     # attend to that copy (`MultiHeadAttention._one_query`). The rest is repeated K times.
     cache = init_cache(model, params, encoded, inputs, cache_length)
