@@ -20,11 +20,13 @@ not scored. Validation perplexity was still falling at the end (5.97 at step 440
 
 import ml_collections
 
-from transformer.configs import multi30k
+from transformer.configs import multi30k_dropout02
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = multi30k.get_config()
+    # 5500 steps, keep 15, average 10, beam 5, alpha 1.4, BLEU every 1000 steps: as there (the
+    # measured run computed its in-training BLEU with alpha 0.6; 1.4 was chosen on validation).
+    config = multi30k_dropout02.get_config()
     model = config.model
     model.d_model = 128
     model.num_heads = 4
@@ -37,13 +39,5 @@ def get_config() -> ml_collections.ConfigDict:
     opt.warmup_steps = 2000
     opt.lr_scale = 2.5  # peak 0.0049 at step 2000, as the published recipe's 0.005
 
-    train = config.train
-    train.batch_size = 64  # packed rows of 64: ~4k target tokens a step
-    train.num_steps = 5500
-    train.keep_checkpoints = 15  # room to compare averaging 5 / 10 / 15 on validation
-
-    ev = config.eval
-    ev.beam_size = 5
-    ev.average_last = 10
-    ev.bleu_every = 1000  # validation BLEU (beam 5) on 300 sentences during training
+    config.train.batch_size = 64  # packed rows of 64: ~4k target tokens a step
     return config
