@@ -212,8 +212,8 @@ def _one_query_shared(q: Array, k: Array, v: Array, mask: Array) -> Array:
     R may be a multiple G * B of the caches' rows: query rows g*G .. g*G + G-1 then share
     cache row g (beam search's G = K beams of one source read its keys/values once, not K
     copies: those copies were ~16% of a beam step on CPU). In the head-major layout the
-    query-key product is a batched matrix product without transposes (~2.5x faster on CPU
-    than multiply + reduce over [B, S, N, H]).
+    query-key product is a batched matrix product without transposes (~2.5x faster than
+    multiply + reduce over [B, S, N, H] in a CPU micro-benchmark).
     """
     rows, batch, num_heads, length = q.shape[0], *k.shape[:3]
     if rows % batch:
@@ -225,7 +225,7 @@ def _one_query_shared(q: Array, k: Array, v: Array, mask: Array) -> Array:
     probs = probs.astype(v.dtype)
     if group == 1:
         heads = jnp.einsum('BGNS,BNSH->BGNH', probs, v)
-    else:  # as a product, ~2x slower on CPU than multiply + reduce here
+    else:  # as a product, ~2x slower than multiply + reduce here (CPU micro-benchmark)
         heads = jnp.sum(probs[..., None] * v[:, None], axis=3)  # [B, G, N, H]
     return heads.reshape(rows, 1, *heads.shape[2:])
 

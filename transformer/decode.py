@@ -43,10 +43,6 @@ Array = jax.Array
 Params = Any
 Cache = Any
 
-# The beam cache's time axis is split into `CACHE_CHUNKS` equal chunks (the cache grows by
-# fewer than that many positions): reordering copies only the chunks already written (see
-# `_reorder_cache`), as a step's self-attention reads only those.
-
 
 def length_penalty(length: Array | int, alpha: float) -> Array:
     """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al., 2016, Sec. 7).
@@ -232,9 +228,9 @@ def _beam_search(
     limits = _output_limits(inputs, loop_length, extra_length)
     max_penalty = length_penalty(limits, alpha)  # [B]
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-    cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS
+    cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS  # `_reorder_cache`'s chunks
     # An example's encoder keys/values are projected and stored once: its K beams' query rows
-    # attend to that copy (`MultiHeadAttention._one_query`). The rest is repeated K times.
+    # attend to that copy (`attention._one_query_shared`). The rest is repeated K times.
     cache = init_cache(model, params, encoded, inputs, cache_length)
 
     def per_beam(path, x):
