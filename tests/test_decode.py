@@ -291,8 +291,8 @@ def test_reorder_cache_gathers_the_written_positions():
     rng = np.random.default_rng(0)
     cache = {
         'layer': {
-            'cached_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
-            'cached_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
+            'cached_key': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),  # [R, N, T', H]
+            'cached_value': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),
             'cache_index': np.int32(5),
         },
         # Shaped like the self-attention caches: only the names tell them apart.
@@ -309,10 +309,10 @@ def test_reorder_cache_gathers_the_written_positions():
         out = reorder(cache, rows, written, length=8)
         for name in ('cached_key', 'cached_value'):
             before, after = cache['layer'][name], np.asarray(out['layer'][name])
-            np.testing.assert_array_equal(after[:, :written], before[rows, :written])
+            np.testing.assert_array_equal(after[:, :, :written], before[rows, :, :written])
             # Written positions are gathered whole chunks at a time (chunk = 8 / 4 = 2).
             untouched = -(-written // 2) * 2
-            np.testing.assert_array_equal(after[:, untouched:], before[:, untouched:])
+            np.testing.assert_array_equal(after[:, :, untouched:], before[:, :, untouched:])
         assert int(out['layer']['cache_index']) == 5 and int(out['position']) == 5
         for name, x in cache['cross'].items():
             np.testing.assert_array_equal(out['cross'][name], x)

@@ -194,26 +194,14 @@ def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
 
 
 def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """A decoding step's self-attention: q [B, 1, N, H] (scaled) over k, v [B, S, N, H].
+    """A decoding step: q [R, 1, N, H] (scaled) over head-major caches k, v [B, N, S, H].
 
-    A single query makes both products matrix-vector: written as multiply + reduce they read
-    the [B, S, N, H] caches where they lie. As dots, XLA transposed every cache to
-    [B, N, H, S] at every step (measured: a third of a beam search's time on CPU).
-    """
-    logits = jnp.sum(q * k, axis=-1).swapaxes(1, 2)[:, :, None, :]  # [B, N, 1, S]
-    weights = masked_softmax(logits, mask)[:, :, 0, :].swapaxes(1, 2)[..., None]  # [B, S, N, 1]
-    return jnp.sum(weights.astype(v.dtype) * v, axis=1, keepdims=True)  # [B, 1, N, H]
-
-
-def _one_query_shared(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """A decoding step over stored encoder keys/values: q [R, 1, N, H] (scaled) over
-    head-major k, v [B, N, S, H] -> [R, 1, N, H].
-
-    R may be a multiple G * B of the caches' rows: query rows g*G .. g*G + G-1 then share
-    cache row g (beam search's G = K beams of one source read its keys/values once, not K
-    copies: those copies were ~16% of a beam step on CPU). In the head-major layout the
-    query-key product is a batched matrix product without transposes (~2.5x faster than
-    multiply + reduce over [B, S, N, H] in a CPU micro-benchmark).
+    Every decoding cache is head-major: there a single query's products with the keys and
+    values are batched matrix products without transposes (in [B, S, N, H], XLA transposed
+    every cache at every step; multiply + reduce avoided that but ran ~2.5x slower than these
+    products in a CPU micro-benchmark). R may be a multiple G * B of the caches' rows: query
+    rows g*G .. g*G + G-1 then share cache row g (beam search's G = K beams of one source
+    read its encoder keys/values once, not K copies: those copies were ~16% of a beam step).
     """
     rows, batch, num_heads, length = q.shape[0], *k.shape[:3]
     if rows % batch:
@@ -327,7 +315,7 @@ class MultiHeadAttention(nn.Module):
 
         dropout = not deterministic and self.dropout_rate > 0.0
         one_query = decode and q.shape[1] == 1 and not dropout
-        if decode and static_kv and not one_query:  # head-major cache back to [B, S, N, H]
+        if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         if self.attention_impl == 'fused' and not dropout and not one_query:
             return out(fused_attention(q, k, v, mask))
@@ -336,17 +324,19 @@ class MultiHeadAttention(nn.Module):
         if one_query and not static_kv:
             # Only the chunks up to the position just written (`CACHE_CHUNKS`): one branch
             # per prefix length, each with static shapes.
-            length = k.shape[1]
+            length = k.shape[2]
             ends = sorted({-(-length * (c + 1) // CACHE_CHUNKS) for c in range(CACHE_CHUNKS)})
             written = self.get_variable('cache', 'cache_index')  # positions written so far
             branches = [
-                lambda q, k, v, m, end=end: _one_query(q, k[:, :end], v[:, :end], m[..., :end])
+                lambda q, k, v, m, end=end: _one_query(
+                    q, k[:, :, :end], v[:, :, :end], m[..., :end]
+                )
                 for end in ends
             ]
             index = jnp.searchsorted(jnp.asarray(ends), written)
             return out(jax.lax.switch(index, branches, q, k, v, mask))
         if one_query:
-            return out(_one_query_shared(q, k, v, mask))
+            return out(_one_query(q, k, v, mask))
         logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
@@ -356,7 +346,9 @@ class MultiHeadAttention(nn.Module):
         return out(heads)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
-        """Writes this step's key/value into the cache and masks the positions not yet written."""
+        """Writes this step's key/value into the head-major [B, N, T', H] cache and masks the
+        positions not yet written. Returns the caches (head-major) and the mask."""
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, N, T, H]
         is_initialized = self.has_variable('cache', 'cached_key')
         cached_key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
         cached_value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
@@ -364,11 +356,11 @@ class MultiHeadAttention(nn.Module):
         if not is_initialized:
             # The init call only sizes the cache; it attends over its full input as usual.
             return k, v, mask
-        length = cached_key.value.shape[1]
-        if k.shape[1] != 1:
-            raise ValueError(f'decode=True takes one position per call, got {k.shape[1]}.')
+        length = cached_key.value.shape[2]
+        if k.shape[2] != 1:
+            raise ValueError(f'decode=True takes one position per call, got {k.shape[2]}.')
         index = cache_index.value
-        start = (0, index, 0, 0)
+        start = (0, 0, index, 0)
         cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, start)
         cache_index.value = index + 1
@@ -382,7 +374,7 @@ class MultiHeadAttention(nn.Module):
         """Head-major keys/values [B, N, S, H] of an ``inputs_kv`` that does not change.
 
         Projected and stored by the call that finds them missing from the cache, read back by
-        every later one (see `_one_query_shared` for the layout).
+        every later one (see `_one_query` for the layout).
         """
         key_name, value_name = STATIC_CACHE_NAMES
         if self.has_variable('cache', key_name):

@@ -153,7 +153,7 @@ def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Ca
     """Cache whose row r holds what row ``rows[r]`` held, for positions < ``written``.
 
     Entries are told apart by name. The self-attention caches ``cached_key`` / ``cached_value``
-    are [B*K, T', N, H] with T' = ``length``, a multiple of `CACHE_CHUNKS`. Positions at or
+    are [B*K, N, T', H] with T' = ``length``, a multiple of `CACHE_CHUNKS`. Positions at or
     after ``written`` are left as they are: the model masks them and overwrites each before
     attending to it. So only the chunks holding written positions are gathered, each back into
     its own place (dynamic_update_slice in a loop, which XLA does in place): a step moves
@@ -180,13 +180,13 @@ def _reorder_cache(cache: Cache, rows: Array, written: Array, length: int) -> Ca
             jax.lax.dynamic_update_slice_in_dim(
                 x,
                 jnp.take(
-                    jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=1),
+                    jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=2),
                     rows,
                     axis=0,
                     mode='clip',  # rows are in range: no out-of-range masking needed
                 ),
                 start,
-                axis=1,
+                axis=2,
             )
             for x in kv
         ]

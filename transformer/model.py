@@ -297,7 +297,7 @@ def init_cache(
 ) -> dict[str, Any]:
     """The ``cache`` collection for ``model.decode(..., decode=True)``.
 
-    Self-attention caches (``cached_key`` / ``cached_value`` [B, max_decode_len, N, H]) start
+    Self-attention caches (``cached_key`` / ``cached_value`` [B, N, max_decode_len, H]) start
     as zeros and are written one position per step. Encoder-decoder attention caches
     (``cached_static_key`` / ``cached_static_value`` [B, N, S, H]) hold the projections of
     ``encoded``, made here once so that no step repeats them (4 S D^2 multiply-adds per row
