@@ -269,7 +269,7 @@ class MultiHeadAttention(nn.Module):
             position up to and including the current one.
           static_kv: with ``decode``, ``inputs_kv`` is the same at every call (the encoder
             output that encoder-decoder attention reads). The call that creates the cache
-            projects it into ``cached_static_key`` / ``cached_static_value`` [B, S, N, H];
+            projects it into ``cached_static_key`` / ``cached_static_value`` [B, N, S, H];
             later calls attend to those and never read ``inputs_kv``, so the S x D x N x H
             projections run once per decoding instead of once per position.
 

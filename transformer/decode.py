@@ -230,7 +230,7 @@ def _beam_search(
     encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
     cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS  # `_reorder_cache`'s chunks
     # An example's encoder keys/values are projected and stored once: its K beams' query rows
-    # attend to that copy (`attention._one_query_shared`). The rest is repeated K times.
+    # attend to that copy (`attention._one_query`). The rest is repeated K times.
     cache = init_cache(model, params, encoded, inputs, cache_length)
 
     def per_beam(path, x):
