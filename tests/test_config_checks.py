@@ -38,6 +38,7 @@ def test_shipped_configs_pass(name):
         ('model.dropout_rate=1.0', 'model.dropout_rate=1.0 must be in [0, 1).'),
         ('model.dropout_rate=-0.1', 'model.dropout_rate=-0.1 must be in [0, 1).'),
         ('opt.warmup_steps=0', 'opt.warmup_steps=0 must be an integer >= 1.'),
+        ('opt.cooldown_steps=100000', 'opt.cooldown_steps=100000 exceeds train.num_steps='),
         ('eval.beam_size=0', 'eval.beam_size=0 must be an integer >= 1.'),
         ('train.label_smoothing=1.0', 'train.label_smoothing=1.0 must be in [0, 1).'),
         ('train.batch_size=12', 'train.batch_size=12 must be a multiple of data-parallel'),

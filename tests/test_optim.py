@@ -45,3 +45,25 @@ def test_bad_schedule_name_is_a_clear_error():
     opt.schedule = 'cosine'
     with pytest.raises(ValueError, match="'rsqrt' or 'constant'"):
         optim.make_optimizer(opt, d_model=512)
+
+
+def test_cooldown_ramps_the_schedule_linearly_to_zero_at_the_last_step():
+    """opt.cooldown_steps: the rsqrt value until the cool-down, then times (T - count) / C."""
+    opt = base.get_config().opt
+    opt.warmup_steps, opt.cooldown_steps = 100, 400
+    _, schedule = optim.make_optimizer(opt, d_model=64, num_steps=1000)
+    plain = optim.rsqrt_schedule(d_model=64, warmup_steps=100)
+    for count in [0, 99, 599, 600]:
+        np.testing.assert_allclose(schedule(count), plain(count), rtol=1e-6)
+    for count in [700, 950, 999]:
+        np.testing.assert_allclose(schedule(count), plain(count) * (1000 - count) / 400, rtol=1e-6)
+    assert float(schedule(1000)) == 0.0
+
+
+def test_cooldown_needs_the_run_length_and_fits_in_it():
+    opt = base.get_config().opt
+    opt.cooldown_steps = 500
+    with pytest.raises(ValueError, match='train.num_steps'):
+        optim.make_optimizer(opt, d_model=64)
+    with pytest.raises(ValueError, match='cooldown_steps must be in'):
+        optim.make_optimizer(opt, d_model=64, num_steps=100)

@@ -49,6 +49,7 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     'data.long_examples': (str, lambda v: v in ('drop', 'truncate'), "'drop' or 'truncate'"),
     'opt.warmup_steps': (int, *_positive),
     'opt.lr_scale': (float, lambda v: v > 0, '> 0'),
+    'opt.cooldown_steps': (int, *_non_negative),
     'opt.b1': (float, *_rate),
     'opt.b2': (float, *_rate),
     'opt.eps': (float, *_non_negative),
@@ -108,6 +109,9 @@ def check(config: ml_collections.ConfigDict, devices: Sequence[Any] | None = Non
             f'model.d_model={model.d_model} must be a multiple of model.num_heads='
             f'{model.num_heads} (or set model.head_dim).'
         )
+    cooldown = config.opt.get('cooldown_steps', 0)
+    if cooldown > tc.num_steps:
+        raise ConfigError(f'opt.cooldown_steps={cooldown} exceeds train.num_steps={tc.num_steps}.')
     if config.data.max_len > model.max_len:
         raise ConfigError(f'data.max_len={config.data.max_len} exceeds model.max_len.')
     if tc.distributed and devices is None:

@@ -34,29 +34,58 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return schedule
 
 
-def make_schedule(opt: Mapping[str, Any], d_model: int) -> optax.Schedule:
-    """The schedule named by ``opt.schedule``: 'rsqrt' (the paper) or 'constant'."""
+def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int) -> optax.Schedule:
+    """``schedule`` times a linear ramp to zero over the last ``cooldown_steps`` of ``num_steps``.
+
+    The factor is ``min(1, (num_steps - count) / cooldown_steps)``: 1 until the cool-down
+    starts, ``1 / cooldown_steps`` at the last update (count ``num_steps - 1``).
+    """
+    if not 0 < cooldown_steps <= num_steps:
+        raise ValueError(
+            f'opt.cooldown_steps must be in [1, train.num_steps={num_steps}], got {cooldown_steps}.'
+        )
+
+    def cooled(count):
+        remaining = num_steps - jnp.asarray(count, jnp.float32)
+        return schedule(count) * jnp.clip(remaining / cooldown_steps, 0.0, 1.0)
+
+    return cooled
+
+
+def make_schedule(
+    opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
+) -> optax.Schedule:
+    """The schedule named by ``opt.schedule`` ('rsqrt', the paper, or 'constant'), with the
+    linear cool-down of ``opt.cooldown_steps`` (0 = none) ending at ``num_steps``."""
     if opt['schedule'] == 'rsqrt':
-        return rsqrt_schedule(d_model, opt['warmup_steps'], opt['lr_scale'])
-    if opt['schedule'] == 'constant':
-        return optax.constant_schedule(opt['lr_scale'])
-    raise ValueError(f"opt.schedule must be 'rsqrt' or 'constant', got {opt['schedule']!r}.")
+        schedule = rsqrt_schedule(d_model, opt['warmup_steps'], opt['lr_scale'])
+    elif opt['schedule'] == 'constant':
+        schedule = optax.constant_schedule(opt['lr_scale'])
+    else:
+        raise ValueError(f"opt.schedule must be 'rsqrt' or 'constant', got {opt['schedule']!r}.")
+    cooldown_steps = opt.get('cooldown_steps', 0)
+    if not cooldown_steps:
+        return schedule
+    if num_steps is None:
+        raise ValueError('opt.cooldown_steps needs the run length (train.num_steps).')
+    return with_cooldown(schedule, num_steps, cooldown_steps)
 
 
 def make_optimizer(
-    opt: Mapping[str, Any], d_model: int
+    opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping.
 
     Args:
-      opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, b1, b2, eps,
-        clip_grad_norm).
+      opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, cooldown_steps,
+        b1, b2, eps, clip_grad_norm).
       d_model: the model width D (the schedule depends on it).
+      num_steps: the run length, where the cool-down ends (needed when it is on).
 
     Returns:
       The optax transformation and its schedule (for logging the learning rate).
     """
-    schedule = make_schedule(opt, d_model)
+    schedule = make_schedule(opt, d_model, num_steps)
     chain = []
     if opt['clip_grad_norm']:
         chain.append(optax.clip_by_global_norm(opt['clip_grad_norm']))

@@ -58,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     opt.schedule = 'rsqrt'  # d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Sec. 5.3)
     opt.warmup_steps = 4000
     opt.lr_scale = 1.0  # constant factor on the schedule (the lr itself for 'constant')
+    opt.cooldown_steps = 0  # linear decay to 0 over the last N of train.num_steps; 0 = none
     opt.b1 = 0.9  # Adam beta1 (Sec. 5.3)
     opt.b2 = 0.98  # Adam beta2
     opt.eps = 1e-9  # Adam epsilon
