@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import products
 from transformer.dropout import Dropout
 
 Array = jax.Array
@@ -121,7 +122,7 @@ class _Projection(nn.Module):
             self.bias = self.param('bias', bias_init, self.bias_shape, self.param_dtype)
 
     def __call__(self, x: Array) -> Array:
-        y = jnp.einsum(self.equation, x.astype(self.dtype), self.kernel.astype(self.dtype))
+        y = products.einsum(self.equation, x.astype(self.dtype), self.kernel.astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias.astype(self.dtype)
         return y
@@ -136,7 +137,7 @@ def fused_projections(x: Array, projections: tuple[_Projection, ...]) -> tuple[A
     """
     first = projections[0]
     kernel = jnp.concatenate([p.kernel for p in projections], axis=1).astype(first.dtype)
-    y = jnp.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
+    y = products.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
     if first.bias is not None:
         y = y + jnp.concatenate([p.bias for p in projections], axis=0).astype(first.dtype)
     return tuple(jnp.split(y, len(projections), axis=2))
@@ -337,12 +338,12 @@ class MultiHeadAttention(nn.Module):
             return out(jax.lax.switch(index, branches, q, k, v, mask))
         if one_query:
             return out(_one_query(q, k, v, mask))
-        logits = jnp.einsum('BTNH,BSNH->BNTS', q, k)
+        logits = products.einsum('BTNH,BSNH->BNTS', q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        heads = jnp.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
+        heads = products.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
         return out(heads)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer import products
 from transformer.attention import MultiHeadAttention
 from transformer.dropout import Dropout
 from transformer.tokens import PAD_ID
@@ -99,7 +100,7 @@ def tied_logits(y: Array, embedding: Array) -> Array:
     Multi30k step); computing (y^T dlogits)^T transposes the small [B*T, D] and [D, V] arrays
     instead.
     """
-    return jnp.einsum('BTD,VD->BTV', y, embedding)
+    return products.einsum('BTD,VD->BTV', y, embedding)
 
 
 def _tied_logits_fwd(y: Array, embedding: Array):
@@ -108,8 +109,8 @@ def _tied_logits_fwd(y: Array, embedding: Array):
 
 def _tied_logits_bwd(residuals, g: Array):
     y, embedding = residuals
-    dy = jnp.einsum('BTV,VD->BTD', g, embedding)
-    d_embedding = jnp.einsum('BTD,BTV->DV', y, g).T
+    dy = products.einsum('BTV,VD->BTD', g, embedding)
+    d_embedding = products.einsum('BTD,BTV->DV', y, g).T
     return dy, d_embedding
 
 
@@ -132,6 +133,7 @@ class FeedForward(nn.Module):
                 param_dtype=cfg.param_dtype,
                 kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
                 bias_init=partitioned(nn.initializers.zeros, axes[1:]),
+                dot_general=products.dense_dot_general,
                 name=name,
             )
 

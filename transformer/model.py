@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import products
 from transformer.attention import ATTENTION_IMPLS
 from transformer.dropout import Dropout
 from transformer.layers import (
@@ -154,6 +155,7 @@ class Transformer(nn.Module):
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 kernel_init=partitioned(nn.initializers.lecun_normal(), ('embed', 'vocab')),
+                dot_general=products.dense_dot_general,
                 name='logits_dense',
             )
         self.encoder_layers = [
