@@ -69,6 +69,7 @@ def test_config_by_name_or_path():
         'base',
         'big',
         'multi30k',
+        'multi30k_bf16',
         'multi30k_cooldown',
         'multi30k_dropout02',
         'multi30k_dropout03',

@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.pre_layer_norm = False  # post-LN as in the paper; True = pre-LN (t2t's later default)
     model.layer_norm_epsilon = 1e-6
     model.attention_impl = 'einsum'  # 'fused': jax.nn.dot_product_attention (cuDNN on GPU)
-    model.dtype = 'float32'  # computation dtype; 'bfloat16' on GPU/TPU (params stay float32)
+    model.dtype = 'float32'  # computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs
     model.param_dtype = 'float32'
 
     # Every key the pipeline reads, with its comment, is in transformer/data/config.py.
