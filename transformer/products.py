@@ -3,9 +3,10 @@
 XLA's CPU backend computes a product of two bfloat16 arrays whose result is bfloat16 by
 upcasting both to float32: it runs at float32 speed. The same product asked for with a
 float32 result (`preferred_element_type`) runs on the CPU's bfloat16 dot-product
-instructions (AVX512-BF16 and the like): about twice the float32 rate for every product shape
-of a Multi30k step on a 2-core AMD EPYC (`benchmarks/products_speed.py`). Both accumulate in
-float32 and round the result to bfloat16, so the numbers agree; only the speed differs.
+instructions (AVX512-BF16 and the like): 1.5x (the tied logits) to ~2x (the other products of a
+Multi30k step) the float32 rate on a 2-core AMD EPYC (`benchmarks/products_speed.py`). Both
+accumulate in float32 and round the result to bfloat16, so the numbers agree; only the speed
+differs.
 
 `einsum` therefore asks for float32 results and casts them back when both operands are 16-bit
 floats on a CPU and the product is a plain matrix product (activations times a weight: no
