@@ -50,6 +50,18 @@ def _define_flags() -> None:
     flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
 
 
+def _cpu_model() -> str:
+    """The host CPU's model name (Linux), so that figures from different hosts are told apart."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0):
     """Endless packed batches of random ids in [3, V), shaped like the real ones."""
     rng = np.random.default_rng(seed)
@@ -142,6 +154,7 @@ def main(argv):
         'cpu_count': os.cpu_count(),
         'load_average_1min': os.getloadavg()[0],
         'machine': platform.machine(),
+        'cpu_model': _cpu_model(),
         'jax': jax.__version__,
         'xla_flags': os.environ.get('XLA_FLAGS', ''),
         'parallelism': tc.parallelism,
