@@ -70,7 +70,7 @@ def measured_matmul_peak(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> 
     """Best-of-``repeats`` FLOP/s of a jitted n x n @ n x n matmul on the default device.
 
     The product is `products.einsum`, the model's own: in bfloat16 on a CPU that is the
-    16-bit kernel with float32 results, about twice the float32 rate.
+    bfloat16 kernel with float32 results, about twice the float32 rate.
     """
     x = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
     matmul = jax.jit(lambda a, b: products.einsum('ij,jk->ik', a, b))
