@@ -4,11 +4,12 @@ r"""Decoding settings of a finished run, scored on the validation split (never t
       --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
       --out benchmarks/results/multi30k_dropout03_validation.json
 
-Runs transformer/evaluate.py's `run` for every combination of checkpoint averaging, beam size
-and length penalty, on ``--split`` (default: the config's eval_split), and prints a markdown
-table of sacreBLEU, tokenized BLEU (the run's convention) and chrF. Picking settings on the
-test split would tune to it, so the config's test split is refused. Hypotheses of each setting
-go to WORKDIR/eval/sweep/; the table is saved as JSON.
+Runs transformer/evaluate.py's `run` for every combination of checkpoint averaging (the last K
+checkpoints, up to ``--step`` if given), beam size and length penalty, on ``--split`` (default:
+the config's eval_split), and prints a markdown table of sacreBLEU, tokenized BLEU (the run's
+convention) and chrF. Picking settings on the test split would tune to it, so the config's test
+split is refused. Hypotheses of each setting go to WORKDIR/eval/sweep/; the table is saved as
+JSON.
 """
 
 import argparse
@@ -29,6 +30,9 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--workdir', required=True)
     parser.add_argument('--split', default=None, help='default: the config data.eval_split')
     parser.add_argument('--average_last', type=int, nargs='+', default=[1])
+    parser.add_argument(
+        '--step', type=int, default=None, help='last checkpoint averaged (default: the latest)'
+    )
     parser.add_argument('--beam_size', type=int, nargs='+', default=[4])
     parser.add_argument('--alpha', type=float, nargs='+', default=[0.6])
     parser.add_argument('--max_examples', type=int, default=0, help='first N sentences; 0 = all')
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         start = time.time()
         scores = evaluate.run(
             args.workdir,
+            step=args.step,
             average_last=k,
             split=split,
             beam_size=beam,

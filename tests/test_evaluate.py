@@ -85,5 +85,9 @@ def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, 
     )
     assert rows[3]['tokenized_bleu'] == direct['tokenized_bleu']
     assert '| 2 (steps 2-4) | 2 | 0.6 |' in capsys.readouterr().out
+    earlier = eval_sweep.main(
+        [*args[:2], '--step', '2', '--average_last', '2', '--max_examples', '6']
+    )
+    assert earlier[0]['steps'] == [2]
     with pytest.raises(SystemExit, match='is the test split of this run'):
         eval_sweep.main(['--workdir', str(run_dir), '--split', 'test'])

@@ -23,6 +23,25 @@ def test_average_of_two_checkpoints_is_their_mean(run_dir):
     assert changed > 0  # the two checkpoints differ, so the mean is not trivially either
 
 
+def test_average_can_end_at_an_earlier_step(run_dir):
+    """--step N with --average_last K averages the K checkpoints up to N (an earlier point
+    of the run as a shorter run's average); --step alone is that checkpoint."""
+    run = str(run_dir)
+    assert workdir.checkpoint_steps(run, step=4, average_last=2) == [2, 4]
+    assert workdir.checkpoint_steps(run, step=2, average_last=2) == [2]  # none saved before 2
+    assert workdir.checkpoint_steps(run, step=4) == [4]
+    _, _, _, up_to_4, steps = workdir.load_model(run, step=4, average_last=2)
+    assert steps == [2, 4]
+    _, _, _, latest_two, _ = workdir.load_model(run, average_last=2)
+    for x, y in zip(jax.tree.leaves(up_to_4), jax.tree.leaves(latest_two), strict=True):
+        np.testing.assert_array_equal(x, y)
+    _, _, _, at_2, steps = workdir.load_model(run, step=2, average_last=2)
+    _, _, _, only_2, _ = workdir.load_model(run, step=2)
+    assert steps == [2]
+    for x, y in zip(jax.tree.leaves(at_2), jax.tree.leaves(only_2), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_missing_workdir_checkpoint_and_vocab_are_one_line_errors(run_dir, tmp_path):
     """No config, no checkpoints, an unknown step, no vocabulary: a WorkdirError whose
     single line names what is missing, not a traceback from inside Orbax."""

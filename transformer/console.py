@@ -134,13 +134,18 @@ def define_decoding_flags() -> None:
     """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
     define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
     define_flag(
-        'step', flags.DEFINE_integer, None, 'Checkpoint step to load (default: the latest).'
+        'step',
+        flags.DEFINE_integer,
+        None,
+        'Checkpoint step to load (default: the latest); with --average_last, the last one '
+        'of those averaged.',
     )
     define_flag(
         'average_last',
         flags.DEFINE_integer,
         None,
-        'Average the last K checkpoints (default: eval.average_last).',
+        'Average the last K checkpoints, up to --step if given (default without --step: '
+        'eval.average_last).',
     )
     define_flag(
         'best',

@@ -293,14 +293,19 @@ def abstract_tree(tree: PyTree) -> PyTree:
 
 
 def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 1) -> list[int]:
-    """The steps to load: ``[step]``, or the last ``average_last`` saved ones."""
+    """The steps to load: the last ``average_last`` saved ones, ending at ``step`` if given.
+
+    ``step`` alone (``average_last`` 1) is that checkpoint; with ``average_last`` K it is the
+    last of the K averaged, so an earlier point of a run can be scored as a shorter run's
+    average would be (the checkpoints saved up to it are the same).
+    """
     steps = sorted(checkpoint_manager(workdir).all_steps())
     if not steps:
         raise WorkdirError(f'No complete checkpoint in {workdir}/{CHECKPOINTS}.')
     if step is not None:
         if step not in steps:
             raise WorkdirError(f'No checkpoint for step {step} in {workdir}; saved: {steps}.')
-        return [step]
+        steps = steps[: steps.index(step) + 1]
     if average_last > len(steps):
         logging.warning(
             'Asked to average the last %d checkpoints but only %d exist; averaging those.',
@@ -363,8 +368,8 @@ def load_model(
 
     Args:
       workdir: the run's directory.
-      step: load this checkpoint alone.
-      average_last: otherwise average the last K checkpoints (default: the run's
+      step: load this checkpoint alone, or with ``average_last`` the last of those averaged.
+      average_last: average the last K checkpoints (default without ``step``: the run's
         ``eval.average_last``).
       best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
 
