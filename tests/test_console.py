@@ -72,6 +72,7 @@ def test_config_by_name_or_path():
         'multi30k_bf16',
         'multi30k_cooldown',
         'multi30k_dropout02',
+        'multi30k_dropout02_bf16',
         'multi30k_dropout03',
         'multi30k_lowercase',
         'multi30k_tiny',
