@@ -1,4 +1,4 @@
-"""Matrix products: float32 untouched, 16-bit products on CPU with float32 results."""
+"""Matrix products: float32 untouched, bfloat16 products on CPU with float32 results."""
 
 import jax
 import jax.extend

@@ -45,7 +45,7 @@ def einsum(equation: str, a: Array, b: Array) -> Array:
     """
     lhs, rhs, out = _split(equation)
     if _bfloat16_on_cpu(a, b) and not set(lhs) & set(rhs) & set(out):
-        return _half_einsum(equation, a, b)
+        return _bf16_einsum(equation, a, b)
     return jnp.einsum(equation, a, b)
 
 
@@ -71,16 +71,16 @@ def _product(equation: str, a: Array, b: Array, dtype) -> Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _half_einsum(equation: str, a: Array, b: Array) -> Array:
+def _bf16_einsum(equation: str, a: Array, b: Array) -> Array:
     _terms(equation)
     return _product(equation, a, b, a.dtype)
 
 
-def _half_einsum_fwd(equation: str, a: Array, b: Array):
-    return _half_einsum(equation, a, b), (a, b)
+def _bf16_einsum_fwd(equation: str, a: Array, b: Array):
+    return _bf16_einsum(equation, a, b), (a, b)
 
 
-def _half_einsum_bwd(equation: str, residuals, g: Array):
+def _bf16_einsum_bwd(equation: str, residuals, g: Array):
     a, b = residuals
     lhs, rhs, out = _terms(equation)
     g = g.astype(a.dtype)
@@ -89,7 +89,7 @@ def _half_einsum_bwd(equation: str, residuals, g: Array):
     return da, db
 
 
-_half_einsum.defvjp(_half_einsum_fwd, _half_einsum_bwd)
+_bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
 
 
 def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None, **_) -> Array:

@@ -308,9 +308,10 @@ def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 
         steps = steps[: steps.index(step) + 1]
     if average_last > len(steps):
         logging.warning(
-            'Asked to average the last %d checkpoints but only %d exist; averaging those.',
+            'Asked to average the last %d checkpoints but only %d exist%s; averaging those.',
             average_last,
             len(steps),
+            '' if step is None else f' up to step {step}',
         )
     return steps[-average_last:]
 
