@@ -8,8 +8,10 @@ Runs transformer/evaluate.py's `run` for every combination of checkpoint averagi
 checkpoints, up to ``--step`` if given), beam size and length penalty, on ``--split`` (default:
 the config's eval_split), and prints a markdown table of sacreBLEU, tokenized BLEU (the run's
 convention) and chrF. Picking settings on the test split would tune to it, so the config's test
-split is refused. Hypotheses of each setting go to WORKDIR/eval/sweep/; the table is saved as
-JSON.
+split is refused. The last checkpoint is fixed when the sweep starts, so a run that is still
+training cannot move it between rows. Hypotheses of each setting go to
+WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA.txt (N: the last checkpoint averaged), so
+sweeps up to different steps keep their own files; the table is saved as JSON.
 """
 
 import argparse
@@ -52,20 +54,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f'error: --split {split} is the test split of this run; choose settings on '
             f'{config.data.eval_split} and score the test split once with transformer.evaluate.'
         )
+    try:
+        last = workdir.checkpoint_steps(args.workdir, args.step)[-1]
+    except workdir.WorkdirError as e:
+        raise SystemExit(f'error: {e}') from None
     sweep_dir = workdir.path(args.workdir, workdir.EVAL_DIR, 'sweep')
     os.makedirs(sweep_dir, exist_ok=True)
     rows = []
     for k, beam, alpha in itertools.product(args.average_last, args.beam_size, args.alpha):
         start = time.time()
+        name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}.txt'
         scores = evaluate.run(
             args.workdir,
-            step=args.step,
+            step=last,
             average_last=k,
             split=split,
             beam_size=beam,
             alpha=alpha,
             max_examples=args.max_examples,
-            output=os.path.join(sweep_dir, f'{split}-avg{k}-beam{beam}-alpha{alpha}.txt'),
+            output=os.path.join(sweep_dir, name),
         )
         row = {
             'split': split,
