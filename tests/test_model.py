@@ -463,9 +463,10 @@ def test_fused_attention_equals_einsum_packed_padded_and_cached():
         model = Transformer(cfg)
         encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
         cache = init_cache(model, params, encoded, inputs, targets.shape[1])
-        previous, out = np.zeros((2, 1), np.int32), []
-        for pos in range(targets.shape[1]):
-            logits, state = model.apply(
+
+        @jax.jit  # one compiled step instead of every op dispatched eagerly at every position
+        def step(cache, previous):
+            return model.apply(
                 {'params': params, 'cache': cache},
                 encoded,
                 inputs,
@@ -474,6 +475,10 @@ def test_fused_attention_equals_einsum_packed_padded_and_cached():
                 method=Transformer.decode,
                 mutable=['cache'],
             )
+
+        previous, out = np.zeros((2, 1), np.int32), []
+        for pos in range(targets.shape[1]):
+            logits, state = step(cache, previous)
             cache = state['cache']
             out.append(np.asarray(logits[:, 0]))
             previous = targets[:, pos : pos + 1]
