@@ -152,23 +152,88 @@ def test_large_beam_equals_exhaustive_search():
         assert np.all(sequences[b, found:] == PAD_ID)
 
 
-def test_cached_greedy_equals_recomputing_the_prefix():
-    """Greedy over the KV cache == greedy re-running the full forward on the prefix each step."""
-    params = random_params(sharpness=4.0, seed=4, eos_logit=2.0)
-    tokens = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+def greedy_by_recomputing(log_probs_of) -> np.ndarray:
+    """Greedy decoding of INPUTS that re-runs ``log_probs_of(prefix)`` [3, 7, V] (the full
+    teacher-forced forward pass) on the whole prefix at every step."""
     limits = (INPUTS != PAD_ID).sum(-1) + EXTRA
     # Positions not decoded yet hold a non-pad filler: causality hides them from the
     # positions that are read, and pad would mask the position being predicted.
     prefix = np.full((3, 7), 2, np.int32)
     done = np.zeros(3, bool)
     for t in range(7):
-        log_probs = teacher_forced_log_probs(params, INPUTS, prefix)[:, t]
+        log_probs = log_probs_of(prefix)[:, t]
         log_probs[:, PAD_ID] = -np.inf
         log_probs[t + 1 >= limits, 2:] = -np.inf
         prefix[:, t] = np.where(done, PAD_ID, log_probs.argmax(-1))
         done |= prefix[:, t] == EOS_ID
-    np.testing.assert_array_equal(tokens, prefix)
+    return prefix
+
+
+def test_cached_greedy_equals_recomputing_the_prefix():
+    """Greedy over the KV cache == greedy re-running the full forward on the prefix each step."""
+    params = random_params(sharpness=4.0, seed=4, eos_logit=2.0)
+    tokens = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    expected = greedy_by_recomputing(
+        lambda prefix: teacher_forced_log_probs(params, INPUTS, prefix)
+    )
+    np.testing.assert_array_equal(tokens, expected)
     np.testing.assert_array_equal(output_lengths(tokens), [1, 5, 6])  # EOS chosen, forced
+
+
+def mixture_log_probs(members, inputs, targets) -> np.ndarray:
+    """[B, T, V] log of the members' mean teacher-forced probabilities."""
+    log_probs = np.stack([teacher_forced_log_probs(p, inputs, targets) for p in members])
+    return np.logaddexp.reduce(log_probs, axis=0) - np.log(len(members))
+
+
+def test_ensemble_scores_are_the_mixtures_log_probs():
+    """Beam search over two stacked models scores every hypothesis by the teacher-forced
+    log of the members' mean probability / length penalty; greedy takes that mixture's argmax
+    at every step."""
+    members = [random_params(sharpness=2.0, seed=2), random_params(sharpness=2.0, seed=3)]
+    stacked = decode.stack_members(members)
+    sequences, scores = decode.beam_search(
+        MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True
+    )
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    assert_well_formed(sequences)
+    flat = sequences.reshape(12, 7)
+    inputs = np.repeat(INPUTS, 4, axis=0)
+    mixture = mixture_log_probs(members, inputs, flat)
+    picked = np.take_along_axis(mixture, flat[..., None], axis=-1)[..., 0]
+    log_probs = np.sum(np.where(flat != PAD_ID, picked, 0.0), axis=-1)
+    expected = log_probs / ((5.0 + output_lengths(flat)) / 6.0) ** 0.6
+    np.testing.assert_allclose(scores.reshape(-1), expected, rtol=1e-5, atol=1e-4)
+    # Neither member alone gives these scores: the test tells the mixture from a member.
+    for member in members:
+        alone = (
+            sequence_log_probs(member, inputs, flat) / ((5.0 + output_lengths(flat)) / 6.0) ** 0.6
+        )
+        assert np.max(np.abs(alone - expected)) > 0.05
+
+    tokens = decode.greedy_search(MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True)
+    expected_tokens = greedy_by_recomputing(
+        lambda prefix: mixture_log_probs(members, INPUTS, prefix)
+    )
+    np.testing.assert_array_equal(np.asarray(tokens), expected_tokens)
+
+
+def test_ensemble_of_copies_decodes_as_the_model():
+    """Two copies of one model: the mean of two equal distributions is that distribution."""
+    params = random_params(sharpness=2.0, seed=6)
+    stacked = decode.stack_members([params, params])
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    copies = decode.beam_search(MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True)
+    np.testing.assert_array_equal(np.asarray(copies[0]), np.asarray(sequences))
+    np.testing.assert_allclose(np.asarray(copies[1]), np.asarray(scores), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(
+        np.asarray(
+            decode.translate_batch(
+                MODEL, stacked, INPUTS, beam_size=1, extra_length=EXTRA, ensemble=True
+            )
+        ),
+        np.asarray(decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)),
+    )
 
 
 def test_beam_of_one_equals_greedy_on_confident_choices():

@@ -101,3 +101,56 @@ def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, 
         eval_sweep.main([*args[:2], '--step', '3'])
     with pytest.raises(SystemExit, match='is the test split of this run'):
         eval_sweep.main(['--workdir', str(run_dir), '--split', 'test'])
+
+
+def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
+    """`evaluate --ensemble`: two copies of a run decode as the run alone (the mean of equal
+    distributions); runs with another vocabulary or another model are refused in one line,
+    while another dropout rate (training only) is accepted."""
+    import shutil
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    copy = tmp_path / 'copy'
+    shutil.copytree(run_dir, copy)
+    argv = ['evaluate', f'--workdir={run_dir}', '--beam_size=2', '--max_examples=7', '--step=4']
+    alone, together = tmp_path / 'alone.txt', tmp_path / 'together.txt'
+    for out, extra in ((alone, []), (together, [f'--ensemble={copy}'])):
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate.cli([*argv, f'--output={out}', *extra])
+        assert not exit_info.value.code
+    assert together.read_text() == alone.read_text()
+    assert len(alone.read_text().splitlines()) == 7
+    scores = json.loads(together.with_suffix('.json').read_text())
+    assert scores['ensemble'] == [str(run_dir), str(copy)]
+    assert scores['ensemble_steps'] == [[4], [4]]
+
+    config = json.loads((copy / 'config.json').read_text())
+    config['model']['dropout_rate'] = 0.3
+    (copy / 'config.json').write_text(json.dumps(config))
+    evaluate.run(
+        str(run_dir), step=4, beam_size=1, max_examples=3, output=str(together), ensemble=[copy]
+    )
+    assert len(together.read_text().splitlines()) == 3
+
+    config['model']['layer_norm_epsilon'] = 1e-3
+    (copy / 'config.json').write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.cli([*argv, f'--ensemble={copy}'])
+    message = str(exit_info.value.code)
+    assert message.startswith('error: ') and '\n' not in message
+    assert f'{copy} has another model than {run_dir}' in message
+
+    # The same number of pieces, one score changed: another vocabulary of the same size.
+    config['model']['layer_norm_epsilon'] = json.loads((run_dir / 'config.json').read_text())[
+        'model'
+    ]['layer_norm_epsilon']
+    (copy / 'config.json').write_text(json.dumps(config))
+    vocab = copy / 'vocab' / 'spm.model'
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(vocab.read_bytes())
+    proto.pieces[-1].score -= 1.0
+    vocab.write_bytes(proto.SerializeToString())
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.cli([*argv, f'--ensemble={copy}'])
+    assert f'{copy} has another vocabulary than {run_dir}' in str(exit_info.value.code)

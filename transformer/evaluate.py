@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -35,8 +36,10 @@ def score_eval_set(
     *,
     beam_size: int,
     alpha: float,
+    ensemble: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions).
+    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
+    ``params`` are stacked models decoded together (`workdir.load_ensemble`).
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -49,6 +52,7 @@ def score_eval_set(
         beam_size=beam_size,
         alpha=alpha,
         extra_length=config.eval.extra_length,
+        ensemble=ensemble,
     )
     scores = bleu.bleu_scores(
         hypotheses,
@@ -69,6 +73,13 @@ def cli(argv: list[str] | None = None) -> None:
     define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
     define('max_examples', flags.DEFINE_integer, 0, 'Decode only the first N sentences (0 = all).')
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
+    define(
+        'ensemble',
+        flags.DEFINE_list,
+        [],
+        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
+        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
+    )
     FLAGS = flags.FLAGS
 
     def main(_):
@@ -85,6 +96,7 @@ def cli(argv: list[str] | None = None) -> None:
                 batch_size=FLAGS.batch_size,
                 max_examples=FLAGS.max_examples,
                 output=FLAGS.output,
+                ensemble=FLAGS.ensemble,
             )
         except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -104,16 +116,30 @@ def run(
     batch_size: int | None = None,
     max_examples: int = 0,
     output: str | None = None,
+    ensemble: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores."""
+    """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
+
+    ``ensemble``: other runs decoded together with ``run_dir`` (`workdir.load_ensemble`): the
+    next-token distribution is the mean of the runs' probabilities.
+    """
     start = time.time()
-    config, tokenizer, model, params, steps = workdir.load_model(run_dir, step, average_last, best)
+    ensemble = [os.fspath(other) for other in ensemble]
+    if ensemble:
+        config, tokenizer, model, params, member_steps = workdir.load_ensemble(
+            [run_dir, *ensemble], step, average_last, best
+        )
+        steps = member_steps[0]
+    else:
+        config, tokenizer, model, params, steps = workdir.load_model(
+            run_dir, step, average_last, best
+        )
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
     logging.info(
         'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f.',
-        run_dir,
+        ' + '.join([run_dir, *ensemble]),
         split,
         steps,
         beam_size,
@@ -128,7 +154,14 @@ def run(
         max_examples=max_examples or None,
     )
     scores, hypotheses = score_eval_set(
-        config, tokenizer, model, params, eval_set, beam_size=beam_size, alpha=alpha
+        config,
+        tokenizer,
+        model,
+        params,
+        eval_set,
+        beam_size=beam_size,
+        alpha=alpha,
+        ensemble=bool(ensemble),
     )
     scores.update(
         split=split,
@@ -140,8 +173,11 @@ def run(
         order=data_lib.order_note(config.data, split) or 'original',
         wall_time_s=time.time() - start,
     )
+    if ensemble:
+        scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
     stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
     stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     if output is None:
         os.makedirs(workdir.path(run_dir, workdir.EVAL_DIR), exist_ok=True)
         output = workdir.path(run_dir, workdir.EVAL_DIR, f'{stem}.txt')

@@ -47,8 +47,10 @@ def translate_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
+    ensemble: bool = False,
 ) -> list[str]:
-    """Detokenized best hypotheses of evaluation batches, in the original example order."""
+    """Detokenized best hypotheses of evaluation batches, in the original example order
+    (``ensemble``: ``params`` are stacked models decoded together, transformer/decode.py)."""
     outputs = []
     for i, batch in enumerate(batches):
         tokens = decode_lib.translate_batch(
@@ -58,6 +60,7 @@ def translate_batches(
             beam_size=beam_size,
             alpha=alpha,
             extra_length=extra_length,
+            ensemble=ensemble,
         )
         tokens = np.asarray(jax.device_get(tokens))
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
