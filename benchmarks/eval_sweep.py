@@ -12,6 +12,10 @@ split is refused. The last checkpoint is fixed when the sweep starts, so a run t
 training cannot move it between rows. Hypotheses of each setting go to
 WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA.txt (N: the last checkpoint averaged), so
 sweeps up to different steps keep their own files; the table is saved as JSON.
+
+``--ensemble RUN [RUN ...]`` decodes those runs together with ``--workdir`` as one ensemble
+(`transformer.evaluate`'s ``--ensemble``), every run loaded at the same steps; its hypotheses
+go to ...-ensembleM.txt.
 """
 
 import argparse
@@ -38,6 +42,9 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--beam_size', type=int, nargs='+', default=[4])
     parser.add_argument('--alpha', type=float, nargs='+', default=[0.6])
     parser.add_argument('--max_examples', type=int, default=0, help='first N sentences; 0 = all')
+    parser.add_argument(
+        '--ensemble', nargs='*', default=[], help='other runs decoded together with --workdir'
+    )
     parser.add_argument('--out', default=None, help='JSON of the table (default: none)')
     return parser.parse_args(argv)
 
@@ -63,17 +70,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for k, beam, alpha in itertools.product(args.average_last, args.beam_size, args.alpha):
         start = time.time()
-        name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}.txt'
-        scores = evaluate.run(
-            args.workdir,
-            step=last,
-            average_last=k,
-            split=split,
-            beam_size=beam,
-            alpha=alpha,
-            max_examples=args.max_examples,
-            output=os.path.join(sweep_dir, name),
-        )
+        name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}'
+        name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'
+        try:
+            scores = evaluate.run(
+                args.workdir,
+                step=last,
+                average_last=k,
+                split=split,
+                beam_size=beam,
+                alpha=alpha,
+                max_examples=args.max_examples,
+                output=os.path.join(sweep_dir, name),
+                ensemble=args.ensemble,
+            )
+        except workdir.WorkdirError as e:  # e.g. an ensemble run with another vocabulary
+            raise SystemExit(f'error: {e}') from None
         row = {
             'split': split,
             'steps': scores['steps'],
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             'chrf': scores['chrf'],
             'seconds': time.time() - start,
         }
+        if args.ensemble:
+            row['ensemble'] = scores['ensemble']
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f'\n| checkpoints averaged | beam | alpha | {split} tokenized BLEU | sacreBLEU | chrF |')

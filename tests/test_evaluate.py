@@ -61,15 +61,21 @@ def test_evaluate_split_of_hostile_folder_data(run_dir, tmp_path, caplog):
     assert 'short.en has 2 lines but' in message and 'short.de has 1' in message
 
 
-def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, capsys):
-    """benchmarks/eval_sweep.py: one row per (average, beam, alpha), each the score evaluate
-    gives for that setting; the test split cannot be used to pick settings."""
+def _eval_sweep():
+    """benchmarks/eval_sweep.py as a module."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
     import eval_sweep
 
+    return eval_sweep
+
+
+def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, capsys):
+    """benchmarks/eval_sweep.py: one row per (average, beam, alpha), each the score evaluate
+    gives for that setting; the test split cannot be used to pick settings."""
+    eval_sweep = _eval_sweep()
     args = ['--workdir', str(run_dir), '--average_last', '1', '2', '--beam_size', '1', '2']
     rows = eval_sweep.main([*args, '--max_examples', '6'])
     assert [(r['average_last'], r['beam_size']) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
@@ -124,6 +130,14 @@ def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     scores = json.loads(together.with_suffix('.json').read_text())
     assert scores['ensemble'] == [str(run_dir), str(copy)]
     assert scores['ensemble_steps'] == [[4], [4]]
+    sweep = _eval_sweep().main(
+        ['--workdir', str(run_dir), '--ensemble', str(copy), '--beam_size', '2']
+        + ['--max_examples', '7']
+    )
+    assert sweep[0]['ensemble'] == [str(run_dir), str(copy)]
+    assert (
+        run_dir / 'eval' / 'sweep' / 'validation-step4-avg1-beam2-alpha0.6-ensemble2.txt'
+    ).is_file()
 
     config = json.loads((copy / 'config.json').read_text())
     config['model']['dropout_rate'] = 0.3
