@@ -1,5 +1,7 @@
 """The translate command: one output line per input line, whatever the input."""
 
+import shutil
+
 import pytest
 
 from transformer import data as data_lib
@@ -109,3 +111,44 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
     for number in (4, 5, 6):
         assert f'stdin line {number}:' in warned
     assert 'Line 8 has' in warned  # the over-long line, cut to max_len tokens
+
+
+def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
+    """`translate --ensemble` with --nbest: the run at step 4 and the same run at step 2 (two
+    different models) decode as one; every log_prob is the log of the two models' mean
+    teacher-forced probability of the hypothesis, token by token."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    # The run's step 2 as a run of its own: copy everything but checkpoint 4.
+    earlier = tmp_path / 'earlier'
+    shutil.copytree(
+        run_dir, earlier, ignore=lambda d, names: ['4'] if d.endswith('checkpoints') else []
+    )
+    assert workdir.checkpoint_steps(str(earlier)) == [2]
+    infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
+    infile.write_text(f'{sources[5]}\n{sources[6]}\n')
+    argv = ['translate', f'--workdir={run_dir}', f'--input={infile}', f'--output={outfile}']
+    with pytest.raises(SystemExit) as exit_info:
+        translate.cli(
+            [*argv, f'--ensemble={earlier}', '--average_last=1', '--beam_size=3']
+            + ['--nbest=2', '--max_input_tokens=32']
+        )
+    assert not exit_info.value.code
+    rows = [row.split('\t') for row in outfile.read_text().splitlines()]
+    assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('1', '1'), ('1', '2')]
+    _, tokenizer, model, _, _ = workdir.load_model(str(run_dir))
+    members = [workdir.load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
+    for index, _, _, log_prob, text in rows:
+        inputs = jnp.asarray([[*tokenizer.encode(sources[5 + int(index)]), 1]])
+        target = jnp.asarray([[*tokenizer.encode(text), 1]])
+        per_member = [
+            jax.nn.log_softmax(model.apply({'params': p}, inputs, target)) for p in members
+        ]
+        mixture = jax.nn.logsumexp(jnp.stack(per_member), axis=0) - np.log(2)
+        expected = float(jnp.take_along_axis(mixture, target[..., None], -1).sum())
+        np.testing.assert_allclose(float(log_prob), expected, rtol=1e-4, atol=1e-4)
+        alone = float(jnp.take_along_axis(per_member[0], target[..., None], -1).sum())
+        assert abs(alone - expected) > 1e-3  # the second model changes the numbers

@@ -156,6 +156,13 @@ def define_decoding_flags() -> None:
     define_flag('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
     define_flag('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
     define_flag('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
+    define_flag(
+        'ensemble',
+        flags.DEFINE_list,
+        [],
+        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
+        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
+    )
 
 
 def require(*names: str) -> None:

@@ -73,13 +73,6 @@ def cli(argv: list[str] | None = None) -> None:
     define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
     define('max_examples', flags.DEFINE_integer, 0, 'Decode only the first N sentences (0 = all).')
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
-    define(
-        'ensemble',
-        flags.DEFINE_list,
-        [],
-        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
-        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
-    )
     FLAGS = flags.FLAGS
 
     def main(_):

@@ -96,6 +96,7 @@ def nbest_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
+    ensemble: bool = False,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
     first, in the original example order."""
@@ -108,6 +109,7 @@ def nbest_batches(
             beam_size=max(beam_size, nbest),
             alpha=alpha,
             extra_length=extra_length,
+            ensemble=ensemble,
         )
         sequences, scores = (np.asarray(x) for x in jax.device_get((sequences, scores)))
         log_probs = sequence_log_probs(sequences, scores, alpha)
@@ -175,6 +177,7 @@ def translate_lines(
     batch_size: int,
     max_input_tokens: int,
     nbest: int = 0,
+    ensemble: bool = False,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
     K > 0 the K best `Hypothesis` of each line ([] for blank lines).
@@ -191,6 +194,7 @@ def translate_lines(
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
+      ensemble: ``params`` are stacked models decoded together (`workdir.load_ensemble`).
 
     Returns:
       One translation (or list of hypotheses) per line.
@@ -210,6 +214,7 @@ def translate_lines(
             beam_size=beam_size,
             alpha=alpha,
             extra_length=extra_length,
+            ensemble=ensemble,
         )
         for number, found in zip(todo, hypotheses, strict=True):
             out[number] = found
@@ -222,6 +227,7 @@ def translate_lines(
         beam_size=beam_size,
         alpha=alpha,
         extra_length=extra_length,
+        ensemble=ensemble,
     )
     for number, text in zip(todo, translations, strict=True):
         out[number] = _one_line(text)
@@ -257,9 +263,14 @@ def cli(argv: list[str] | None = None) -> None:
         if FLAGS.nbest < 0:
             raise app.UsageError(f'--nbest must be 0 (off) or positive, got {FLAGS.nbest}.')
         try:
-            config, tokenizer, model, params, steps = workdir.load_model(
-                FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
-            )
+            if FLAGS.ensemble:
+                config, tokenizer, model, params, steps = workdir.load_ensemble(
+                    [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
+                )
+            else:
+                config, tokenizer, model, params, steps = workdir.load_model(
+                    FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
+                )
         except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
         if FLAGS.input:
@@ -279,6 +290,7 @@ def cli(argv: list[str] | None = None) -> None:
             batch_size=FLAGS.batch_size or config.eval.batch_size,
             max_input_tokens=FLAGS.max_input_tokens or config.model.max_len,
             nbest=FLAGS.nbest,
+            ensemble=bool(FLAGS.ensemble),
         )
         if FLAGS.nbest:
             text = format_nbest(translations)
