@@ -309,7 +309,7 @@ def test_output_stops_at_input_length_plus_extra():
 def test_early_stop_gives_the_same_result_in_fewer_steps():
     """Stopping once no alive beam can beat the K finished ones changes nothing but the steps."""
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
-    kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA)
+    kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA, ensemble=False)
     early = decode._beam_search(MODEL, params, INPUTS, early_stop=True, **kwargs)
     full = decode._beam_search(MODEL, params, INPUTS, early_stop=False, **kwargs)
     assert int(full[2]) == 7 and int(early[2]) == 5
