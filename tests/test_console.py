@@ -74,6 +74,7 @@ def test_config_by_name_or_path():
         'multi30k_dropout02',
         'multi30k_dropout02_bf16',
         'multi30k_dropout03',
+        'multi30k_ensemble',
         'multi30k_lowercase',
         'multi30k_tiny',
         'tiny',
