@@ -22,6 +22,7 @@ from absl import logging
 
 from transformer import bleu, console, translate, workdir
 from transformer import data as data_lib
+from transformer import ensemble as ensemble_lib
 from transformer.model import Transformer
 
 PyTree = Any
@@ -39,7 +40,7 @@ def score_eval_set(
     ensemble: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
-    ``params`` are stacked models decoded together (`workdir.load_ensemble`).
+    ``params`` are stacked models decoded together (`ensemble.load_ensemble`).
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -113,13 +114,13 @@ def run(
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
 
-    ``ensemble``: other runs decoded together with ``run_dir`` (`workdir.load_ensemble`): the
+    ``ensemble``: other runs decoded together with ``run_dir`` (`ensemble.load_ensemble`): the
     next-token distribution is the mean of the runs' probabilities.
     """
     start = time.time()
     ensemble = [os.fspath(other) for other in ensemble]
     if ensemble:
-        config, tokenizer, model, params, member_steps = workdir.load_ensemble(
+        config, tokenizer, model, params, member_steps = ensemble_lib.load_ensemble(
             [run_dir, *ensemble], step, average_last, best
         )
         steps = member_steps[0]

@@ -34,6 +34,7 @@ from absl import logging
 from transformer import console, workdir
 from transformer import data as data_lib
 from transformer import decode as decode_lib
+from transformer import ensemble as ensemble_lib
 from transformer.model import Transformer
 from transformer.tokens import EOS_ID
 
@@ -194,7 +195,7 @@ def translate_lines(
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
-      ensemble: ``params`` are stacked models decoded together (`workdir.load_ensemble`).
+      ensemble: ``params`` are stacked models decoded together (`ensemble.load_ensemble`).
 
     Returns:
       One translation (or list of hypotheses) per line.
@@ -264,7 +265,7 @@ def cli(argv: list[str] | None = None) -> None:
             raise app.UsageError(f'--nbest must be 0 (off) or positive, got {FLAGS.nbest}.')
         try:
             if FLAGS.ensemble:
-                config, tokenizer, model, params, steps = workdir.load_ensemble(
+                config, tokenizer, model, params, steps = ensemble_lib.load_ensemble(
                     [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
                 )
             else:

@@ -35,7 +35,6 @@ they only read the run directory.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -51,7 +50,6 @@ from flax import linen as nn
 
 from transformer import checksums
 from transformer import data as data_lib
-from transformer.decode import stack_members
 from transformer.model import Transformer, config_from_dict
 from transformer.steps import TrainState
 
@@ -395,47 +393,3 @@ def load_model(
     params = trees[0] if len(trees) == 1 else average_params(trees)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     return config, tokenizer, model, params, steps
-
-
-def _decoding_config(model: Transformer):
-    """The model config without its dropout rates, which do not change decoding."""
-    return dataclasses.replace(
-        model.config, dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0
-    )
-
-
-def load_ensemble(
-    workdirs: Sequence[str],
-    step: int | None = None,
-    average_last: int | None = None,
-    best: bool = False,
-) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
-    """Runs decoded together as one ensemble (transformer/decode.py, ``ensemble=True``).
-
-    Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /
-    ``best``); they must share the model (dropout rates aside) and the vocabulary: train them
-    with one ``data.vocab_path``. The first run's config, tokenizer and model are returned.
-
-    Returns:
-      (config, tokenizer, model, the runs' parameters stacked on a new leading axis, the steps
-      loaded from each run).
-    """
-    if not workdirs:
-        raise WorkdirError('An ensemble needs at least one workdir.')
-    loaded = [load_model(w, step, average_last, best) for w in workdirs]
-    config, tokenizer, model = loaded[0][:3]
-    for other, (_, other_tokenizer, other_model, _, _) in zip(
-        workdirs[1:], loaded[1:], strict=True
-    ):
-        if other_tokenizer.fingerprint != tokenizer.fingerprint:
-            raise WorkdirError(
-                f'{other} has another vocabulary than {workdirs[0]}: an ensemble decodes one '
-                'vocabulary (train its runs with the same data.vocab_path).'
-            )
-        if _decoding_config(other_model) != _decoding_config(model):
-            raise WorkdirError(
-                f'{other} has another model than {workdirs[0]} ({other_model.config} vs '
-                f'{model.config}): an ensemble needs one architecture.'
-            )
-    params = stack_members([params for _, _, _, params, _ in loaded])
-    return config, tokenizer, model, params, [steps for *_, steps in loaded]

@@ -1,0 +1,58 @@
+"""Several training runs decoded together as one ensemble (decode.py, ``ensemble=True``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import ml_collections
+
+from transformer import data as data_lib
+from transformer import workdir
+from transformer.decode import stack_members
+from transformer.model import Transformer
+from transformer.workdir import PyTree
+
+
+def _decoding_config(model: Transformer):
+    """The model config without its dropout rates, which do not change decoding."""
+    return dataclasses.replace(
+        model.config, dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0
+    )
+
+
+def load_ensemble(
+    workdirs: Sequence[str],
+    step: int | None = None,
+    average_last: int | None = None,
+    best: bool = False,
+) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
+    """Runs decoded together as one ensemble (transformer/decode.py, ``ensemble=True``).
+
+    Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /
+    ``best``); they must share the model (dropout rates aside) and the vocabulary: train them
+    with one ``data.vocab_path``. The first run's config, tokenizer and model are returned.
+
+    Returns:
+      (config, tokenizer, model, the runs' parameters stacked on a new leading axis, the steps
+      loaded from each run).
+    """
+    if not workdirs:
+        raise workdir.WorkdirError('An ensemble needs at least one workdir.')
+    loaded = [workdir.load_model(w, step, average_last, best) for w in workdirs]
+    config, tokenizer, model = loaded[0][:3]
+    for other, (_, other_tokenizer, other_model, _, _) in zip(
+        workdirs[1:], loaded[1:], strict=True
+    ):
+        if other_tokenizer.fingerprint != tokenizer.fingerprint:
+            raise workdir.WorkdirError(
+                f'{other} has another vocabulary than {workdirs[0]}: an ensemble decodes one '
+                'vocabulary (train its runs with the same data.vocab_path).'
+            )
+        if _decoding_config(other_model) != _decoding_config(model):
+            raise workdir.WorkdirError(
+                f'{other} has another model than {workdirs[0]} ({other_model.config} vs '
+                f'{model.config}): an ensemble needs one architecture.'
+            )
+    params = stack_members([params for _, _, _, params, _ in loaded])
+    return config, tokenizer, model, params, [steps for *_, steps in loaded]
