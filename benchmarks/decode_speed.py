@@ -12,6 +12,7 @@ saves them as JSON.
 
     .venv/bin/python benchmarks/decode_speed.py
     .venv/bin/python benchmarks/decode_speed.py --batch_size 16 --beam_size 8
+    .venv/bin/python benchmarks/decode_speed.py --ensemble 2   # two models decoded together
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument('--max_decode_len', type=int, default=32, help='decoding steps T')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument(
+        '--ensemble', type=int, default=1, help='M > 1: M random models decoded together'
+    )
     parser.add_argument('--out', default=str(REPO / 'benchmarks' / 'results' / 'decode_speed.json'))
     return parser.parse_args()
 
@@ -100,12 +104,16 @@ def main() -> None:
     )
     model = Transformer(cfg)
     inputs = _sources(args)
-    params = nn.unbox(
-        jax.jit(model.init)(jax.random.key(args.seed), inputs[:1], inputs[:1])['params']
-    )
+    init = jax.jit(model.init)
+    members = [
+        nn.unbox(init(jax.random.key(args.seed + m), inputs[:1], inputs[:1])['params'])
+        for m in range(args.ensemble)
+    ]
+    ensemble = args.ensemble > 1
+    params = decode.stack_members(members) if ensemble else members[0]
     searches = {
         'greedy': lambda: decode.greedy_search(
-            model, params, inputs, max_decode_len=args.max_decode_len
+            model, params, inputs, max_decode_len=args.max_decode_len, ensemble=ensemble
         ),
         f'beam_{args.beam_size}': lambda: decode.beam_search(
             model,
@@ -115,6 +123,7 @@ def main() -> None:
             alpha=args.alpha,
             max_decode_len=args.max_decode_len,
             early_stop=False,
+            ensemble=ensemble,
         )[0],
     }
     results = {}

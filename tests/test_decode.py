@@ -1,4 +1,5 @@
-"""Tests of transformer/decode.py: scores, exhaustive search, cache, padding, limits, stopping.
+"""Tests of transformer/decode.py and the beam search it exports: scores, exhaustive search,
+cache, padding, output limits.
 
 A tiny model with random parameters (drawn in numpy on the real parameter tree, as in
 tests/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the
@@ -7,6 +8,7 @@ output projection, hence the logits, so that distributions are peaked like a tra
 search compiles as few times as possible.
 """
 
+import collections
 import functools
 import itertools
 
@@ -236,6 +238,41 @@ def test_ensemble_of_copies_decodes_as_the_model():
     )
 
 
+def _primitive_counts(jaxpr, counts=None) -> collections.Counter:
+    """How often each primitive occurs in ``jaxpr`` and the jaxprs nested in it."""
+    counts = collections.Counter() if counts is None else counts
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name] += 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, 'jaxpr', sub)
+                if hasattr(sub, 'eqns'):
+                    _primitive_counts(sub, counts)
+    return counts
+
+
+def test_ensemble_members_run_the_single_models_step():
+    """Every member of an ensemble runs the single model's step: the self-attention's switch
+    over cache chunks stays one switch per member. Mapped over the stacked members (vmap),
+    it became a select that runs every branch (the whole cache, every step)."""
+    params = random_params()
+    stacked = decode.stack_members([params, params])
+    searches = {
+        'greedy': lambda p, ensemble: decode.greedy_search(
+            MODEL, p, INPUTS, extra_length=EXTRA, ensemble=ensemble
+        ),
+        'beam': lambda p, ensemble: decode.beam_search(
+            MODEL, p, INPUTS, extra_length=EXTRA, ensemble=ensemble
+        ),
+    }
+    for name, search in searches.items():
+        alone = jax.make_jaxpr(functools.partial(search, ensemble=False))(params)
+        together = jax.make_jaxpr(functools.partial(search, ensemble=True))(stacked)
+        alone, together = _primitive_counts(alone.jaxpr), _primitive_counts(together.jaxpr)
+        assert alone['cond'] >= MODEL.config.num_decoder_layers, name
+        assert together['cond'] == 2 * alone['cond'], name
+
+
 def test_beam_of_one_equals_greedy_on_confident_choices():
     """Beam 1 returns greedy's output when greedy is confident, and never scores below it."""
 
@@ -306,17 +343,6 @@ def test_output_stops_at_input_length_plus_extra():
     np.testing.assert_array_equal(capped[:, 3], EOS_ID)
 
 
-def test_early_stop_gives_the_same_result_in_fewer_steps():
-    """Stopping once no alive beam can beat the K finished ones changes nothing but the steps."""
-    params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
-    kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA, ensemble=False)
-    early = decode._beam_search(MODEL, params, INPUTS, early_stop=True, **kwargs)
-    full = decode._beam_search(MODEL, params, INPUTS, early_stop=False, **kwargs)
-    assert int(full[2]) == 7 and int(early[2]) == 5
-    np.testing.assert_array_equal(np.asarray(early[0]), np.asarray(full[0]))
-    np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
-
-
 def _dot_operand_shapes(jaxpr, in_loop: bool = False):
     """(inside a while loop?, operand shapes) of every dot_general in ``jaxpr`` and the
     jaxprs nested in it (jit, while, cond, ...)."""
@@ -348,37 +374,3 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
         assert not any(reads), encoded_shape
         # Key and value of each decoder layer, one fused einsum (attention.fused_projections).
         assert len(reads) >= MODEL.config.num_decoder_layers, encoded_shape
-
-
-def test_reorder_cache_gathers_the_written_positions():
-    """K/V rows follow their parents at positions < written; other row arrays wholly; scalars
-    and the encoder-decoder keys/values stay."""
-    rng = np.random.default_rng(0)
-    cache = {
-        'layer': {
-            'cached_key': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),  # [R, N, T', H]
-            'cached_value': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),
-            'cache_index': np.int32(5),
-        },
-        # Shaped like the self-attention caches: only the names tell them apart.
-        'cross': {
-            'cached_static_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
-            'cached_static_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
-        },
-        'position': np.int32(5),
-        'other_rows': rng.standard_normal((6, 5, 2, 3)).astype(np.float32),  # not [rows, 8, ..]
-    }
-    rows = np.array([1, 1, 0, 5, 3, 3], np.int32)
-    reorder = jax.jit(decode._reorder_cache, static_argnames='length')
-    for written in (1, 2, 5, 8):
-        out = reorder(cache, rows, written, length=8)
-        for name in ('cached_key', 'cached_value'):
-            before, after = cache['layer'][name], np.asarray(out['layer'][name])
-            np.testing.assert_array_equal(after[:, :, :written], before[rows, :, :written])
-            # Written positions are gathered whole chunks at a time (chunk = 8 / 4 = 2).
-            untouched = -(-written // 2) * 2
-            np.testing.assert_array_equal(after[:, :, untouched:], before[:, :, untouched:])
-        assert int(out['layer']['cache_index']) == 5 and int(out['position']) == 5
-        for name, x in cache['cross'].items():
-            np.testing.assert_array_equal(out['cross'][name], x)
-        np.testing.assert_array_equal(out['other_rows'], cache['other_rows'][rows])

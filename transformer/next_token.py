@@ -1,0 +1,135 @@
+"""What greedy and beam search share: one cached decoder step and what is done to its output.
+
+The step feeds one token per sequence and returns next-token logits; an ensemble's step
+mixes its members' distributions; the output-length limits, forbidden tokens and the length
+penalty follow the conventions written in `transformer.decode`'s docstring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
+
+Array = jax.Array
+Params = Any
+Cache = Any
+
+
+def length_penalty(length: Array | int, alpha: float) -> Array:
+    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al., 2016, Sec. 7).
+
+    Args:
+      length: number of output tokens, EOS included.
+      alpha: 0 turns the penalty off; the paper uses 0.6 (Sec. 6.1).
+    """
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def decode_length(width: int, max_decode_len: int | None, extra_length: int) -> int:
+    """The loop length T: ``max_decode_len``, else the padded source width + ``extra_length``."""
+    return max_decode_len if max_decode_len is not None else width + extra_length
+
+
+def output_limits(inputs: Array, loop_length: int, extra_length: int) -> Array:
+    """[B] most output tokens (EOS included) each example may produce."""
+    input_lengths = jnp.sum(inputs != PAD_ID, axis=-1, dtype=jnp.int32)
+    return jnp.minimum(input_lengths + extra_length, loop_length)
+
+
+def step_logits(
+    model: Transformer,
+    params: Params,
+    cache: Cache,
+    encoded: Array,
+    inputs: Array,
+    last_tokens: Array,
+) -> tuple[Array, Cache]:
+    """One cached decoder step: logits [B', V] for the next token and the updated cache."""
+    logits, variables = model.apply(
+        {'params': params, 'cache': cache},
+        encoded,
+        inputs,
+        last_tokens[:, None],
+        decode=True,
+        method=Transformer.decode,
+        mutable=['cache'],
+    )
+    return logits[:, 0], variables['cache']
+
+
+def stack_members(trees: list[Params]) -> Params:
+    """Parameter trees of M models with one architecture, stacked for ``ensemble=True``."""
+    if not trees:
+        raise ValueError('An ensemble needs at least one model.')
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def split_members(params: Params, ensemble: bool) -> Params:
+    """A stacked ensemble's parameters as a tuple of M trees (``params`` itself otherwise).
+
+    The searches split once, before their loop, and run each member's step as the single
+    model's step. Mapping one step over the stacked axis (``jax.vmap``) instead made every
+    product a batched one and the cache's `lax.switch` a select over all its branches: two
+    members decoded 1.3-1.4x slower with beam 4 (`benchmarks/decode_speed.py --ensemble 2`).
+    """
+    if not ensemble:
+        return params
+    count = jax.tree.leaves(params)[0].shape[0]
+    return tuple(jax.tree.map(lambda x, m=m: x[m], params) for m in range(count))
+
+
+def map_cache(fn, cache: Cache, ensemble: bool) -> Cache:
+    """``fn(cache)``; for an ensemble's tuple of member caches, ``fn`` of each."""
+    return tuple(fn(c) for c in cache) if ensemble else fn(cache)
+
+
+def encode_and_cache(
+    model: Transformer, params: Params, inputs: Array, length: int, ensemble: bool
+) -> tuple[Array, Cache]:
+    """The encoder output and a decoding cache of ``length`` positions; for an ensemble
+    (``params`` from `split_members`), a tuple of each per member."""
+
+    def one(member_params):
+        encoded = model.apply({'params': member_params}, inputs, method=Transformer.encode)
+        return encoded, init_cache(model, member_params, encoded, inputs, length)
+
+    if not ensemble:
+        return one(params)
+    encoded, caches = zip(*(one(p) for p in params), strict=True)
+    return tuple(encoded), tuple(caches)
+
+
+def ensemble_log_probs(
+    model: Transformer,
+    params: Params,
+    cache: Cache,
+    encoded: Array,
+    inputs: Array,
+    last_tokens: Array,
+) -> tuple[Array, Cache]:
+    """One cached step of every member (tuples from `split_members` / `encode_and_cache`):
+    log of the members' mean next-token probability [B', V] and their updated caches."""
+    log_probs, caches = [], []
+    for member_params, member_cache, member_encoded in zip(params, cache, encoded, strict=True):
+        logits, member_cache = step_logits(
+            model, member_params, member_cache, member_encoded, inputs, last_tokens
+        )
+        log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
+        caches.append(member_cache)
+    log_probs = jnp.stack(log_probs)
+    return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(len(caches)), tuple(caches)
+
+
+def forbid(scores: Array, at_limit: Array) -> Array:
+    """``scores`` [B', V] with impossible tokens at -inf.
+
+    ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
+    stays possible there. Pad/start (0) is never possible.
+    """
+    vocab = jnp.arange(scores.shape[-1])
+    forbidden = (vocab == PAD_ID) | (at_limit[:, None] & (vocab != EOS_ID))
+    return jnp.where(forbidden, -jnp.inf, scores)
