@@ -24,6 +24,7 @@ from transformer.next_token import (
     output_limits,
     split_members,
     step_logits,
+    top_k,
 )
 
 Array = jax.Array
@@ -179,7 +180,7 @@ def _beam_search(
 
         # The K best continuations that do not end here stay alive.
         continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(batch, beam_size * vocab)
-        alive_log_probs, flat = jax.lax.top_k(continuing, beam_size)
+        alive_log_probs, flat = top_k(continuing, beam_size)
         parents, tokens = flat // vocab, flat % vocab
         alive_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
         alive_seqs = alive_seqs.at[:, :, step].set(tokens.astype(jnp.int32))

@@ -124,6 +124,30 @@ def ensemble_log_probs(
     return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(len(caches)), tuple(caches)
 
 
+def top_k(x: Array, k: int, block: int = 128) -> tuple[Array, Array]:
+    """``jax.lax.top_k(x, k)`` over the last axis of a 2-D ``x``: the same values and indices,
+    ties to the lower index, in two small passes.
+
+    XLA's CPU top-k is slow on wide rows: over beam search's [B, K*V] candidates (64 x 32000)
+    it took ~5 ms a step, ~10% of the step. The k best entries lie in at most k blocks of
+    ``block`` entries: those with the k best block maxima (by value, then lower block). One
+    max per block, a top-k over the block maxima, and a top-k over the k chosen blocks (kept
+    in index order, so ties still go to the lower index) give the same result in ~0.7 ms.
+    """
+    rows, width = x.shape
+    if width <= 2 * k * block:
+        return jax.lax.top_k(x, k)
+    num_blocks = -(-width // block)
+    pad = num_blocks * block - width  # -inf after every real entry: never preferred to one
+    blocks = jnp.pad(x, ((0, 0), (0, pad)), constant_values=-jnp.inf).reshape(rows, -1, block)
+    _, chosen = jax.lax.top_k(blocks.max(axis=-1), k)
+    chosen = jnp.sort(chosen, axis=-1)  # [rows, k] block numbers in index order
+    candidates = jnp.take_along_axis(blocks, chosen[:, :, None], axis=1).reshape(rows, -1)
+    values, where = jax.lax.top_k(candidates, k)
+    indices = jnp.take_along_axis(chosen, where // block, axis=-1) * block + where % block
+    return values, indices
+
+
 def forbid(scores: Array, at_limit: Array) -> Array:
     """``scores`` [B', V] with impossible tokens at -inf.
 
