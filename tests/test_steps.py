@@ -31,6 +31,37 @@ def test_label_smoothing_matches_direct_computation():
     np.testing.assert_allclose(loss0, nll0, rtol=1e-6)
 
 
+def test_loss_gradient_equals_autodiff_of_the_log_softmax_form():
+    """The written-out gradient (softmax - q, per output's cotangent) equals autodiff of
+    -sum_v q_v log_softmax(z)_v and of the NLL, in float32 and for bfloat16 logits."""
+    rng = np.random.default_rng(1)
+    targets = jnp.asarray(rng.integers(0, 11, size=(3, 4)))
+    weights = jnp.asarray(rng.integers(0, 2, size=(3, 4)), jnp.float32)
+    eps = 0.1
+    q = jax.nn.one_hot(targets, 11) * (1 - eps) + (1 - jax.nn.one_hot(targets, 11)) * eps / 10
+
+    def mixed(loss_fn):
+        # Both outputs get a cotangent: 1.0 on the smoothed sum, 0.3 on the NLL sum.
+        return lambda z: (lambda s, n: s + 0.3 * n)(*loss_fn(z))
+
+    def direct(z):
+        log_probs = jax.nn.log_softmax(z.astype(jnp.float32))
+        smoothed = -(q * log_probs).sum(-1)
+        nll = -jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+        return (smoothed * weights).sum(), (nll * weights).sum()
+
+    ours = functools.partial(
+        steps.cross_entropy_with_smoothing, targets=targets, weights=weights, label_smoothing=eps
+    )
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)):
+        logits = jnp.asarray(rng.normal(size=(3, 4, 11)) * 3, dtype)
+        got = jax.grad(mixed(ours))(logits)
+        assert got.dtype == dtype
+        want = jax.grad(mixed(direct))(logits)
+        np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tol, atol=tol)
+        assert np.abs(np.float32(got)).max() > 0.1  # not a vanishing gradient
+
+
 def test_smoothed_loss_is_finite_and_floor_is_its_minimum():
     """Extreme logits give a finite loss; logits = log q reach exactly the constant floor."""
     targets = jnp.array([[2, 0]])

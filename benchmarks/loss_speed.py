@@ -1,0 +1,121 @@
+"""Time of the label-smoothed loss and its gradient over a Multi30k step's logits.
+
+    .venv/bin/python benchmarks/loss_speed.py            # 64 x 32 positions, V 8000
+    .venv/bin/python benchmarks/loss_speed.py --train_step 12   # + whole training steps
+
+Compares `steps.cross_entropy_with_smoothing` (its gradient written out, one pass over the
+logits) with the same loss written through ``jax.nn.log_softmax`` and differentiated by
+autodiff, on the same random logits: value and gradient of the summed smoothed loss, jitted,
+best of ``--repeats``. Prints both and the ratio; saves JSON. ``--train_step N`` also times
+`configs/multi30k.py`'s real training step (dropout 0.1, rbg) compiled with each loss, N
+interleaved rounds, and reports the median per-round ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from step_overhead import full_step  # noqa: E402
+
+from configs import multi30k  # noqa: E402
+from transformer import steps  # noqa: E402
+from transformer.steps import cross_entropy_with_smoothing  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def autodiff_loss(logits, targets, weights, eps):
+    """The same smoothed loss through log_softmax, differentiated by autodiff."""
+    vocab = logits.shape[-1]
+    low = eps / (vocab - 1)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    target = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    smoothed = -(1.0 - eps - low) * target - low * log_probs.sum(axis=-1)
+    return (smoothed * weights).sum()
+
+
+def autodiff_sums(logits, targets, weights, eps):
+    """`autodiff_loss` and the NLL sum: a drop-in for `steps.cross_entropy_with_smoothing`."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return autodiff_loss(logits, targets, weights, eps), (nll * weights).sum()
+
+
+def train_step_ratio(rounds: int) -> dict:
+    """Median per-round time of the training step with each loss, interleaved."""
+    config = multi30k.get_config()
+    runs = {'ours': full_step(config, 0.1, 'rbg')}
+    steps.cross_entropy_with_smoothing = autodiff_sums  # only while this step compiles
+    try:
+        runs['autodiff'] = full_step(config, 0.1, 'rbg')
+    finally:
+        steps.cross_entropy_with_smoothing = cross_entropy_with_smoothing
+    for run in runs.values():
+        run(), run()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    ratio = statistics.median(a / b for a, b in zip(times['ours'], times['autodiff'], strict=True))
+    report = {f'{name}_median_ms': 1e3 * statistics.median(t) for name, t in times.items()}
+    print(
+        f'training step: ours {report["ours_median_ms"]:.0f} ms, autodiff loss '
+        f'{report["autodiff_median_ms"]:.0f} ms, ratio x{ratio:.3f} (median of {rounds} rounds)'
+    )
+    return {**report, 'ratio': ratio}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--batch_size', type=int, default=64)
+    parser.add_argument('--length', type=int, default=32)
+    parser.add_argument('--vocab_size', type=int, default=8000)
+    parser.add_argument('--repeats', type=int, default=10)
+    parser.add_argument('--train_step', type=int, default=0, help='N > 0: N rounds of steps')
+    parser.add_argument('--out', default=str(REPO / 'benchmarks/results/loss_speed.json'))
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    shape = (args.batch_size, args.length)
+    logits = jnp.asarray(rng.standard_normal((*shape, args.vocab_size)), jnp.float32)
+    targets = jnp.asarray(rng.integers(1, args.vocab_size, shape), jnp.int32)
+    weights = jnp.ones(shape, jnp.float32)
+    losses = {
+        'autodiff': autodiff_loss,
+        'ours': lambda *a: cross_entropy_with_smoothing(*a)[0],
+    }
+    results = {}
+    for name, loss in losses.items():
+        fn = jax.jit(jax.value_and_grad(loss), static_argnums=3)
+        value, _ = jax.block_until_ready(fn(logits, targets, weights, 0.1))
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(logits, targets, weights, 0.1))
+            times.append(time.perf_counter() - start)
+        results[name] = {'best_ms': 1e3 * min(times), 'loss': float(value)}
+        print(f'{name:>9}: {results[name]["best_ms"]:7.1f} ms, loss {float(value):.6f}')
+    ratio = results['ours']['best_ms'] / results['autodiff']['best_ms']
+    print(f'ours / autodiff: {ratio:.2f}')
+    if args.train_step:
+        results['train_step'] = train_step_ratio(args.train_step)
+    out = pathlib.Path(args.out)
+    report = {'settings': {k: v for k, v in vars(args).items() if k != 'out'}, 'results': results}
+    out.write_text(json.dumps({**report, 'ratio': ratio, 'jax': jax.__version__}, indent=2) + '\n')
+    print(f'saved {out}')
+
+
+if __name__ == '__main__':
+    main()
