@@ -110,7 +110,7 @@ def main() -> None:
         for m in range(args.ensemble)
     ]
     ensemble = args.ensemble > 1
-    params = decode.stack_members(members) if ensemble else members[0]
+    params = decode.ensemble_params(members) if ensemble else members[0]
     searches = {
         'greedy': lambda: decode.greedy_search(
             model, params, inputs, max_decode_len=args.max_decode_len, ensemble=ensemble

@@ -189,14 +189,12 @@ def mixture_log_probs(members, inputs, targets) -> np.ndarray:
 
 
 def test_ensemble_scores_are_the_mixtures_log_probs():
-    """Beam search over two stacked models scores every hypothesis by the teacher-forced
+    """Beam search over two models scores every hypothesis by the teacher-forced
     log of the members' mean probability / length penalty; greedy takes that mixture's argmax
     at every step."""
     members = [random_params(sharpness=2.0, seed=2), random_params(sharpness=2.0, seed=3)]
-    stacked = decode.stack_members(members)
-    sequences, scores = decode.beam_search(
-        MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True
-    )
+    both = decode.ensemble_params(members)
+    sequences, scores = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     assert_well_formed(sequences)
     flat = sequences.reshape(12, 7)
@@ -213,7 +211,7 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
         )
         assert np.max(np.abs(alone - expected)) > 0.05
 
-    tokens = decode.greedy_search(MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True)
+    tokens = decode.greedy_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
     expected_tokens = greedy_by_recomputing(
         lambda prefix: mixture_log_probs(members, INPUTS, prefix)
     )
@@ -223,40 +221,36 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
 def test_ensemble_of_copies_decodes_as_the_model():
     """Two copies of one model: the mean of two equal distributions is that distribution."""
     params = random_params(sharpness=2.0, seed=6)
-    stacked = decode.stack_members([params, params])
+    both = decode.ensemble_params([params, params])
     sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
-    copies = decode.beam_search(MODEL, stacked, INPUTS, extra_length=EXTRA, ensemble=True)
+    copies = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
     np.testing.assert_array_equal(np.asarray(copies[0]), np.asarray(sequences))
     np.testing.assert_allclose(np.asarray(copies[1]), np.asarray(scores), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
         np.asarray(
             decode.translate_batch(
-                MODEL, stacked, INPUTS, beam_size=1, extra_length=EXTRA, ensemble=True
+                MODEL, both, INPUTS, beam_size=1, extra_length=EXTRA, ensemble=True
             )
         ),
         np.asarray(decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)),
     )
 
 
-def _primitive_counts(jaxpr, counts=None) -> collections.Counter:
-    """How often each primitive occurs in ``jaxpr`` and the jaxprs nested in it."""
-    counts = collections.Counter() if counts is None else counts
+def _equations(jaxpr, in_loop: bool = False):
+    """(inside a while loop?, equation) for every equation of ``jaxpr`` and of the jaxprs
+    nested in it (jit, while, cond, ...)."""
     for eqn in jaxpr.eqns:
-        counts[eqn.primitive.name] += 1
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple | list) else (value,):
-                sub = getattr(sub, 'jaxpr', sub)
-                if hasattr(sub, 'eqns'):
-                    _primitive_counts(sub, counts)
-    return counts
+        yield in_loop, eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _equations(sub, in_loop or eqn.primitive.name == 'while')
 
 
 def test_ensemble_members_run_the_single_models_step():
     """Every member of an ensemble runs the single model's step: the self-attention's switch
-    over cache chunks stays one switch per member. Mapped over the stacked members (vmap),
+    over cache chunks stays one switch per member. Stacked and mapped with vmap,
     it became a select that runs every branch (the whole cache, every step)."""
     params = random_params()
-    stacked = decode.stack_members([params, params])
+    both = decode.ensemble_params([params, params])
     searches = {
         'greedy': lambda p, ensemble: decode.greedy_search(
             MODEL, p, INPUTS, extra_length=EXTRA, ensemble=ensemble
@@ -267,8 +261,11 @@ def test_ensemble_members_run_the_single_models_step():
     }
     for name, search in searches.items():
         alone = jax.make_jaxpr(functools.partial(search, ensemble=False))(params)
-        together = jax.make_jaxpr(functools.partial(search, ensemble=True))(stacked)
-        alone, together = _primitive_counts(alone.jaxpr), _primitive_counts(together.jaxpr)
+        together = jax.make_jaxpr(functools.partial(search, ensemble=True))(both)
+        alone, together = (
+            collections.Counter(eqn.primitive.name for _, eqn in _equations(jaxpr.jaxpr))
+            for jaxpr in (alone, together)
+        )
         assert alone['cond'] >= MODEL.config.num_decoder_layers, name
         assert together['cond'] == 2 * alone['cond'], name
 
@@ -343,19 +340,6 @@ def test_output_stops_at_input_length_plus_extra():
     np.testing.assert_array_equal(capped[:, 3], EOS_ID)
 
 
-def _dot_operand_shapes(jaxpr, in_loop: bool = False):
-    """(inside a while loop?, operand shapes) of every dot_general in ``jaxpr`` and the
-    jaxprs nested in it (jit, while, cond, ...)."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == 'dot_general':
-            yield in_loop, [v.aval.shape for v in eqn.invars]
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple | list) else (value,):
-                sub = getattr(sub, 'jaxpr', sub)  # a ClosedJaxpr's Jaxpr
-                if hasattr(sub, 'eqns'):
-                    yield from _dot_operand_shapes(sub, in_loop or eqn.primitive.name == 'while')
-
-
 def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
     """No matrix product inside either search's loop reads the encoder output [B, S, D]:
     encoder-decoder attention projects it to keys and values once, before the loop (and
@@ -370,7 +354,12 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
         # Beam search projects each sentence's encoder output once, not once per beam.
         encoded_shape = (3, 4, d_model) if encoded_shape == 'beam' else encoded_shape
         jaxpr = jax.make_jaxpr(search)(params).jaxpr
-        reads = [loop for loop, shapes in _dot_operand_shapes(jaxpr) if encoded_shape in shapes]
+        reads = [
+            loop
+            for loop, eqn in _equations(jaxpr)
+            if eqn.primitive.name == 'dot_general'
+            and encoded_shape in [v.aval.shape for v in eqn.invars]
+        ]
         assert not any(reads), encoded_shape
         # Key and value of each decoder layer, one fused einsum (attention.fused_projections).
         assert len(reads) >= MODEL.config.num_decoder_layers, encoded_shape

@@ -22,7 +22,6 @@ from transformer.next_token import (
     length_penalty,
     map_cache,
     output_limits,
-    split_members,
     step_logits,
     top_k,
 )
@@ -122,7 +121,6 @@ def _beam_search(
     cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS  # `_reorder_cache`'s chunks
     # An example's encoder keys/values are projected and stored once: its K beams' query rows
     # attend to that copy (`attention._one_query`). The rest is repeated K times.
-    params = split_members(params, ensemble)
     encoded, cache = encode_and_cache(model, params, inputs, cache_length, ensemble)
 
     def per_beam(path, x):
@@ -240,7 +238,7 @@ def beam_search(
       early_stop: end as soon as, for every example, the worst of the K finished scores is
         at least the best score any alive hypothesis could still reach; the result is the
         same as without it.
-      ensemble: ``params`` are M stacked models (`stack_members`), searched by the mean of
+      ensemble: ``params`` are M models (`ensemble_params`), searched by the mean of
         their next-token probabilities.
 
     Returns:

@@ -26,9 +26,9 @@ Conventions shared by both searches:
   counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
   renormalised after forbidding 0 or forcing EOS, so a score is always the model's
   log-probability of exactly that sequence.
-* Ensembles. With ``ensemble=True``, ``params`` holds M models of one architecture stacked on
-  a new leading axis (`stack_members`). Each member encodes the source and keeps its own cache
-  (the searches split the stack into M models first, `split_members`); the next-token
+* Ensembles. With ``ensemble=True``, ``params`` is a tuple of M models of one architecture
+  (`ensemble_params`). Each member encodes the source, keeps its own cache and runs the single
+  model's step; the next-token
   distribution is the mean of the members' probabilities, log(sum_m P_m / M), as fairseq's
   ensembles decode. Scores are then that mixture's log-probability of the sequence over the
   length penalty.
@@ -48,17 +48,16 @@ from transformer.next_token import (
     decode_length,
     encode_and_cache,
     ensemble_log_probs,
+    ensemble_params,
     forbid,
     length_penalty,
     output_limits,
-    split_members,
-    stack_members,
     step_logits,
 )
 
 # The decoding API in one place: beam search lives in transformer/beam.py, the step both
 # searches share in transformer/next_token.py.
-__all__ = ['beam_search', 'greedy_search', 'length_penalty', 'stack_members', 'translate_batch']
+__all__ = ['beam_search', 'ensemble_params', 'greedy_search', 'length_penalty', 'translate_batch']
 
 Array = jax.Array
 Params = Any
@@ -83,7 +82,7 @@ def greedy_search(
       max_decode_len: loop length T; defaults to S + extra_length.
       extra_length: an example's output may have at most its input length + this many tokens,
         EOS included (input length + 50, Sec. 6.1).
-      ensemble: ``params`` are M stacked models (`stack_members`); the most probable token
+      ensemble: ``params`` are M models (`ensemble_params`); the most probable token
         of their mean distribution is taken.
 
     Returns:
@@ -93,7 +92,6 @@ def greedy_search(
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
-    params = split_members(params, ensemble)
     encoded, cache = encode_and_cache(model, params, inputs, loop_length, ensemble)
 
     def not_done(state):

@@ -9,7 +9,7 @@ import ml_collections
 
 from transformer import data as data_lib
 from transformer import workdir
-from transformer.decode import stack_members
+from transformer.decode import ensemble_params
 from transformer.model import Transformer
 from transformer.workdir import PyTree
 
@@ -34,7 +34,7 @@ def load_ensemble(
     with one ``data.vocab_path``. The first run's config, tokenizer and model are returned.
 
     Returns:
-      (config, tokenizer, model, the runs' parameters stacked on a new leading axis, the steps
+      (config, tokenizer, model, the runs' parameters (`decode.ensemble_params`), the steps
       loaded from each run).
     """
     if not workdirs:
@@ -54,5 +54,5 @@ def load_ensemble(
                 f'{other} has another model than {workdirs[0]} ({other_model.config} vs '
                 f'{model.config}): an ensemble needs one architecture.'
             )
-    params = stack_members([params for _, _, _, params, _ in loaded])
+    params = ensemble_params([params for _, _, _, params, _ in loaded])
     return config, tokenizer, model, params, [steps for *_, steps in loaded]

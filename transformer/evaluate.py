@@ -40,7 +40,7 @@ def score_eval_set(
     ensemble: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
-    ``params`` are stacked models decoded together (`ensemble.load_ensemble`).
+    ``params`` are models decoded together (`ensemble.load_ensemble`).
 
     Returns:
       (scores, hypotheses in the split's order).

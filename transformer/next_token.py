@@ -61,25 +61,17 @@ def step_logits(
     return logits[:, 0], variables['cache']
 
 
-def stack_members(trees: list[Params]) -> Params:
-    """Parameter trees of M models with one architecture, stacked for ``ensemble=True``."""
+def ensemble_params(trees: list[Params]) -> tuple[Params, ...]:
+    """Parameter trees of M models with one architecture, as ``params`` for ``ensemble=True``.
+
+    A tuple of M trees: each member runs the single model's step on its own tree. (A stack on
+    a new leading axis, mapped with ``jax.vmap``, made every product a batched one and the
+    cache's `lax.switch` a select over all its branches: two members decoded 1.3-1.4x slower
+    with beam 4, `benchmarks/decode_speed.py --ensemble 2`.)
+    """
     if not trees:
         raise ValueError('An ensemble needs at least one model.')
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def split_members(params: Params, ensemble: bool) -> Params:
-    """A stacked ensemble's parameters as a tuple of M trees (``params`` itself otherwise).
-
-    The searches split once, before their loop, and run each member's step as the single
-    model's step. Mapping one step over the stacked axis (``jax.vmap``) instead made every
-    product a batched one and the cache's `lax.switch` a select over all its branches: two
-    members decoded 1.3-1.4x slower with beam 4 (`benchmarks/decode_speed.py --ensemble 2`).
-    """
-    if not ensemble:
-        return params
-    count = jax.tree.leaves(params)[0].shape[0]
-    return tuple(jax.tree.map(lambda x, m=m: x[m], params) for m in range(count))
+    return tuple(trees)
 
 
 def map_cache(fn, cache: Cache, ensemble: bool) -> Cache:
@@ -91,7 +83,7 @@ def encode_and_cache(
     model: Transformer, params: Params, inputs: Array, length: int, ensemble: bool
 ) -> tuple[Array, Cache]:
     """The encoder output and a decoding cache of ``length`` positions; for an ensemble
-    (``params`` from `split_members`), a tuple of each per member."""
+    (``params`` from `ensemble_params`), a tuple of each per member."""
 
     def one(member_params):
         encoded = model.apply({'params': member_params}, inputs, method=Transformer.encode)
@@ -111,7 +103,7 @@ def ensemble_log_probs(
     inputs: Array,
     last_tokens: Array,
 ) -> tuple[Array, Cache]:
-    """One cached step of every member (tuples from `split_members` / `encode_and_cache`):
+    """One cached step of every member (tuples from `ensemble_params` / `encode_and_cache`):
     log of the members' mean next-token probability [B', V] and their updated caches."""
     log_probs, caches = [], []
     for member_params, member_cache, member_encoded in zip(params, cache, encoded, strict=True):

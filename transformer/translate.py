@@ -51,7 +51,7 @@ def translate_batches(
     ensemble: bool = False,
 ) -> list[str]:
     """Detokenized best hypotheses of evaluation batches, in the original example order
-    (``ensemble``: ``params`` are stacked models decoded together, transformer/decode.py)."""
+    (``ensemble``: ``params`` are models decoded together, transformer/decode.py)."""
     outputs = []
     for i, batch in enumerate(batches):
         tokens = decode_lib.translate_batch(
@@ -195,7 +195,7 @@ def translate_lines(
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
-      ensemble: ``params`` are stacked models decoded together (`ensemble.load_ensemble`).
+      ensemble: ``params`` are models decoded together (`ensemble.load_ensemble`).
 
     Returns:
       One translation (or list of hypotheses) per line.
