@@ -1,13 +1,31 @@
 """Test set-up: 8 host CPU devices so that pmap and sharding are testable, quiet TensorFlow,
-and one tiny trained run shared by the tests of the commands that read a run directory.
+a compilation cache shared by the suite's processes, and one tiny trained run shared by the
+tests of the commands that read a run directory.
 
-Both variables must be set before jax (or tensorflow) is first imported.
+The variables must be set before jax (or tensorflow) is first imported.
+
+The compilation cache: many tests train the same tiny model again (resume, kill-and-rerun,
+other device counts, `train.py` subprocesses), and on CPU compiling its step costs more than
+running it. jax's persistent cache, in a directory made for this test session and removed at
+its end, lets every process of the session (pytest-xdist workers and the processes tests
+start inherit the variables) reuse an executable compiled from the same program. Only
+programs that took jax's default threshold (1 s) to compile are stored: caching every small
+eager op as well made the tests that run many of them slower. A size limit turns on the
+cache's file lock, so concurrent processes never read a half-written entry.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix='transformer-tests-jax-cache-')
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
+os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(2 << 30))
 
 import pytest  # noqa: E402
 
