@@ -5,11 +5,12 @@ r"""The full training step against the bare model step, interleaved in one proce
 Times, on the same token count, (1) peers.py's model step (random 64 x 32 batch, dropout 0,
 plain mean cross-entropy, optax.adam) and the package's real `steps.train_step` on packed
 32 x 64 rows (segment masks, label-smoothed sums, metrics, the paper's schedule) with
-(2) dropout 0, (3) dropout 0.1 drawn by threefry, (4) by rbg and (5) by philox4x32, all with
-the package's 16-bit keep masks (transformer/dropout.py), and (6) rbg with flax's nn.Dropout
-(a 32-bit uniform per element) swapped in while that step compiles. Run interleaved
-(1 2 3 4 5 6 1 2 ...) after compilation; prints the median ms and the median per-round ratio
-to (1), which is robust to the host's load.
+(2) dropout 0, (3) dropout 0.1 drawn by threefry (the default), (4) by rbg, (5) by
+unsafe_rbg and (6) by philox4x32, all with the package's 16-bit keep masks
+(transformer/dropout.py), and (7) rbg with flax's nn.Dropout (a 32-bit uniform per element)
+swapped in while that step compiles. Run interleaved (1 2 3 ... 7 1 2 ...) after compilation;
+prints the median ms and the median per-round ratio to (1), which is robust to the host's
+load.
 """
 
 import argparse
@@ -128,6 +129,7 @@ def main():
         'train_step dropout 0': full_step(config, 0.0, 'rbg'),
         'train_step 0.1 threefry': full_step(config, 0.1, 'threefry'),
         'train_step 0.1 rbg': full_step(config, 0.1, 'rbg'),
+        'train_step 0.1 unsafe_rbg': full_step(config, 0.1, 'unsafe_rbg'),
         'train_step 0.1 philox4x32': full_step(config, 0.1, 'philox4x32'),
         'train_step 0.1 rbg, flax nn.Dropout': full_step(config, 0.1, 'rbg', masks='flax'),
     }

@@ -7,7 +7,7 @@ from flax import linen as nn
 
 from tests.random_params import fill_random
 from transformer import flops
-from transformer.model import Transformer, TransformerConfig
+from transformer.model import Transformer, TransformerConfig, config_from_dict
 
 
 def test_train_flops_match_xla_cost_analysis_within_2_percent():
@@ -84,3 +84,57 @@ def test_random_packed_batches_of_train_speed_look_like_real_ones():
     starts = np.diff(seg, axis=1, prepend=0) > 0
     assert (pos[starts] == 0).all() and (seg.max(1) >= 3).all()
     assert 0.0 < (seg == 0).mean() < 0.15
+
+
+def test_train_speed_command_runs_without_tensorflow(tmp_path):
+    """benchmarks/train_speed.py with --data=random, as on a GPU machine without TensorFlow:
+    with `tensorflow` and `tensorflow_datasets` made unimportable it times the real step and
+    reports the analytic FLOPs, an MFU from them and the projected time of train.num_steps."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from configs import tiny
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ('tensorflow', 'tensorflow_datasets'):
+        (tmp_path / 'blocked' / name).mkdir(parents=True)
+        (tmp_path / 'blocked' / name / '__init__.py').write_text(
+            f'raise ImportError("{name} is not installed here")\n'
+        )
+    env = {**os.environ, 'PYTHONPATH': f'{tmp_path / "blocked"}{os.pathsep}{repo}'}
+    env.pop('XLA_FLAGS', None)  # one CPU device
+    out = tmp_path / 'speed.json'
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(repo / 'benchmarks' / 'train_speed.py'),
+            '--config=configs/tiny.py',
+            '--config.model.attention_impl=fused',
+            '--config.train.num_steps=1000',
+            '--data=random',
+            '--steps=2',
+            '--warmup=1',
+            f'--out={out}',
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    config = tiny.get_config()
+    model_config = config_from_dict(config.model, config.data.vocab_size)
+    rows, length = config.train.batch_size, config.data.max_len
+    assert result['data'] == 'random' and result['attention_impl'] == 'fused'
+    assert result['flops_per_step'] == flops.train_flops(model_config, rows, length, length)
+    achieved = result['flops_per_step'] / (result['ms_per_step'] / 1e3)
+    np.testing.assert_allclose(result['mfu'], achieved / result['peak_flops_per_s'])
+    assert 0 < result['mfu'] < 1
+    np.testing.assert_allclose(
+        result['projected_hours_for_num_steps'], 1000 * result['ms_per_step'] / 1e3 / 3600
+    )

@@ -100,9 +100,9 @@ def test_bfloat16_compute_keeps_float32_params():
     np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=2e-2)
 
 
-def test_rbg_dropout_is_deterministic_per_seed_and_differs_between_seeds():
-    """train.dropout_prng 'rbg' / 'unsafe_rbg' / 'philox4x32': the same (seed, step) gives
-    bit-identical updates (what exact resumption needs), another seed other dropout masks."""
+def test_dropout_prngs_are_deterministic_per_seed_and_differ_between_seeds():
+    """Every train.dropout_prng (threefry, rbg, unsafe_rbg, philox4x32): the same (seed, step)
+    gives bit-identical updates (what exact resumption needs), another seed other masks."""
     opt = base.get_config().opt
     tx, schedule = optim.make_optimizer(opt, d_model=32)
     model = Transformer(dataclasses.replace(tiny_model().config, dropout_rate=0.3))
@@ -117,7 +117,7 @@ def test_rbg_dropout_is_deterministic_per_seed_and_differs_between_seeds():
         )
     )
     state = steps.init_state(model, tx, jax.random.key(0), LEN)
-    for prng in ('rbg', 'unsafe_rbg', 'philox4x32'):
+    for prng in steps.DROPOUT_PRNGS:
         losses = [
             float(step(state, packed_batch(0), steps.dropout_key(seed, prng))[1]['loss'])
             for seed in (0, 0, 1)

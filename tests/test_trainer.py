@@ -46,6 +46,26 @@ def test_resume_continues_exactly(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
+def test_resume_with_another_dropout_prng_warns_in_one_line(tmp_path, caplog):
+    """A run started with 'rbg' and resumed with the default 'threefry' draws other masks
+    from then on: one warning line naming both and the flag that keeps the saved one."""
+    config = tiny_run_config(2)
+    config.train.dropout_prng = 'rbg'
+    trainer.train_and_evaluate(config, str(tmp_path))
+    resumed = tiny_run_config(3)
+    assert resumed.train.dropout_prng == 'threefry'
+    with caplog.at_level('WARNING'):
+        trainer.train_and_evaluate(resumed, str(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if 'dropout_prng' in r.getMessage()]
+    assert len(warnings) == 1 and '\n' not in warnings[0]
+    assert "'rbg'" in warnings[0] and '--config.train.dropout_prng=rbg' in warnings[0]
+    caplog.clear()
+    resumed.train.num_steps = 4  # config.json now names threefry: resuming so is silent
+    with caplog.at_level('WARNING'):
+        trainer.train_and_evaluate(resumed, str(tmp_path))
+    assert not [r for r in caplog.records if 'dropout_prng' in r.getMessage()]
+
+
 def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
     """Restarting a workdir with a changed model fails with one line and leaves the saved
     config and checkpoints as they were."""

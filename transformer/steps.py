@@ -70,16 +70,34 @@ def dropout_key(seed: int, prng: str = 'threefry') -> Array:
     'threefry' is jax's default (and this package's original) key, the second half of
     ``split(key(seed))``. 'rbg' / 'unsafe_rbg' draw the masks with XLA's RngBitGenerator
     ('unsafe_rbg' also derives keys cheaply, as t5x and MaxText accept for dropout);
-    'philox4x32' is jax's Philox counter-based generator, measured fastest on CPU (dropout
-    masks of a Multi30k step: 0.24x threefry's time, rbg 0.73x) but, in jax 0.10.2, not
-    compilable inside pmap (its mulhi op under manual sharding). All are functions of
-    (seed, step) only, so a resumed run draws the same masks.
+    'philox4x32' is jax's Philox counter-based generator, not compilable inside pmap in jax
+    0.10.2 (its mulhi op under manual sharding). Drawn alone, the masks of a Multi30k step
+    are cheapest with philox4x32 (0.24x threefry's time, rbg 0.73x), but the whole training
+    step measured cheapest with threefry (benchmarks/step_overhead.py), hence the default.
+    All are functions of (seed, step) only, so a resumed run draws the same masks.
     """
     if prng not in DROPOUT_PRNGS:
         raise ValueError(f'train.dropout_prng must be one of {DROPOUT_PRNGS}, got {prng!r}.')
     if prng == 'threefry':
         return jax.random.split(jax.random.key(seed))[1]
     return jax.random.fold_in(jax.random.key(seed, impl=prng), 1)
+
+
+def resumed_prng_warning(saved_train: Mapping[str, Any], train: Mapping[str, Any]) -> str | None:
+    """One line for a run that resumes with another dropout PRNG than it was started with.
+
+    ``saved_train`` is the ``train`` section of the run's config.json (a run saved before the
+    field existed drew its masks with threefry); None when the generators agree.
+    """
+    saved = saved_train.get('dropout_prng', 'threefry')
+    now = train.get('dropout_prng', 'threefry')
+    if saved == now:
+        return None
+    return (
+        f'This run was started with train.dropout_prng={saved!r} and resumes with {now!r}: '
+        'its dropout masks from here on differ from an uninterrupted run '
+        f'(--config.train.dropout_prng={saved} keeps them).'
+    )
 
 
 def cross_entropy_with_smoothing(

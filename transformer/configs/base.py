@@ -72,9 +72,10 @@ def get_config() -> ml_collections.ConfigDict:
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
     # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' / 'unsafe_rbg' (XLA's
     # RngBitGenerator, as t5x and MaxText use) or 'philox4x32'. Each is deterministic per seed
-    # and step, so resuming stays exact. philox4x32 is the cheapest on CPU under jit
-    # (benchmarks/step_overhead.py) but does not compile under pmap in jax 0.10.2.
-    train.dropout_prng = 'rbg'
+    # and step, so resuming stays exact. With the 16-bit masks of transformer/dropout.py the
+    # whole CPU step measured cheapest with threefry (benchmarks/step_overhead.py, README
+    # "Throughput on this CPU").
+    train.dropout_prng = 'threefry'
     train.parallelism = 'sharding'  # 'sharding' (jit + NamedSharding) or 'pmap' (replicated)
     train.model_parallelism = 1  # size of the mesh's 'model' axis in 'sharding' mode
     train.fsdp = False  # also shard parameters + Adam moments over 'data' (ZeRO-3 style)
