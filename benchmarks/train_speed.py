@@ -35,7 +35,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import flops as flops_lib  # noqa: E402
-from transformer import optim, steps  # noqa: E402
+from transformer import host_memory, optim, steps  # noqa: E402
 from transformer.parallel import Parallel  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -157,6 +157,7 @@ def main(argv):
         'cpu_model': _cpu_model(),
         'jax': jax.__version__,
         'xla_flags': os.environ.get('XLA_FLAGS', ''),
+        'host_memory_kept': host_memory.applied,
         'parallelism': tc.parallelism,
         'dtype': dtype,
         'dropout_rate': config.model.dropout_rate,
