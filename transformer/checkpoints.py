@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from transformer.steps import TrainState
+from transformer.steps import TrainState, resumed_prng_warning
 from transformer.workdir import (
     CHECKPOINTS,
+    CONFIG_FILE,
     CORRUPT_CHECKPOINTS,
     MANIFEST,
     CorruptCheckpoint,
@@ -26,6 +27,7 @@ from transformer.workdir import (
     checkpoint_manager,
     error_line,
     path,
+    read_config,
     restore_state,
     save_state,
     seal_step,
@@ -52,6 +54,7 @@ class Checkpoints:
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict):
         self.workdir = workdir
+        self.config = config
         self.manager = checkpoint_manager(workdir, config)
         self._unsealed: list[int] = []  # saved by this process, manifest not yet written
         self._writes = jax.process_index() == 0
@@ -143,7 +146,15 @@ class Checkpoints:
                 'it is now sealed.',
                 *(step, MANIFEST),
             )
+        self._warn_on_another_dropout_prng()
         return state, meta, step
+
+    def _warn_on_another_dropout_prng(self) -> None:
+        """Resuming draws other dropout masks than an uninterrupted run would: say so."""
+        if os.path.exists(path(self.workdir, CONFIG_FILE)):
+            saved_train = read_config(self.workdir).get('train', {})
+            if warning := resumed_prng_warning(saved_train, self.config.train):
+                logging.warning(warning)
 
     def _quarantine(self, steps: Sequence[int]) -> None:
         if self._writes:

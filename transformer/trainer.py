@@ -160,10 +160,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     else:
         state, meta, latest = restored
         train_iter.set_state(meta['data_state'])
-        if os.path.exists(workdir_lib.path(workdir, workdir_lib.CONFIG_FILE)):
-            saved_train = workdir_lib.read_config(workdir).get('train', {})
-            if warning := steps.resumed_prng_warning(saved_train, tc):
-                logging.warning(warning)
         logging.info('Resumed from %s at step %d.', workdir, latest)
     if jax.process_index() == 0:
         # Written once the config is known to fit the checkpoints, so that a mistaken resume
