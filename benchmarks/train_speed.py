@@ -34,8 +34,8 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer import config_checks, console, host_memory, optim, steps  # noqa: E402
 from transformer import flops as flops_lib  # noqa: E402
-from transformer import host_memory, optim, steps  # noqa: E402
 from transformer.parallel import Parallel  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -115,8 +115,17 @@ def _data_mode(config) -> str:
 
 
 def main(argv):
-    del argv
-    config = FLAGS.config
+    try:
+        measure(FLAGS.config)
+    except RuntimeError as e:  # jax.errors.JaxRuntimeError
+        line = console.out_of_memory_line(e, config_checks.OUT_OF_MEMORY)
+        if line is None:
+            raise
+        raise SystemExit(f'error: {line}') from None
+
+
+def measure(config) -> None:
+    """Times ``--steps`` train steps of ``config``; prints and saves the result JSON."""
     tc = config.train
     mode = _data_mode(config)
     setup = _real_setup if mode == 'real' else _random_setup

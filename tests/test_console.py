@@ -136,3 +136,27 @@ def test_core_never_imports_tensorflow_and_prints_no_library_noise(run_dir, tmp_
     verbose = _python(evaluate, tmp_path, *args, '--verbosity=1')
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert 'Given directory is read only' in verbose.stderr
+
+
+def test_out_of_memory_line_words_xla_errors_and_leaves_others():
+    """XLA's CPU and GPU wordings (as jaxlib raises them) become one line with the size in
+    GiB and the command's hint; any other runtime error is not an out-of-memory one."""
+    cpu = RuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 39711699328 bytes.')
+    assert console.out_of_memory_line(cpu, 'Lower X.') == (
+        'out of memory allocating 39711699328 bytes (37.0 GiB). Lower X.'
+    )
+    dispatch = RuntimeError(
+        'INTERNAL: Error dispatching computation: Error dispatching computation: Out of '
+        'memory allocating 2147483648 bytes.'
+    )
+    assert console.out_of_memory_line(dispatch, 'Lower X.') == (
+        'out of memory allocating 2147483648 bytes (2.0 GiB). Lower X.'
+    )
+    gpu = RuntimeError(
+        'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.\n'
+        'BufferAssignment OOM Debugging.'
+    )
+    assert console.out_of_memory_line(gpu, '') == (
+        'out of memory while trying to allocate 1073741824 bytes (1.0 GiB).'
+    )
+    assert console.out_of_memory_line(RuntimeError('INTERNAL: something else'), 'h') is None

@@ -138,3 +138,35 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     np.testing.assert_allclose(
         result['projected_hours_for_num_steps'], 1000 * result['ms_per_step'] / 1e3 / 3600
     )
+
+
+def test_train_speed_out_of_memory_is_one_line_error(tmp_path):
+    """A config whose state cannot fit ends train_speed.py with one `error: out of memory`
+    line naming the keys to lower, not a traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, 'PYTHONPATH': str(repo)}
+    env.pop('XLA_FLAGS', None)  # one CPU device
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(repo / 'benchmarks' / 'train_speed.py'),
+            '--config=configs/tiny.py',
+            f'--config.model.d_ff={2**43}',  # petabytes of parameters
+            '--data=random',
+            f'--out={tmp_path / "speed.json"}',
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: out of memory allocating ') and 'train.batch_size' in last
+    assert 'Traceback' not in done.stderr and not (tmp_path / 'speed.json').exists()

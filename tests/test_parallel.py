@@ -190,3 +190,37 @@ def test_every_parameter_declares_its_logical_axes(overrides):
     layer = "['encoder_layer_0']"
     assert f"{layer}['ffn']['wi']['kernel']" in split and f"{layer}['ffn']['wo']['kernel']" in split
     assert all('embedding' not in name and 'norm' not in name for name in split)
+
+
+def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
+    """`parallel.fetch` of an output whose computation failed for want of memory raises that
+    error; ``jax.device_get`` / ``int()`` of it wait for ever on jaxlib's CPU client (in a
+    subprocess, so that a regression fails on the timeout instead of hanging the suite)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from transformer.parallel import fetch
+        shape = (2 * 10**9, 10**5)  # 8e14 bytes: more than any address space
+        step = jax.jit(lambda k: (jnp.zeros((), jnp.int32), jax.random.normal(k, shape)))
+        small, _ = step(jax.random.key(0))
+        try:
+            fetch(small)
+        except jax.errors.JaxRuntimeError as e:
+            print('raised:', str(e).splitlines()[0])
+        """
+    )
+    env = {**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).resolve().parents[1])}
+    env.pop('XLA_FLAGS', None)
+    done = subprocess.run(
+        [sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == (
+        'raised: RESOURCE_EXHAUSTED: Out of memory allocating 800000000000000 bytes.'
+    )

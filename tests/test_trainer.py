@@ -239,3 +239,22 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
     a, b = _params_at(tmp_path / 'straight', last), _params_at(killed, last)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_train_py_out_of_memory_is_one_line_error(tmp_path):
+    """A model that cannot fit (an FFN of 2^43 units: petabytes of parameters) stops in
+    seconds with one `error: out of memory` line naming the keys to lower: no traceback, and
+    no wait for ever (jaxlib's CPU client never wakes a read of a failed computation's output;
+    `parallel.fetch` and `Parallel.init_state` wait with block_until_ready, which raises)."""
+    run = tmp_path / 'run'
+    overrides = {**SMALL, 'model.d_ff': 2**43, 'train.num_steps': 2}
+    command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={run}']
+    done = subprocess.run(
+        command + command_line(overrides), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r'error: out of memory allocating \d+ bytes \([\d.]+ GiB\)\. .+', last)
+    assert 'train.batch_size' in last and 'train.grad_accum_steps' in last
+    assert 'Traceback' not in done.stderr
+    assert not list((run / workdir.CHECKPOINTS).iterdir())  # nothing was saved

@@ -22,6 +22,17 @@ class ConfigError(ValueError):
     """A config value that cannot work; the one-line message names the key."""
 
 
+# The end of the one line that a train step out of memory stops with (train.py adds
+# `TRAINING_OUT_OF_MEMORY`'s sentences; benchmarks/train_speed.py uses this alone).
+OUT_OF_MEMORY = (
+    'Lower train.batch_size, or raise train.grad_accum_steps (the same rows in smaller '
+    'micro-batches).'
+)
+TRAINING_OUT_OF_MEMORY = (
+    f'{OUT_OF_MEMORY} Validation decodes eval.batch_size sentences at a time. Checkpoints '
+    'already saved are untouched.'
+)
+
 _positive = (lambda v: v >= 1, 'an integer >= 1')
 _non_negative = (lambda v: v >= 0, '>= 0')
 _rate = (lambda v: 0 <= v < 1, 'in [0, 1)')

@@ -193,15 +193,36 @@ def _parse_flags(
         usage_exit(message or (str(e).strip().splitlines() or [type(e).__name__])[0])
 
 
+# The end of the one line that decoding commands stop with when they run out of memory.
+DECODING_OUT_OF_MEMORY = 'Lower --batch_size (sentences decoded at once) or --beam_size.'
+
+
+def out_of_memory_line(error: BaseException, hint: str) -> str | None:
+    """One line for XLA's out-of-memory error (``RESOURCE_EXHAUSTED``), ending with ``hint``
+    (what to lower); None for any other error."""
+    text = str(error)
+    found = re.search(r'Out of memory([^\n]*)', text, re.IGNORECASE)
+    if found is None and 'RESOURCE_EXHAUSTED' not in text:
+        return None
+    detail = found.group(1).rstrip('. ') if found else ''
+    size = re.search(r'(\d{7,}) bytes', detail)
+    if size:
+        detail += f' ({int(size.group(1)) / 2**30:.1f} GiB)'
+    return f'out of memory{detail}. {hint}'.strip()
+
+
 def run(
     main: Callable[[list[str]], None],
     argv: Sequence[str] | None = None,
     explain_flag_error: Callable[[Exception, list[str]], str | None] | None = None,
+    out_of_memory_hint: str = '',
 ) -> None:
     """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests).
 
     A command line that does not parse ends with one ``error:`` line and exit code 2;
     ``explain_flag_error(error, argv)`` may word that line (None: the error's first line).
+    Running out of device or host memory ends with one ``error:`` line (exit code 1) that
+    ends with ``out_of_memory_hint``.
     """
     args = list(argv) if argv is not None else list(sys.argv)
     verbose = argv_verbosity(args[1:]) >= 1
@@ -215,7 +236,13 @@ def run(
             quiet_library_logs()
         if len(args) > 1:
             raise app.UsageError(f'Unexpected arguments: {args[1:]}')
-        main(args)
+        try:
+            main(args)
+        except RuntimeError as e:  # jax.errors.JaxRuntimeError
+            line = out_of_memory_line(e, out_of_memory_hint)
+            if line is None:
+                raise
+            raise SystemExit(f'error: {line}') from None
 
     # Every command starts from the flags' defaults, not the values an earlier command of the
     # same process (tests) parsed.

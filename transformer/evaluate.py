@@ -95,7 +95,7 @@ def cli(argv: list[str] | None = None) -> None:
         except (workdir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
 
-    console.run(main, argv)
+    console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
 
 
 def run(

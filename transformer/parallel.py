@@ -44,6 +44,13 @@ from transformer.steps import Batch, TrainState
 PyTree = Any
 
 
+def fetch(tree: PyTree) -> PyTree:
+    """``jax.device_get`` that raises the error of a computation that failed (e.g. out of
+    memory) instead of waiting for ever: jaxlib's CPU client never wakes a host read of an
+    output whose computation failed, while ``block_until_ready`` raises its error."""
+    return jax.device_get(jax.block_until_ready(tree))
+
+
 def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
     """Logical axis -> mesh axis (None = replicated): the one table that decides every layout."""
     return (
@@ -202,7 +209,8 @@ class Parallel:
     def init_state(self, init: Callable[[], TrainState]) -> TrainState:
         """Runs ``init`` so that its result is born global in the mode's layout (FSDP never
         materialises the whole state on one device)."""
-        return jax.jit(init, out_shardings=self.shardings)()
+        # Waited for here, so that a state that does not fit fails now, with its error.
+        return jax.block_until_ready(jax.jit(init, out_shardings=self.shardings)())
 
     def abstract_state(self, init: Callable[[], TrainState]) -> TrainState:
         """Shapes, dtypes and global shardings of ``init()``: the target of a restore."""

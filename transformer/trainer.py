@@ -37,7 +37,7 @@ from transformer.best import BestTracker
 from transformer.checkpoints import Checkpoints
 from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
-from transformer.parallel import Parallel
+from transformer.parallel import Parallel, fetch
 from transformer.steps import TrainState
 
 PyTree = Any
@@ -309,7 +309,7 @@ def train_and_evaluate(
         workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
         enabled=run.is_main,
     )
-    step = first_step = int(parallel.global_state(run.state).step)
+    step = first_step = int(fetch(parallel.global_state(run.state).step))
     log, final = TrainLog(run, step), {}
     stopped_early = run.best.should_stop  # a restarted run that had already stopped early
     if stopped_early:
@@ -325,7 +325,7 @@ def train_and_evaluate(
             is_log = step % tc.log_every == 0 or is_last
             is_ckpt = step % tc.checkpoint_every == 0 or is_last
             if is_log or is_ckpt:
-                sums = jax.device_get(sums)
+                sums = fetch(sums)
                 _check_finite(run, step, sums)
             log.add(sums)
             if is_log:
@@ -396,4 +396,4 @@ def cli(argv: list[str] | None = None) -> None:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
     except app.UsageError as e:
         raise SystemExit(f'error: {e}') from None
-    console.run(main, argv, explain_flag_error=config_checks.explain_flag_error)
+    console.run(main, argv, config_checks.explain_flag_error, config_checks.TRAINING_OUT_OF_MEMORY)

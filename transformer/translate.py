@@ -26,7 +26,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
@@ -36,6 +35,7 @@ from transformer import data as data_lib
 from transformer import decode as decode_lib
 from transformer import ensemble as ensemble_lib
 from transformer.model import Transformer
+from transformer.parallel import fetch
 from transformer.tokens import EOS_ID
 
 
@@ -63,7 +63,7 @@ def translate_batches(
             extra_length=extra_length,
             ensemble=ensemble,
         )
-        tokens = np.asarray(jax.device_get(tokens))
+        tokens = np.asarray(fetch(tokens))
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
             logging.info('Decoded %d/%d batches.', i + 1, len(batches))
@@ -112,7 +112,7 @@ def nbest_batches(
             extra_length=extra_length,
             ensemble=ensemble,
         )
-        sequences, scores = (np.asarray(x) for x in jax.device_get((sequences, scores)))
+        sequences, scores = (np.asarray(x) for x in fetch((sequences, scores)))
         log_probs = sequence_log_probs(sequences, scores, alpha)
         outputs.append(
             [
@@ -304,7 +304,7 @@ def cli(argv: list[str] | None = None) -> None:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    console.run(main, argv)
+    console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
 
 
 if __name__ == '__main__':

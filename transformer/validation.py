@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import jax
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import evaluate, steps
+from transformer import evaluate, parallel, steps
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 
@@ -49,7 +48,7 @@ class Validation:
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
             inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            for key, value in jax.device_get(self._run.parallel.eval_step(params, inputs)).items():
+            for key, value in parallel.fetch(self._run.parallel.eval_step(params, inputs)).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         run = self._run
         return steps.summarize(totals, run.tokenizer.vocab_size, run.config.train.label_smoothing)
