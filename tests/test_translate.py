@@ -152,3 +152,21 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
         np.testing.assert_allclose(float(log_prob), expected, rtol=1e-4, atol=1e-4)
         alone = float(jnp.take_along_axis(per_member[0], target[..., None], -1).sum())
         assert abs(alone - expected) > 1e-3  # the second model changes the numbers
+
+
+def test_translate_out_of_memory_is_one_line_naming_batch_and_beam(run_dir, tmp_path, monkeypatch):
+    """An out-of-memory error while decoding (jaxlib's wording, raised where the search
+    runs) ends the command with one line that names --batch_size and --beam_size."""
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 4294967296 bytes.')
+
+    monkeypatch.setattr(translate, 'translate_lines', out_of_memory)
+    infile = tmp_path / 'in.txt'
+    infile.write_text('a b c\n')
+    with pytest.raises(SystemExit) as exit_info:
+        translate.cli(['translate', f'--workdir={run_dir}', f'--input={infile}'])
+    assert exit_info.value.code == (
+        'error: out of memory allocating 4294967296 bytes (4.0 GiB). Lower --batch_size '
+        '(sentences decoded at once) or --beam_size.'
+    )
