@@ -86,47 +86,47 @@ def test_random_packed_batches_of_train_speed_look_like_real_ones():
     assert 0.0 < (seg == 0).mean() < 0.15
 
 
-def test_train_speed_command_runs_without_tensorflow(tmp_path):
-    """benchmarks/train_speed.py with --data=random, as on a GPU machine without TensorFlow:
-    with `tensorflow` and `tensorflow_datasets` made unimportable it times the real step and
-    reports the analytic FLOPs, an MFU from them and the projected time of train.num_steps."""
-    import json
+def _train_speed(tmp_path, *args, pythonpath=()):
+    """Runs benchmarks/train_speed.py --config=configs/tiny.py ARGS on one CPU device, with
+    ``pythonpath`` before the repository on the path; its result JSON goes to tmp_path."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([*map(str, pythonpath), str(repo)])}
+    env.pop('XLA_FLAGS', None)  # one CPU device
+    script = repo / 'benchmarks' / 'train_speed.py'
+    out = f'--out={tmp_path / "speed.json"}'
+    command = [sys.executable, str(script), '--config=configs/tiny.py', *args, out]
+    return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_train_speed_command_runs_without_tensorflow(tmp_path):
+    """benchmarks/train_speed.py with --data=random, as on a GPU machine without TensorFlow:
+    with `tensorflow` and `tensorflow_datasets` made unimportable it times the real step and
+    reports the analytic FLOPs, an MFU from them and the projected time of train.num_steps."""
+    import json
+
     from configs import tiny
 
-    repo = Path(__file__).resolve().parents[1]
     for name in ('tensorflow', 'tensorflow_datasets'):
         (tmp_path / 'blocked' / name).mkdir(parents=True)
         (tmp_path / 'blocked' / name / '__init__.py').write_text(
             f'raise ImportError("{name} is not installed here")\n'
         )
-    env = {**os.environ, 'PYTHONPATH': f'{tmp_path / "blocked"}{os.pathsep}{repo}'}
-    env.pop('XLA_FLAGS', None)  # one CPU device
-    out = tmp_path / 'speed.json'
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(repo / 'benchmarks' / 'train_speed.py'),
-            '--config=configs/tiny.py',
-            '--config.model.attention_impl=fused',
-            '--config.train.num_steps=1000',
-            '--data=random',
-            '--steps=2',
-            '--warmup=1',
-            f'--out={out}',
-        ],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _train_speed(
+        tmp_path,
+        '--config.model.attention_impl=fused',
+        '--config.train.num_steps=1000',
+        '--data=random',
+        '--steps=2',
+        '--warmup=1',
+        pythonpath=[tmp_path / 'blocked'],
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = json.loads((tmp_path / 'speed.json').read_text())
     config = tiny.get_config()
     model_config = config_from_dict(config.model, config.data.vocab_size)
     rows, length = config.train.batch_size, config.data.max_len
@@ -143,29 +143,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
 def test_train_speed_out_of_memory_is_one_line_error(tmp_path):
     """A config whose state cannot fit ends train_speed.py with one `error: out of memory`
     line naming the keys to lower, not a traceback."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, 'PYTHONPATH': str(repo)}
-    env.pop('XLA_FLAGS', None)  # one CPU device
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(repo / 'benchmarks' / 'train_speed.py'),
-            '--config=configs/tiny.py',
-            f'--config.model.d_ff={2**43}',  # petabytes of parameters
-            '--data=random',
-            f'--out={tmp_path / "speed.json"}',
-        ],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _train_speed(tmp_path, f'--config.model.d_ff={2**43}', '--data=random')  # petabytes
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith('error: out of memory allocating ') and 'train.batch_size' in last
