@@ -220,3 +220,44 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     assert '\n' not in str(info.value) and 'intact: [2, 4]' in str(info.value)
     assert all(workdir.verify_step(str(run), s) for s in (2, 4))
     assert not (run / 'checkpoints' / '6').exists()
+
+
+def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
+    """A checkpoints directory that refuses new steps (async saves): train.py stops with one
+    line naming the step and the steps kept, within seconds. (Orbax made step directories in
+    the background; when that failed its other save threads waited 300 s and the process
+    could not exit.) chmod 0555 refuses writes to all but root; as root, the processes run
+    without the capability to override file permissions (util-linux setpriv)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tiny_run import SMALL, command_line
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which('setpriv') is None:
+            pytest.skip('running as root without setpriv: chmod cannot refuse writes')
+        prefix = ['setpriv', '--bounding-set=-dac_override,-dac_read_search']
+    run = tmp_path / 'run'
+    settings = {**SMALL, 'train.checkpoint_every': 2, 'train.async_checkpointing': True}
+
+    def train(num_steps):
+        command = [*prefix, sys.executable, 'train.py', '--config=configs/tiny.py']
+        command += [f'--workdir={run}', *command_line({**settings, 'train.num_steps': num_steps})]
+        return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=240)
+
+    done = train(4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run / workdir.CHECKPOINTS).chmod(0o555)
+    try:
+        done = train(6)
+    finally:
+        (run / workdir.CHECKPOINTS).chmod(0o755)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: Could not write checkpoint step 6 ') and 'Permission' in last
+    assert last.endswith('Steps saved before are intact: [2, 4].')
+    assert 'Traceback' not in done.stderr
+    assert all(workdir.verify_step(str(run), s) for s in (2, 4))

@@ -152,6 +152,10 @@ def checkpoint_manager(
         options = ocp.CheckpointManagerOptions(
             max_to_keep=1 if best else keep,
             enable_async_checkpointing=config.train.async_checkpointing,
+            # A step directory that cannot be made (read-only, full disk) fails in save()
+            # itself: made in the background, the failure left Orbax's other save threads
+            # waiting 300 s for it, and the process could not exit until then.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             create=True,
         )
     return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
