@@ -258,3 +258,53 @@ def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     assert 'train.batch_size' in last and 'train.grad_accum_steps' in last
     assert 'Traceback' not in done.stderr
     assert not list((run / workdir.CHECKPOINTS).iterdir())  # nothing was saved
+
+
+def test_ctrl_c_seals_the_save_in_flight_and_names_the_step_to_resume_from(tmp_path):
+    """Ctrl-C one step after an asynchronous save began: that save is finished and sealed
+    (its manifest written) before the run stops, and the message names it."""
+    config = tiny_run_config(8)
+    config.train.async_checkpointing = True  # step 3's save is in flight at step 4
+
+    def interrupt(step, metrics):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(trainer.Interrupted) as info:
+        trainer.train_and_evaluate(config, str(tmp_path), on_step=interrupt)
+    assert str(info.value) == (
+        f'Interrupted at step 4; the same command resumes from step 3 in {tmp_path}/checkpoints.'
+    )
+    assert (tmp_path / 'checkpoints' / '3' / workdir.MANIFEST).exists()
+    assert workdir.verify_step(str(tmp_path), 3)
+
+
+def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):
+    """SIGINT (Ctrl-C) to a running train.py: exit code 130 and one line, no traceback."""
+    run = tmp_path / 'run'
+    # A shell's background jobs ignore SIGINT, and the ignoring is inherited: train.py runs
+    # with the default handler, as from a terminal.
+    default_sigint = (
+        'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
+        'os.execv(sys.executable, [sys.executable, *sys.argv[1:]])'
+    )
+    command = [sys.executable, '-c', default_sigint, 'train.py', '--config=configs/tiny.py']
+    command.append(f'--workdir={run}')
+    settings = {'train.num_steps': 100_000, 'train.log_every': 10, 'train.checkpoint_every': 1000}
+    command += command_line({**SMALL, **settings})
+    err = tmp_path / 'stderr.txt'
+    with open(err, 'w') as stderr:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            _wait_for(lambda: ' step 20/' in err.read_text(), proc)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            proc.kill()
+            proc.wait()
+    text = err.read_text()
+    assert 'Traceback' not in text
+    last = text.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf'Interrupted at step \d+, before any checkpoint in {run}/checkpoints\.', last
+    )

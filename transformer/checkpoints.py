@@ -100,6 +100,17 @@ class Checkpoints:
         except (OSError, ValueError, RuntimeError) as e:
             raise self._save_error(pending[-1] if pending else None, e) from None
 
+    def finish(self) -> int | None:
+        """For a run that stops early (an error, Ctrl-C): seals the saves in flight (their own
+        failure is logged, not raised: the error that stopped the run is the one to report)
+        and returns the newest step on disk (None: none)."""
+        try:
+            self.seal()
+        except WorkdirError as e:
+            logging.warning('%s', e)
+        self.manager.reload()
+        return self.manager.latest_step()
+
     def newest_verified(self) -> int | None:
         """The newest step whose files match its manifest (None: none)."""
         for step in sorted(self.manager.all_steps(), reverse=True):

@@ -1,4 +1,5 @@
-"""Training metrics on disk: ``WORKDIR/metrics.jsonl`` and TensorBoard event files.
+"""Training metrics: the loop's console lines (`TrainLog`), ``WORKDIR/metrics.jsonl`` and
+TensorBoard event files.
 
 The event files are written with the protocol buffers and record writer of the
 ``tensorboard`` package alone, not TensorFlow's ``tf.summary`` (whose import costs seconds
@@ -15,9 +16,13 @@ import socket
 import struct
 import time
 from collections.abc import Mapping
+from typing import Any
 
+from absl import logging
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
+
+from transformer import steps
 
 
 class EventWriter:
@@ -84,3 +89,62 @@ class MetricWriter:
         if self.enabled:
             self._jsonl.close()
             self._events.close()
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'
+
+
+class TrainLog:
+    """Sums of the steps since the last console line, turned into per-token metrics."""
+
+    def __init__(self, run: Any, step: int):  # a transformer.trainer.Run
+        self._run = run
+        self._sums: dict[str, float] = {}
+        self._since_time, self._since_step = time.time(), step
+        self._since_wait = 0.0
+
+    def add(self, sums: Mapping[str, Any]) -> None:
+        for key in (*steps.SUM_KEYS, 'source_tokens'):
+            self._sums[key] = self._sums.get(key, 0.0) + sums[key]
+
+    def flush(self, step: int, last: Mapping[str, Any], wait_s: float) -> dict[str, float]:
+        """Metrics since the last flush, printed once.
+
+        Args:
+          step: the step just taken.
+          last: that step's sums (gradient norm, learning rate).
+          wait_s: the loop's total time waiting for data so far.
+        """
+        run, tc = self._run, self._run.config.train
+        elapsed = max(time.time() - self._since_time, 1e-9)
+        metrics = steps.summarize(
+            {**self._sums, 'grad_norm': last['grad_norm'], 'learning_rate': last['learning_rate']},
+            run.tokenizer.vocab_size,
+            tc.label_smoothing,
+        )
+        metrics['steps_per_s'] = (step - self._since_step) / elapsed
+        tokens = float(self._sums['tokens']) + float(self._sums['source_tokens'])
+        metrics['tokens_per_s'] = tokens / elapsed
+        metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
+        eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
+        logging.info(
+            'step %d/%d  loss %.4f  nll %.4f  acc %.3f  lr %.3g  %.2f steps/s  '
+            '%s tokens/s  data wait %.0f%%  ETA %s',
+            step,
+            tc.num_steps,
+            metrics['loss'],
+            metrics['nll'],
+            metrics['accuracy'],
+            metrics['learning_rate'],
+            metrics['steps_per_s'],
+            f'{metrics["tokens_per_s"]:,.0f}',
+            100 * metrics['data_wait'],
+            _format_duration(eta),
+        )
+        self._sums = {}
+        self._since_time, self._since_step, self._since_wait = time.time(), step, wait_s
+        return metrics

@@ -47,6 +47,10 @@ class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the message says why and what was kept."""
 
 
+class Interrupted(TrainingError):
+    """Ctrl-C stopped the loop; the message names the checkpoint to resume from."""
+
+
 @dataclasses.dataclass
 class Run:
     """Everything `setup` builds for a training run."""
@@ -197,65 +201,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     )
 
 
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'
-
-
-class TrainLog:
-    """Sums of the steps since the last console line, turned into per-token metrics."""
-
-    def __init__(self, run: Run, step: int):
-        self._run = run
-        self._sums: dict[str, float] = {}
-        self._since_time, self._since_step = time.time(), step
-        self._since_wait = 0.0
-
-    def add(self, sums: Mapping[str, Any]) -> None:
-        for key in (*steps.SUM_KEYS, 'source_tokens'):
-            self._sums[key] = self._sums.get(key, 0.0) + sums[key]
-
-    def flush(self, step: int, last: Mapping[str, Any], wait_s: float) -> dict[str, float]:
-        """Metrics since the last flush, printed once.
-
-        Args:
-          step: the step just taken.
-          last: that step's sums (gradient norm, learning rate).
-          wait_s: the loop's total time waiting for data so far.
-        """
-        run, tc = self._run, self._run.config.train
-        elapsed = max(time.time() - self._since_time, 1e-9)
-        metrics = steps.summarize(
-            {**self._sums, 'grad_norm': last['grad_norm'], 'learning_rate': last['learning_rate']},
-            run.tokenizer.vocab_size,
-            tc.label_smoothing,
-        )
-        metrics['steps_per_s'] = (step - self._since_step) / elapsed
-        tokens = float(self._sums['tokens']) + float(self._sums['source_tokens'])
-        metrics['tokens_per_s'] = tokens / elapsed
-        metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
-        eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
-        logging.info(
-            'step %d/%d  loss %.4f  nll %.4f  acc %.3f  lr %.3g  %.2f steps/s  '
-            '%s tokens/s  data wait %.0f%%  ETA %s',
-            step,
-            tc.num_steps,
-            metrics['loss'],
-            metrics['nll'],
-            metrics['accuracy'],
-            metrics['learning_rate'],
-            metrics['steps_per_s'],
-            f'{metrics["tokens_per_s"]:,.0f}',
-            100 * metrics['data_wait'],
-            _format_duration(eta),
-        )
-        self._sums = {}
-        self._since_time, self._since_step, self._since_wait = time.time(), step, wait_s
-        return metrics
-
-
 def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
     """Stops on a non-finite loss or gradient, naming the newest checkpoint that verifies;
     right after a resume it says that this checkpoint itself may be the cause."""
@@ -310,7 +255,7 @@ def train_and_evaluate(
         enabled=run.is_main,
     )
     step = first_step = int(fetch(parallel.global_state(run.state).step))
-    log, final = TrainLog(run, step), {}
+    log, final = metrics_lib.TrainLog(run, step), {}
     stopped_early = run.best.should_stop  # a restarted run that had already stopped early
     if stopped_early:
         logging.info('Early stopping ended this run at step %d; nothing to train.', step)
@@ -342,6 +287,18 @@ def train_and_evaluate(
             if is_ckpt or stopped_early:
                 state = parallel.global_state(run.state)
                 run.checkpoints.save(state, data_state, tc.seed, run.best.state())
+    except BaseException as e:
+        # Whatever stops the loop (an error, Ctrl-C), the save in flight is finished first.
+        newest = run.checkpoints.finish()
+        if isinstance(e, KeyboardInterrupt):
+            where = f'{workdir}/{workdir_lib.CHECKPOINTS}'
+            raise Interrupted(
+                f'Interrupted at step {step}; the same command resumes from step {newest} in '
+                f'{where}.'
+                if newest is not None
+                else f'Interrupted at step {step}, before any checkpoint in {where}.'
+            ) from None
+        raise
     finally:
         batches.close()
     run.checkpoints.seal()
@@ -388,6 +345,9 @@ def cli(argv: list[str] | None = None) -> None:
             console.usage_exit(str(e))
         try:
             final = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+        except (Interrupted, KeyboardInterrupt) as e:
+            print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         except (TrainingError, workdir_lib.WorkdirError, data_lib.DataError, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
