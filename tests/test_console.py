@@ -160,3 +160,31 @@ def test_out_of_memory_line_words_xla_errors_and_leaves_others():
         'out of memory while trying to allocate 1073741824 bytes (1.0 GiB).'
     )
     assert console.out_of_memory_line(RuntimeError('INTERNAL: something else'), 'h') is None
+
+
+@pytest.mark.parametrize(
+    'command, flag, message',
+    [
+        ('evaluate', '--beam_size=0', '0 is not a positive integer'),
+        ('evaluate', '--average_last=-1', '-1 is not a positive integer'),
+        ('evaluate', '--max_examples=-5', '-5 is not a non-negative integer'),
+        ('translate', '--batch_size=-1', '-1 is not a positive integer'),
+        ('translate', '--alpha=-1', '-1.0 is not a non-negative number'),
+        ('translate', '--nbest=-1', '-1 is not a non-negative integer'),
+        ('translate', '--max_input_tokens=1', '1 is not integer >= 2'),
+        ('export', '--average_last=0', '0 is not a positive integer'),
+    ],
+)
+def test_decoding_flags_out_of_range_are_one_line_exit_2(command, flag, message, tmp_path, capsys):
+    """Values no search can use (a beam of 0, a negative batch, average_last < 1 ...) stop
+    the command before it loads anything, in one line naming the flag (they used to run into
+    tracebacks or, for a negative --average_last, silently average the wrong checkpoints)."""
+    import importlib
+
+    cli = importlib.import_module(f'transformer.{command}').cli
+    with pytest.raises(SystemExit) as info:
+        out = [f'--out={tmp_path / "out"}'] if command == 'export' else []
+        cli([command, f'--workdir={tmp_path}', *out, flag])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f'error: flag {flag}: {message}'], err

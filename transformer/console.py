@@ -146,6 +146,7 @@ def define_decoding_flags() -> None:
         None,
         'Average the last K checkpoints, up to --step if given (default without --step: '
         'eval.average_last).',
+        lower_bound=1,
     )
     define_flag(
         'best',
@@ -153,9 +154,27 @@ def define_decoding_flags() -> None:
         False,
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
-    define_flag('beam_size', flags.DEFINE_integer, None, 'Beam size; 1 = greedy (default: config).')
-    define_flag('alpha', flags.DEFINE_float, None, 'Length penalty alpha (default: eval.alpha).')
-    define_flag('batch_size', flags.DEFINE_integer, None, 'Sentences per batch (default: config).')
+    define_flag(
+        'beam_size',
+        flags.DEFINE_integer,
+        None,
+        'Beam size; 1 = greedy (default: config).',
+        lower_bound=1,
+    )
+    define_flag(
+        'alpha',
+        flags.DEFINE_float,
+        None,
+        'Length penalty alpha (default: eval.alpha).',
+        lower_bound=0.0,
+    )
+    define_flag(
+        'batch_size',
+        flags.DEFINE_integer,
+        None,
+        'Sentences per batch (default: config).',
+        lower_bound=1,
+    )
     define_flag(
         'ensemble',
         flags.DEFINE_list,

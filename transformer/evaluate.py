@@ -72,7 +72,13 @@ def cli(argv: list[str] | None = None) -> None:
     console.define_decoding_flags()
     define = console.define_flag
     define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
-    define('max_examples', flags.DEFINE_integer, 0, 'Decode only the first N sentences (0 = all).')
+    define(
+        'max_examples',
+        flags.DEFINE_integer,
+        0,
+        'Decode only the first N sentences (0 = all).',
+        lower_bound=0,
+    )
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
     FLAGS = flags.FLAGS
 

@@ -334,6 +334,7 @@ def cli(argv: list[str] | None = None) -> None:
         flags.DEFINE_integer,
         None,
         'Average the last K checkpoints (default: eval.average_last).',
+        lower_bound=1,
     )
     define('out', flags.DEFINE_string, None, 'Directory to write the exported model to.')
     define('format', flags.DEFINE_enum, 'hf', FORMATS, 'hf (MarianMT) or ctranslate2.')

@@ -237,7 +237,7 @@ def translate_lines(
 
 def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
-    from absl import app, flags
+    from absl import flags
 
     console.define_decoding_flags()
     define = console.define_flag
@@ -246,6 +246,7 @@ def cli(argv: list[str] | None = None) -> None:
         flags.DEFINE_integer,
         None,
         'Longer input lines are cut to this many tokens (default: model.max_len).',
+        lower_bound=2,
     )
     define(
         'nbest',
@@ -254,6 +255,7 @@ def cli(argv: list[str] | None = None) -> None:
         'Write the K best hypotheses of each line as tab-separated rows: line_index (from 0), '
         'rank (1 = best), score (log-prob / length penalty), log_prob, text. 0 = one '
         'translation per line.',
+        lower_bound=0,
     )
     define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
     define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
@@ -261,8 +263,6 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('workdir')
-        if FLAGS.nbest < 0:
-            raise app.UsageError(f'--nbest must be 0 (off) or positive, got {FLAGS.nbest}.')
         try:
             if FLAGS.ensemble:
                 config, tokenizer, model, params, steps = ensemble_lib.load_ensemble(
