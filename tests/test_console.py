@@ -188,3 +188,31 @@ def test_decoding_flags_out_of_range_are_one_line_exit_2(command, flag, message,
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f'error: flag {flag}: {message}'], err
+
+
+@pytest.mark.parametrize(
+    'command, flag, message',
+    [
+        ('translate', '--input={tmp}/missing.txt', 'no readable file there.'),
+        ('translate', '--input={tmp}', 'no readable file there.'),
+        ('translate', '--output={tmp}/no/out.txt', 'the directory {tmp}/no does not exist.'),
+        ('translate', '--output={tmp}', 'is a directory; give a file path.'),
+        ('evaluate', '--output={tmp}/no/hyps.txt', 'the directory {tmp}/no does not exist.'),
+        ('visualize', '--out={tmp}/no/a.png', 'the directory {tmp}/no does not exist.'),
+    ],
+)
+def test_unusable_input_or_output_paths_stop_before_any_work(
+    command, flag, message, tmp_path, capsys
+):
+    """An input that cannot be read or an output that could not be written is one usage
+    line (exit code 2) before the model is loaded, not a traceback after the decoding."""
+    import importlib
+
+    cli = importlib.import_module(f'transformer.{command}').cli
+    flag, message = flag.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    with pytest.raises(SystemExit) as info:
+        text = ['--text=a b'] if command == 'visualize' else []
+        cli([command, f'--workdir={tmp_path}', *text, flag])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f'error: {flag}') and err[0].endswith(message), err

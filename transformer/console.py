@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import app, flags, logging
@@ -198,6 +198,32 @@ def usage_exit(message: str) -> None:
     """Ends the command with ``error: message`` (one line) and exit code 2."""
     print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
     sys.exit(USAGE_EXIT_CODE)
+
+
+def check_paths(
+    inputs: Mapping[str, str | None] = {}, outputs: Mapping[str, str | None] = {}
+) -> None:
+    """Ends the command with one usage line (`usage_exit`) for an input flag's file that cannot
+    be read, or an output flag's path whose directory is missing or read-only, before any
+    work (a decode of minutes was lost when the output could not be opened at its end).
+
+    Args:
+      inputs: flag name -> the file it names (None: the flag is unset).
+      outputs: flag name -> the file it will write (None: unset).
+    """
+    for name, file in inputs.items():
+        if file and not (os.path.isfile(file) and os.access(file, os.R_OK)):
+            usage_exit(f'--{name}={file}: no readable file there.')
+    for name, file in outputs.items():
+        if not file:
+            continue
+        directory = os.path.dirname(os.path.abspath(file))
+        if os.path.isdir(file):
+            usage_exit(f'--{name}={file} is a directory; give a file path.')
+        if not os.path.isdir(directory):
+            usage_exit(f'--{name}={file}: the directory {directory} does not exist.')
+        if not os.access(directory, os.W_OK):
+            usage_exit(f'--{name}={file}: the directory {directory} is not writable.')
 
 
 def _parse_flags(

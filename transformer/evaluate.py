@@ -84,6 +84,7 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('workdir')
+        console.check_paths(outputs={'output': FLAGS.output})
         try:
             run(
                 FLAGS.workdir,

@@ -263,6 +263,7 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('workdir')
+        console.check_paths({'input': FLAGS.input}, {'output': FLAGS.output})
         try:
             if FLAGS.ensemble:
                 config, tokenizer, model, params, steps = ensemble_lib.load_ensemble(

@@ -116,6 +116,7 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('workdir', 'text')
+        console.check_paths(outputs={'out': FLAGS.out})
         try:
             _, tokenizer, model, params, _ = workdir.load_model(
                 FLAGS.workdir, FLAGS.step, average_last=1
