@@ -28,6 +28,13 @@ class Validation:
     def __init__(self, run: trainer.Run):
         self._run = run
         self.loss_set = self._eval_set(None)
+        if not self.loss_set.references:  # the last step is always validated
+            data = run.config.data
+            raise data_lib.DataError(
+                f'The {data.eval_split!r} split (data.eval_split) of {data.dataset} has no '
+                'examples; validation needs some (for the synthetic task: '
+                'data.synthetic.num_validation >= 1).'
+            )
         limit = run.config.eval.bleu_max_examples
         full = limit <= 0 or limit >= len(self.loss_set.references)
         self.bleu_set = self.loss_set if full else self._eval_set(limit)
