@@ -308,3 +308,16 @@ def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):
     assert re.fullmatch(
         rf'Interrupted at step \d+, before any checkpoint in {run}/checkpoints\.', last
     )
+
+
+def test_rerun_of_a_finished_run_trains_and_rewrites_nothing(tmp_path):
+    """The same command again, or a smaller train.num_steps, once a run has finished: no step,
+    and config.json / final_metrics.json stay as the finished run wrote them (they used to be
+    rewritten: num_steps=2 and final metrics without the train / validation entries)."""
+    first = trainer.train_and_evaluate(tiny_run_config(3), str(tmp_path))
+    files = {name: (tmp_path / name).read_bytes() for name in ('config.json', 'final_metrics.json')}
+    for num_steps in (3, 2):
+        again = trainer.train_and_evaluate(tiny_run_config(num_steps), str(tmp_path))
+        assert again['steps_this_run'] == 0 and again['step'] == 3
+        assert again['validation'] == first['validation'] and again['train'] == first['train']
+        assert {name: (tmp_path / name).read_bytes() for name in files} == files

@@ -165,9 +165,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         state, meta, latest = restored
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and (latest is None or latest < tc.num_steps):
         # Written once the config is known to fit the checkpoints, so that a mistaken resume
-        # never overwrites the description of what is saved.
+        # never overwrites the description of what is saved (nor a rerun of a finished run).
         workdir_lib.write_config(workdir, config)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info(
@@ -248,13 +248,23 @@ def train_and_evaluate(
     start_time = time.time()
     run = setup(config, workdir, devices=devices)
     tc, parallel = config.train, run.parallel
+    step = first_step = int(fetch(parallel.global_state(run.state).step))
+    done = workdir_lib.path(workdir, workdir_lib.FINAL_METRICS_FILE)
+    if (step >= tc.num_steps or run.best.should_stop) and os.path.exists(done):
+        # A finished run (or a smaller train.num_steps) trains nothing and rewrites nothing.
+        logging.info(
+            'The run in %s is at step %d (train.num_steps=%d%s): nothing to train; its final '
+            'metrics stay in %s.',
+            *(workdir, step, tc.num_steps, ', stopped early' * run.best.should_stop, done),
+        )
+        with open(done) as f:
+            return {**json.load(f), 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
     validation = validation_lib.Validation(run)
     writer = metrics_lib.MetricWriter(
         workdir_lib.path(workdir, workdir_lib.METRICS_FILE),
         workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
         enabled=run.is_main,
     )
-    step = first_step = int(fetch(parallel.global_state(run.state).step))
     log, final = metrics_lib.TrainLog(run, step), {}
     stopped_early = run.best.should_stop  # a restarted run that had already stopped early
     if stopped_early:
