@@ -44,6 +44,15 @@ def test_shipped_configs_pass(name):
         ('train.batch_size=12', 'train.batch_size=12 must be a multiple of data-parallel'),
         ('data.vocab_normalization=lower', "data.vocab_normalization='lower' must be one of"),
         ('model.num_heads=5', 'model.d_model=128 must be a multiple of model.num_heads=5'),
+        ('model.head_dim=0', 'model.head_dim=0 must be an integer >= 1 (or None).'),
+        ('model.attention_impl=flash', "model.attention_impl='flash' must be one of 'einsum'"),
+        ('data.vocab_model_type=foo', "data.vocab_model_type='foo' must be one of 'bpe'"),
+        ('data.synthetic.num_train=0', 'data.synthetic.num_train=0 must be >= 1.'),
+        ('opt.schedule=cosine', "opt.schedule='cosine' must be one of 'rsqrt', 'constant'."),
+        ('train.seed=-1', 'train.seed=-1 must be >= 0.'),
+        ('train.prefetch=-1', 'train.prefetch=-1 must be >= 0.'),
+        ('train.early_stop_patience=-1', 'train.early_stop_patience=-1 must be >= 0.'),
+        ('eval.best_metric=bleu', "eval.best_metric='bleu' must be one of 'sacrebleu'"),
     ],
 )
 def test_config_error_is_one_line_exit_2_and_writes_nothing(

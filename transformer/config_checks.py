@@ -84,6 +84,24 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
 }
 
 
+def _one_of(*values: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v in values, 'one of ' + ', '.join(repr(v) for v in values))
+
+
+# Checked where present (configs written before a key existed lack it): values that used to
+# fail only after the vocabulary was written, or deep in a run, or never.
+_OPTIONAL_RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
+    'model.attention_impl': (str, *_one_of('einsum', 'fused')),
+    'data.vocab_model_type': (str, *_one_of('bpe', 'unigram', 'word', 'char')),
+    'opt.schedule': (str, *_one_of('rsqrt', 'constant')),
+    'train.seed': (int, *_non_negative),
+    'train.dropout_prng': (str, *_one_of('threefry', 'rbg', 'unsafe_rbg', 'philox4x32')),
+    'train.prefetch': (int, *_non_negative),
+    'train.early_stop_patience': (int, *_non_negative),
+    'eval.best_metric': (str, *_one_of('sacrebleu', 'tokenized_bleu', 'chrf')),
+}
+
+
 def _get(config: ml_collections.ConfigDict, key: str) -> Any:
     value = config
     for part in key.split('.'):
@@ -105,16 +123,24 @@ def check(config: ml_collections.ConfigDict, devices: Sequence[Any] | None = Non
       devices: the devices training will use (default: all devices of all processes); the
         batch must split over them. Skipped for a multi-host run before jax.distributed joins.
     """
-    for key, (want, ok, wanted) in _RULES.items():
+    for key, (want, ok, wanted) in (_RULES | _OPTIONAL_RULES).items():
         try:
             value = _get(config, key)
         except KeyError:
+            if key in _OPTIONAL_RULES:
+                continue
             raise ConfigError(f'config key {key} is missing.') from None
         if not _type_ok(value, want):
             raise ConfigError(f'{key}={value!r} must be of type {want.__name__}.')
         if not ok(value):
             raise ConfigError(f'{key}={value!r} must be {wanted}.')
     model, tc = config.model, config.train
+    head_dim = model.get('head_dim')
+    if head_dim is not None and (not _type_ok(head_dim, int) or head_dim < 1):
+        raise ConfigError(f'model.head_dim={head_dim!r} must be an integer >= 1 (or None).')
+    data = config.data
+    if data.dataset == 'synthetic' and data.synthetic.num_train < 1:
+        raise ConfigError(f'data.synthetic.num_train={data.synthetic.num_train} must be >= 1.')
     if model.get('head_dim') is None and model.d_model % model.num_heads:
         raise ConfigError(
             f'model.d_model={model.d_model} must be a multiple of model.num_heads='
