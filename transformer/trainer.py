@@ -30,6 +30,7 @@ from absl import logging
 
 from transformer import config_checks, configs, console, optim, steps
 from transformer import data as data_lib
+from transformer import lock as lock_lib
 from transformer import metrics as metrics_lib
 from transformer import validation as validation_lib
 from transformer import workdir as workdir_lib
@@ -70,6 +71,7 @@ class Run:
     dropout_rng: jax.Array
     num_params: int
     restored_step: int | None  # the checkpoint this run resumed from
+    lock: Any = None  # WORKDIR/train.lock while this process trains (transformer/lock.py)
 
     @property
     def is_main(self) -> bool:
@@ -132,6 +134,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
       config: the experiment config (sections model, data, opt, train, eval).
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
+
+    From here on this process holds ``WORKDIR/train.lock`` (`transformer.lock`): a second
+    training run in the same workdir stops in one line. ``lock.release(run.lock)`` gives it
+    back (`train_and_evaluate` does when it returns).
     """
     tc = config.train
     init_distributed(tc)
@@ -139,6 +145,16 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     # against the devices of all of them.
     config_checks.check(config, jax.devices() if devices is None else devices)
     os.makedirs(workdir, exist_ok=True)
+    lock = lock_lib.acquire(workdir)
+    try:
+        return _setup(config, workdir, devices, lock)
+    except BaseException:
+        lock_lib.release(lock)
+        raise
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Run:
+    tc = config.train
     tokenizer = workdir_lib.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
@@ -198,6 +214,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
+        lock=lock,
     )
 
 
@@ -247,6 +264,14 @@ def train_and_evaluate(
     """
     start_time = time.time()
     run = setup(config, workdir, devices=devices)
+    try:
+        return _train(run, start_time, on_step)
+    finally:
+        lock_lib.release(run.lock)
+
+
+def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
+    config, workdir = run.config, run.workdir
     tc, parallel = config.train, run.parallel
     step = first_step = int(fetch(parallel.global_state(run.state).step))
     done = workdir_lib.path(workdir, workdir_lib.FINAL_METRICS_FILE)
@@ -358,7 +383,7 @@ def cli(argv: list[str] | None = None) -> None:
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None
-        except (TrainingError, workdir_lib.WorkdirError, data_lib.DataError, ValueError) as e:
+        except (TrainingError, workdir_lib.WorkdirError, lock_lib.WorkdirBusy, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
 
