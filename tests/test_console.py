@@ -216,3 +216,38 @@ def test_unusable_input_or_output_paths_stop_before_any_work(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f'error: {flag}') and err[0].endswith(message), err
+
+
+def test_command_line_mistakes_are_one_usage_line(tmp_path, monkeypatch, capsys):
+    """A missing required flag, a stray argument, a config path that does not exist and a
+    config file that does not load: one `error:` line, exit code 2 (they printed the module
+    docstring with exit code 1, or tracebacks)."""
+    from transformer import evaluate, trainer
+
+    bad = tmp_path / 'bad.py'
+    bad.write_text('def get_config(:\n    pass\n')
+    cases = [
+        (evaluate.cli, ['evaluate'], 'error: --workdir is required.'),
+        (
+            evaluate.cli,
+            ['evaluate', f'--workdir={tmp_path}', 'stray'],
+            "error: Unexpected arguments: ['stray'] (every option is a --flag).",
+        ),
+        (
+            trainer.cli,
+            ['train.py', f'--config={tmp_path}/none.py', f'--workdir={tmp_path}/run'],
+            f'error: --config {tmp_path}/none.py: no such file.',
+        ),
+        (
+            trainer.cli,
+            ['train.py', f'--config={bad}', f'--workdir={tmp_path}/run'],
+            'error: invalid syntax (bad.py, line 1)',
+        ),
+    ]
+    for cli, argv, line in cases:
+        monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its flags from sys.argv
+        with pytest.raises(SystemExit) as info:
+            cli(argv)
+        assert info.value.code == 2, argv
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert not (tmp_path / 'run').exists()

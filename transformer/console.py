@@ -111,8 +111,10 @@ def resolve_config_arg(argv: Sequence[str]) -> list[str]:
 
     def resolve(value: str) -> str:
         name, colon, rest = value.partition(':')
-        if os.path.exists(name) or name.endswith('.py') or os.sep in name:
+        if os.path.exists(name):
             return value
+        if name.endswith('.py') or os.sep in name:
+            raise app.UsageError(f'--config {name}: no such file.')
         if name not in configs.names():
             raise app.UsageError(
                 f'--config {name}: no such file, and the packaged configs are '
@@ -188,7 +190,7 @@ def require(*names: str) -> None:
     """A usage error naming the first missing required flag."""
     for name in names:
         if flags.FLAGS[name].value is None:
-            raise app.UsageError(f'--{name} is required.')
+            usage_exit(f'--{name} is required.')
 
 
 USAGE_EXIT_CODE = 2  # a command line that cannot run (the argparse convention)
@@ -230,10 +232,11 @@ def _parse_flags(
     argv: list[str], explain: Callable[[Exception, list[str]], str | None] | None
 ) -> list[str]:
     # Errors of the command line itself, including ml_collections' override parsing (which
-    # raises AttributeError / KeyError / TypeError from inside absl): one line, no traceback.
+    # raises AttributeError / KeyError / TypeError from inside absl) and loading the config
+    # file (its own SyntaxError, NameError, ...): one line, no traceback.
     try:
         return flags.FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever parsing raised, the line says it
         message = explain(e, argv) if explain is not None else None
         usage_exit(message or (str(e).strip().splitlines() or [type(e).__name__])[0])
 
@@ -280,9 +283,12 @@ def run(
         else:
             quiet_library_logs()
         if len(args) > 1:
-            raise app.UsageError(f'Unexpected arguments: {args[1:]}')
+            usage_exit(f'Unexpected arguments: {args[1:]} (every option is a --flag).')
         try:
             main(args)
+        except KeyboardInterrupt:
+            print('Interrupted.', file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         except RuntimeError as e:  # jax.errors.JaxRuntimeError
             line = out_of_memory_line(e, out_of_memory_hint)
             if line is None:

@@ -390,5 +390,5 @@ def cli(argv: list[str] | None = None) -> None:
     try:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
     except app.UsageError as e:
-        raise SystemExit(f'error: {e}') from None
+        console.usage_exit(str(e))
     console.run(main, argv, config_checks.explain_flag_error, config_checks.TRAINING_OUT_OF_MEMORY)
