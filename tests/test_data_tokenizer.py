@@ -98,3 +98,14 @@ def test_unknown_normalization_fails(tmp_path):
     config = _config(vocab_normalization='lowercase')
     with pytest.raises(data.DataError, match='vocab_normalization must be one of'):
         data.get_tokenizer(config, str(tmp_path / 'spm.model'))
+
+
+def test_a_corrupt_vocabulary_file_is_one_line(tokenizer, tmp_path):
+    """A truncated spm.model: a DataError naming the file (it was sentencepiece's traceback)."""
+    broken = tmp_path / 'spm.model'
+    broken.write_bytes(open(tokenizer.model_path, 'rb').read()[:100])
+    with pytest.raises(data.DataError) as info:
+        tokenizer_lib.Tokenizer(str(broken))
+    message = str(info.value)
+    assert message.startswith(f'{broken} is not a SentencePiece model that loads (')
+    assert message.endswith('restore the file the run was trained with.') and '\n' not in message

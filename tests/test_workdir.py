@@ -118,6 +118,7 @@ def test_corrupted_checkpoint_stops_every_command_with_one_line(run_dir, tmp_pat
     flipped = _params_file(broken, 4)
     _flip(flipped)
     cli = {'evaluate': evaluate.cli, 'translate': translate.cli, 'visualize': visualize.cli}
+    (tmp_path / 'in').write_text('x\n')
     argv = [command, f'--workdir={broken}', '--step=4', '--text=x', f'--input={tmp_path}/in']
     argv = [a for a in argv if command == 'visualize' or not a.startswith('--text')]
     argv = [a for a in argv if command == 'translate' or not a.startswith('--input')]
@@ -261,3 +262,13 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
     assert last.endswith('Steps saved before are intact: [2, 4].')
     assert 'Traceback' not in done.stderr
     assert all(workdir.verify_step(str(run), s) for s in (2, 4))
+
+
+def test_a_config_json_that_is_not_json_is_one_line(tmp_path):
+    (tmp_path / workdir.CONFIG_FILE).write_text('{"model": ')
+    with pytest.raises(workdir.WorkdirError) as info:
+        workdir.read_config(str(tmp_path))
+    assert str(info.value) == (
+        f'{tmp_path}/config.json is not valid JSON (Expecting value: line 1 column 11 '
+        '(char 10)); restore it.'
+    )

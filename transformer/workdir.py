@@ -129,7 +129,10 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
             f'{config_path} not found: --workdir must be a directory written by train.py.'
         )
     with open(config_path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        try:
+            return ml_collections.ConfigDict(json.load(f))
+        except json.JSONDecodeError as e:
+            raise WorkdirError(f'{config_path} is not valid JSON ({e}); restore it.') from None
 
 
 # ---------------------------------------------------------------------------------------------

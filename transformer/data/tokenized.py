@@ -17,6 +17,7 @@ import os
 import re
 import tempfile
 import time
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,10 +116,8 @@ def tokenize_split(
         if path and not os.path.isfile(path):
             _save(path, data)
     elif path and os.path.isfile(path):
-        with np.load(path) as arrays:
-            data = TokenizedSplit(**{field.name: arrays[field.name] for field in _FIELDS})
-        logging.info('Loaded %d tokenized %s examples from %s.', data.num_examples, split, path)
-    else:
+        data = _load(path, split)
+    if data is None:
         source_text, target_text = sources.load_text(data_config, split)
         start = time.perf_counter()
         source_ids, source_offsets = encode_texts(tokenizer, source_text)
@@ -140,16 +139,36 @@ def tokenize_split(
     return data
 
 
+def _load(path: str, split: str) -> TokenizedSplit | None:
+    """The cached token ids; None (with a warning) when the file does not read back whole."""
+    try:
+        with np.load(path) as arrays:
+            data = TokenizedSplit(**{field.name: arrays[field.name] for field in _FIELDS})
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        logging.warning('%s does not read back (%s); tokenizing %s again.', path, e, split)
+        return None
+    logging.info('Loaded %d tokenized %s examples from %s.', data.num_examples, split, path)
+    return data
+
+
 def _save(path: str, data: TokenizedSplit) -> None:
     # Written under a temporary name and renamed: a concurrent reader (another host sharing
-    # the directory) sees the whole file or none.
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.npz.tmp')
+    # the directory) sees the whole file or none. A cache that cannot be written (read-only
+    # workdir) costs only the tokenizing next time.
+    tmp = None
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.npz.tmp')
         with os.fdopen(fd, 'wb') as f:
             np.savez(f, **{field.name: getattr(data, field.name) for field in _FIELDS})
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        logging.warning('Could not cache the token ids in %s (%s).', path, e)
+        return
     except BaseException:
-        os.unlink(tmp)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
         raise
     logging.info('Cached the token ids in %s.', path)

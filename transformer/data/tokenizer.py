@@ -42,7 +42,13 @@ class Tokenizer:
         self.model_path = os.fspath(model_path)
         with open(self.model_path, 'rb') as f:
             proto = f.read()
-        self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        except RuntimeError as e:
+            raise DataError(
+                f'{self.model_path} is not a SentencePiece model that loads ({e}); restore the '
+                'file the run was trained with.'
+            ) from None
         self.fingerprint = hashlib.sha256(proto).hexdigest()[:16]
         if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
             raise DataError(
