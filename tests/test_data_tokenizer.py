@@ -109,3 +109,16 @@ def test_a_corrupt_vocabulary_file_is_one_line(tokenizer, tmp_path):
     message = str(info.value)
     assert message.startswith(f'{broken} is not a SentencePiece model that loads (')
     assert message.endswith('restore the file the run was trained with.') and '\n' not in message
+
+
+def test_a_saved_vocabulary_larger_than_the_config_asks_is_one_line(tokenizer):
+    """Resuming with a smaller data.vocab_size used to reuse the saved vocabulary silently
+    (and write the smaller size into config.json)."""
+    with pytest.raises(data.DataError) as info:
+        data.get_tokenizer(_config(vocab_size=200), tokenizer.model_path)
+    assert str(info.value) == (
+        f'The vocabulary {tokenizer.model_path} has 500 pieces, more than data.vocab_size=200: '
+        "it was trained with another data.vocab_size. Resume with the run's own, or use a new "
+        '--workdir.'
+    )
+    assert data.get_tokenizer(_config(), tokenizer.model_path).vocab_size == 500

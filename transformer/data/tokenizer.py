@@ -196,7 +196,14 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
         model_path = os.path.join(tempfile.mkdtemp(prefix='transformer-vocab-'), 'spm.model')
     if os.path.isfile(model_path):
         logging.info('Reusing the vocabulary %s.', model_path)
-        return Tokenizer(model_path)
+        tokenizer = Tokenizer(model_path)
+        if tokenizer.vocab_size > data_config.vocab_size:  # (fewer can be the text's limit)
+            raise DataError(
+                f'The vocabulary {model_path} has {tokenizer.vocab_size} pieces, more than '
+                f'data.vocab_size={data_config.vocab_size}: it was trained with another '
+                "data.vocab_size. Resume with the run's own, or use a new --workdir."
+            )
+        return tokenizer
     sources, targets = load_text(data_config, data_config.train_split)
     sample = sample_sentences(sources, targets, int(data_config.vocab_sample_size))
     return train_tokenizer(
