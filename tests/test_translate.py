@@ -100,7 +100,7 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
         # absl flags outlive a cli() call in one process: reset what other tests set.
         translate.cli(
             ['translate', f'--workdir={run_dir}', '--beam_size=1', '--input=', '--output=']
-            + ['--max_input_tokens=0', '--step=4']
+            + ['--step=4']
         )
     assert not exit_info.value.code
     out = capsys.readouterr().out
