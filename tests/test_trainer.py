@@ -76,6 +76,10 @@ def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
     with pytest.raises(workdir.WorkdirError, match='does not fit this config') as info:
         trainer.train_and_evaluate(changed, str(tmp_path))
     assert '\n' not in str(info.value)
+    # Named from the checkpoint's metadata, before any array is read.
+    assert "params['decoder_layer_0']['ffn']['wi']['bias'] is (64,) there, (48,) here" in (
+        str(info.value)
+    )
     assert (tmp_path / 'config.json').read_text() == saved_config
     assert np.isfinite(jax.tree.leaves(_params_at(tmp_path, 3))[0]).all()
 

@@ -46,6 +46,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from flax import linen as nn
 
 from transformer import checksums
@@ -217,6 +218,30 @@ def _restore_error(workdir: str, step: int, error: Exception, what: str) -> Work
     )
 
 
+def _check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = False) -> None:
+    """ValueError naming the first parameter whose saved shape differs from abstract ``params``,
+    before any array is read (a restore failing half-way left tensorstore reads in flight,
+    which printed tracebacks after the error line)."""
+    item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
+    try:
+        saved = ocp.StandardCheckpointHandler().metadata(item)
+    except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
+        return
+    have, want = (
+        {jax.tree_util.keystr(k): tuple(v.shape) for k, v in _leaves(t)} for t in (saved, params)
+    )
+    differ = sorted(set(have) ^ set(want)) or [k for k in want if have[k] != want[k]]
+    if differ:
+        key = differ[0]
+        raise ValueError(
+            f'params{key} is {have.get(key, "absent")} there, {want.get(key, "absent")} here'
+        )
+
+
+def _leaves(tree: PyTree) -> list:
+    return jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, 'shape'))
+
+
 def step_dir(workdir: str, step: int, *, best: bool = False) -> str:
     """``WORKDIR/checkpoints/<step>`` (``best``: ``WORKDIR/best/<step>``)."""
     return path(os.path.abspath(workdir), BEST if best else CHECKPOINTS, str(step))
@@ -273,6 +298,7 @@ def restore_state(
     """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
     `Checkpoints.restore_latest` verifies the step first."""
     try:
+        _check_params_fit(workdir, step, abstract_state.params)
         restored = manager.restore(
             step,
             args=ocp.args.Composite(
@@ -348,6 +374,7 @@ def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = 
     target = abstract_params(model)
     verify_step(workdir, step, items=('params',), best=best)
     try:
+        _check_params_fit(workdir, step, target, best=best)
         restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
         )
