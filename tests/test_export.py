@@ -264,6 +264,9 @@ def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path,
     (existing / 'keep.txt').write_text('mine')
     message = _cli(f'--workdir={run_dir}', f'--out={existing}')
     assert message.startswith('error: ') and '--overwrite' in message and '\n' not in message
+    a_file = existing / 'keep.txt'  # even with --overwrite, a file is not replaced by a model
+    message = _cli(f'--workdir={run_dir}', f'--out={a_file}', '--overwrite')
+    assert message == f'error: {a_file} is a file; --out names the directory to export into.'
 
     def broken(*args, **kwargs):
         raise RuntimeError('conversion failed')

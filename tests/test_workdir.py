@@ -272,3 +272,16 @@ def test_a_config_json_that_is_not_json_is_one_line(tmp_path):
         f'{tmp_path}/config.json is not valid JSON (Expecting value: line 1 column 11 '
         '(char 10)); restore it.'
     )
+
+
+def test_a_directory_that_is_no_run_is_named_whichever_flag_gave_it(run_dir, tmp_path):
+    """--workdir or one of --ensemble's directories: the message names that directory (it
+    said '--workdir must be ...' for an --ensemble entry too)."""
+    from transformer import ensemble
+
+    missing = tmp_path / 'not_a_run'
+    with pytest.raises(workdir.WorkdirError) as info:
+        ensemble.load_ensemble([str(run_dir), str(missing)], None, None, False)
+    assert str(info.value) == (
+        f'{missing}/config.json not found: {missing} is not a run directory written by train.py.'
+    )

@@ -281,7 +281,9 @@ def export(
     if quantization is not None and format != 'ctranslate2':
         raise ExportError(f'--quantization={quantization} applies to --format=ctranslate2 only.')
     out = os.path.abspath(out)
-    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and not overwrite):
+    if os.path.isfile(out):
+        raise ExportError(f'{out} is a file; --out names the directory to export into.')
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise ExportError(f'{out} exists and is not empty; pass --overwrite to replace it.')
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
     check_expressible(model.config)

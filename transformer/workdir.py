@@ -127,7 +127,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     config_path = path(workdir, CONFIG_FILE)
     if not os.path.exists(config_path):
         raise WorkdirError(
-            f'{config_path} not found: --workdir must be a directory written by train.py.'
+            f'{config_path} not found: {workdir} is not a run directory written by train.py.'
         )
     with open(config_path) as f:
         try:
