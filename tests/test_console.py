@@ -47,13 +47,44 @@ def test_quiet_filter_keeps_warnings_drops_listed_noise_and_library_info():
     handler = Keep()
     handler.addFilter(console._FILTER)
     logger.addHandler(handler)
+    kept = []
+    handler.emit = lambda record: (records.append(record.getMessage()), kept.append(record))
     try:
         logger.warning('If you insist your data is detokenized, or do not care, ...')
         logger.warning('A warning someone should read.')
         logger.info('Library chatter.')
+        try:
+            raise ValueError('disk full')
+        except ValueError:
+            logger.exception('A save failed.')  # shown, on one line: without its traceback
+        logging.getLogger('asyncio').addHandler(handler)
+        logging.getLogger('asyncio').error('Task exception was never retrieved\nfuture: <...>')
     finally:
         logger.removeHandler(handler)
-    assert records == ['A warning someone should read.']
+        logging.getLogger('asyncio').removeHandler(handler)
+    assert records == ['A warning someone should read.', 'A save failed.']
+    assert kept[1].exc_info is None and kept[1].exc_text is None
+
+
+def test_quiet_unraisable_hook_drops_only_closed_event_loops(capsys):
+    """Tensorstore's 'Event loop is closed' after a failed Orbax save is dropped; any other
+    unraisable exception is printed as Python prints it."""
+
+    class RaisesWhenCollected:
+        def __init__(self, message):
+            self.message = message
+
+        def __del__(self):
+            raise RuntimeError(self.message)
+
+    previous, sys.unraisablehook = sys.unraisablehook, console._quiet_unraisable
+    try:
+        RaisesWhenCollected('Event loop is closed')
+        assert capsys.readouterr().err == ''
+        RaisesWhenCollected('something else')
+        assert 'RuntimeError: something else' in capsys.readouterr().err
+    finally:
+        sys.unraisablehook = previous
 
 
 def test_argv_verbosity():

@@ -1,12 +1,14 @@
 """Console output of the command-line tools: our progress lines, not the libraries' chatter.
 
 By default (absl's ``--verbosity=0``) the terminal shows this package's INFO lines and the
-libraries' warnings and errors, minus a few lines every run would print and no user can act
-on (`NOISE`): jax's TPU probe, Orbax's notes on the read-only checkpoint managers that
-evaluate / translate use, sacreBLEU's guess that tokenized-looking text (the synthetic task,
-Moses-style references) was not detokenized, and ml_collections' ``load_module``
-DeprecationWarning. ``--verbosity=1`` (or ``-v 1``) shows everything, library INFO and DEBUG
-lines included.
+libraries' warnings and errors, each on one line (without its traceback), minus a few lines
+every run would print and no user can act on (`NOISE`): jax's TPU probe, Orbax's notes on
+the read-only checkpoint managers that evaluate / translate use, sacreBLEU's guess that
+tokenized-looking text (the synthetic task, Moses-style references) was not detokenized,
+asyncio's and tensorstore's reports at exit on the tasks of a failed Orbax save or restore
+('... exception was never retrieved', 'Event loop is closed'), and ml_collections'
+``load_module`` DeprecationWarning. ``--verbosity=1`` (or ``-v 1``) shows everything,
+library INFO and DEBUG lines included.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ NOISE = (
     "That's 100 lines that end in a tokenized period",
     'It looks like you forgot to detokenize your test data',
     'If you insist your data is detokenized',
+    # asyncio, at exit, for the tasks of a failed Orbax save whose error was already reported.
+    'exception was never retrieved',
 )
 _NOISE_RE = re.compile('|'.join(re.escape(line) for line in NOISE))
 # ml_collections loads config files with the deprecated loader.load_module().
@@ -39,14 +43,17 @@ _DEPRECATION = r'.*load_module\(\) method is deprecated'
 
 
 class _QuietFilter(std_logging.Filter):
-    """Keeps every record of this package; of the libraries, warnings and errors not in NOISE."""
+    """Keeps every record of this package; of the libraries, warnings and errors not in NOISE,
+    each on its own line: their tracebacks are dropped (a failed checkpoint write logged ~10
+    from Orbax's threads before this package's one-line error said what happened)."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         if record.pathname.startswith(_PACKAGE_DIR):
             return True
-        if record.levelno <= std_logging.INFO:
+        if record.levelno <= std_logging.INFO or _NOISE_RE.search(record.getMessage()):
             return False
-        return not _NOISE_RE.search(record.getMessage())
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
 _FILTER = _QuietFilter()
@@ -55,8 +62,17 @@ _FILTER = _QuietFilter()
 _NOISY_LOGGERS = ('sacrebleu', 'jax._src.xla_bridge', 'absl')
 
 
+def _quiet_unraisable(unraisable: Any) -> None:
+    # Tensorstore callbacks of a failed Orbax save or restore that fire after its event loop
+    # closed: one traceback each, after the error that explains them was reported.
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'):
+        sys.__unraisablehook__(unraisable)
+
+
 def quiet_library_logs() -> None:
     """Installs the default-verbosity filters (see the module docstring)."""
+    sys.unraisablehook = _quiet_unraisable
     logging.get_absl_handler().addFilter(_FILTER)
     for name in _NOISY_LOGGERS:
         std_logging.getLogger(name).addFilter(_FILTER)
@@ -67,6 +83,7 @@ def quiet_library_logs() -> None:
 
 def verbose_library_logs() -> None:
     """Removes those filters: every library line is shown again."""
+    sys.unraisablehook = sys.__unraisablehook__
     logging.get_absl_handler().removeFilter(_FILTER)
     for name in _NOISY_LOGGERS:
         std_logging.getLogger(name).removeFilter(_FILTER)
