@@ -187,3 +187,19 @@ def test_make_train_iterator_uses_the_token_cache(tokenizer, workdir, monkeypatc
     for key, value in next(again).items():
         np.testing.assert_array_equal(value, first[key])
     assert set(iterator.stats()) >= {'padding_fraction', 'examples_per_row'}
+
+
+def test_a_position_from_another_dataset_says_what_changed(train_data):
+    """A saved data position past this dataset's chunks or rows (the data or batch changed
+    since the checkpoint) is one line that says what to do."""
+    iterator = _iterator(train_data)
+    for bad in ({'chunk': 10**6, 'row': 0}, {'chunk': 0, 'row': 10**6}):
+        state = {**iterator.get_state(), **bad}
+        with pytest.raises(ValueError) as info:
+            _iterator(train_data).set_state(state)
+        message = str(info.value)
+        assert message.startswith(f'Data position {state} does not fit this dataset')
+        assert message.endswith(
+            "changed since the checkpoint; resume with the run's own config.json, or use a new "
+            '--workdir.'
+        )

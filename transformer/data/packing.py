@@ -207,13 +207,18 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
             int(state['chunk']),
             int(state['row']),
         )
+        fix = (
+            'the training data or its packing (data.*, train.batch_size) changed since the '
+            "checkpoint; resume with the run's own config.json, or use a new --workdir."
+        )
         if not 0 <= self._chunk < self._num_chunks:
             raise ValueError(
-                f'State {state} does not fit this dataset ({self._num_chunks} chunks).'
+                f'Data position {state} does not fit this dataset ({self._num_chunks} chunks): '
+                f'{fix}'
             )
         members, row_starts = self._packing(self._epoch, self._chunk)
         if not 0 <= self._row < len(row_starts) - 1:
-            raise ValueError(f'State {state} does not fit this dataset.')
+            raise ValueError(f'Data position {state} does not fit this dataset: {fix}')
 
     def stats(self) -> dict[str, float]:
         """Packing figures over the chunks packed so far (all processes' rows).
