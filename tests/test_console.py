@@ -282,3 +282,39 @@ def test_command_line_mistakes_are_one_usage_line(tmp_path, monkeypatch, capsys)
         assert info.value.code == 2, argv
         assert capsys.readouterr().err.strip().splitlines() == [line]
     assert not (tmp_path / 'run').exists()
+
+
+def test_ctrl_c_in_a_command_is_one_line_exit_130(tmp_path):
+    """SIGINT while a command's main runs (translate waiting on stdin, evaluate decoding):
+    'Interrupted.' and exit code 130, no KeyboardInterrupt traceback."""
+    import signal
+
+    code = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+        from transformer import console
+
+        def main(argv):
+            print('in main', flush=True)
+            time.sleep(60)
+
+        console.run(main, ['command'])
+        """
+    )
+    env = {**os.environ, 'PYTHONPATH': REPO}
+    proc = subprocess.Popen(
+        [sys.executable, '-c', code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == 'in main'
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == 'Interrupted.' and 'Traceback' not in err
