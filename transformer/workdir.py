@@ -8,6 +8,7 @@
     WORKDIR/best/<step>/         Orbax: params and meta of the best validation BLEU so far
     WORKDIR/metrics.jsonl        every logged metric; WORKDIR/tensorboard/ the same as events
     WORKDIR/eval/                hypotheses and scores written by ``transformer.evaluate``
+    WORKDIR/train.lock           held while a process trains here (transformer/lock.py)
 
 Training saves and restores whole train states; evaluate, translate and visualize load
 parameters (one step or the average of the last K). Any checkpoint that cannot be read
