@@ -191,6 +191,8 @@ def test_out_of_memory_line_words_xla_errors_and_leaves_others():
         'out of memory while trying to allocate 1073741824 bytes (1.0 GiB).'
     )
     assert console.out_of_memory_line(RuntimeError('INTERNAL: something else'), 'h') is None
+    busy = RuntimeError('RESOURCE_EXHAUSTED: too many pending requests')  # not memory
+    assert console.out_of_memory_line(busy, 'h') is None
 
 
 @pytest.mark.parametrize(

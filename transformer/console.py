@@ -220,7 +220,7 @@ def usage_exit(message: str) -> None:
 
 
 def check_paths(
-    inputs: Mapping[str, str | None] = {}, outputs: Mapping[str, str | None] = {}
+    inputs: Mapping[str, str | None] | None = None, outputs: Mapping[str, str | None] | None = None
 ) -> None:
     """Ends the command with one usage line (`usage_exit`) for an input flag's file that cannot
     be read, or an output flag's path whose directory is missing or read-only, before any
@@ -230,10 +230,10 @@ def check_paths(
       inputs: flag name -> the file it names (None: the flag is unset).
       outputs: flag name -> the file it will write (None: unset).
     """
-    for name, file in inputs.items():
+    for name, file in (inputs or {}).items():
         if file and not (os.path.isfile(file) and os.access(file, os.R_OK)):
             usage_exit(f'--{name}={file}: no readable file there.')
-    for name, file in outputs.items():
+    for name, file in (outputs or {}).items():
         if not file:
             continue
         directory = os.path.dirname(os.path.abspath(file))
@@ -267,7 +267,7 @@ def out_of_memory_line(error: BaseException, hint: str) -> str | None:
     (what to lower); None for any other error."""
     text = str(error)
     found = re.search(r'Out of memory([^\n]*)', text, re.IGNORECASE)
-    if found is None and 'RESOURCE_EXHAUSTED' not in text:
+    if found is None and not ('RESOURCE_EXHAUSTED' in text and 'memory' in text.lower()):
         return None
     detail = found.group(1).rstrip('. ') if found else ''
     size = re.search(r'(\d{7,}) bytes', detail)
