@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer.steps import TrainState, resumed_prng_warning
@@ -21,15 +22,16 @@ from transformer.workdir import (
     CONFIG_FILE,
     CORRUPT_CHECKPOINTS,
     MANIFEST,
+    RESTORE_ERRORS,
     CorruptCheckpoint,
     PyTree,
     WorkdirError,
+    check_params_fit,
     checkpoint_manager,
     error_line,
     path,
     read_config,
-    restore_state,
-    save_state,
+    restore_error,
     seal_step,
     step_dir,
     verify_step,
@@ -42,6 +44,55 @@ def _all_finite(tree: PyTree) -> bool:
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     finite = jax.jit(lambda xs: jnp.stack([jnp.isfinite(x).all() for x in xs]).all())(leaves)
     return bool(finite)
+
+
+def save_state(
+    manager: ocp.CheckpointManager,
+    state: TrainState,
+    data_state: Mapping[str, Any],
+    seed: int,
+    best: Mapping[str, Any] | None = None,
+) -> None:
+    """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides
+    (``best``: the best-checkpoint tracker's state, see transformer/best.py)."""
+    step = int(state.step)
+    meta = {'step': step, 'data_state': dict(data_state), 'seed': seed, 'best': dict(best or {})}
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave(state.opt_state),
+            meta=ocp.args.JsonSave(meta),
+        ),
+    )
+
+
+def restore_state(
+    manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
+) -> tuple[TrainState, dict[str, Any]]:
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
+    `Checkpoints.restore_latest` verifies the step first."""
+    try:
+        check_params_fit(workdir, step, abstract_state.params)
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_state.params),
+                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+    except RESTORE_ERRORS as e:
+        raise WorkdirError(
+            f'{restore_error(workdir, step, e, "this config (model or optimizer changed?)")}. '
+            'Resume with the config the run was started with, or use a new --workdir.'
+        ) from None
+    state = TrainState(
+        step=jnp.array(restored['meta']['step'], jnp.int32),
+        params=restored['params'],
+        opt_state=restored['opt_state'],
+    )
+    return state, restored['meta']
 
 
 class Checkpoints:

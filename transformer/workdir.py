@@ -10,9 +10,10 @@
     WORKDIR/eval/                hypotheses and scores written by ``transformer.evaluate``
     WORKDIR/train.lock           held while a process trains here (transformer/lock.py)
 
-Training saves and restores whole train states; evaluate, translate and visualize load
-parameters (one step or the average of the last K). Any checkpoint that cannot be read
-raises `WorkdirError` with one line that names the step and what to do.
+Training saves and restores whole train states (transformer/checkpoints.py); evaluate,
+translate and visualize load parameters (one step or the average of the last K). Any
+checkpoint that cannot be read raises `WorkdirError` with one line that names the step and
+what to do.
 
 Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
 but does not checksum the data, so a flipped or truncated file loads silently. Every step
@@ -53,7 +54,6 @@ from flax import linen as nn
 from transformer import checksums
 from transformer import data as data_lib
 from transformer.model import Transformer, config_from_dict
-from transformer.steps import TrainState
 
 PyTree = Any
 CONFIG_FILE = 'config.json'
@@ -72,7 +72,7 @@ MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 _ITEMS = ('params', 'opt_state', 'meta')
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree.
-_RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
+RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
 
 
 class WorkdirError(RuntimeError):
@@ -166,27 +166,6 @@ def checkpoint_manager(
     return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 
 
-def save_state(
-    manager: ocp.CheckpointManager,
-    state: TrainState,
-    data_state: Mapping[str, Any],
-    seed: int,
-    best: Mapping[str, Any] | None = None,
-) -> None:
-    """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides
-    (``best``: the best-checkpoint tracker's state, see transformer/best.py)."""
-    step = int(state.step)
-    meta = {'step': step, 'data_state': dict(data_state), 'seed': seed, 'best': dict(best or {})}
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            opt_state=ocp.args.StandardSave(state.opt_state),
-            meta=ocp.args.JsonSave(meta),
-        ),
-    )
-
-
 def save_best(
     manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str, Any], workdir: str
 ) -> None:
@@ -211,7 +190,7 @@ def error_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
-def _restore_error(workdir: str, step: int, error: Exception, what: str) -> WorkdirError:
+def restore_error(workdir: str, step: int, error: Exception, what: str) -> WorkdirError:
     first_line = error_line(error)
     return WorkdirError(
         f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} does not fit {what} or is '
@@ -219,7 +198,7 @@ def _restore_error(workdir: str, step: int, error: Exception, what: str) -> Work
     )
 
 
-def _check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = False) -> None:
+def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = False) -> None:
     """ValueError naming the first parameter whose saved shape differs from abstract ``params``,
     before any array is read (a restore failing half-way left tensorstore reads in flight,
     which printed tracebacks after the error line)."""
@@ -293,39 +272,6 @@ def verify_step(
     return sealed
 
 
-def restore_state(
-    manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, workdir: str
-) -> tuple[TrainState, dict[str, Any]]:
-    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
-    `Checkpoints.restore_latest` verifies the step first."""
-    try:
-        _check_params_fit(workdir, step, abstract_state.params)
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_state.params),
-                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
-    except _RESTORE_ERRORS as e:
-        raise WorkdirError(
-            f'{_restore_error(workdir, step, e, "this config (model or optimizer changed?)")}. '
-            'Resume with the config the run was started with, or use a new --workdir.'
-        ) from None
-    state = TrainState(
-        step=jnp.array(restored['meta']['step'], jnp.int32),
-        params=restored['params'],
-        opt_state=restored['opt_state'],
-    )
-    return state, restored['meta']
-
-
-def abstract_tree(tree: PyTree) -> PyTree:
-    """Shapes, dtypes and shardings of ``tree``, for restoring into the same layout."""
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-
-
 def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 1) -> list[int]:
     """The steps to load: the last ``average_last`` saved ones, ending at ``step`` if given.
 
@@ -375,12 +321,12 @@ def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = 
     target = abstract_params(model)
     verify_step(workdir, step, items=('params',), best=best)
     try:
-        _check_params_fit(workdir, step, target, best=best)
+        check_params_fit(workdir, step, target, best=best)
         restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
         )
-    except _RESTORE_ERRORS as e:
-        raise _restore_error(workdir, step, e, 'the model of its config.json') from None
+    except RESTORE_ERRORS as e:
+        raise restore_error(workdir, step, e, 'the model of its config.json') from None
     params = restored['params']
     if jax.tree.map(np.shape, params) != jax.tree.map(lambda x: x.shape, target):
         raise WorkdirError(

@@ -162,13 +162,11 @@ def _save(path: str, data: TokenizedSplit) -> None:
         with os.fdopen(fd, 'wb') as f:
             np.savez(f, **{field.name: getattr(data, field.name) for field in _FIELDS})
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if not isinstance(e, OSError):
+            raise
         logging.warning('Could not cache the token ids in %s (%s).', path, e)
         return
-    except BaseException:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     logging.info('Cached the token ids in %s.', path)
