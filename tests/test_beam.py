@@ -1,10 +1,15 @@
-"""Beam search internals: early stopping, cache reordering (results: tests/test_decode.py)."""
+"""Beam search internals: early stopping, the cache its rows share (results: test_decode.py)."""
+
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests.test_decode import EXTRA, INPUTS, MODEL, random_params
 from transformer import beam
+from transformer.attention import MultiHeadAttention
 
 
 def test_early_stop_gives_the_same_result_in_fewer_steps():
@@ -18,35 +23,67 @@ def test_early_stop_gives_the_same_result_in_fewer_steps():
     np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
 
 
-def test_reorder_cache_gathers_the_written_positions():
-    """K/V rows follow their parents at positions < written; other row arrays wholly; scalars
-    and the encoder-decoder keys/values stay."""
+def test_shared_cache_widens_the_self_attention_keys_and_keeps_the_rest():
+    """K/V caches [B, N, T', H] -> zeros [B, N, T' * K, H]; encoder keys/values (shaped alike,
+    told apart by name) and scalars stay; an entry it does not know is an error."""
     rng = np.random.default_rng(0)
     cache = {
         'layer': {
-            'cached_key': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),  # [R, N, T', H]
-            'cached_value': rng.standard_normal((6, 2, 8, 3)).astype(np.float32),
-            'cache_index': np.int32(5),
+            'cached_key': rng.standard_normal((2, 2, 8, 3)).astype(np.float32),
+            'cached_value': rng.standard_normal((2, 2, 8, 3)).astype(np.float32),
+            'cache_index': np.int32(0),
         },
-        # Shaped like the self-attention caches: only the names tell them apart.
         'cross': {
-            'cached_static_key': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
-            'cached_static_value': rng.standard_normal((6, 8, 2, 3)).astype(np.float32),
+            'cached_static_key': rng.standard_normal((2, 2, 8, 3)).astype(np.float32),
+            'cached_static_value': rng.standard_normal((2, 2, 8, 3)).astype(np.float32),
         },
-        'position': np.int32(5),
-        'other_rows': rng.standard_normal((6, 5, 2, 3)).astype(np.float32),  # not [rows, 8, ..]
+        'position': np.int32(0),
     }
-    rows = np.array([1, 1, 0, 5, 3, 3], np.int32)
-    reorder = jax.jit(beam._reorder_cache, static_argnames='length')
-    for written in (1, 2, 5, 8):
-        out = reorder(cache, rows, written, length=8)
-        for name in ('cached_key', 'cached_value'):
-            before, after = cache['layer'][name], np.asarray(out['layer'][name])
-            np.testing.assert_array_equal(after[:, :, :written], before[rows, :, :written])
-            # Written positions are gathered whole chunks at a time (chunk = 8 / 4 = 2).
-            untouched = -(-written // 2) * 2
-            np.testing.assert_array_equal(after[:, :, untouched:], before[:, :, untouched:])
-        assert int(out['layer']['cache_index']) == 5 and int(out['position']) == 5
-        for name, x in cache['cross'].items():
-            np.testing.assert_array_equal(out['cross'][name], x)
-        np.testing.assert_array_equal(out['other_rows'], cache['other_rows'][rows])
+    out = beam._shared_cache(cache, 3)
+    for name in ('cached_key', 'cached_value'):
+        assert out['layer'][name].shape == (2, 2, 24, 3)
+        assert not np.any(np.asarray(out['layer'][name]))
+    for name, x in cache['cross'].items():
+        np.testing.assert_array_equal(out['cross'][name], x)
+    assert int(out['layer']['cache_index']) == 0 and int(out['position']) == 0
+    with pytest.raises(ValueError, match='other_rows'):
+        beam._shared_cache(cache | {'other_rows': np.zeros((2, 5))}, 3)
+
+
+def test_rows_sharing_a_cache_attend_to_their_own_hypotheses():
+    """Self-attention through the shared cache with a slot history equals attention over a
+    cache of its own per row, gathered from the parent rows at every step."""
+    batch, beams, length, d_model = 2, 3, 4, 8
+    rows = batch * beams
+    module = MultiHeadAttention(num_heads=2)
+    rng = np.random.default_rng(0)
+    steps = rng.standard_normal((length, rows, 1, d_model)).astype(np.float32)
+    params = module.init(jax.random.key(0), steps[0], steps[0])['params']
+
+    @functools.partial(jax.jit, static_argnames='cache_rows')
+    def new_cache(cache_rows):
+        x = jnp.zeros((cache_rows, length, d_model))
+        return module.apply({'params': params}, x, x, decode=True, mutable=['cache'])[1]['cache']
+
+    @jax.jit
+    def step(cache, x, mask):
+        y, variables = module.apply(
+            {'params': params, 'cache': cache}, x, x, mask, decode=True, mutable=['cache']
+        )
+        return y, variables['cache']
+
+    def gather(cache, parents):
+        return jax.tree_util.tree_map(lambda x: x[parents] if x.ndim else x, cache)
+
+    shared = beam._shared_cache(new_cache(batch), beams)
+    own = new_cache(rows)
+    history = np.zeros((rows, length), np.int32)
+    for t in range(length):
+        history[:, t] = np.arange(rows) % beams
+        y_shared, shared = step(shared, steps[t], beam._history_mask(jnp.asarray(history), beams))
+        y_own, own = step(own, steps[t], None)
+        np.testing.assert_allclose(np.asarray(y_shared), np.asarray(y_own), atol=1e-5, rtol=1e-5)
+        choice = rng.integers(0, beams, (batch, beams))
+        parents = (np.arange(batch)[:, None] * beams + choice).ravel()
+        history, own = history[parents], gather(own, parents)
+    assert len(set(map(tuple, history))) > 1  # hypotheses did change parents

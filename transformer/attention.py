@@ -267,7 +267,8 @@ class MultiHeadAttention(nn.Module):
           decode: self-attention one position per call with a key/value cache in the
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
             full-length ``inputs_kv``; later calls take T = 1 and attend to every cached
-            position up to and including the current one.
+            position up to and including the current one (beam search's shared rows: see
+            `_update_cache`).
           static_kv: with ``decode``, ``inputs_kv`` is the same at every call (the encoder
             output that encoder-decoder attention reads). The call that creates the cache
             projects it into ``cached_static_key`` / ``cached_static_value`` [B, N, S, H];
@@ -327,7 +328,8 @@ class MultiHeadAttention(nn.Module):
             # per prefix length, each with static shapes.
             length = k.shape[2]
             ends = sorted({-(-length * (c + 1) // CACHE_CHUNKS) for c in range(CACHE_CHUNKS)})
-            written = self.get_variable('cache', 'cache_index')  # positions written so far
+            # Keys written so far: positions times the slots per position (`_update_cache`).
+            written = self.get_variable('cache', 'cache_index') * (q.shape[0] // k.shape[0])
             branches = [
                 lambda q, k, v, m, end=end: _one_query(
                     q, k[:, :, :end], v[:, :, :end], m[..., :end]
@@ -347,8 +349,14 @@ class MultiHeadAttention(nn.Module):
         return out(heads)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
-        """Writes this step's key/value into the head-major [B, N, T', H] cache and masks the
-        positions not yet written. Returns the caches (head-major) and the mask."""
+        """Writes this step's key/value into the head-major cache and masks the keys not yet
+        written. Returns the caches (head-major) and the mask.
+
+        The cache is [B, N, T', H], or, when it has fewer rows than the step (beam search,
+        `transformer.beam`), [B, N, T' * K, H] for K = rows / B: key t * K + j holds position
+        t of row b * K + j, and the rows b*K .. b*K + K-1 share cache row b. A row then sees
+        the other rows' keys too; the ``mask`` it is given says which are its own history.
+        """
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, N, T, H]
         is_initialized = self.has_variable('cache', 'cached_key')
         cached_key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
@@ -357,15 +365,20 @@ class MultiHeadAttention(nn.Module):
         if not is_initialized:
             # The init call only sizes the cache; it attends over its full input as usual.
             return k, v, mask
-        length = cached_key.value.shape[2]
+        cache_rows, _, length, _ = cached_key.value.shape
         if k.shape[2] != 1:
             raise ValueError(f'decode=True takes one position per call, got {k.shape[2]}.')
+        if k.shape[0] % cache_rows:
+            raise ValueError(f'{k.shape[0]} rows do not share {cache_rows} cache rows evenly.')
+        slots = k.shape[0] // cache_rows
+        if slots > 1:  # [B*K, N, 1, H] -> [B, N, K, H]: one key per slot
+            k, v = (einops.rearrange(x, '(B K) N 1 H -> B N K H', K=slots) for x in (k, v))
         index = cache_index.value
-        start = (0, 0, index, 0)
+        start = (0, 0, index * slots, 0)
         cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, start)
         cache_index.value = index + 1
-        written = (jnp.arange(length) <= index)[None, None, None, :]  # [1, 1, 1, S]
+        written = (jnp.arange(length) // slots <= index)[None, None, None, :]  # [1, 1, 1, S]
         mask = written if mask is None else jnp.logical_and(mask, written)
         return cached_key.value, cached_value.value, mask
 

@@ -210,6 +210,7 @@ class Transformer(nn.Module):
         targets_segmentation: Array | None = None,
         targets_positions: Array | None = None,
         decode: bool = False,
+        cache_mask: Array | None = None,
     ) -> Array:
         """Decoder logits [B, T, V]; position t predicts ``targets[:, t]``.
 
@@ -223,6 +224,9 @@ class Transformer(nn.Module):
           train: enables dropout.
           inputs_segmentation, targets_segmentation, targets_positions: packing, [B, S]/[B, T].
           decode: one step of autoregressive decoding with the key/value cache.
+          cache_mask: with ``decode``, boolean [B, 1, 1, S'] over the self-attention cache's
+            keys: which of them each row may attend to (beam search's rows sharing cache rows,
+            `attention.MultiHeadAttention._update_cache`); None = all written ones.
 
         Returns:
           float32 logits [B, T, V].
@@ -233,7 +237,7 @@ class Transformer(nn.Module):
             position = self.decode_position()
             decoder_inputs = targets
             positions = jnp.full(targets.shape, position)
-            self_mask = None  # the cache masks what has not been written yet
+            self_mask = cache_mask  # the cache masks what has not been written yet
             cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
         else:
             if targets_positions is None:

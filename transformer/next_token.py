@@ -47,14 +47,17 @@ def step_logits(
     encoded: Array,
     inputs: Array,
     last_tokens: Array,
+    cache_mask: Array | None = None,
 ) -> tuple[Array, Cache]:
-    """One cached decoder step: logits [B', V] for the next token and the updated cache."""
+    """One cached decoder step: logits [B', V] for the next token and the updated cache
+    (``cache_mask``: `Transformer.decode`'s)."""
     logits, variables = model.apply(
         {'params': params, 'cache': cache},
         encoded,
         inputs,
         last_tokens[:, None],
         decode=True,
+        cache_mask=cache_mask,
         method=Transformer.decode,
         mutable=['cache'],
     )
@@ -102,13 +105,14 @@ def ensemble_log_probs(
     encoded: Array,
     inputs: Array,
     last_tokens: Array,
+    cache_mask: Array | None = None,
 ) -> tuple[Array, Cache]:
     """One cached step of every member (tuples from `ensemble_params` / `encode_and_cache`):
     log of the members' mean next-token probability [B', V] and their updated caches."""
     log_probs, caches = [], []
     for member_params, member_cache, member_encoded in zip(params, cache, encoded, strict=True):
         logits, member_cache = step_logits(
-            model, member_params, member_cache, member_encoded, inputs, last_tokens
+            model, member_params, member_cache, member_encoded, inputs, last_tokens, cache_mask
         )
         log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
         caches.append(member_cache)
