@@ -1,0 +1,141 @@
+"""Beam search of this checkout beside the beam search of an earlier git revision, one process.
+
+    python benchmarks/beam_revisions.py --rev 6ef35c5
+    python benchmarks/beam_revisions.py --rev 6ef35c5 --max_decode_len 80
+
+The revision's ``transformer/beam.py`` (read with ``git show REV:transformer/beam.py``) is
+loaded as a module of its own and runs on this checkout's model, attention and step, so this
+compares beam searches, not whole packages; a revision whose beam.py needs names the present
+modules no longer have fails at import. Both search the same random Multi30k-sized model
+(`benchmarks/decode_speed.py`'s sizes and sources) for exactly ``--max_decode_len`` steps
+(no early stop), must return the same sequences and scores, and are timed interleaved
+(present, revision, present, ...): the median of the per-round ratios is printed and saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import linen as nn  # noqa: E402
+
+from benchmarks.decode_speed import _sources  # noqa: E402
+from transformer import beam  # noqa: E402
+from transformer.model import Transformer, TransformerConfig  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_revision(rev: str):
+    """``transformer/beam.py`` as of git revision ``rev``, imported as its own module."""
+    source = subprocess.run(
+        ['git', 'show', f'{rev}:transformer/beam.py'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if source.returncode:
+        raise SystemExit(f'error: git show {rev}:transformer/beam.py: {source.stderr.strip()}')
+    with tempfile.TemporaryDirectory() as directory:
+        path = pathlib.Path(directory) / 'beam_at_revision.py'
+        path.write_text(source.stdout)
+        spec = importlib.util.spec_from_file_location('beam_at_revision', path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--rev', required=True, help='git revision to compare with')
+    for name, default in (
+        ('vocab_size', 8000),
+        ('d_model', 256),
+        ('num_heads', 4),
+        ('d_ff', 1024),
+        ('num_layers', 3),
+        ('batch_size', 64),
+        ('min_length', 16),
+        ('max_length', 32),
+        ('max_decode_len', 32),
+        ('beam_size', 4),
+        ('repeats', 7),
+        ('seed', 0),
+    ):
+        parser.add_argument(f'--{name}', type=int, default=default)
+    parser.add_argument('--out', default=str(REPO / 'benchmarks/results/beam_revisions.json'))
+    args = parser.parse_args()
+    inputs = _sources(args)
+    model = Transformer(
+        TransformerConfig(
+            vocab_size=args.vocab_size,
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            d_ff=args.d_ff,
+            num_encoder_layers=args.num_layers,
+            num_decoder_layers=args.num_layers,
+            dropout_rate=0.0,
+        )
+    )
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
+    searches = {
+        'present': beam,
+        args.rev: load_revision(args.rev),
+    }
+
+    def run(module):
+        return module.beam_search(
+            model,
+            params,
+            inputs,
+            beam_size=args.beam_size,
+            max_decode_len=args.max_decode_len,
+            early_stop=False,
+        )
+
+    outputs = {name: jax.block_until_ready(run(m)) for name, m in searches.items()}
+    (seqs, scores), (old_seqs, old_scores) = outputs.values()
+    np.testing.assert_array_equal(np.asarray(seqs), np.asarray(old_seqs))
+    np.testing.assert_allclose(np.asarray(scores), np.asarray(old_scores), rtol=1e-5, atol=1e-5)
+    times = {name: [] for name in searches}
+    for _ in range(args.repeats):
+        for name, module in searches.items():
+            start = time.perf_counter()
+            jax.block_until_ready(run(module))
+            times[name].append(time.perf_counter() - start)
+    ratio = statistics.median(p / r for p, r in zip(times['present'], times[args.rev], strict=True))
+    for name, values in times.items():
+        print(f'{name:>10}: best {min(values):.3f} s, median {statistics.median(values):.3f} s')
+    print(
+        f'present / {args.rev}: x{ratio:.3f} (median of {args.repeats} interleaved rounds); '
+        'same sequences and scores'
+    )
+    report = {
+        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
+        'load_average_1min': os.getloadavg()[0],
+        'device': str(jax.devices()[0].device_kind),
+        'cpu_count': os.cpu_count(),
+        'jax': jax.__version__,
+        'seconds': times,
+        'present_over_revision_median': ratio,
+    }
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + '\n')
+    print(f'saved {out}')
+
+
+if __name__ == '__main__':
+    main()
