@@ -51,3 +51,21 @@ def test_the_lock_of_a_killed_process_does_not_block(tmp_path):
         proc.wait()
     assert (tmp_path / lock.LOCK_FILE).exists()
     lock.release(lock.acquire(str(tmp_path)))
+
+
+@pytest.mark.parametrize('existed', [False, True])
+def test_a_run_that_stops_in_set_up_leaves_no_workdir_it_made(tmp_path, existed):
+    """A data directory that does not exist stops the run before step 1. The workdir it made
+    for itself is removed again; one that was there before stays, lock file and all."""
+    workdir = tmp_path / 'run'
+    if existed:
+        workdir.mkdir()
+    config = tiny_run_config(2)
+    config.data.dataset = 'multi30k'
+    config.data.manual_dir = str(tmp_path / 'no_such_data')
+    with pytest.raises(Exception, match='no_such_data'):
+        trainer.train_and_evaluate(config, str(workdir))
+    if existed:
+        assert sorted(p.name for p in workdir.iterdir()) == [lock.LOCK_FILE]
+    else:
+        assert not workdir.exists()

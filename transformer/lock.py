@@ -53,3 +53,14 @@ def release(handle: TextIO | None) -> None:
     """Gives the lock back (closing the file releases the flock)."""
     if handle is not None:
         handle.close()
+
+
+def remove_unused(workdir: str) -> None:
+    """Removes ``workdir`` if it holds nothing but an unheld ``train.lock``: what a run that
+    stopped during set-up leaves in a directory it made itself."""
+    try:
+        if os.listdir(workdir) == [LOCK_FILE]:
+            os.remove(os.path.join(workdir, LOCK_FILE))
+            os.rmdir(workdir)
+    except OSError:
+        pass  # something else appeared there, or it is not ours to remove: leave it

@@ -144,12 +144,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     # Before anything is written; now that the processes have joined, the batch is checked
     # against the devices of all of them.
     config_checks.check(config, jax.devices() if devices is None else devices)
+    created = not os.path.isdir(workdir)
     os.makedirs(workdir, exist_ok=True)
     lock = lock_lib.acquire(workdir)
     try:
         return _setup(config, workdir, devices, lock)
     except BaseException:
         lock_lib.release(lock)
+        if created and lock is not None:
+            lock_lib.remove_unused(workdir)  # a bad data path leaves no empty run directory
         raise
 
 
