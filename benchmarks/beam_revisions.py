@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import os
 import pathlib
 import statistics
 import subprocess
@@ -31,9 +29,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks.decode_speed import _sources  # noqa: E402
+from benchmarks.decode_peers import add_size_flags  # noqa: E402
+from benchmarks.decode_speed import _sources, model_config, save_report  # noqa: E402
 from transformer import beam  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from transformer.model import Transformer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -60,35 +59,11 @@ def load_revision(rev: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rev', required=True, help='git revision to compare with')
-    for name, default in (
-        ('vocab_size', 8000),
-        ('d_model', 256),
-        ('num_heads', 4),
-        ('d_ff', 1024),
-        ('num_layers', 3),
-        ('batch_size', 64),
-        ('min_length', 16),
-        ('max_length', 32),
-        ('max_decode_len', 32),
-        ('beam_size', 4),
-        ('repeats', 7),
-        ('seed', 0),
-    ):
-        parser.add_argument(f'--{name}', type=int, default=default)
+    add_size_flags(parser, repeats=7)
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/beam_revisions.json'))
     args = parser.parse_args()
     inputs = _sources(args)
-    model = Transformer(
-        TransformerConfig(
-            vocab_size=args.vocab_size,
-            d_model=args.d_model,
-            num_heads=args.num_heads,
-            d_ff=args.d_ff,
-            num_encoder_layers=args.num_layers,
-            num_decoder_layers=args.num_layers,
-            dropout_rate=0.0,
-        )
-    )
+    model = Transformer(model_config(args))
     params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
     searches = {
         'present': beam,
@@ -102,6 +77,7 @@ def main() -> None:
             inputs,
             beam_size=args.beam_size,
             max_decode_len=args.max_decode_len,
+            alpha=args.alpha,
             early_stop=False,
         )
 
@@ -122,19 +98,7 @@ def main() -> None:
         f'present / {args.rev}: x{ratio:.3f} (median of {args.repeats} interleaved rounds); '
         'same sequences and scores'
     )
-    report = {
-        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
-        'load_average_1min': os.getloadavg()[0],
-        'device': str(jax.devices()[0].device_kind),
-        'cpu_count': os.cpu_count(),
-        'jax': jax.__version__,
-        'seconds': times,
-        'present_over_revision_median': ratio,
-    }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + '\n')
-    print(f'saved {out}')
+    save_report(args, {'seconds': times, 'present_over_revision_median': ratio})
 
 
 if __name__ == '__main__':

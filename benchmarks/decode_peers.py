@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import pathlib
 import statistics
@@ -30,9 +29,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks.decode_speed import _sources  # noqa: E402
+from benchmarks.decode_speed import _sources, model_config, save_report  # noqa: E402
 from transformer import decode  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from transformer.model import Transformer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -108,17 +107,7 @@ def flax_wmt_search(args, inputs, beam_size: int):
 
 
 def ours_search(args, inputs, beam_size: int):
-    cfg = TransformerConfig(
-        vocab_size=args.vocab_size,
-        d_model=args.d_model,
-        num_heads=args.num_heads,
-        d_ff=args.d_ff,
-        num_encoder_layers=args.num_layers,
-        num_decoder_layers=args.num_layers,
-        dropout_rate=0.0,
-        attention_impl=args.attention_impl,
-    )
-    model = Transformer(cfg)
+    model = Transformer(model_config(args, attention_impl=args.attention_impl))
     params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
     if beam_size == 1:
         return lambda: decode.greedy_search(
@@ -135,8 +124,8 @@ def ours_search(args, inputs, beam_size: int):
     )[0]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_size_flags(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The model, batch and search sizes (the Multi30k model's by default) and the rounds."""
     for name, default in (
         ('vocab_size', 8000),
         ('d_model', 256),
@@ -148,11 +137,16 @@ def main() -> None:
         ('max_length', 32),
         ('max_decode_len', 32),
         ('beam_size', 4),
-        ('repeats', 5),
+        ('repeats', repeats),
         ('seed', 0),
     ):
         parser.add_argument(f'--{name}', type=int, default=default)
     parser.add_argument('--alpha', type=float, default=0.6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_size_flags(parser, repeats=5)
     parser.add_argument('--attention_impl', default='einsum', choices=('einsum', 'fused'))
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/decode_peers.json'))
     args = parser.parse_args()
@@ -191,18 +185,7 @@ def main() -> None:
             f'flax-wmt {results[label]["flaxwmt"]["sentences_per_s"]:7.1f}; '
             f'ours is {speedup:.2f}x faster (median of {args.repeats} interleaved rounds)'
         )
-    report = {
-        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
-        'load_average_1min': os.getloadavg()[0],
-        'device': str(jax.devices()[0].device_kind),
-        'cpu_count': os.cpu_count(),
-        'jax': jax.__version__,
-        'results': results,
-    }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + '\n')
-    print(f'saved {out}')
+    save_report(args, {'results': results})
 
 
 if __name__ == '__main__':

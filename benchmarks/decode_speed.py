@@ -69,6 +69,24 @@ def _sources(args: argparse.Namespace) -> np.ndarray:
     return tokens
 
 
+def save_report(args: argparse.Namespace, fields: dict) -> None:
+    """Writes the settings (``args`` but ``out``), the machine and ``fields`` as JSON to
+    ``args.out``: the report of every decoding benchmark."""
+    report = {
+        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
+        'load_average_1min': os.getloadavg()[0],
+        'device': str(jax.devices()[0].device_kind),
+        'backend': jax.default_backend(),
+        'cpu': platform.processor() or platform.machine(),
+        'cpu_count': os.cpu_count(),
+        'jax': jax.__version__,
+    } | fields
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + '\n')
+    print(f'saved {out}')
+
+
 def _checksum(tokens: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(tokens, np.int32).tobytes()).hexdigest()[:16]
 
@@ -86,14 +104,9 @@ def _timed(fn, repeats: int) -> tuple[np.ndarray, dict[str, float]]:
     return np.asarray(out), {'first_call_s': first, 'best_s': min(times)}
 
 
-def _output_lengths(tokens: np.ndarray) -> np.ndarray:
-    is_eos = tokens == EOS_ID
-    return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
-
-
-def main() -> None:
-    args = _parse_args()
-    cfg = TransformerConfig(
+def model_config(args: argparse.Namespace, **overrides) -> TransformerConfig:
+    """The benchmarked model's config from the size flags (no dropout)."""
+    return TransformerConfig(
         vocab_size=args.vocab_size,
         d_model=args.d_model,
         num_heads=args.num_heads,
@@ -101,8 +114,18 @@ def main() -> None:
         num_encoder_layers=args.num_layers,
         num_decoder_layers=args.num_layers,
         dropout_rate=0.0,
+        **overrides,
     )
-    model = Transformer(cfg)
+
+
+def _output_lengths(tokens: np.ndarray) -> np.ndarray:
+    is_eos = tokens == EOS_ID
+    return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
+
+
+def main() -> None:
+    args = _parse_args()
+    model = Transformer(model_config(args))
     inputs = _sources(args)
     init = jax.jit(model.init)
     members = [
@@ -142,20 +165,10 @@ def main() -> None:
             f'{results[name]["mean_output_tokens"]:.1f} output tokens, '
             f'checksum {results[name]["tokens_checksum"]})'
         )
-    report = {
-        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
-        'mean_source_tokens': float((inputs != PAD_ID).sum(-1).mean()),
-        'device': str(jax.devices()[0].device_kind),
-        'backend': jax.default_backend(),
-        'cpu': platform.processor() or platform.machine(),
-        'cpu_count': os.cpu_count(),
-        'jax': jax.__version__,
-        'results': results,
-    }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + '\n')
-    print(f'saved {out}')
+    save_report(
+        args,
+        {'mean_source_tokens': float((inputs != PAD_ID).sum(-1).mean()), 'results': results},
+    )
 
 
 if __name__ == '__main__':
