@@ -57,7 +57,7 @@ QKV_AXES = ('embed', 'heads', 'kv')
 OUT_AXES = ('heads', 'kv', 'embed')
 
 # Cache entries of `MultiHeadAttention(..., decode=True, static_kv=True)`: written once, then
-# only read, so beam search must not reorder them as it reorders the per-position caches.
+# only read, so beam search keeps one copy per source for its K beams (`beam._shared_cache`).
 STATIC_CACHE_NAMES = ('cached_static_key', 'cached_static_value')
 
 # A decoding step's self-attention reads the cache only up to the end of the chunk (of this

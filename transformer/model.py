@@ -237,7 +237,7 @@ class Transformer(nn.Module):
             position = self.decode_position()
             decoder_inputs = targets
             positions = jnp.full(targets.shape, position)
-            self_mask = cache_mask  # the cache masks what has not been written yet
+            self_mask = cache_mask  # the cache itself masks the positions not yet written
             cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
         else:
             if targets_positions is None:
