@@ -23,6 +23,38 @@ def test_early_stop_gives_the_same_result_in_fewer_steps():
     np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
 
 
+def test_a_batch_that_shrinks_as_its_examples_finish_gives_the_same_result():
+    """With early stopping the search goes on with half, then a quarter of the examples once
+    the others are done: the same sequences and scores as the full-length search."""
+    inputs = np.array(
+        [
+            [4, 4, 3, 3, 2, 1],
+            [2, 1, 0, 0, 0, 0],
+            [5, 1, 0, 0, 0, 0],
+            [5, 4, 4, 5, 1, 0],
+            [4, 4, 4, 5, 1, 0],
+            [5, 4, 1, 0, 0, 0],
+            [3, 1, 0, 0, 0, 0],
+            [4, 2, 5, 4, 5, 1],
+        ],
+        np.int32,
+    )
+    params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
+    kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA, ensemble=False)
+    assert beam._stage_sizes(8, True, 2) == [8, 4, 2]
+    alone = [
+        int(beam._beam_search(MODEL, params, x[None], early_stop=True, **kwargs)[2]) for x in inputs
+    ]
+    # Examples finish at different steps, so every stage runs: 8 rows until step 4, 4 until
+    # step 5, then the last 2 to step 9.
+    assert alone == [9, 3, 5, 4, 4, 4, 4, 7]
+    staged = beam._beam_search(MODEL, params, inputs, early_stop=True, min_stage_batch=2, **kwargs)
+    full = beam._beam_search(MODEL, params, inputs, early_stop=False, **kwargs)
+    assert int(staged[2]) == 9 and int(full[2]) == 9
+    np.testing.assert_array_equal(np.asarray(staged[0]), np.asarray(full[0]))
+    np.testing.assert_allclose(np.asarray(staged[1]), np.asarray(full[1]), rtol=1e-6)
+
+
 def test_shared_cache_widens_the_self_attention_keys_and_keeps_the_rest():
     """K/V caches [B, N, T', H] -> zeros [B, N, T' * K, H]; encoder keys/values (shaped alike,
     told apart by name) and scalars stay; an entry it does not know is an error."""

@@ -71,6 +71,36 @@ class _BeamState(NamedTuple):
     finished_scores: Array  # [B, K] log-prob / length penalty, sorted best first; -inf = empty
     history: Array  # [B*K, T'] the cache slot of each position of alive_seqs[b, k], row b*K + k
     cache: Cache  # `_shared_cache`
+    inputs: Array  # [B*K, S] each row's source
+    limits: Array  # [B*K] each row's output limit (`output_limits`)
+    max_penalty: Array  # [B] the length penalty of each example's limit
+    encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
+
+
+def _examples(state: _BeamState, index: Array) -> _BeamState:
+    """The search state of the examples ``index`` (into its B), in that order."""
+    batch = state.alive_seqs.shape[0]
+
+    def take(x):
+        if not x.ndim:  # step, and the cache's positions: the same for every example
+            return x
+        if x.shape[0] == batch:
+            return x[index]
+        rows = x.reshape(batch, -1, *x.shape[1:])  # [B*K, ...] -> [B, K, ...]
+        return rows[index].reshape(-1, *x.shape[1:])
+
+    return jax.tree_util.tree_map(take, state)
+
+
+def _stage_sizes(batch: int, early_stop: bool, min_stage_batch: int) -> list[int]:
+    """Batch sizes the search runs at: B, then B/2 and B/4 while those are whole and at least
+    ``min_stage_batch`` (see `_beam_search`)."""
+    sizes = [batch]
+    while early_stop and len(sizes) < 3 and sizes[-1] % 2 == 0:
+        if sizes[-1] // 2 < min_stage_batch:
+            break
+        sizes.append(sizes[-1] // 2)
+    return sizes
 
 
 _BEAM_STATIC = (
@@ -81,6 +111,7 @@ _BEAM_STATIC = (
     'extra_length',
     'early_stop',
     'ensemble',
+    'min_stage_batch',
 )
 
 
@@ -96,36 +127,40 @@ def _beam_search(
     extra_length: int,
     early_stop: bool,
     ensemble: bool,
+    min_stage_batch: int = 8,
 ) -> tuple[Array, Array, Array]:
-    """`beam_search`'s sequences and scores, and the number of steps it ran."""
+    """`beam_search`'s sequences and scores, and the number of steps it ran.
+
+    With ``early_stop``, the batch shrinks as its examples finish: once at most half of them
+    are still searching, the search goes on with half the rows (those, plus finished ones to
+    fill the half), then once more with a quarter (`_stage_sizes`). A finished example's
+    result can no longer change, so it is kept aside unchanged; the steps of the others cost
+    less. (In a batch of 64 Multi30k sentences, the last example to finish needed 1.3-1.9x the
+    steps of the median one.)
+    """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
-    max_penalty = length_penalty(limits, alpha)  # [B]
     # A multiple of `CACHE_CHUNKS`: then each chunk of the keys the attention reads holds
     # whole positions, all K slots of each.
     cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS
     encoded, cache = encode_and_cache(model, params, inputs, cache_length, ensemble)
-    cache = map_cache(lambda c: _shared_cache(c, beam_size), cache, ensemble)
-    beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
-    beam_limits = jnp.repeat(limits, beam_size)
-    row_offsets = jnp.arange(batch)[:, None] * beam_size
-    own_slots = jnp.arange(batch * beam_size, dtype=jnp.int32) % beam_size
 
-    def not_done(state: _BeamState) -> Array:
+    def searching(state: _BeamState) -> Array:
+        """[B] whether each example's finished set may still change."""
         if not early_stop:
-            return state.step < loop_length
+            return jnp.ones(state.max_penalty.shape, bool)
         # Log-probs only fall as tokens are added, so an alive hypothesis can at best keep
         # its log-prob and divide it by the largest penalty still reachable (the limit's for
-        # alpha >= 0). Stop once the worst of the K finished beats that for every example:
-        # then no finished hypothesis can be displaced any more.
-        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), max_penalty)
+        # alpha >= 0). An example is done once the worst of its K finished beats that: then
+        # no finished hypothesis can be displaced any more.
+        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), state.max_penalty)
         best_alive = state.alive_log_probs[:, 0] / best_penalty
-        done = state.finished_scores[:, -1] >= best_alive
-        return (state.step < loop_length) & ~jnp.all(done)
+        return state.finished_scores[:, -1] < best_alive
 
     def decode_step(state: _BeamState) -> _BeamState:
         step = state.step
+        rows, _ = state.inputs.shape
         last_tokens = jnp.where(
             step > 0,
             jax.lax.dynamic_index_in_dim(
@@ -134,6 +169,7 @@ def _beam_search(
             PAD_ID,
         )
         # Each row writes position `step` into its own slot and reads its hypothesis' slots.
+        own_slots = jnp.arange(rows, dtype=jnp.int32) % beam_size
         history = state.history.at[:, step].set(own_slots)
         cache_mask = _history_mask(history, beam_size)
         # Steps never read `encoded`: its keys/values are cached.
@@ -141,8 +177,8 @@ def _beam_search(
             model,
             params,
             state.cache,
-            encoded,
-            beam_inputs,
+            state.encoded,
+            state.inputs,
             last_tokens.reshape(-1),
             cache_mask,
         )
@@ -151,9 +187,9 @@ def _beam_search(
         else:
             logits, cache = step_logits(*step_args)
             log_probs = jax.nn.log_softmax(logits)
-        log_probs = forbid(log_probs, step + 1 >= beam_limits)
-        log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(batch, beam_size, -1)
+        log_probs = forbid(log_probs, step + 1 >= state.limits)
         vocab = log_probs.shape[-1]
+        log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
 
         # Every alive hypothesis + EOS is a candidate for the finished set (not just those
         # among the top candidates), so no short hypothesis is lost to a crowded beam.
@@ -167,34 +203,57 @@ def _beam_search(
         )
 
         # The K best continuations that do not end here stay alive.
-        continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(batch, beam_size * vocab)
+        continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(-1, beam_size * vocab)
         alive_log_probs, flat = top_k(continuing, beam_size)
         parents, tokens = flat // vocab, flat % vocab
         alive_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
         alive_seqs = alive_seqs.at[:, :, step].set(tokens.astype(jnp.int32))
+        row_offsets = jnp.arange(rows // beam_size)[:, None] * beam_size
         history = jnp.take(history, (row_offsets + parents).reshape(-1), axis=0)
-        return _BeamState(
-            step + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores, history, cache
+        return state._replace(
+            step=step + 1,
+            alive_seqs=alive_seqs,
+            alive_log_probs=alive_log_probs,
+            finished_seqs=finished_seqs,
+            finished_scores=finished_scores,
+            history=history,
+            cache=cache,
         )
 
-    alive_log_probs = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
     state = _BeamState(
         step=jnp.array(0, jnp.int32),
         alive_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         # All K beams start identical; only the first may expand, or the K copies would fill
         # the beam with the same hypothesis.
-        alive_log_probs=alive_log_probs,
+        alive_log_probs=jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0),
         finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
         history=jnp.zeros((batch * beam_size, cache_length), jnp.int32),
-        cache=cache,
+        cache=map_cache(lambda c: _shared_cache(c, beam_size), cache, ensemble),
+        inputs=jnp.repeat(inputs, beam_size, axis=0),
+        limits=jnp.repeat(limits, beam_size),
+        max_penalty=length_penalty(limits, alpha),
+        encoded=encoded,
     )
-    state = jax.lax.while_loop(not_done, decode_step, state)
+    sizes = _stage_sizes(batch, early_stop, min_stage_batch)
+    sequences = state.finished_seqs
+    scores = state.finished_scores
+    where = jnp.arange(batch)  # the example of each row of the current stage
+    for next_size in [*sizes[1:], 0]:
+
+        def not_done(state: _BeamState, next_size=next_size) -> Array:
+            left = jnp.sum(searching(state))
+            return (state.step < loop_length) & (left > 0) & (left > next_size)
+
+        state = jax.lax.while_loop(not_done, decode_step, state)
+        sequences = sequences.at[where].set(state.finished_seqs)
+        scores = scores.at[where].set(state.finished_scores)
+        if next_size:  # the examples still searching first, in their order
+            keep = jnp.argsort(~searching(state), stable=True)[:next_size]
+            state, where = _examples(state, keep), where[keep]
     # Slots no hypothesis reached (tiny vocabularies) hold no sequence.
-    finished_seqs = jnp.where(
-        jnp.isfinite(state.finished_scores)[:, :, None], state.finished_seqs, PAD_ID
-    )
-    return finished_seqs, state.finished_scores, state.step
+    sequences = jnp.where(jnp.isfinite(scores)[:, :, None], sequences, PAD_ID)
+    return sequences, scores, state.step
 
 
 def beam_search(
