@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_decode import EXTRA, INPUTS, MODEL, random_params
-from transformer import beam
+from tests.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
+from transformer import beam, next_token
 from transformer.attention import MultiHeadAttention
 
 
@@ -26,22 +26,10 @@ def test_early_stop_gives_the_same_result_in_fewer_steps():
 def test_a_batch_that_shrinks_as_its_examples_finish_gives_the_same_result():
     """With early stopping the search goes on with half, then a quarter of the examples once
     the others are done: the same sequences and scores as the full-length search."""
-    inputs = np.array(
-        [
-            [4, 4, 3, 3, 2, 1],
-            [2, 1, 0, 0, 0, 0],
-            [5, 1, 0, 0, 0, 0],
-            [5, 4, 4, 5, 1, 0],
-            [4, 4, 4, 5, 1, 0],
-            [5, 4, 1, 0, 0, 0],
-            [3, 1, 0, 0, 0, 0],
-            [4, 2, 5, 4, 5, 1],
-        ],
-        np.int32,
-    )
+    inputs = EIGHT_INPUTS
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
     kwargs = dict(beam_size=4, alpha=0.6, max_decode_len=None, extra_length=EXTRA, ensemble=False)
-    assert beam._stage_sizes(8, True, 2) == [8, 4, 2]
+    assert next_token.stage_sizes(8, 2) == [8, 4, 2]
     alone = [
         int(beam._beam_search(MODEL, params, x[None], early_stop=True, **kwargs)[2]) for x in inputs
     ]

@@ -39,6 +39,20 @@ MODEL = Transformer(
 # Right-padded sources of lengths 4, 2 and 3 (EOS included); the shared shape of most tests.
 INPUTS = np.array([[2, 3, 4, 1], [5, 1, 0, 0], [4, 4, 1, 0]], np.int32)
 EXTRA = 3  # output limits 7, 5, 6 = input length + EXTRA; loop length 4 + EXTRA = 7
+# Eight sources of lengths 2-6, for the searches whose batch shrinks as examples finish.
+EIGHT_INPUTS = np.array(
+    [
+        [4, 4, 3, 3, 2, 1],
+        [2, 1, 0, 0, 0, 0],
+        [5, 1, 0, 0, 0, 0],
+        [5, 4, 4, 5, 1, 0],
+        [4, 4, 4, 5, 1, 0],
+        [5, 4, 1, 0, 0, 0],
+        [3, 1, 0, 0, 0, 0],
+        [4, 2, 5, 4, 5, 1],
+    ],
+    np.int32,
+)
 
 
 @functools.cache
@@ -363,3 +377,18 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
         assert not any(reads), encoded_shape
         # Key and value of each decoder layer, one fused einsum (attention.fused_projections).
         assert len(reads) >= MODEL.config.num_decoder_layers, encoded_shape
+
+
+def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
+    """Once at most half of the examples are still without EOS, greedy goes on with half the
+    rows, then a quarter: each example's output is the one it gets decoded alone."""
+    params = random_params(sharpness=2.0, seed=0, eos_logit=-2.0)
+    staged = np.asarray(
+        decode.greedy_search(MODEL, params, EIGHT_INPUTS, extra_length=EXTRA, min_stage_batch=2)
+    )
+    # Examples end at different steps, so every stage runs: 8 rows to step 5, 4 to step 8.
+    np.testing.assert_array_equal(output_lengths(staged), [9, 5, 2, 8, 8, 2, 5, 9])
+    for i, row in enumerate(EIGHT_INPUTS):
+        alone = decode.greedy_search(MODEL, params, row[None], extra_length=EXTRA)
+        np.testing.assert_array_equal(staged[i], np.asarray(alone)[0])
+    assert_well_formed(staged)

@@ -22,6 +22,8 @@ from transformer.next_token import (
     length_penalty,
     map_cache,
     output_limits,
+    shrinking_loop,
+    stage_sizes,
     step_logits,
     top_k,
 )
@@ -77,32 +79,6 @@ class _BeamState(NamedTuple):
     encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
 
 
-def _examples(state: _BeamState, index: Array) -> _BeamState:
-    """The search state of the examples ``index`` (into its B), in that order."""
-    batch = state.alive_seqs.shape[0]
-
-    def take(x):
-        if not x.ndim:  # step, and the cache's positions: the same for every example
-            return x
-        if x.shape[0] == batch:
-            return x[index]
-        rows = x.reshape(batch, -1, *x.shape[1:])  # [B*K, ...] -> [B, K, ...]
-        return rows[index].reshape(-1, *x.shape[1:])
-
-    return jax.tree_util.tree_map(take, state)
-
-
-def _stage_sizes(batch: int, early_stop: bool, min_stage_batch: int) -> list[int]:
-    """Batch sizes the search runs at: B, then B/2 and B/4 while those are whole and at least
-    ``min_stage_batch`` (see `_beam_search`)."""
-    sizes = [batch]
-    while early_stop and len(sizes) < 3 and sizes[-1] % 2 == 0:
-        if sizes[-1] // 2 < min_stage_batch:
-            break
-        sizes.append(sizes[-1] // 2)
-    return sizes
-
-
 _BEAM_STATIC = (
     'model',
     'beam_size',
@@ -131,12 +107,10 @@ def _beam_search(
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
 
-    With ``early_stop``, the batch shrinks as its examples finish: once at most half of them
-    are still searching, the search goes on with half the rows (those, plus finished ones to
-    fill the half), then once more with a quarter (`_stage_sizes`). A finished example's
-    result can no longer change, so it is kept aside unchanged; the steps of the others cost
-    less. (In a batch of 64 Multi30k sentences, the last example to finish needed 1.3-1.9x the
-    steps of the median one.)
+    With ``early_stop``, the batch shrinks as its examples finish (`shrinking_loop`, down to
+    ``min_stage_batch`` rows): a finished example's result can no longer change. (In a batch
+    of 64 Multi30k sentences, the last example to finish needed 1.3-1.9x the steps of the
+    median one.)
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
@@ -235,22 +209,14 @@ def _beam_search(
         max_penalty=length_penalty(limits, alpha),
         encoded=encoded,
     )
-    sizes = _stage_sizes(batch, early_stop, min_stage_batch)
-    sequences = state.finished_seqs
-    scores = state.finished_scores
-    where = jnp.arange(batch)  # the example of each row of the current stage
-    for next_size in [*sizes[1:], 0]:
-
-        def not_done(state: _BeamState, next_size=next_size) -> Array:
-            left = jnp.sum(searching(state))
-            return (state.step < loop_length) & (left > 0) & (left > next_size)
-
-        state = jax.lax.while_loop(not_done, decode_step, state)
-        sequences = sequences.at[where].set(state.finished_seqs)
-        scores = scores.at[where].set(state.finished_scores)
-        if next_size:  # the examples still searching first, in their order
-            keep = jnp.argsort(~searching(state), stable=True)[:next_size]
-            state, where = _examples(state, keep), where[keep]
+    state, (sequences, scores) = shrinking_loop(
+        decode_step,
+        state,
+        more_steps=lambda state: state.step < loop_length,
+        searching=searching,
+        sizes=stage_sizes(batch, min_stage_batch) if early_stop else [batch],
+        outputs=lambda state: (state.finished_seqs, state.finished_scores),
+    )
     # Slots no hypothesis reached (tiny vocabularies) hold no sequence.
     sequences = jnp.where(jnp.isfinite(scores)[:, :, None], sequences, PAD_ID)
     return sequences, scores, state.step

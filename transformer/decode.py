@@ -37,7 +37,7 @@ Conventions shared by both searches:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,8 @@ from transformer.next_token import (
     forbid,
     length_penalty,
     output_limits,
+    shrinking_loop,
+    stage_sizes,
     step_logits,
 )
 
@@ -63,7 +65,21 @@ Array = jax.Array
 Params = Any
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'max_decode_len', 'extra_length', 'ensemble'))
+class _GreedyState(NamedTuple):
+    step: Array  # tokens decoded so far
+    tokens: Array  # [B, T] output, 0 from `step` on and after EOS
+    last_tokens: Array  # [B] the token fed at this step
+    done: Array  # [B] produced EOS
+    cache: Any
+    inputs: Array  # [B, S]
+    limits: Array  # [B] output limits (`output_limits`)
+    encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
+
+
+_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'ensemble', 'min_stage_batch')
+
+
+@functools.partial(jax.jit, static_argnames=_GREEDY_STATIC)
 def greedy_search(
     model: Transformer,
     params: Params,
@@ -72,6 +88,7 @@ def greedy_search(
     max_decode_len: int | None = None,
     extra_length: int = 50,
     ensemble: bool = False,
+    min_stage_batch: int = 8,
 ) -> Array:
     """Greedy decoding: the most probable token at every step.
 
@@ -84,6 +101,8 @@ def greedy_search(
         EOS included (input length + 50, Sec. 6.1).
       ensemble: ``params`` are M models (`ensemble_params`); the most probable token
         of their mean distribution is taken.
+      min_stage_batch: the batch shrinks as its examples produce EOS, down to this many rows
+        (`next_token.shrinking_loop`).
 
     Returns:
       [B, T] int32 tokens, EOS included where produced, 0 after it. The loop ends as soon as
@@ -91,34 +110,46 @@ def greedy_search(
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
-    limits = output_limits(inputs, loop_length, extra_length)
     encoded, cache = encode_and_cache(model, params, inputs, loop_length, ensemble)
 
-    def not_done(state):
-        step, _, _, done, _ = state
-        return (step < loop_length) & ~jnp.all(done)
-
-    def decode_step(state):
-        step, tokens, last_tokens, done, cache = state
+    def decode_step(state: _GreedyState) -> _GreedyState:
+        step_args = (model, params, state.cache, state.encoded, state.inputs, state.last_tokens)
         if ensemble:
-            logits, cache = ensemble_log_probs(model, params, cache, encoded, inputs, last_tokens)
+            logits, cache = ensemble_log_probs(*step_args)
         else:
-            logits, cache = step_logits(model, params, cache, encoded, inputs, last_tokens)
+            logits, cache = step_logits(*step_args)
         # log_softmax keeps each row's order: the argmax of the logits is greedy's token
         # (ties to the lower index). XLA's CPU top_k(., 1) took ~4x argmax's time here.
-        best = jnp.argmax(forbid(logits, step + 1 >= limits), axis=-1).astype(jnp.int32)
-        next_tokens = jnp.where(done, PAD_ID, best)
-        tokens = tokens.at[:, step].set(next_tokens)
-        return step + 1, tokens, next_tokens, done | (next_tokens == EOS_ID), cache
+        at_limit = state.step + 1 >= state.limits
+        best = jnp.argmax(forbid(logits, at_limit), axis=-1).astype(jnp.int32)
+        next_tokens = jnp.where(state.done, PAD_ID, best)
+        return state._replace(
+            step=state.step + 1,
+            tokens=state.tokens.at[:, state.step].set(next_tokens),
+            last_tokens=next_tokens,
+            done=state.done | (next_tokens == EOS_ID),
+            cache=cache,
+        )
 
-    state = (
-        jnp.array(0, jnp.int32),
-        jnp.zeros((batch, loop_length), jnp.int32),
-        jnp.full((batch,), PAD_ID, jnp.int32),
-        jnp.zeros((batch,), bool),
-        cache,
+    state = _GreedyState(
+        step=jnp.array(0, jnp.int32),
+        tokens=jnp.zeros((batch, loop_length), jnp.int32),
+        last_tokens=jnp.full((batch,), PAD_ID, jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        cache=cache,
+        inputs=inputs,
+        limits=output_limits(inputs, loop_length, extra_length),
+        encoded=encoded,
     )
-    return jax.lax.while_loop(not_done, decode_step, state)[1]
+    _, tokens = shrinking_loop(
+        decode_step,
+        state,
+        more_steps=lambda state: state.step < loop_length,
+        searching=lambda state: ~state.done,
+        sizes=stage_sizes(batch, min_stage_batch),
+        outputs=lambda state: state.tokens,
+    )
+    return tokens
 
 
 def translate_batch(

@@ -153,3 +153,63 @@ def forbid(scores: Array, at_limit: Array) -> Array:
     vocab = jnp.arange(scores.shape[-1])
     forbidden = (vocab == PAD_ID) | (at_limit[:, None] & (vocab != EOS_ID))
     return jnp.where(forbidden, -jnp.inf, scores)
+
+
+def stage_sizes(batch: int, min_stage_batch: int) -> list[int]:
+    """Batch sizes a search with early stopping runs at (`shrinking_loop`): B, then B/2 and B/4
+    while those are whole and at least ``min_stage_batch``."""
+    sizes = [batch]
+    while len(sizes) < 3 and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= min_stage_batch:
+        sizes.append(sizes[-1] // 2)
+    return sizes
+
+
+def take_examples(tree: Any, index: Array, batch: int) -> Any:
+    """The rows of examples ``index`` (into ``batch``) from every array in ``tree`` whose
+    leading axis is B or a multiple of it (K rows per example, e.g. B*K beams); scalars (the
+    step, the cache's positions: the same for every example) stay."""
+
+    def take(x):
+        if not x.ndim:
+            return x
+        rows = x.reshape(batch, -1, *x.shape[1:])  # [B*K, ...] -> [B, K, ...]
+        return rows[index].reshape(-1, *x.shape[1:])
+
+    return jax.tree_util.tree_map(take, tree)
+
+
+def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):
+    """``state = step(state)`` while ``more_steps(state)`` and an example is still
+    ``searching``, on a batch that shrinks as its examples finish.
+
+    A search's examples end at different steps, and until the last one has, a batch of B runs
+    every step on all B. Here, once at most ``sizes[1]`` examples are still searching, the
+    loop goes on with only those (topped up with finished ones) in a batch of ``sizes[1]``,
+    and so on down ``sizes`` (`stage_sizes`); a finished example's ``outputs`` must not change
+    any more, so they are kept aside as they are. Each size is a loop of its own in the
+    compiled program.
+
+    Args:
+      step: one search step, state -> state.
+      state: the search state; every array with a leading axis has B (or B*K) rows.
+      more_steps: state -> scalar bool, False once the search must end for all examples.
+      searching: state -> [B] bool, False for the examples whose outputs are final.
+      sizes: the batch sizes, ``sizes[0]`` = B.
+      outputs: state -> the arrays to return, each [B, ...].
+
+    Returns:
+      (the last state, ``outputs`` of all B examples in their order).
+    """
+    full = outputs(state)
+    where = jnp.arange(sizes[0])  # the example of each row of the current batch
+    for next_size in [*sizes[1:], 0]:
+
+        def not_done(state, next_size=next_size):
+            return more_steps(state) & (jnp.sum(searching(state)) > next_size)
+
+        state = jax.lax.while_loop(not_done, step, state)
+        full = jax.tree_util.tree_map(lambda f, x, w=where: f.at[w].set(x), full, outputs(state))
+        if next_size:  # the examples still searching first, in their order
+            keep = jnp.argsort(~searching(state), stable=True)[:next_size]
+            state, where = take_examples(state, keep, len(where)), where[keep]
+    return state, full
