@@ -233,6 +233,7 @@ def beam_search(
     extra_length: int = 50,
     early_stop: bool = True,
     ensemble: bool = False,
+    min_stage_batch: int = 8,
 ) -> tuple[Array, Array]:
     """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
 
@@ -254,6 +255,8 @@ def beam_search(
         same as without it.
       ensemble: ``params`` are M models (`ensemble_params`), searched by the mean of
         their next-token probabilities.
+      min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
+        this many rows (`next_token.shrinking_loop`).
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
@@ -270,5 +273,6 @@ def beam_search(
         extra_length=extra_length,
         early_stop=early_stop,
         ensemble=ensemble,
+        min_stage_batch=min_stage_batch,
     )
     return sequences, scores
