@@ -15,13 +15,12 @@ modules no longer have fails at import. Both search the same random Multi30k-siz
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import types
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -47,12 +46,8 @@ def load_revision(rev: str):
     )
     if source.returncode:
         raise SystemExit(f'error: git show {rev}:transformer/beam.py: {source.stderr.strip()}')
-    with tempfile.TemporaryDirectory() as directory:
-        path = pathlib.Path(directory) / 'beam_at_revision.py'
-        path.write_text(source.stdout)
-        spec = importlib.util.spec_from_file_location('beam_at_revision', path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    module = types.ModuleType('beam_at_revision')
+    exec(compile(source.stdout, f'{rev}:transformer/beam.py', 'exec'), module.__dict__)
     return module
 
 

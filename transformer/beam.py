@@ -75,7 +75,6 @@ class _BeamState(NamedTuple):
     cache: Cache  # `_shared_cache`
     inputs: Array  # [B*K, S] each row's source
     limits: Array  # [B*K] each row's output limit (`output_limits`)
-    max_penalty: Array  # [B] the length penalty of each example's limit
     encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
 
 
@@ -123,12 +122,13 @@ def _beam_search(
     def searching(state: _BeamState) -> Array:
         """[B] whether each example's finished set may still change."""
         if not early_stop:
-            return jnp.ones(state.max_penalty.shape, bool)
+            return jnp.ones(state.alive_log_probs.shape[:1], bool)
         # Log-probs only fall as tokens are added, so an alive hypothesis can at best keep
         # its log-prob and divide it by the largest penalty still reachable (the limit's for
         # alpha >= 0). An example is done once the worst of its K finished beats that: then
         # no finished hypothesis can be displaced any more.
-        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), state.max_penalty)
+        max_penalty = length_penalty(state.limits[::beam_size], alpha)  # [B], the limits'
+        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), max_penalty)
         best_alive = state.alive_log_probs[:, 0] / best_penalty
         return state.finished_scores[:, -1] < best_alive
 
@@ -206,7 +206,6 @@ def _beam_search(
         cache=map_cache(lambda c: _shared_cache(c, beam_size), cache, ensemble),
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
-        max_penalty=length_penalty(limits, alpha),
         encoded=encoded,
     )
     state, (sequences, scores) = shrinking_loop(
