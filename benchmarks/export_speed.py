@@ -7,8 +7,10 @@ run is timed (the first compiles one program per batch shape; its time is saved 
 CTranslate2 model translates a few sentences before it is timed. Both use every core
 (``--threads``). The beam searches are not the same: ours normalises scores by GNMT's
 ((5 + length) / 6)^alpha and limits outputs to input length + 50 tokens, CTranslate2 divides
-by length^alpha, so BLEU may differ a little even in float32 (greedy outputs are identical;
-tests/test_export.py). Prints the figures and saves them as JSON.
+by length^alpha and is given the export's fixed limit (``model.max_len`` + ``eval.extra_length``
+tokens), so BLEU may differ a little even in float32 (greedy outputs that end before either
+limit are identical; tests/test_export.py). Both are written as our translate command writes
+a line (single spaces). Prints the figures and saves them as JSON.
 
     python benchmarks/export_speed.py --workdir runs/multi30k
 """
@@ -69,7 +71,9 @@ def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dic
     return hypotheses, {'seconds': seconds, 'first_run_seconds_with_compilation': first}
 
 
-def _ctranslate2(args, lines, directory: str, compute_type: str) -> tuple[list[str], dict]:
+def _ctranslate2(
+    args, lines, directory: str, compute_type: str, max_decoding_length: int
+) -> tuple[list[str], dict]:
     import ctranslate2
     import sentencepiece as spm
 
@@ -81,13 +85,16 @@ def _ctranslate2(args, lines, directory: str, compute_type: str) -> tuple[list[s
         beam_size=args.beam_size,
         max_batch_size=args.batch_size,
         suppress_sequences=[['<pad>']],  # id 0 starts the decoder and is never an output
+        max_decoding_length=max_decoding_length,  # CTranslate2's default is 256
     )
 
     def run(batch):
         start = time.perf_counter()
         sources = [[*sp.encode(line, out_type=str), '</s>'] for line in batch]
         results = translator.translate_batch(sources, **options)
-        out = [sp.decode_pieces(r.hypotheses[0]) for r in results]
+        # One line with single spaces, as our translate path writes it (an unknown word's
+        # ' ⁇ ' would otherwise keep spaces of its own).
+        out = [' '.join(sp.decode(r.hypotheses[0]).split()) for r in results]
         return out, time.perf_counter() - start
 
     run(lines[: args.batch_size])
@@ -106,6 +113,9 @@ def main() -> None:
     load_before = os.getloadavg()  # other jobs on the machine make the timings noisy
     hypotheses, results = {}, {}
     hypotheses['ours'], results['ours'] = _ours(args, lines, config, tokenizer, model, params)
+    # The exports' fixed output limit (generation_config.json's max_length less the start
+    # token); ours is input length + eval.extra_length per sentence.
+    max_output_tokens = config.model.max_len + config.eval.extra_length
     with tempfile.TemporaryDirectory() as tmp:
         for name, quantization in (('ctranslate2_float32', None), ('ctranslate2_int8', 'int8')):
             directory = os.path.join(tmp, name)
@@ -118,7 +128,9 @@ def main() -> None:
                 quantization=quantization,
             )
             compute_type = 'int8' if quantization else 'float32'
-            hypotheses[name], results[name] = _ctranslate2(args, lines, directory, compute_type)
+            hypotheses[name], results[name] = _ctranslate2(
+                args, lines, directory, compute_type, max_output_tokens
+            )
     for name, result in results.items():
         scores = bleu.bleu_scores(
             hypotheses[name],
@@ -127,7 +139,11 @@ def main() -> None:
             lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
             compound_split=bool(config.eval.get('compound_split', False)),
         )
-        same = sum(a == b for a, b in zip(hypotheses[name], hypotheses['ours'], strict=True))
+        pairs = list(zip(hypotheses[name], hypotheses['ours'], strict=True))
+        same = sum(a == b for a, b in pairs)
+        # Outputs that go on where ours stopped: ours reached its limit (input length + 50)
+        # without an EOS, where the export's limit is longer.
+        longer = sum(a != b and a.startswith(b) for a, b in pairs)
         lengths = [len(tokenizer.encode(h)) + 1 for h in hypotheses[name]]
         result.update(
             sentences_per_s=len(lines) / result['seconds'],
@@ -136,13 +152,14 @@ def main() -> None:
             tokenized_bleu=scores['tokenized_bleu'],
             tokenized_bleu_convention=scores['tokenized_bleu_convention'],
             identical_to_ours=same,
+            differing_that_extend_ours=longer,
         )
         print(
             f'{name:>20}: {result["sentences_per_s"]:7.1f} sentences/s  '
             f'sacreBLEU {result["sacrebleu"]:5.2f}  '
             f'tokenized BLEU {result["tokenized_bleu"]:5.2f}  '
             f'{result["mean_output_tokens"]:.1f} tokens/output  '
-            f'{same}/{len(lines)} outputs identical to ours'
+            f'{same}/{len(lines)} outputs identical to ours ({longer} others extend ours)'
         )
     report = {
         'workdir': os.path.abspath(args.workdir),
