@@ -24,6 +24,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from transformer import compile_cache
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Library lines that are dropped at the default verbosity (matched anywhere in the message).
 NOISE = (
@@ -284,7 +286,8 @@ def run(
 ) -> None:
     """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests).
 
-    A command line that does not parse ends with one ``error:`` line and exit code 2;
+    The command runs with jax's persistent compilation cache on (`compile_cache`). A command
+    line that does not parse ends with one ``error:`` line and exit code 2;
     ``explain_flag_error(error, argv)`` may word that line (None: the error's first line).
     Running out of device or host memory ends with one ``error:`` line (exit code 1) that
     ends with ``out_of_memory_hint``.
@@ -301,6 +304,7 @@ def run(
             quiet_library_logs()
         if len(args) > 1:
             usage_exit(f'Unexpected arguments: {args[1:]} (every option is a --flag).')
+        compile_cache.configure()
         try:
             main(args)
         except KeyboardInterrupt:
