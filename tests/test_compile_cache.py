@@ -1,5 +1,6 @@
 """jax's persistent compilation cache: where the commands put it, and when they do not."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -46,6 +47,20 @@ def test_environment_chooses_the_directory_or_turns_it_off(no_cache_dir, monkeyp
     assert compile_cache.configure() == str(tmp_path / 'mine')
     assert (tmp_path / 'mine').is_dir() and not (tmp_path / 'xdg').exists()
     assert jax.config.jax_compilation_cache_max_size == 1 << 20
+
+
+def test_without_filelock_the_cache_is_unlimited_not_broken(no_cache_dir, monkeypatch, tmp_path):
+    """jax raises at the first compilation when asked for a limit it cannot keep (it locks the
+    cache with filelock): then the cache is on, without the limit."""
+    find_spec = importlib.util.find_spec
+
+    def without_filelock(name, *args):
+        return None if name == 'filelock' else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, 'find_spec', without_filelock)
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / 'cache'))
+    assert compile_cache.configure() == str(tmp_path / 'cache')
+    assert jax.config.jax_compilation_cache_max_size == -1
 
 
 def test_jax_own_setting_wins(no_cache_dir, monkeypatch, tmp_path):

@@ -18,12 +18,14 @@ jax's cache key names the platform ('cpu') but not the CPU, and a program compil
 CPU's instructions must not be loaded on a host without them (a home directory shared by
 several kinds of machine). The cache holds at most `MAX_BYTES` unless
 ``JAX_COMPILATION_CACHE_MAX_SIZE`` says otherwise (jax drops the least recently used
-programs). A cache that cannot be created is a one-line warning, never a failed command.
+programs; it needs the ``filelock`` package for that, without which the cache is
+unlimited). A cache that cannot be created is a one-line warning, never a failed command.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 
@@ -80,6 +82,9 @@ def configure() -> str | None:
         )
         return None
     jax.config.update('jax_compilation_cache_dir', path)
-    if jax.config.jax_compilation_cache_max_size == -1:  # jax's default: no limit
+    # jax's default is no limit. It enforces one with the filelock package (a dependency of
+    # ours); without it, a limit would fail the first compilation, so the cache stays unlimited.
+    limited = importlib.util.find_spec('filelock') is not None
+    if jax.config.jax_compilation_cache_max_size == -1 and limited:
         jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
     return path
