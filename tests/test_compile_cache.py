@@ -97,17 +97,24 @@ def test_host_tag_follows_the_cpu_model_and_flags_not_its_clock(tmp_path):
     assert compile_cache.host_tag() == compile_cache.host_tag()  # this machine's, stable
 
 
-def test_translate_command_fills_the_default_cache(run_dir, tmp_path):
+def test_translate_command_fills_the_default_cache_and_loads_from_it(run_dir, tmp_path):
     """A command run with no cache setting writes its compiled decoding loop under
-    $XDG_CACHE_HOME/transformer/jax/<host>, and translates the same as without a cache."""
+    $XDG_CACHE_HOME/transformer/jax/<host>; the next run loads it from there (jax reports the
+    hit) and translates exactly as a run with the cache off."""
     env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
     env.pop(compile_cache.ENV_VAR, None)
-    # Every program, however fast it compiled (jax keeps only those over 1 s by default).
+    # Every program, however fast it compiled (jax keeps only those over 1 s by default), and
+    # jax's report of each cache hit as a warning line.
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+    env['JAX_LOG_COMPILES'] = '1'
     env['XDG_CACHE_HOME'] = str(tmp_path / 'xdg')
     command = [sys.executable, '-m', 'transformer.translate', f'--workdir={run_dir}']
     runs = {}
-    for name, extra in (('cached', {}), ('uncached', {compile_cache.ENV_VAR: 'off'})):
+    for name, extra in (
+        ('first', {}),
+        ('second', {}),
+        ('off', {compile_cache.ENV_VAR: 'off'}),
+    ):
         done = subprocess.run(
             command,
             input='a b c\nd e\n',
@@ -118,8 +125,12 @@ def test_translate_command_fills_the_default_cache(run_dir, tmp_path):
             timeout=300,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        runs[name] = done.stdout
-    assert runs['cached'] == runs['uncached'] and len(runs['cached'].splitlines()) == 2
+        hits = re.findall(r"Persistent compilation cache hit for '([^']*)'", done.stderr)
+        runs[name] = done.stdout, [program for program in hits if 'search' in program]
+    assert runs['first'][1] == [] and runs['off'][1] == []
+    assert runs['second'][1], 'the second run compiled its search again'
+    outputs = {out for out, _ in runs.values()}
+    assert len(outputs) == 1 and len(runs['first'][0].splitlines()) == 2
     hosts = os.listdir(tmp_path / 'xdg' / 'transformer' / 'jax')
     assert hosts == [compile_cache.host_tag()]
     entries = os.listdir(tmp_path / 'xdg' / 'transformer' / 'jax' / hosts[0])
