@@ -28,8 +28,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks.decode_peers import add_size_flags  # noqa: E402
-from benchmarks.decode_speed import _sources, model_config, save_report  # noqa: E402
+from benchmarks.decode_speed import (  # noqa: E402
+    _sources,
+    add_size_flags,
+    model_config,
+    save_report,
+)
 from transformer import beam  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 

@@ -29,7 +29,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks.decode_speed import _sources, model_config, save_report  # noqa: E402
+from benchmarks.decode_speed import (  # noqa: E402
+    _sources,
+    add_size_flags,
+    model_config,
+    save_report,
+)
 from transformer import decode  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 
@@ -122,26 +127,6 @@ def ours_search(args, inputs, beam_size: int):
         max_decode_len=args.max_decode_len,
         early_stop=False,
     )[0]
-
-
-def add_size_flags(parser: argparse.ArgumentParser, repeats: int) -> None:
-    """The model, batch and search sizes (the Multi30k model's by default) and the rounds."""
-    for name, default in (
-        ('vocab_size', 8000),
-        ('d_model', 256),
-        ('num_heads', 4),
-        ('d_ff', 1024),
-        ('num_layers', 3),
-        ('batch_size', 64),
-        ('min_length', 16),
-        ('max_length', 32),
-        ('max_decode_len', 32),
-        ('beam_size', 4),
-        ('repeats', repeats),
-        ('seed', 0),
-    ):
-        parser.add_argument(f'--{name}', type=int, default=default)
-    parser.add_argument('--alpha', type=float, default=0.6)
 
 
 def main() -> None:

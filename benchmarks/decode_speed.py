@@ -36,8 +36,9 @@ from transformer.tokens import EOS_ID, PAD_ID
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_size_flags(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The model, batch and search sizes (the Multi30k model's by default) and the timed
+    rounds: the flags every decoding benchmark shares."""
     parser.add_argument('--vocab_size', type=int, default=8000)
     parser.add_argument('--d_model', type=int, default=256)
     parser.add_argument('--num_heads', type=int, default=4)
@@ -49,8 +50,13 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument('--beam_size', type=int, default=4)
     parser.add_argument('--alpha', type=float, default=0.6)
     parser.add_argument('--max_decode_len', type=int, default=32, help='decoding steps T')
-    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--repeats', type=int, default=repeats)
     parser.add_argument('--seed', type=int, default=0)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_size_flags(parser, repeats=3)
     parser.add_argument(
         '--ensemble', type=int, default=1, help='M > 1: M random models decoded together'
     )
