@@ -4,10 +4,13 @@ flax's ``nn.Dropout`` draws a uniform float32 (32 random bits) for every element
 it with the keep probability. Generating the random bits is most of dropout's cost on CPU
 (benchmarks/step_overhead.py), so here every 32-bit draw is split into two 16-bit halves, each
 the keep decision of one element: ``keep = half >= round(rate * 2^16)``. The drop probability
-is therefore ``rate`` rounded to a multiple of 2^-16 (0.1 -> 0.100006; 0.3 -> 0.299988), and
-kept values are scaled by the exact inverse of the realised keep probability, so E[output] ==
-input exactly. Masks are a pure function of the 'dropout' rng as in flax: deterministic per
-seed and step, so resuming stays exact.
+is therefore ``rate`` rounded to a multiple of 2^-16 (0.1 -> 6554 / 2^16 = 0.1000061;
+0.3 -> 19661 / 2^16 = 0.3000031), and kept values are scaled by the inverse of the realised
+keep probability, so E[output] == input. The scaling is done in float32 whatever the
+activations' dtype: a bfloat16 scale would be rounded (rate 0.1: 1.109375 for 1.111111, a
+0.998x bias on every activation); each product is rounded to bfloat16 once, to nearest.
+Masks are a pure function of the 'dropout' rng as in flax: deterministic per seed and step,
+so resuming stays exact.
 """
 
 from __future__ import annotations
@@ -53,5 +56,6 @@ class Dropout(nn.Module):
         if deterministic or threshold == 0:
             return x
         keep = keep_mask(self.make_rng('dropout'), x.shape, self.rate)
-        scale = jnp.asarray(_LEVELS / (_LEVELS - threshold), x.dtype)
-        return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+        scale = jnp.float32(_LEVELS / (_LEVELS - threshold))  # see the module docstring
+        kept = (x.astype(jnp.float32) * scale).astype(x.dtype)
+        return jnp.where(keep, kept, jnp.zeros((), x.dtype))
