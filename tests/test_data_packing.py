@@ -142,11 +142,9 @@ def test_restored_state_continues_identically(train_data, chunk_size):
     assert iterator.epoch >= 2
 
 
-def test_processes_get_disjoint_rows_of_the_global_batch(train_data):
+def test_data_groups_get_disjoint_rows_of_the_global_batch(train_data):
     single = _iterator(train_data, batch_size=8)
-    shards = [
-        _iterator(train_data, batch_size=8, process_index=p, process_count=4) for p in range(4)
-    ]
+    shards = [_iterator(train_data, batch_size=8, data_group=p, data_groups=4) for p in range(4)]
     for _ in range(5):
         whole = next(single)
         parts = [next(s) for s in shards]
@@ -154,7 +152,7 @@ def test_processes_get_disjoint_rows_of_the_global_batch(train_data):
             assert parts[0][key].shape == (2, MAX_LEN)
             np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
     with pytest.raises(ValueError):
-        _iterator(train_data, batch_size=6, process_count=4)
+        _iterator(train_data, batch_size=6, data_groups=4)
 
 
 def test_long_examples_truncated(train_data):

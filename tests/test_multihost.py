@@ -34,11 +34,11 @@ def _config(mode: str, num_steps: int):
     return config
 
 
-def _overrides(config) -> list[str]:
+def _overrides(config, extra_keys=()) -> list[str]:
     """The command-line flags that turn configs/tiny.py into ``config``."""
     keys = [*SMALL, 'model.dropout_rate', 'train.num_steps', 'train.log_every']
     keys += ['train.eval_every', 'train.checkpoint_every', 'train.async_checkpointing']
-    keys += ['train.parallelism', 'eval.bleu_every']
+    keys += ['train.parallelism', 'eval.bleu_every', *extra_keys]
 
     def value(key):
         node = config
@@ -55,11 +55,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train_two_processes(config, run_dir, extra=()) -> None:
-    env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
+def _run_two_processes(
+    flags, run_dir, *, devices_per_process=4, script='train.py', env=None, timeout=240
+) -> list[tuple[int, str]]:
+    """``script`` as processes 0 and 1 of one run on localhost: (exit code, output) each.
+    Both are always ended, whatever happens."""
+    env = {
+        **os.environ,
+        'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices_per_process}',
+        **(env or {}),
+    }
     port = _free_port()
-    base = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={run_dir}']
-    base += [*_overrides(config), *extra, '--config.train.distributed=True']
+    base = [sys.executable, script, '--config=configs/tiny.py', f'--workdir={run_dir}']
+    base += [*flags, '--config.train.distributed=True']
     base += [f'--config.train.coordinator_address=localhost:{port}']
     base += ['--config.train.num_processes=2']
     procs = []
@@ -71,12 +79,18 @@ def _train_two_processes(config, run_dir, extra=()) -> None:
                     cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
                 )
             )
-        outputs = [p.communicate(timeout=240)[0].decode() for p in procs]
+        outputs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
     finally:
         for p in procs:
             p.kill()
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    return [(p.returncode, out) for p, out in zip(procs, outputs, strict=True)]
+
+
+def _train_two_processes(config, run_dir, extra=()) -> None:
+    results = _run_two_processes([*_overrides(config), *extra], run_dir)
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    outputs = [out for _, out in results]
     assert 'step 1/' in outputs[0] and 'step 1/' not in outputs[1]  # only process 0 logs
 
 
@@ -154,3 +168,90 @@ def test_unreachable_coordinator_is_one_line_and_no_hang(tmp_path):
         last.startswith('error: No coordinator answers at localhost:') and 'init_timeout_s' in last
     )
     assert time.monotonic() - start < 60
+
+
+def _results(outputs) -> list[dict]:
+    return [
+        json.loads(line.split('RESULT ', 1)[1])
+        for out in outputs
+        for line in out.splitlines()
+        if line.startswith('RESULT ')
+    ]
+
+
+def _flip_params(run_dir, step) -> None:
+    files = [p for p in (run_dir / 'checkpoints' / str(step) / 'params').rglob('*') if p.is_file()]
+    target = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[1000:1064] = bytes(b ^ 0xFF for b in data[1000:1064])
+    target.write_bytes(bytes(data))
+
+
+def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
+    """2 processes x 1 device with train.model_parallelism=2: both processes hold data index
+    0 of the (1 data x 2 model) mesh, so both feed the whole batch.
+
+    - The losses equal those of 1 process x 2 devices (1e-5).
+    - A fresh run has one vocabulary, trained once (by process 0).
+    - Each process is given other validation BLEU scores (process 0: 10, 9, 8, 12; process 1:
+      5, 6, 7, 8): process 0's decide, on both, that step 2 is the best and that patience 2
+      stops the run at step 6 (alone, process 1 would save a new best at steps 4 and 6, a
+      collective process 0 never enters, and train on).
+    - Then step 6 is corrupted: the rerun quarantines it, resumes from step 4 on both
+      processes (no hang) and arrives at the same step-6 parameters.
+    """
+    config = _config('sharding', 8)
+    config.train.model_parallelism = 2
+    config.train.async_checkpointing = True
+    config.eval.bleu_every = 2
+    config.train.early_stop_patience = 2
+    flags = _overrides(config, ['train.model_parallelism', 'train.early_stop_patience'])
+    env = {'TEST_BLEU': json.dumps([[10, 9, 8, 12], [5, 6, 7, 8]])}
+    run = tmp_path / 'two'
+    worker = os.path.join('tests', 'multihost_worker.py')
+    results = _run_two_processes(flags, run, devices_per_process=1, script=worker, env=env)
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    outputs = [out for _, out in results]
+    decided = {'step': 6, 'stopped_early': True}
+    decided['best'] = {'step': 2, 'score': 10.0, 'evals_since_best': 2}
+    assert _results(outputs) == [decided, decided]
+    assert workdir.best_step(str(run)) == 2
+    assert sorted(_losses(run)) == [1, 2, 3, 4, 5, 6]
+    assert outputs[0].count('TRAINED VOCABULARY') == 1 and 'TRAINED VOCABULARY' not in outputs[1]
+    assert os.listdir(run / 'vocab') == ['spm.model']
+
+    alone = _config('sharding', 6)
+    alone.train.model_parallelism = 2
+    trainer.train_and_evaluate(alone, str(tmp_path / 'alone'), devices=jax.devices()[:2])
+    got, want = _losses(tmp_path / 'alone'), _losses(run)
+    np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
+
+    before = _params(run, 6)
+    _flip_params(run, 6)
+    results = _run_two_processes(flags, run, devices_per_process=1, script=worker, env=env)
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    outputs = [out for _, out in results]
+    assert 'Resuming from step 4, the newest intact one' in outputs[0]
+    assert _results(outputs) == [decided, decided]
+    assert [p.name.split('-')[0] for p in (run / 'corrupt_checkpoints').iterdir()] == ['6']
+    assert workdir.verify_step(str(run), 6)
+    _assert_close(_params(run, 6), before)
+
+
+def test_a_layout_no_split_of_the_batch_fits_is_refused_before_writing(tmp_path):
+    """2 processes x 3 devices with train.model_parallelism=2: process 0 holds data indices
+    0-1 of the (3 x 2) mesh, process 1 holds 1-2, and no block of rows fits each. Both
+    processes stop with one line before the run directory exists."""
+    config = _config('sharding', 2)
+    config.train.model_parallelism = 2
+    config.train.batch_size = 12
+    flags = _overrides(config, ['train.model_parallelism'])
+    run = tmp_path / 'run'
+    for code, out in _run_two_processes(flags, run, devices_per_process=3, timeout=120):
+        assert code != 0 and 'Traceback' not in out, out[-3000:]
+        errors = [line for line in out.splitlines() if line.startswith('error: ')]
+        assert len(errors) == 1 and 'no split of the batch fits' in errors[0], out[-3000:]
+        assert 'train.model_parallelism' in errors[0]
+    assert not run.exists()

@@ -139,6 +139,49 @@ def test_layouts_the_model_cannot_take_fail_before_compiling():
         parallel.Parallel('pmap', accum_steps=1, fsdp=True, **kwargs)
 
 
+@pytest.mark.parametrize(
+    'grid, want',
+    [
+        ([[0, 1]], {0: (0, 1), 1: (0, 1)}),  # 2 processes x 1 device, model axis of 2
+        ([[0], [0], [1], [1]], {0: (0, 2), 1: (1, 2)}),  # 2 x 2, data only
+        ([[0, 0], [1, 1]], {0: (0, 2), 1: (1, 2)}),  # 2 x 2, model axis inside each process
+        ([[0, 1], [2, 3]], {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}),  # 4 x 1, model of 2
+        ([[1], [0]], {1: (0, 2), 0: (1, 2)}),  # the mesh's order, not the process index
+    ],
+)
+def test_data_groups_follow_the_mesh(grid, want):
+    """Processes that hold the same data indices feed the same rows; the block a process
+    feeds is where its data indices sit on the mesh."""
+    assert parallel.data_groups(np.array(grid)) == want
+
+
+@pytest.mark.parametrize('grid', [[[0, 0], [0, 1], [1, 1]], [[0], [1], [0], [1]]])
+def test_layouts_no_split_of_the_batch_fits_are_refused(grid):
+    """2 processes x 3 devices with a model axis of 2 (process 0 holds data indices 0-1,
+    process 1 holds 1-2); data indices that interleave between processes."""
+    with pytest.raises(ValueError, match=r'no split of the batch fits \(process 0: \[0, '):
+        parallel.data_groups(np.array(grid))
+
+
+def test_a_batch_of_other_than_the_configured_rows_raises():
+    """The global batch is the configured one: a process feeding another number of rows
+    raises instead of training on a smaller batch."""
+    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
+    par = parallel.Parallel(
+        'sharding',
+        model=tiny_model(),
+        tx=tx,
+        schedule=schedule,
+        label_smoothing=0.1,
+        accum_steps=1,
+        devices=jax.devices()[:2],
+        batch_size=16,
+    )
+    assert (par.data_group, par.data_groups) == (0, 1)
+    with pytest.raises(ValueError, match='fed 8 rows; the global batch of 16 needs 16'):
+        par.put_batch(packed_batch(0))
+
+
 def test_sharding_mode_splits_heads_on_the_model_axis():
     """With a 'model' axis of 2, q/k/v kernels are split on N and out kernels on N."""
     mesh = parallel.make_mesh(2, jax.devices()[:4])

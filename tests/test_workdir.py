@@ -173,20 +173,103 @@ def test_resume_skips_a_corrupted_step_and_continues_exactly(run_dir, tmp_path, 
     assert '\n' not in str(info.value)
 
 
-def test_unsealed_step_is_sealed_when_training_resumes_from_it(run_dir, tmp_path):
-    """A step committed by a run killed before it wrote the manifest: resuming restores it
-    completely, finds it finite, and seals it."""
+def test_unsealed_step_resumes_unverified_and_is_never_sealed_afterwards(run_dir, tmp_path):
+    """A step committed by a run killed before its manifest: resuming restores it with a
+    one-line warning and leaves it unsealed (hashing bytes nobody saw written would certify
+    them); the steps this run saves are sealed."""
     from tests.tiny_run import tiny_run_config
     from transformer import trainer
 
-    config = tiny_run_config(4)
+    config = tiny_run_config(6)
     config.train.checkpoint_every = 2
     unsealed = tmp_path / 'unsealed'
     shutil.copytree(run_dir, unsealed)
     manifest = unsealed / 'checkpoints' / '4' / workdir.MANIFEST
     manifest.unlink()
-    trainer.train_and_evaluate(config, str(unsealed))
-    assert manifest.exists() and workdir.verify_step(str(unsealed), 4)
+    final = trainer.train_and_evaluate(config, str(unsealed))
+    assert final['steps_this_run'] == 2
+    assert not manifest.exists() and workdir.verify_step(str(unsealed), 6)
+
+
+def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tmp_path, caplog):
+    """An unsealed newest step whose files cannot be read: training falls back to the older
+    step (which restores with this config), moves the bad one aside with a line naming the
+    read error, and re-trains to the same parameters. With a config that fits no step the
+    run stops on the config and moves nothing."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    config = tiny_run_config(4)
+    config.train.checkpoint_every = 2
+    broken = tmp_path / 'broken'
+    shutil.copytree(run_dir, broken)
+    (broken / 'checkpoints' / '4' / workdir.MANIFEST).unlink()
+    data_file = _params_file(broken, 4)
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    changed = tiny_run_config(4)
+    changed.model.d_ff = 48
+    with pytest.raises(workdir.WorkdirError, match='does not fit this config'):
+        trainer.train_and_evaluate(changed, str(broken))
+    assert not (broken / 'corrupt_checkpoints').exists() and data_file.exists()
+    caplog.clear()
+    final = trainer.train_and_evaluate(config, str(broken))
+    assert final['steps_this_run'] == 2
+    lines = [r.getMessage() for r in caplog.records if 'could not be read' in r.getMessage()]
+    assert len(lines) == 1 and 'Checkpoint step 4 (no manifest)' in lines[0]
+    assert 'Resuming from step 2' in lines[0] and 'model or optimizer' not in lines[0]
+    assert [p.name.split('-')[0] for p in (broken / 'corrupt_checkpoints').iterdir()] == ['4']
+    _, _, _, expected, _ = workdir.load_model(str(run_dir), step=4)
+    _, _, _, got, _ = workdir.load_model(str(broken), step=4)
+    for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
+    """Asynchronous saves: the manifest of step 2 is written once Orbax commits it, before
+    the next save begins, so bytes changed after the commit (here at step 3) fail
+    verification instead of being certified by a manifest written at step 4's save."""
+    import time
+
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    config = tiny_run_config(4)
+    config.train.checkpoint_every = 2
+    config.train.async_checkpointing = True
+    manifest = tmp_path / 'checkpoints' / '2' / workdir.MANIFEST
+    seen = {}
+
+    def corrupt_after_commit(step, metrics):
+        if step == 3:
+            deadline = time.monotonic() + 60
+            while not manifest.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen['sealed before step 4'] = manifest.exists()
+            _flip(_params_file(tmp_path, 2))
+
+    trainer.train_and_evaluate(config, str(tmp_path), on_step=corrupt_after_commit)
+    assert seen == {'sealed before step 4': True}
+    with pytest.raises(workdir.CorruptCheckpoint, match='step 2 .*failed verification'):
+        workdir.verify_step(str(tmp_path), 2)
+    assert workdir.verify_step(str(tmp_path), 4)
+
+
+def test_temporary_directories_of_killed_saves_are_removed_on_start(run_dir, tmp_path):
+    """Orbax's `<step>.orbax-checkpoint-tmp-*` directories of a save killed half-way are
+    never read; the next training run removes them (they would leak disk)."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import trainer
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    left = run / 'checkpoints' / '6.orbax-checkpoint-tmp-1764133000'
+    (left / 'params').mkdir(parents=True)
+    (left / 'params' / 'data').write_bytes(b'x' * 1000)
+    config = tiny_run_config(5)
+    config.train.checkpoint_every = 2
+    trainer.train_and_evaluate(config, str(run))
+    assert not left.exists()
+    assert sorted(p.name for p in (run / 'checkpoints').iterdir()) == ['2', '4', '5']
 
 
 def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp_path):

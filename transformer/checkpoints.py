@@ -1,21 +1,24 @@
-"""The trainer's checkpoints: saves sealed with a manifest, resumes that never start from a
-step that failed its checks (see transformer/workdir.py, "Integrity", for the scheme)."""
+"""The trainer's checkpoints: saves sealed with a manifest when they commit, resumes that
+never start from a step that failed its checks (transformer/workdir.py, "Integrity", says
+why and how)."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
+from transformer import multihost
 from transformer.steps import TrainState, resumed_prng_warning
 from transformer.workdir import (
     CHECKPOINTS,
@@ -24,7 +27,6 @@ from transformer.workdir import (
     MANIFEST,
     RESTORE_ERRORS,
     CorruptCheckpoint,
-    PyTree,
     WorkdirError,
     check_params_fit,
     checkpoint_manager,
@@ -38,12 +40,13 @@ from transformer.workdir import (
 )
 
 
-def _all_finite(tree: PyTree) -> bool:
-    """Reduced on the devices: no host copy of the whole state, and valid for global arrays
-    that span several processes (numpy cannot read those)."""
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    finite = jax.jit(lambda xs: jnp.stack([jnp.isfinite(x).all() for x in xs]).all())(leaves)
-    return bool(finite)
+class RestoreFailed(WorkdirError):
+    """A step that could not be restored into the train state; ``reason``: the first line of
+    what Orbax raised."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def save_state(
@@ -83,9 +86,10 @@ def restore_state(
             ),
         )
     except RESTORE_ERRORS as e:
-        raise WorkdirError(
+        raise RestoreFailed(
             f'{restore_error(workdir, step, e, "this config (model or optimizer changed?)")}. '
-            'Resume with the config the run was started with, or use a new --workdir.'
+            'Resume with the config the run was started with, or use a new --workdir.',
+            reason=error_line(e),
         ) from None
     state = TrainState(
         step=jnp.array(restored['meta']['step'], jnp.int32),
@@ -96,19 +100,24 @@ def restore_state(
 
 
 class Checkpoints:
-    """The trainer's checkpoints: asynchronous saves that are sealed with a manifest once
-    Orbax has finished them, and a resume that never starts from a step that failed checks.
+    """The trainer's checkpoints: asynchronous saves, each sealed with a manifest as soon as
+    Orbax has committed it, and a resume that never starts from a step that failed checks.
 
     Disk errors while saving (a full disk, a read-only directory) become one-line
-    `WorkdirError`s; the steps saved before stay as they were.
+    `WorkdirError`s; the steps saved before stay as they were. In a multi-host run process 0
+    writes the manifests and chooses the step to resume from; the others follow.
     """
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict):
         self.workdir = workdir
         self.config = config
         self.manager = checkpoint_manager(workdir, config)
-        self._unsealed: list[int] = []  # saved by this process, manifest not yet written
-        self._writes = jax.process_index() == 0
+        self._writes = multihost.is_main()
+        # Steps saved by this process whose manifest seal() has not confirmed yet, with the
+        # thread that seals each once Orbax has committed it.
+        self._sealers: dict[int, threading.Thread] = {}
+        self._sealed: set[int] = set()
+        self._seal_lock = threading.Lock()
 
     def _save_error(self, step: int | None, error: BaseException) -> WorkdirError:
         first_line = error_line(error)
@@ -125,31 +134,53 @@ class Checkpoints:
         seed: int,
         best: Mapping[str, Any] | None = None,
     ) -> None:
-        """Starts saving ``state`` (asynchronously if configured) after sealing the last."""
+        """Starts saving ``state`` (asynchronously if configured); the step is sealed in the
+        background as soon as Orbax commits it. A failure of the previous save raises here."""
         self.seal()
         step = int(state.step)
         try:
             save_state(self.manager, state, data_state, seed, best)
         except OSError as e:
             raise self._save_error(step, e) from None
-        self._unsealed.append(step)
+        sealer = threading.Thread(
+            target=self._seal_when_committed, args=(step,), name=f'seal-{step}', daemon=True
+        )
+        self._sealers[step] = sealer
+        sealer.start()
+
+    def _seal_when_committed(self, step: int) -> None:
+        """The sealing thread: the manifest is written right after the commit, so that no
+        later change of the files can be certified. Errors are left to `seal`."""
+        try:
+            self.manager.wait_until_finished()
+            if os.path.isdir(step_dir(self.workdir, step)):
+                self._seal_once(step)
+        except Exception:  # noqa: BLE001, S110 - seal() raises it with the step's message
+            pass
+
+    def _seal_once(self, step: int) -> None:
+        with self._seal_lock:
+            if step not in self._sealed:
+                if self._writes:
+                    seal_step(self.workdir, step)
+                self._sealed.add(step)
 
     def seal(self) -> None:
-        """Waits for the pending saves, then writes the manifests of the committed ones."""
-        pending, self._unsealed = self._unsealed, []
+        """Waits for the pending saves and their manifests; raises a save that failed."""
+        pending, self._sealers = self._sealers, {}
         try:
             self.manager.wait_until_finished()
             # Orbax logs a failed background save and leaves the step uncommitted; this
             # re-raises its error (once per thread) so that the message can name the cause.
             self.manager.check_for_errors()
-            for step in pending:
+            for step, sealer in pending.items():
+                sealer.join()
                 # A save that failed in the background leaves no committed step directory.
                 if not os.path.isdir(step_dir(self.workdir, step)):
                     raise OSError(errno.EIO, 'Orbax did not commit the step')
-                if self._writes:
-                    seal_step(self.workdir, step)
+                self._seal_once(step)  # (a no-op unless the sealing thread failed)
         except (OSError, ValueError, RuntimeError) as e:
-            raise self._save_error(pending[-1] if pending else None, e) from None
+            raise self._save_error(max(pending) if pending else None, e) from None
 
     def finish(self) -> int | None:
         """For a run that stops early (an error, Ctrl-C): seals the saves in flight (their own
@@ -175,14 +206,68 @@ class Checkpoints:
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict, int] | None:
         """(state, meta, step) of the newest intact step; None when there is no checkpoint.
 
-        Newer steps that fail verification are moved to ``WORKDIR/corrupt_checkpoints/``
-        (their step numbers will be saved again) with a one-line warning.
+        Process 0 chooses the step: the newest whose files match its manifest; newer steps
+        that do not are moved to ``WORKDIR/corrupt_checkpoints/`` (their step numbers will
+        be saved again) with a one-line warning. Every process then restores it. A step
+        without manifest that cannot be restored is moved there too, once an older step
+        has restored with this config (so that its files, not the config, are at fault); a
+        config that fits no step stops the run and moves nothing.
         """
+        unreadable: list[tuple[int, RestoreFailed]] = []
+        below = None
+        while True:
+            step = multihost.on_main(
+                functools.partial(self._newest_intact, below), 'verify the checkpoints'
+            )
+            self.manager.reload()  # process 0 may have moved steps away (on_main waited)
+            if step is None:
+                if unreadable:
+                    raise unreadable[0][1]
+                return None
+            sealed = os.path.exists(os.path.join(step_dir(self.workdir, step), MANIFEST))
+            error = None
+            try:
+                state, meta = restore_state(self.manager, step, abstract_state, self.workdir)
+            except RestoreFailed as e:
+                error = e
+            if multihost.all_ok(error is None):
+                break
+            error = error or RestoreFailed(
+                f'Another process could not restore checkpoint step {step}; its log says why.',
+                reason='read on another process',
+            )
+            if sealed:  # its files are as they were written: the config does not fit them
+                raise error
+            unreadable.append((step, error))
+            below = step
+        if unreadable:
+            self._quarantine([s for s, _ in unreadable])
+            multihost.barrier('checkpoints-quarantined')
+            self.manager.reload()
+            for bad, error in unreadable:
+                logging.warning(
+                    'Checkpoint step %d (no manifest) could not be read (%s); moved to %s/. '
+                    'Resuming from step %d, which restores with this config.',
+                    *(bad, error.reason, CORRUPT_CHECKPOINTS, step),
+                )
+        if not sealed:
+            logging.warning(
+                'Checkpoint step %d has no %s (saved before checksums were kept, or its run '
+                'was killed before sealing it): it restored completely but stays unverified.',
+                *(step, MANIFEST),
+            )
+        self._warn_on_another_dropout_prng()
+        return state, meta, step
+
+    def _newest_intact(self, below: int | None) -> int | None:
+        """Process 0: the newest step (below ``below``) that matches its manifest or has
+        none; newer ones that fail verification are quarantined."""
         steps = sorted(self.manager.all_steps(), reverse=True)
+        steps = [s for s in steps if below is None or s < below]
         failed: list[CorruptCheckpoint] = []
         for step in steps:
             try:
-                sealed = verify_step(self.workdir, step, warn=False)
+                verify_step(self.workdir, step, warn=False)
                 break
             except CorruptCheckpoint as e:
                 failed.append(e)
@@ -191,25 +276,9 @@ class Checkpoints:
                 return None
             raise WorkdirError(f'{failed[0]} No intact checkpoint to resume from: {steps}.')
         if failed:
-            self._quarantine([int(s) for s in steps[: len(failed)]])
+            self._quarantine(steps[: len(failed)])
             logging.warning('%s Resuming from step %d, the newest intact one.', failed[0], step)
-        state, meta = restore_state(self.manager, step, abstract_state, self.workdir)
-        if not sealed:
-            if not _all_finite((state.params, state.opt_state)):
-                raise CorruptCheckpoint(
-                    f'Checkpoint step {step} in {self.workdir}/{CHECKPOINTS} has no manifest '
-                    'and holds non-finite values; move it away to resume from an earlier step.'
-                )
-            if self._writes:
-                seal_step(self.workdir, step)
-            logging.warning(
-                'Checkpoint step %d had no %s (saved before checksums were kept, or the run '
-                'stopped before sealing it); it restored completely with finite values, so '
-                'it is now sealed.',
-                *(step, MANIFEST),
-            )
-        self._warn_on_another_dropout_prng()
-        return state, meta, step
+        return step
 
     def _warn_on_another_dropout_prng(self) -> None:
         """Resuming draws other dropout masks than an uninterrupted run would: say so."""
@@ -219,10 +288,11 @@ class Checkpoints:
                 logging.warning(warning)
 
     def _quarantine(self, steps: Sequence[int]) -> None:
+        """Moves ``steps`` to ``WORKDIR/corrupt_checkpoints/`` (process 0; every process then
+        reloads its step list once all have reached this point)."""
         if self._writes:
             target = path(self.workdir, CORRUPT_CHECKPOINTS)
             os.makedirs(target, exist_ok=True)
             for step in steps:
                 destination = tempfile.mkdtemp(prefix=f'{step}-', dir=target)
                 shutil.move(step_dir(self.workdir, step), destination)
-        self.manager.reload()

@@ -155,13 +155,24 @@ def check(config: ml_collections.ConfigDict, devices: Sequence[Any] | None = Non
         return  # jax cannot be asked for devices before jax.distributed joins the processes
     import jax
 
+    from transformer import parallel
+
     devices = jax.devices() if devices is None else devices
-    shards = len(devices) // tc.model_parallelism if tc.parallelism == 'sharding' else len(devices)
-    rows = max(shards, 1) * tc.grad_accum_steps
-    if tc.batch_size % rows or tc.batch_size % (jax.process_count() * tc.grad_accum_steps):
+    model_parallelism = tc.model_parallelism if tc.parallelism == 'sharding' else 1
+    if len(devices) % model_parallelism:
+        raise ConfigError(
+            f'train.model_parallelism={model_parallelism} does not divide the {len(devices)} '
+            'devices.'
+        )
+    try:  # which rows each process feeds follows the mesh; some layouts fit no split
+        parallel.data_groups(parallel.process_grid(parallel.make_mesh(model_parallelism, devices)))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    rows = len(devices) // model_parallelism * tc.grad_accum_steps
+    if tc.batch_size % rows:
         raise ConfigError(
             f'train.batch_size={tc.batch_size} must be a multiple of data-parallel devices x '
-            f'train.grad_accum_steps = {rows} (and of processes x grad_accum_steps).'
+            f'train.grad_accum_steps = {rows}.'
         )
 
 

@@ -14,7 +14,9 @@ Two modes (``train.parallelism``):
 
 Multi-host: both modes span ``jax.devices()`` (all processes), and each process places only
 its own rows of the global batch (``jax.make_array_from_process_local_data`` / its local pmap
-devices), so collectives are global, not host-local. The loop sees neither mode: it hands
+devices), so collectives are global, not host-local. Which rows are a process's own follows
+the mesh (`data_groups`): processes whose devices hold the same ``data`` indices (a ``model``
+axis that spans processes) feed the same rows. The loop sees neither mode: it hands
 host rows to `Parallel.put_batch`, steps with `Parallel.train_step`, gets global metric sums
 back, and reads the *global* train state (what Orbax saves and restores collectively, on any
 number of devices or processes) with `Parallel.global_state`.
@@ -83,6 +85,47 @@ def make_mesh(model_parallelism: int = 1, devices=None) -> jax.sharding.Mesh:
     )
 
 
+def data_groups(process_of: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Which rows of the global batch each process feeds, from the mesh's layout.
+
+    The batch is split over the mesh's ``data`` axis: data index i holds the i-th block of
+    rows. A process feeds the blocks of the data indices its devices hold, so processes
+    whose devices share their data indices (the ``model`` axis spans them) feed the same
+    rows; `jax.make_array_from_process_local_data` takes each such copy as the same global
+    rows.
+
+    Args:
+      process_of: [data, model] array, the process index of each mesh device.
+
+    Returns:
+      ``{process: (group, groups)}``: the process feeds block ``group`` of ``groups`` equal,
+      consecutive blocks of the global batch.
+
+    Raises:
+      ValueError: a layout whose processes hold overlapping but different, non-consecutive
+        or unequal sets of data indices (no block of rows fits each process).
+    """
+    held: dict[int, tuple[int, ...]] = {}
+    for p in np.unique(process_of):
+        held[int(p)] = tuple(int(i) for i in np.flatnonzero((process_of == p).any(axis=1)))
+    groups = sorted(set(held.values()))
+    covered = [i for g in groups for i in g]
+    if covered != list(range(process_of.shape[0])) or len({len(g) for g in groups}) != 1:
+        where = ', '.join(f'process {p}: {list(g)}' for p, g in sorted(held.items()))
+        raise ValueError(
+            f'The mesh ({process_of.shape[0]} data x {process_of.shape[1]} model) gives the '
+            f'processes data indices that no split of the batch fits ({where}): choose a '
+            'train.model_parallelism that divides, or is a multiple of, the devices of '
+            'each process.'
+        )
+    return {p: (groups.index(g), len(groups)) for p, g in held.items()}
+
+
+def process_grid(mesh: jax.sharding.Mesh) -> np.ndarray:
+    """[data, model]: the process index of each device of a ('data', 'model') mesh."""
+    return np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
+
+
 def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> TrainState:
     """The logical PartitionSpec of every leaf of the train state (optimizer state included:
     Adam's moments inherit their parameter's names), from an abstract init."""
@@ -132,6 +175,7 @@ class Parallel:
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
+        batch_size: int | None = None,
     ):
         if mode not in ('pmap', 'sharding'):
             raise ValueError(f"train.parallelism must be 'pmap' or 'sharding', got {mode!r}.")
@@ -143,6 +187,11 @@ class Parallel:
         self.devices = list(jax.devices() if devices is None else devices)
         self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
         self.mesh = make_mesh(model_parallelism, self.devices)
+        # The block of the global batch this process feeds (see `data_groups`).
+        self.data_group, self.data_groups = data_groups(process_grid(self.mesh))[
+            jax.process_index()
+        ]
+        self.batch_size = batch_size  # global rows; None: this process's rows x data_groups
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         step = functools.partial(
             steps.train_step,
@@ -197,6 +246,7 @@ class Parallel:
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,
+            batch_size=tc.batch_size,
         )
 
     @property
@@ -249,16 +299,25 @@ class Parallel:
     # --- batches and steps --------------------------------------------------------------------
 
     def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """This process's rows of the global batch -> the mode's device layout."""
+        """This process's rows of the global batch (block `data_group` of `data_groups`) ->
+        the mode's device layout; rows that do not make the configured batch raise."""
+        rows = next(iter(batch.values())).shape[0]
+        global_rows = self.batch_size or rows * self.data_groups
+        if rows * self.data_groups != global_rows:
+            raise ValueError(
+                f'This process fed {rows} rows; the global batch of {global_rows} needs '
+                f'{global_rows // self.data_groups} from each of {self.data_groups} data groups.'
+            )
         if self.mode == 'pmap':
             n = len(self.local_devices)
-            rows = next(iter(batch.values())).shape[0]
             if rows % n:
                 raise ValueError(f'Batch of {rows} rows does not split over {n} devices.')
             split = {k: v.reshape(n, rows // n, *v.shape[1:]) for k, v in batch.items()}
             return jax.device_put(split, self._local_sharding)
         return {
-            k: jax.make_array_from_process_local_data(self._batch_sharding, v)
+            k: jax.make_array_from_process_local_data(
+                self._batch_sharding, v, (global_rows, *v.shape[1:])
+            )
             for k, v in batch.items()
         }
 

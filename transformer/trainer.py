@@ -28,7 +28,7 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import config_checks, configs, console, optim, steps
+from transformer import config_checks, configs, console, multihost, optim, steps
 from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import metrics as metrics_lib
@@ -171,8 +171,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
         batch_size=tc.batch_size,
         seed=tc.seed,
         cache_dir=workdir_lib.data_cache_dir(config, workdir),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
+        data_group=parallel.data_group,
+        data_groups=parallel.data_groups,
     )
     checkpoints = Checkpoints(workdir, config)
     # Restored straight into this run's global layout, whatever the layout that saved it.
@@ -386,7 +386,13 @@ def cli(argv: list[str] | None = None) -> None:
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None
-        except (TrainingError, workdir_lib.WorkdirError, lock_lib.WorkdirBusy, ValueError) as e:
+        except (
+            TrainingError,
+            workdir_lib.WorkdirError,
+            lock_lib.WorkdirBusy,
+            multihost.OtherProcessFailed,
+            ValueError,
+        ) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Done: %s', json.dumps(final))
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import evaluate, parallel, steps
+from transformer import evaluate, multihost, parallel, steps
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 
@@ -101,7 +101,12 @@ def validate(
         writer.write(step, 'validation', metrics)
     if not bleu:
         return False
-    final['validation_bleu'] = scores = validation.bleu(params)
+    scores = validation.bleu(params)
+    # Process 0's scores decide for every process (whether to save a best checkpoint, a
+    # collective, and whether to stop): another process's BLEU may differ in its last bit.
+    final['validation_bleu'] = scores = dict(
+        zip(scores, multihost.broadcast_floats(list(scores.values())), strict=True)
+    )
     writer.write(step, 'validation', scores)
     best = run.best
     if best.update(step, scores):

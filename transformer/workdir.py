@@ -18,21 +18,22 @@ what to do.
 Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
 but does not checksum the data, so a flipped or truncated file loads silently. Every step
 therefore gets ``checkpoints/<step>/manifest.json``: the size and sha256 of each of its
-files, written (atomically, by rename) once Orbax has finished the step: `Checkpoints.seal`
-runs before the next save (Orbax waits for the previous save there anyway) and at the end of
-training. Every restore verifies the manifest first; a file that is missing, of another size
-or another hash raises `CorruptCheckpoint` naming the step and the file. Training resume
-falls back to the newest intact step (moving the corrupt ones to ``corrupt_checkpoints/``,
-as their step numbers will be written again) and stops when none is intact.
+files, written (atomically, by rename) by a thread that waits for Orbax to commit the step
+(`Checkpoints.save`), so that no later change to the files can be certified. Every restore
+verifies the manifest first; a file that is missing, of another size or another hash
+raises `CorruptCheckpoint` naming the step and the file. Training resume falls back to the
+newest intact step (moving the corrupt ones to ``corrupt_checkpoints/``, as their step
+numbers will be written again) and stops when none is intact.
 
 A step without a manifest is either older than this scheme or was committed by a run
-killed before it sealed the step (the window is one save interval with async checkpoints).
-Both are accepted with a one-line warning rather than refused: refusing would strand every
-existing run, and an unsealed step is not suspect by itself. Training seals such a step when
-it resumes from it, and only after restoring it completely (which fails on missing or
-truncated files) and finding every parameter and optimizer value finite; hashing it unseen
-would certify whatever bytes happen to be there. The other commands never write manifests:
-they only read the run directory.
+killed in the moment between the commit and its manifest. It is accepted with a one-line
+warning rather than refused (refusing would strand every existing run), and never sealed
+afterwards: hashing bytes nobody saw written would certify whatever is there. When
+training cannot restore such a step it falls back to an older one, as for a corrupt step,
+provided the older one restores with the same config (else the config, not the files, is
+at fault, and the run stops without moving anything). The other commands never write
+manifests: they only read the run directory. Saves killed half-way leave Orbax temporary
+directories, which the next training run removes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from absl import logging
 from etils import epath
 from flax import linen as nn
 
-from transformer import checksums
+from transformer import checksums, multihost
 from transformer import data as data_lib
 from transformer.model import Transformer, config_from_dict
 
@@ -71,8 +72,10 @@ EVAL_DIR = 'eval'
 MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 _ITEMS = ('params', 'opt_state', 'meta')
-# What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree.
-RESTORE_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError)
+# What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree
+# (ValueError, KeyError, TypeError, FileNotFoundError), and for a file TensorStore cannot read
+# (a plain Exception): every one becomes a one-line error naming the step.
+RESTORE_ERRORS = (Exception,)
 
 
 class WorkdirError(RuntimeError):
@@ -103,8 +106,21 @@ def data_cache_dir(config: ml_collections.ConfigDict, workdir: str | None) -> st
 
 
 def get_tokenizer(config: ml_collections.ConfigDict, workdir: str | None) -> data_lib.Tokenizer:
-    """The run's vocabulary for training: reused when saved, else trained and saved."""
-    return data_lib.get_tokenizer(config.data, vocab_path(config, workdir))
+    """The run's vocabulary for training: reused when saved, else trained and saved.
+
+    In a multi-host run process 0 alone trains and saves a new vocabulary; the others wait
+    for it and load that file (SentencePiece training is only reproducible across hosts with
+    the same thread count and library build).
+    """
+    model_path = vocab_path(config, workdir)
+    if jax.process_count() == 1 or config.data.get('vocab_path'):
+        return data_lib.get_tokenizer(config.data, model_path)
+    built = []
+    multihost.on_main(
+        lambda: built.append(data_lib.get_tokenizer(config.data, model_path)),
+        f'build the vocabulary {model_path}',
+    )
+    return built[0] if built else data_lib.get_tokenizer(config.data, model_path)
 
 
 def load_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> data_lib.Tokenizer:
@@ -162,6 +178,8 @@ def checkpoint_manager(
             # waiting 300 s for it, and the process could not exit until then.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             create=True,
+            # A save killed half-way leaves `<step>.orbax-checkpoint-tmp-*`, never read again.
+            cleanup_tmp_directories=True,
         )
     return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 

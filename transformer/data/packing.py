@@ -22,8 +22,10 @@ Resuming. The iterator's state is (seed, epoch, chunk, row): the next row is row
 chunk ``chunk`` of epoch ``epoch``. Restoring packs that one chunk again (deterministic,
 milliseconds to ~0.2 s), without replaying the batches before it.
 
-Multi-host. All processes compute the same packing (it needs only the lengths); process p of
-P materializes rows [p * B / P, (p + 1) * B / P) of each global batch of B rows.
+Multi-host. All processes compute the same packing (it needs only the lengths); a process of
+data group g of G materializes rows [g * B / G, (g + 1) * B / G) of each global batch of B
+rows. The group follows the device mesh (transformer/parallel.py, `data_groups`): usually one
+group per process, fewer when the ``model`` mesh axis spans processes.
 
 """
 
@@ -123,7 +125,7 @@ def _fill_rows(
 class TrainIterator(Iterator[dict[str, np.ndarray]]):
     """Infinite iterator of packed training batches with a small, exact, resumable state.
 
-    Each batch is a dict of int32 arrays [batch_size // process_count, max_len] under the keys
+    Each batch is a dict of int32 arrays [batch_size // data_groups, max_len] under the keys
     inputs, targets, inputs_segmentation, targets_segmentation, inputs_positions,
     targets_positions.
     """
@@ -135,23 +137,23 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
         batch_size: int,
         seed: int,
         max_len: int,
-        process_index: int = 0,
-        process_count: int = 1,
+        data_group: int = 0,
+        data_groups: int = 1,
         long_examples: str = 'drop',
         chunk_size: int = CHUNK_SIZE,
         open_rows: int = OPEN_ROWS,
     ):
-        if batch_size % process_count:
-            raise ValueError(f'batch_size={batch_size} is not divisible by {process_count=}.')
-        if not 0 <= process_index < process_count:
-            raise ValueError(f'{process_index=} is not in [0, {process_count}).')
+        if batch_size % data_groups:
+            raise ValueError(f'batch_size={batch_size} is not divisible by {data_groups=}.')
+        if not 0 <= data_group < data_groups:
+            raise ValueError(f'{data_group=} is not in [0, {data_groups}).')
         if long_examples not in ('drop', 'truncate'):
             raise ValueError(f"long_examples must be 'drop' or 'truncate', got {long_examples!r}.")
         self._data = data
         self.batch_size = batch_size
         self.max_len = max_len
-        self.process_index = process_index
-        self.process_count = process_count
+        self.data_group = data_group
+        self.data_groups = data_groups
         self._chunk_size = chunk_size
         self._open_rows = open_rows
 
@@ -291,8 +293,8 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
 
     def __next__(self) -> dict[str, np.ndarray]:
         rows = self._next_rows()
-        local = self.batch_size // self.process_count
-        rows = rows[self.process_index * local : (self.process_index + 1) * local]
+        local = self.batch_size // self.data_groups
+        rows = rows[self.data_group * local : (self.data_group + 1) * local]
         data = self._data
         inputs, inputs_segmentation, inputs_positions = _fill_rows(
             rows, data.source_ids, data.source_offsets, self._source_lengths, self.max_len
@@ -317,19 +319,19 @@ def make_train_iterator(
     batch_size: int,
     seed: int,
     cache_dir: str | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
+    data_group: int = 0,
+    data_groups: int = 1,
 ) -> TrainIterator:
     """Packed training batches of ``data_config.train_split``.
 
     Args:
       data_config: the ``data`` config section.
       tokenizer: the vocabulary.
-      batch_size: global number of packed rows per batch (all processes together).
+      batch_size: global number of packed rows per batch (all data groups together).
       seed: the shuffling seed; the same seed gives the same batches.
       cache_dir: where the token ids are cached (None: not on disk).
-      process_index: this process's index.
-      process_count: number of processes; each gets batch_size // process_count rows.
+      data_group: the block of each batch this process feeds (`Parallel.data_group`).
+      data_groups: number of blocks; each is batch_size // data_groups rows.
 
     Returns:
       The iterator; see TrainIterator.
@@ -341,8 +343,8 @@ def make_train_iterator(
         batch_size=batch_size,
         seed=seed,
         max_len=int(data_config.max_len),
-        process_index=process_index,
-        process_count=process_count,
+        data_group=data_group,
+        data_groups=data_groups,
         long_examples=data_config.get('long_examples', 'drop'),
     )
     stats = iterator.stats()

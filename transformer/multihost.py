@@ -1,0 +1,81 @@
+"""Decisions a multi-host run makes once: process 0 decides, every process follows.
+
+Anything that changes control flow (which checkpoint to resume from, whether a validation
+score is the best so far, whether to stop early) must come out the same on every process,
+or one process enters a collective (a save, a train step) that the others never reach and
+the run hangs. Deciding independently is not enough even from identical inputs: a
+validation BLEU computed on two GPUs can differ in its last bit. So the value the decision
+is made from is computed (or chosen) by process 0 and broadcast, bit for bit; in a
+single-process run every function here is the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+class OtherProcessFailed(RuntimeError):
+    """Process 0 failed at a step every process waits for; its own log says why."""
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches the barrier called ``name``."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def _broadcast_int32(values: np.ndarray) -> np.ndarray:
+    if jax.process_count() == 1:
+        return values
+    # The broadcast is a psum of zeros and the source's values: exact for int32.
+    return np.asarray(multihost_utils.broadcast_one_to_all(values)).astype(np.int32)
+
+
+def broadcast_ints(values: Sequence[int]) -> list[int]:
+    """Process 0's ``values`` (int32 range) on every process."""
+    return [int(v) for v in _broadcast_int32(np.asarray(values, np.int32))]
+
+
+def broadcast_floats(values: Sequence[float]) -> list[float]:
+    """Process 0's ``values`` on every process, exactly (their float64 bits travel)."""
+    bits = np.asarray(values, np.float64).view(np.int32)
+    return [float(v) for v in _broadcast_int32(bits).view(np.float64)]
+
+
+def all_ok(ok: bool) -> bool:
+    """True on every process if ``ok`` on every process, else False on every process."""
+    if jax.process_count() == 1:
+        return ok
+    flags = multihost_utils.process_allgather(np.asarray(ok, np.int32))
+    return bool(np.all(np.asarray(flags)))
+
+
+def on_main(fn: Callable[[], int | None], what: str) -> int | None:
+    """Runs ``fn`` on process 0 alone and returns its result (an int >= 0, or None) on every
+    process; ``what`` names the work for the other processes' error if it fails there.
+
+    Raises:
+      The error of ``fn`` on process 0; `OtherProcessFailed` on the others.
+    """
+    if jax.process_count() == 1:
+        return fn()
+    result, error = None, None
+    if is_main():
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, once the others know
+            error = e
+    ok, value = broadcast_ints([error is None, -1 if result is None else result])
+    if error is not None:
+        raise error
+    if not ok:
+        raise OtherProcessFailed(f'Process 0 could not {what}; its log says why. Stopped.')
+    return None if value < 0 else value
