@@ -7,8 +7,6 @@ created ('embed' = D, 'mlp' = F, ...); transformer/parallel.py maps them onto me
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,10 +15,8 @@ from flax import linen as nn
 from transformer import products
 from transformer.attention import MultiHeadAttention
 from transformer.dropout import Dropout
+from transformer.model_config import TransformerConfig
 from transformer.tokens import PAD_ID
-
-if TYPE_CHECKING:
-    from transformer.model import TransformerConfig
 
 Array = jax.Array
 

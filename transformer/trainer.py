@@ -287,7 +287,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         )
         with open(done) as f:
             return {**json.load(f), 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
-    validation = validation_lib.Validation(run)
+    validation = validation_lib.Validation(config, run.tokenizer, run.model, parallel, workdir)
     writer = metrics_lib.MetricWriter(
         workdir_lib.path(workdir, workdir_lib.METRICS_FILE),
         workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
@@ -320,7 +320,12 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
             is_bleu = bool(bleu_every) and (step % bleu_every == 0 or is_last)
             if is_loss or is_bleu:
                 stopped_early = validation_lib.validate(
-                    run, validation, writer, step, final, is_loss, is_bleu
+                    validation,
+                    run.state,
+                    run.best,
+                    run.best_manager,
+                    writer,
+                    *(step, final, is_loss, is_bleu),
                 )
             if is_ckpt or stopped_early:
                 state = parallel.global_state(run.state)

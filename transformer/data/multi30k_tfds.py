@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from transformer.data.multi30k import (
+from transformer.data.multi30k_files import (
     FILE_STEMS,
     LANGUAGES,
     OPTIONAL_SPLITS,
