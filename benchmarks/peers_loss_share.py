@@ -31,7 +31,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import transformer  # noqa: E402,F401  (before jax, as peers.py does)
+from transformer import host_memory  # noqa: E402
+
+host_memory.configure()  # as the commands do, before jax's first computation
 
 
 def _load_peers(path: pathlib.Path):

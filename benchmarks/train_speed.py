@@ -38,6 +38,8 @@ from transformer import config_checks, console, host_memory, optim, steps  # noq
 from transformer import flops as flops_lib  # noqa: E402
 from transformer.parallel import Parallel  # noqa: E402
 
+host_memory.configure()  # as every command does, before jax's first computation
+
 FLAGS = flags.FLAGS
 
 

@@ -35,7 +35,8 @@ def test_settings_apply_only_where_jax_computes_on_the_cpu(environ, plugin, expe
 # still mapped.
 _SECOND_ROUND_FAULTS = """
 import ctypes, json, resource, threading
-import transformer
+from transformer import host_memory
+host_memory.configure()
 
 libc = ctypes.CDLL('libc.so.6')
 libc.malloc.restype = ctypes.c_void_p
@@ -54,7 +55,7 @@ thread = threading.Thread(target=rounds)
 thread.start()
 thread.join()
 pages = size // resource.getpagesize()
-print(json.dumps({'pages': pages, 'faults': faults, 'applied': transformer.host_memory.applied}))
+print(json.dumps({'pages': pages, 'faults': faults, 'applied': host_memory.applied}))
 """
 
 
@@ -76,7 +77,7 @@ def _second_round_faults(malloc: str) -> tuple[int, int, bool]:
 @pytest.mark.skipif(
     not sys.platform.startswith('linux') or not hasattr(os, 'confstr'), reason='glibc only'
 )
-def test_importing_the_package_keeps_a_freed_block_mapped_for_the_next_step():
+def test_the_settings_keep_a_freed_block_mapped_for_the_next_step():
     """With the settings a block freed by a worker thread is reused without page faults; with
     TRANSFORMER_MALLOC=system glibc unmaps it and every page faults again."""
     if not (os.confstr('CS_GNU_LIBC_VERSION') or '').startswith('glibc'):
@@ -86,3 +87,27 @@ def test_importing_the_package_keeps_a_freed_block_mapped_for_the_next_step():
     assert applied and not opted_out
     assert unmapped > 0.9 * pages
     assert kept < 0.05 * pages
+
+
+def test_importing_the_package_changes_nothing_and_the_commands_opt_in(monkeypatch):
+    """`import transformer` (and its model) sets nothing process-wide; `console.run`, which
+    every command goes through, applies the malloc settings before the command's work."""
+    code = (
+        'import json, sys, transformer, transformer.model\n'
+        "print(json.dumps([m in sys.modules for m in ('transformer.host_memory', "
+        "'transformer.compile_cache')]))"
+    )
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+    done = subprocess.run(
+        [sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, False]
+
+    from transformer import console
+
+    order = []
+    monkeypatch.setattr(host_memory, 'configure', lambda: order.append('malloc'))
+    with pytest.raises(SystemExit) as info:  # absl's app.run exits with main's result
+        console.run(lambda argv: order.append('command'), ['command'])
+    assert not info.value.code and order == ['malloc', 'command']

@@ -1,9 +1,8 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", trained for translation.
 
-Importing the package keeps a CPU training step's buffers mapped between steps (glibc malloc
-settings, transformer/host_memory.py; ``TRANSFORMER_MALLOC=system`` opts out).
+Importing the package changes nothing in the process. The commands opt in to process-wide
+settings when they start (transformer/console.py): glibc malloc settings for CPU training
+steps (transformer/host_memory.py) and jax's persistent compilation cache
+(transformer/compile_cache.py). From Python, ``transformer.host_memory.configure()`` applies
+the former before jax's first computation.
 """
-
-from transformer import host_memory
-
-host_memory.configure()

@@ -24,7 +24,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from transformer import compile_cache
+from transformer import compile_cache, host_memory
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Library lines that are dropped at the default verbosity (matched anywhere in the message).
@@ -286,7 +286,8 @@ def run(
 ) -> None:
     """``absl.app.run`` with our console settings; ``argv`` for in-process use (tests).
 
-    The command runs with jax's persistent compilation cache on (`compile_cache`). A command
+    The command runs with jax's persistent compilation cache on (`compile_cache`) and, where
+    jax computes on the CPU, the malloc settings of `host_memory`. A command
     line that does not parse ends with one ``error:`` line and exit code 2;
     ``explain_flag_error(error, argv)`` may word that line (None: the error's first line).
     Running out of device or host memory ends with one ``error:`` line (exit code 1) that
@@ -305,6 +306,7 @@ def run(
         if len(args) > 1:
             usage_exit(f'Unexpected arguments: {args[1:]} (every option is a --flag).')
         compile_cache.configure()
+        host_memory.configure()  # before jax's first computation: see host_memory
         try:
             main(args)
         except KeyboardInterrupt:

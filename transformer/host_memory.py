@@ -12,12 +12,12 @@ them, runs alternated on a 2-core AMD EPYC; peak RSS 1.2 -> 1.7-2.3 GB).
 ``keep_freed_memory`` therefore makes every thread use the main arena (``M_ARENA_MAX`` 1),
 serves large blocks from the heap instead of ``mmap`` (``M_MMAP_MAX`` 0) and keeps freed
 memory instead of returning it to the system (``M_TRIM_THRESHOLD``), so that the next step
-reuses the same, already mapped pages. `transformer/__init__.py` calls it when the package is
-imported, on Linux with glibc and where jax will run on the CPU (JAX_PLATFORMS is 'cpu', or
-unset with no GPU/TPU plugin installed); set ``TRANSFORMER_MALLOC=system`` to keep glibc's
-defaults. It applies to the whole process (a torch model in the same process gains alike)
-and takes full effect when the package is imported before jax's first computation: threads
-that have already allocated keep their arena.
+reuses the same, already mapped pages. Every command calls `configure` when it starts
+(transformer/console.py), which applies them on Linux with glibc and where jax will run on
+the CPU (JAX_PLATFORMS is 'cpu', or unset with no GPU/TPU plugin installed); set
+``TRANSFORMER_MALLOC=system`` to keep glibc's defaults. They apply to the whole process (a
+torch model in the same process gains alike) and take full effect before jax's first
+computation: threads that have already allocated keep their arena.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _M_ARENA_MAX = -8
 _KEEP_BYTES = 2**31 - 1  # freed memory kept by the heap (mallopt takes an int)
 
 ENV_VAR = 'TRANSFORMER_MALLOC'
-applied = False  # set by `configure` when the package is imported
+applied = False  # set by `configure`
 
 
 def _accelerator_plugin_installed() -> bool:
