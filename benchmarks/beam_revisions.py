@@ -3,12 +3,13 @@
     python benchmarks/beam_revisions.py --rev 6ef35c5
     python benchmarks/beam_revisions.py --rev 6ef35c5 --max_decode_len 80
 
-The revision's ``transformer/beam.py`` (read with ``git show REV:transformer/beam.py``) is
-loaded as a module of its own and runs on this checkout's model, attention and step, so this
-compares beam searches, not whole packages; a revision whose beam.py needs names the present
-modules no longer have fails at import. Both search the same random Multi30k-sized model
-(`benchmarks/decode_speed.py`'s sizes and sources) for exactly ``--max_decode_len`` steps
-(no early stop), must return the same sequences and scores, and are timed interleaved
+The revision's beam search (``transformer/decoding/beam.py``, or ``transformer/beam.py`` in
+revisions before the package's layers, read with ``git show``) is loaded as a module of its own
+and runs on this checkout's model, attention and step, so this compares beam searches, not
+whole packages; a revision whose beam.py imports modules or names the present checkout no
+longer has fails at import. Both search the same random Multi30k-sized model
+(`benchmarks/decode_speed.py`'s sizes and sources) for exactly ``--max_decode_len`` steps (no
+early stop), must return the same sequences and scores, and are timed interleaved
 (present, revision, present, ...): the median of the per-round ratios is printed and saved.
 """
 
@@ -34,24 +35,24 @@ from benchmarks.decode_speed import (  # noqa: E402
     model_config,
     save_report,
 )
-from transformer import beam  # noqa: E402
+from transformer.decoding import beam
 from transformer.model import Transformer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_revision(rev: str):
-    """``transformer/beam.py`` as of git revision ``rev``, imported as its own module."""
-    source = subprocess.run(
-        ['git', 'show', f'{rev}:transformer/beam.py'],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    if source.returncode:
-        raise SystemExit(f'error: git show {rev}:transformer/beam.py: {source.stderr.strip()}')
+    """The beam search module as of git revision ``rev``, imported as its own module."""
+    for path in ('transformer/decoding/beam.py', 'transformer/beam.py'):
+        source = subprocess.run(
+            ['git', 'show', f'{rev}:{path}'], cwd=REPO, capture_output=True, text=True
+        )
+        if not source.returncode:
+            break
+    else:
+        raise SystemExit(f'error: git show {rev}:{path}: {source.stderr.strip()}')
     module = types.ModuleType('beam_at_revision')
-    exec(compile(source.stdout, f'{rev}:transformer/beam.py', 'exec'), module.__dict__)
+    exec(compile(source.stdout, f'{rev}:{path}', 'exec'), module.__dict__)
     return module
 
 

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from transformer import decode
+from transformer.decoding import greedy
 from transformer.model import Transformer, TransformerConfig
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -139,12 +139,12 @@ def main() -> None:
         for m in range(args.ensemble)
     ]
     ensemble = args.ensemble > 1
-    params = decode.ensemble_params(members) if ensemble else members[0]
+    params = greedy.ensemble_params(members) if ensemble else members[0]
     searches = {
-        'greedy': lambda: decode.greedy_search(
+        'greedy': lambda: greedy.greedy_search(
             model, params, inputs, max_decode_len=args.max_decode_len, ensemble=ensemble
         ),
-        f'beam_{args.beam_size}': lambda: decode.beam_search(
+        f'beam_{args.beam_size}': lambda: greedy.beam_search(
             model,
             params,
             inputs,

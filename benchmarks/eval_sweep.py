@@ -28,7 +28,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import evaluate, workdir  # noqa: E402
+from transformer import evaluate, rundir
+from transformer.checkpoint import store
 
 
 def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,8 +53,8 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = _parse_args(argv)
     try:
-        config = workdir.read_config(args.workdir)
-    except workdir.WorkdirError as e:
+        config = rundir.read_config(args.workdir)
+    except rundir.WorkdirError as e:
         raise SystemExit(f'error: {e}') from None
     split = args.split or config.data.eval_split
     if split == config.data.test_split:
@@ -62,10 +63,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f'{config.data.eval_split} and score the test split once with transformer.evaluate.'
         )
     try:
-        last = workdir.checkpoint_steps(args.workdir, args.step)[-1]
-    except workdir.WorkdirError as e:
+        last = store.checkpoint_steps(args.workdir, args.step)[-1]
+    except rundir.WorkdirError as e:
         raise SystemExit(f'error: {e}') from None
-    sweep_dir = workdir.path(args.workdir, workdir.EVAL_DIR, 'sweep')
+    sweep_dir = rundir.path(args.workdir, rundir.EVAL_DIR, 'sweep')
     os.makedirs(sweep_dir, exist_ok=True)
     rows = []
     for k, beam, alpha in itertools.product(args.average_last, args.beam_size, args.alpha):
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 output=os.path.join(sweep_dir, name),
                 ensemble=args.ensemble,
             )
-        except workdir.WorkdirError as e:  # e.g. an ensemble run with another vocabulary
+        except rundir.WorkdirError as e:  # e.g. an ensemble run with another vocabulary
             raise SystemExit(f'error: {e}') from None
         row = {
             'split': split,

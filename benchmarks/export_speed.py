@@ -25,6 +25,8 @@ import platform
 import tempfile
 import time
 
+from transformer.decoding import translation
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 
@@ -49,11 +51,10 @@ def _read_lines(path: str) -> list[str]:
 
 
 def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dict]:
-    from transformer import translate
 
     def run():
         start = time.perf_counter()
-        out = translate.translate_lines(
+        out = translation.translate_lines(
             lines,
             tokenizer,
             model,
@@ -104,7 +105,8 @@ def _ctranslate2(
 
 def main() -> None:
     args = _parse_args()
-    from transformer import bleu, export
+    from transformer import export
+    from transformer.evaluation import bleu
 
     lines, references = _read_lines(args.source), _read_lines(args.reference)
     config, tokenizer, model, params, steps = export.load_run(

@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 from step_overhead import full_step  # noqa: E402
 
 from configs import multi30k  # noqa: E402
-from transformer import steps  # noqa: E402
-from transformer.steps import cross_entropy_with_smoothing  # noqa: E402
+from transformer.training import steps
+from transformer.training.steps import cross_entropy_with_smoothing  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

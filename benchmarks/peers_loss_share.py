@@ -31,7 +31,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from transformer import host_memory  # noqa: E402
+from transformer.backends import host_memory  # noqa: E402
 
 host_memory.configure()  # as the commands do, before jax's first computation
 

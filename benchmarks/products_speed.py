@@ -26,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer import products
+from transformer.backends import products
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 B, T, D, N, H, F, V = 64, 32, 256, 4, 64, 1024, 8000

@@ -7,7 +7,7 @@ plain mean cross-entropy, optax.adam) and the package's real `steps.train_step` 
 32 x 64 rows (segment masks, label-smoothed sums, metrics, the paper's schedule) with
 (2) dropout 0, (3) dropout 0.1 drawn by threefry (the default), (4) by rbg, (5) by
 unsafe_rbg and (6) by philox4x32, all with the package's 16-bit keep masks
-(transformer/dropout.py), and (7) rbg with flax's nn.Dropout (a 32-bit uniform per element)
+(transformer/model/dropout.py), and (7) rbg with flax's nn.Dropout (a 32-bit uniform per element)
 swapped in while that step compiles. Run interleaved (1 2 3 ... 7 1 2 ...) after compilation;
 prints the median ms and the median per-round ratio to (1), which is robust to the host's
 load.
@@ -33,8 +33,8 @@ import optax  # noqa: E402
 from train_speed import random_packed_batches  # noqa: E402
 
 from configs import multi30k  # noqa: E402
-from transformer import optim, steps  # noqa: E402
 from transformer.model import Transformer, config_from_dict  # noqa: E402
+from transformer.training import optim, steps
 
 
 def model_step(cfg, batch, length):
@@ -72,8 +72,8 @@ def flax_dropout():
     """The model built with flax's nn.Dropout in place of transformer.dropout.Dropout."""
     from flax import linen as nn
 
-    from transformer import attention, layers
     from transformer import model as model_lib
+    from transformer.model import attention, layers
 
     modules = (attention, layers, model_lib)
     saved = [m.Dropout for m in modules]

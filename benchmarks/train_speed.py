@@ -12,7 +12,7 @@ rows of random tokens of the config's shape (batch_size x data.max_len, ~4 segme
 ~8% padding) and needs only jax/flax/optax/numpy; ``auto`` (default) is real when the data is
 local (a ``manual_dir``/``folder`` is given, or the built-in synthetic task), else random.
 
-Reports analytic matmul FLOPs per step (transformer/flops.py), achieved FLOP/s, MFU against
+Reports analytic matmul FLOPs per step (transformer/model/flops.py), achieved FLOP/s, MFU against
 the accelerator's data-sheet peak for the compute dtype or, on CPU, a measured jitted matmul,
 peak memory, and the projected wall time of ``train.num_steps`` (the paper's 100k steps for
 configs/base.py). Saves a JSON in results/.
@@ -34,9 +34,11 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import config_checks, console, host_memory, optim, steps  # noqa: E402
-from transformer import flops as flops_lib  # noqa: E402
-from transformer.parallel import Parallel  # noqa: E402
+from transformer import console  # noqa: E402
+from transformer.backends import host_memory
+from transformer.model import flops as flops_lib
+from transformer.training import config_checks, loop, optim, steps
+from transformer.training.parallel import Parallel  # noqa: E402
 
 host_memory.configure()  # as every command does, before jax's first computation
 
@@ -102,9 +104,8 @@ def _random_setup(config):
 
 
 def _real_setup(config):
-    from transformer import trainer  # the data pipeline (TFDS, TensorFlow) only on this path
 
-    run = trainer.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
+    run = loop.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
     return run.model, run.parallel, run.state, run.train_iter, run.dropout_rng, run.num_params
 
 

@@ -15,8 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import trainer, validation  # noqa: E402
+from transformer import trainer  # noqa: E402
 from transformer.data import tokenizer  # noqa: E402
+from transformer.training import validation
 
 
 def _fake_bleu(table):

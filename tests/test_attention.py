@@ -1,4 +1,4 @@
-"""Tests of transformer/attention.py: the two views of one kernel, fans, masks."""
+"""Tests of transformer/model/attention.py: the two views of one kernel, fans, masks."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformer.attention import (
+from transformer.model.attention import (
     MultiHeadAttention,
     from_per_head,
     fused,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
-from transformer import beam, next_token
-from transformer.attention import MultiHeadAttention
+from transformer.decoding import beam, next_token
+from transformer.model.attention import MultiHeadAttention
 
 
 def test_early_stop_gives_the_same_result_in_fewer_steps():

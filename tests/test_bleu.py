@@ -3,7 +3,7 @@
 import pytest
 import sacrebleu
 
-from transformer import bleu
+from transformer.evaluation import bleu
 
 
 def test_sacrebleu_and_chrf_equal_sacrebleu_itself():

@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from transformer import compile_cache
+from transformer.backends import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,7 +8,8 @@ import pytest
 from absl import flags
 
 from configs import tiny
-from transformer import config_checks, configs, trainer
+from transformer import configs, trainer
+from transformer.training import config_checks
 
 
 def _forget_config_overrides():

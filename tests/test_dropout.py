@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import dropout
+from transformer.model import dropout
 
 
 def _apply(rate, x, seed=0, deterministic=False):

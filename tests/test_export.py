@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from transformer import data as data_lib
-from transformer import export, trainer, translate, workdir
+from transformer import export, trainer
+from transformer.checkpoint import store
+from transformer.decoding import translation
 from transformer.model import TransformerConfig, sinusoidal_positions
 from transformer.tokens import EOS_ID
 
@@ -44,7 +46,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def loaded(run_dir):
-    return workdir.load_model(str(run_dir))
+    return store.load_model(str(run_dir))
 
 
 @pytest.fixture(scope='module')
@@ -152,7 +154,7 @@ def test_greedy_translations_are_identical_ours_hf_ctranslate2(loaded, hf_dir, c
     config, tokenizer, model, params, _ = loaded
     sentences = _test_sentences(config)
     extra = config.eval.extra_length
-    ours = translate.translate_lines(
+    ours = translation.translate_lines(
         sentences,
         tokenizer,
         model,

@@ -1,4 +1,4 @@
-"""transformer/flops.py against XLA's own count of a compiled forward + backward."""
+"""transformer/model/flops.py against XLA's own count of a compiled forward + backward."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,7 @@ import numpy as np
 from flax import linen as nn
 
 from tests.random_params import fill_random
-from transformer import flops
-from transformer.model import Transformer, TransformerConfig, config_from_dict
+from transformer.model import Transformer, TransformerConfig, config_from_dict, flops
 
 
 def test_train_flops_match_xla_cost_analysis_within_2_percent():

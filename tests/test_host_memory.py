@@ -1,4 +1,5 @@
-"""transformer/host_memory.py: when the malloc settings apply, and that they keep memory."""
+"""transformer/backends/host_memory.py: when the malloc settings apply, and that they keep
+memory."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import textwrap
 
 import pytest
 
-from transformer import host_memory
+from transformer.backends import host_memory
 
 REPO = pathlib.Path(__file__).parents[1]
 
@@ -35,7 +36,7 @@ def test_settings_apply_only_where_jax_computes_on_the_cpu(environ, plugin, expe
 # still mapped.
 _SECOND_ROUND_FAULTS = """
 import ctypes, json, resource, threading
-from transformer import host_memory
+from transformer.backends import host_memory
 host_memory.configure()
 
 libc = ctypes.CDLL('libc.so.6')

@@ -1,4 +1,5 @@
-"""Tests of transformer/model.py: causality, padding, tying, packing, the decode cache, size.
+"""Tests of transformer/model/transformer.py: causality, padding, tying, packing, the decode
+cache, size.
 
 Equivalence tests use random parameters drawn in numpy (LayerNorm scales and biases included,
 so that nothing hides behind an init of ones and zeros) on the real parameter tree from
@@ -19,13 +20,13 @@ from flax import traverse_util
 from tests.random_params import fill_random
 from transformer.model import (
     PAD_ID,
-    EncoderLayer,
     Transformer,
     TransformerConfig,
     config_from_dict,
     init_cache,
     sinusoidal_positions,
 )
+from transformer.model.layers import EncoderLayer
 
 V, D = 48, 32  # V != D and neither equals F, so a [V, D] parameter is only an embedding
 
@@ -274,7 +275,7 @@ def test_cached_decoding_equals_full_forward(pre_layer_norm, dtype, atol):
     target) reproduces the teacher-forced logits at every real target position. The steps
     are given an all-NaN encoder output, which any use would spread to the logits: they read
     its keys and values only from the cache that `init_cache` filled. In bfloat16 (the CPU's
-    16-bit products of transformer/products.py, one-row products included) the two agree to
+    16-bit products of transformer/backends/products.py, one-row products included) the two agree to
     bfloat16 rounding."""
     cfg = tiny_config(pre_layer_norm=pre_layer_norm, num_decoder_layers=2, dtype=dtype)
     model = Transformer(cfg)

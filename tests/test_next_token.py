@@ -1,11 +1,12 @@
-"""Tests of transformer/next_token.py's top-k (the searches' results: tests/test_decode.py)."""
+"""Tests of transformer/decoding/next_token.py's top-k (the searches' results:
+tests/test_decode.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.next_token import top_k
+from transformer.decoding.next_token import top_k
 
 
 @pytest.mark.parametrize('width', [4 * 8000, 5 * 999 + 7])

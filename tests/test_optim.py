@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import optim
 from transformer.configs import base
+from transformer.training import optim
 
 
 @pytest.mark.parametrize('step', [1, 10, 3999, 4000, 4001, 100_000])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.tiny_run import LEN, packed_batch, tiny_model
-from transformer import optim, parallel, steps
 from transformer.configs import base
+from transformer.training import optim, parallel, steps
 
 
 def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
@@ -236,7 +236,7 @@ def test_every_parameter_declares_its_logical_axes(overrides):
 
 
 def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
-    """`parallel.fetch` of an output whose computation failed for want of memory raises that
+    """`fetch` of an output whose computation failed for want of memory raises that
     error; ``jax.device_get`` / ``int()`` of it wait for ever on jaxlib's CPU client (in a
     subprocess, so that a regression fails on the timeout instead of hanging the suite)."""
     import os
@@ -248,7 +248,7 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
     code = textwrap.dedent(
         """
         import jax, jax.numpy as jnp
-        from transformer.parallel import fetch
+        from transformer.backends.fetch import fetch
         shape = (2 * 10**9, 10**5)  # 8e14 bytes: more than any address space
         step = jax.jit(lambda k: (jnp.zeros((), jnp.int32), jax.random.normal(k, shape)))
         small, _ = step(jax.random.key(0))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformer import products
+from transformer.backends import products
 
 EQUATIONS = {  # every product shape the model uses, with operand shapes
     'BTD,DNH->BTNH': ((2, 3, 8), (8, 2, 4)),

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tests.tiny_run import LEN, packed_batch, tiny_model
-from transformer import optim, steps
 from transformer.configs import base
 from transformer.model import Transformer
+from transformer.training import optim, steps
 
 
 def test_label_smoothing_matches_direct_computation():

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from tests.tiny_run import SMALL, command_line, tiny_run_config
-from transformer import trainer, workdir
+from transformer import rundir, trainer
+from transformer.checkpoint import store
 
 REPO = pathlib.Path(__file__).parents[1]
 
 
 def _params_at(run_dir, step):
-    _, _, _, params, _ = workdir.load_model(str(run_dir), step=step)
+    _, _, _, params, _ = store.load_model(str(run_dir), step=step)
     return params
 
 
@@ -73,7 +74,7 @@ def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
     saved_config = (tmp_path / 'config.json').read_text()
     changed = tiny_run_config(6)
     changed.model.d_ff = 48
-    with pytest.raises(workdir.WorkdirError, match='does not fit this config') as info:
+    with pytest.raises(rundir.WorkdirError, match='does not fit this config') as info:
         trainer.train_and_evaluate(changed, str(tmp_path))
     assert '\n' not in str(info.value)
     # Named from the checkpoint's metadata, before any array is read.
@@ -138,7 +139,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
         trainer.train_and_evaluate(config, str(tmp_path))
     assert 'Newest verified checkpoint: step' in str(info.value)
     assert 'may be bad' not in str(info.value)  # a fresh run: the learning rate is the suspect
-    steps = workdir.checkpoint_steps(str(tmp_path), average_last=100)
+    steps = store.checkpoint_steps(str(tmp_path), average_last=100)
     assert steps, 'a good checkpoint must survive'
     params = _params_at(tmp_path, steps[-1])
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
@@ -181,7 +182,7 @@ _KILL_OVERRIDES = {
 def _meta(run_dir, step):
     import orbax.checkpoint as ocp
 
-    manager = workdir.checkpoint_manager(str(run_dir))
+    manager = store.checkpoint_manager(str(run_dir))
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
 
 
@@ -235,7 +236,7 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
             assert steps_seen and int(resumed[0]) in steps_seen[-1], log.read_text()[-2000:]
         steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
         for step in steps:
-            workdir.verify_step(str(killed), step, warn=False)  # complete, or no manifest yet
+            store.verify_step(str(killed), step, warn=False)  # complete, or no manifest yet
         steps_seen.append(steps)
     assert proc.returncode == 0, log.read_text()[-2000:]
     last = _KILL_OVERRIDES['train.num_steps']
@@ -249,7 +250,7 @@ def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     """A model that cannot fit (an FFN of 2^43 units: petabytes of parameters) stops in
     seconds with one `error: out of memory` line naming the keys to lower: no traceback, and
     no wait for ever (jaxlib's CPU client never wakes a read of a failed computation's output;
-    `parallel.fetch` and `Parallel.init_state` wait with block_until_ready, which raises)."""
+    `backends.fetch.fetch` and `Parallel.init_state` wait with block_until_ready, which raises)."""
     run = tmp_path / 'run'
     overrides = {**SMALL, 'model.d_ff': 2**43, 'train.num_steps': 2}
     command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={run}']
@@ -261,7 +262,7 @@ def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     assert re.fullmatch(r'error: out of memory allocating \d+ bytes \([\d.]+ GiB\)\. .+', last)
     assert 'train.batch_size' in last and 'train.grad_accum_steps' in last
     assert 'Traceback' not in done.stderr
-    assert not list((run / workdir.CHECKPOINTS).iterdir())  # nothing was saved
+    assert not list((run / rundir.CHECKPOINTS).iterdir())  # nothing was saved
 
 
 def test_ctrl_c_seals_the_save_in_flight_and_names_the_step_to_resume_from(tmp_path):
@@ -279,8 +280,8 @@ def test_ctrl_c_seals_the_save_in_flight_and_names_the_step_to_resume_from(tmp_p
     assert str(info.value) == (
         f'Interrupted at step 4; the same command resumes from step 3 in {tmp_path}/checkpoints.'
     )
-    assert (tmp_path / 'checkpoints' / '3' / workdir.MANIFEST).exists()
-    assert workdir.verify_step(str(tmp_path), 3)
+    assert (tmp_path / 'checkpoints' / '3' / rundir.MANIFEST).exists()
+    assert store.verify_step(str(tmp_path), 3)
 
 
 def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):

@@ -5,14 +5,16 @@ import shutil
 import pytest
 
 from transformer import data as data_lib
-from transformer import translate, workdir
+from transformer import rundir, translate
+from transformer.checkpoint import store
+from transformer.decoding import translation
 
 
 def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_path):
     """`python -m transformer.translate`: one output line per input line, blank lines stay
     blank, an over-long line is cut (not crashed on), and a sentence translates the same
     alone as inside a batch."""
-    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     lines = [sources[0], '', '   ', ' '.join(sources[:30]), sources[1]]
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.txt'
     infile.write_text('\n'.join(lines) + '\n')
@@ -23,8 +25,8 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
     out = outfile.read_text().split('\n')
     assert len(out) == len(lines) + 1 and out[-1] == ''  # one line each, newline-terminated
     assert out[1] == '' and out[2] == ''
-    _, tokenizer, model, params, _ = workdir.load_model(str(run_dir))
-    alone = translate.translate_lines(
+    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
+    alone = translation.translate_lines(
         [sources[1]],
         tokenizer,
         model,
@@ -46,16 +48,16 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     import jax.numpy as jnp
     import numpy as np
 
-    from transformer import decode
+    from transformer.decoding import greedy
 
-    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
-    _, tokenizer, model, params, _ = workdir.load_model(str(run_dir))
+    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
+    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
     kwargs = dict(alpha=0.6, extra_length=10, batch_size=4, max_input_tokens=32)
     lines = [sources[2], '', sources[3]]
-    nbest = translate.translate_lines(
+    nbest = translation.translate_lines(
         lines, tokenizer, model, params, beam_size=3, nbest=3, **kwargs
     )
-    plain = translate.translate_lines(lines, tokenizer, model, params, beam_size=3, **kwargs)
+    plain = translation.translate_lines(lines, tokenizer, model, params, beam_size=3, **kwargs)
     assert nbest[1] == [] and plain[1] == ''
     for line, hypotheses, best in zip(lines, nbest, plain, strict=True):
         if not line:
@@ -69,7 +71,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
             log_probs = jax.nn.log_softmax(model.apply({'params': params}, inputs, target))
             forward = float(jnp.take_along_axis(log_probs, target[..., None], -1).sum())
             np.testing.assert_allclose(h.log_prob, forward, rtol=1e-4, atol=1e-4)
-            penalty = float(decode.length_penalty(target.shape[1], 0.6))
+            penalty = float(greedy.length_penalty(target.shape[1], 0.6))
             np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
 
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
@@ -93,7 +95,7 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
 
     from tests.test_data_text import HOSTILE
 
-    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     data = HOSTILE + b'\n' + ' '.join(sources[:40]).encode() + b'\r\nend'
     monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(data)))
     with pytest.raises(SystemExit) as exit_info:
@@ -121,13 +123,13 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     import jax.numpy as jnp
     import numpy as np
 
-    sources, _ = data_lib.load_text(workdir.read_config(str(run_dir)).data, 'test')
+    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     # The run's step 2 as a run of its own: copy everything but checkpoint 4.
     earlier = tmp_path / 'earlier'
     shutil.copytree(
         run_dir, earlier, ignore=lambda d, names: ['4'] if d.endswith('checkpoints') else []
     )
-    assert workdir.checkpoint_steps(str(earlier)) == [2]
+    assert store.checkpoint_steps(str(earlier)) == [2]
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
     infile.write_text(f'{sources[5]}\n{sources[6]}\n')
     argv = ['translate', f'--workdir={run_dir}', f'--input={infile}', f'--output={outfile}']
@@ -139,8 +141,8 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     assert not exit_info.value.code
     rows = [row.split('\t') for row in outfile.read_text().splitlines()]
     assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('1', '1'), ('1', '2')]
-    _, tokenizer, model, _, _ = workdir.load_model(str(run_dir))
-    members = [workdir.load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
+    _, tokenizer, model, _, _ = store.load_model(str(run_dir))
+    members = [store.load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
     for index, _, _, log_prob, text in rows:
         inputs = jnp.asarray([[*tokenizer.encode(sources[5 + int(index)]), 1]])
         target = jnp.asarray([[*tokenizer.encode(text), 1]])

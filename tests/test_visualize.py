@@ -2,13 +2,14 @@
 
 import numpy as np
 
-from transformer import visualize, workdir
+from transformer import visualize
+from transformer.checkpoint import store
 from transformer.tokens import EOS_ID
 
 
 def test_attention_maps_cover_every_layer_and_head(run_dir, tmp_path):
     """visualize: one [N, T, S] map per (stack, layer, kind), rows summing to 1, and a figure."""
-    _, tokenizer, model, params, _ = workdir.load_model(str(run_dir))
+    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
     inputs = np.array(tokenizer.encode('ze bix pud .') + [EOS_ID], np.int32)
     targets = np.array(tokenizer.encode('lo bix pud .') + [EOS_ID], np.int32)
     maps = visualize.attention_maps(model, params, inputs, targets)

@@ -7,15 +7,16 @@ import jax
 import numpy as np
 import pytest
 
-from transformer import workdir
+from transformer import rundir
+from transformer.checkpoint import store
 
 
 def test_average_of_two_checkpoints_is_their_mean(run_dir):
     """--average_last 2 loads the element-wise mean of the step-2 and step-4 parameters."""
-    _, _, _, averaged, steps = workdir.load_model(str(run_dir), average_last=2)
+    _, _, _, averaged, steps = store.load_model(str(run_dir), average_last=2)
     assert steps == [2, 4]
-    _, _, _, p2, _ = workdir.load_model(str(run_dir), step=2)
-    _, _, _, p4, _ = workdir.load_model(str(run_dir), step=4)
+    _, _, _, p2, _ = store.load_model(str(run_dir), step=2)
+    _, _, _, p4, _ = store.load_model(str(run_dir), step=4)
     changed = 0
     for a, x, y in zip(*(jax.tree.leaves(t) for t in (averaged, p2, p4)), strict=True):
         np.testing.assert_allclose(a, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
@@ -27,16 +28,16 @@ def test_average_can_end_at_an_earlier_step(run_dir):
     """--step N with --average_last K averages the K checkpoints up to N (an earlier point
     of the run as a shorter run's average); --step alone is that checkpoint."""
     run = str(run_dir)
-    assert workdir.checkpoint_steps(run, step=4, average_last=2) == [2, 4]
-    assert workdir.checkpoint_steps(run, step=2, average_last=2) == [2]  # none saved before 2
-    assert workdir.checkpoint_steps(run, step=4) == [4]
-    _, _, _, up_to_4, steps = workdir.load_model(run, step=4, average_last=2)
+    assert store.checkpoint_steps(run, step=4, average_last=2) == [2, 4]
+    assert store.checkpoint_steps(run, step=2, average_last=2) == [2]  # none saved before 2
+    assert store.checkpoint_steps(run, step=4) == [4]
+    _, _, _, up_to_4, steps = store.load_model(run, step=4, average_last=2)
     assert steps == [2, 4]
-    _, _, _, latest_two, _ = workdir.load_model(run, average_last=2)
+    _, _, _, latest_two, _ = store.load_model(run, average_last=2)
     for x, y in zip(jax.tree.leaves(up_to_4), jax.tree.leaves(latest_two), strict=True):
         np.testing.assert_array_equal(x, y)
-    _, _, _, at_2, steps = workdir.load_model(run, step=2, average_last=2)
-    _, _, _, only_2, _ = workdir.load_model(run, step=2)
+    _, _, _, at_2, steps = store.load_model(run, step=2, average_last=2)
+    _, _, _, only_2, _ = store.load_model(run, step=2)
     assert steps == [2]
     for x, y in zip(jax.tree.leaves(at_2), jax.tree.leaves(only_2), strict=True):
         np.testing.assert_array_equal(x, y)
@@ -45,19 +46,19 @@ def test_average_can_end_at_an_earlier_step(run_dir):
 def test_missing_workdir_checkpoint_and_vocab_are_one_line_errors(run_dir, tmp_path):
     """No config, no checkpoints, an unknown step, no vocabulary: a WorkdirError whose
     single line names what is missing, not a traceback from inside Orbax."""
-    with pytest.raises(workdir.WorkdirError, match='config.json not found'):
-        workdir.load_model(str(tmp_path / 'nowhere'))
+    with pytest.raises(rundir.WorkdirError, match='config.json not found'):
+        store.load_model(str(tmp_path / 'nowhere'))
     broken = tmp_path / 'broken'
     shutil.copytree(run_dir, broken)
-    with pytest.raises(workdir.WorkdirError, match=r'No checkpoint for step 3.*\[2, 4\]'):
-        workdir.load_model(str(broken), step=3)
+    with pytest.raises(rundir.WorkdirError, match=r'No checkpoint for step 3.*\[2, 4\]'):
+        store.load_model(str(broken), step=3)
     shutil.rmtree(broken / 'vocab')
-    with pytest.raises(workdir.WorkdirError, match='No vocabulary'):
-        workdir.load_model(str(broken))
+    with pytest.raises(rundir.WorkdirError, match='No vocabulary'):
+        store.load_model(str(broken))
     shutil.copytree(run_dir / 'vocab', broken / 'vocab')
     shutil.rmtree(broken / 'checkpoints')
-    with pytest.raises(workdir.WorkdirError, match='No checkpoints'):
-        workdir.load_model(str(broken))
+    with pytest.raises(rundir.WorkdirError, match='No checkpoints'):
+        store.load_model(str(broken))
 
 
 def test_checkpoint_of_another_model_shape_is_a_clear_error(run_dir, tmp_path):
@@ -67,8 +68,8 @@ def test_checkpoint_of_another_model_shape_is_a_clear_error(run_dir, tmp_path):
     config = json.loads((other / 'config.json').read_text())
     config['model']['d_ff'] = 48
     (other / 'config.json').write_text(json.dumps(config))
-    with pytest.raises(workdir.WorkdirError, match='does not fit the model') as info:
-        workdir.load_model(str(other))
+    with pytest.raises(rundir.WorkdirError, match='does not fit the model') as info:
+        store.load_model(str(other))
     assert '\n' not in str(info.value)
 
 
@@ -81,8 +82,8 @@ def test_partial_checkpoint_is_a_clear_error(run_dir, tmp_path):
             shutil.rmtree(path)
         elif path.name != '_METADATA':
             path.unlink()
-    with pytest.raises(workdir.WorkdirError) as info:
-        workdir.load_model(str(partial), step=4)
+    with pytest.raises(rundir.WorkdirError) as info:
+        store.load_model(str(partial), step=4)
     assert '\n' not in str(info.value)
 
 
@@ -102,9 +103,9 @@ def test_every_step_is_sealed_with_a_manifest_that_verifies(run_dir):
     """Training writes checkpoints/<step>/manifest.json (size + sha256 per file) for each step
     once Orbax has committed it; both steps verify."""
     for step in (2, 4):
-        manifest = json.loads((run_dir / 'checkpoints' / str(step) / workdir.MANIFEST).read_text())
+        manifest = json.loads((run_dir / 'checkpoints' / str(step) / rundir.MANIFEST).read_text())
         assert any(name.startswith('params/') for name in manifest['files'])
-        assert workdir.verify_step(str(run_dir), step) is True
+        assert store.verify_step(str(run_dir), step) is True
 
 
 @pytest.mark.parametrize('command', ['evaluate', 'translate', 'visualize'])
@@ -136,13 +137,13 @@ def test_truncated_missing_and_unsealed_checkpoints(run_dir, tmp_path, caplog):
     shutil.copytree(run_dir, broken)
     data_file = _params_file(broken, 4)
     data_file.write_bytes(data_file.read_bytes()[:100])
-    with pytest.raises(workdir.CorruptCheckpoint, match=rf'step 4 .*{data_file.name} has 100'):
-        workdir.load_model(str(broken))
+    with pytest.raises(store.CorruptCheckpoint, match=rf'step 4 .*{data_file.name} has 100'):
+        store.load_model(str(broken))
     data_file.unlink()
-    with pytest.raises(workdir.CorruptCheckpoint, match=f'{data_file.name} is missing'):
-        workdir.load_model(str(broken), average_last=2)
-    (broken / 'checkpoints' / '2' / workdir.MANIFEST).unlink()
-    _, _, _, _, steps = workdir.load_model(str(broken), step=2)
+    with pytest.raises(store.CorruptCheckpoint, match=f'{data_file.name} is missing'):
+        store.load_model(str(broken), average_last=2)
+    (broken / 'checkpoints' / '2' / rundir.MANIFEST).unlink()
+    _, _, _, _, steps = store.load_model(str(broken), step=2)
     assert steps == [2]
     assert 'step 2' in caplog.text and 'no manifest.json' in caplog.text
 
@@ -162,13 +163,13 @@ def test_resume_skips_a_corrupted_step_and_continues_exactly(run_dir, tmp_path, 
     assert final['steps_this_run'] == 2
     assert 'Resuming from step 2, the newest intact one' in caplog.text
     assert list((broken / 'corrupt_checkpoints').iterdir())
-    _, _, _, expected, _ = workdir.load_model(str(run_dir), step=4)
-    _, _, _, got, _ = workdir.load_model(str(broken), step=4)
+    _, _, _, expected, _ = store.load_model(str(run_dir), step=4)
+    _, _, _, got, _ = store.load_model(str(broken), step=4)
     for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(x, y)
     for step in (2, 4):
         _flip(_params_file(broken, step))
-    with pytest.raises(workdir.WorkdirError, match=r'No intact checkpoint.*\[4, 2\]') as info:
+    with pytest.raises(rundir.WorkdirError, match=r'No intact checkpoint.*\[4, 2\]') as info:
         trainer.train_and_evaluate(config, str(broken))
     assert '\n' not in str(info.value)
 
@@ -184,11 +185,11 @@ def test_unsealed_step_resumes_unverified_and_is_never_sealed_afterwards(run_dir
     config.train.checkpoint_every = 2
     unsealed = tmp_path / 'unsealed'
     shutil.copytree(run_dir, unsealed)
-    manifest = unsealed / 'checkpoints' / '4' / workdir.MANIFEST
+    manifest = unsealed / 'checkpoints' / '4' / rundir.MANIFEST
     manifest.unlink()
     final = trainer.train_and_evaluate(config, str(unsealed))
     assert final['steps_this_run'] == 2
-    assert not manifest.exists() and workdir.verify_step(str(unsealed), 6)
+    assert not manifest.exists() and store.verify_step(str(unsealed), 6)
 
 
 def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tmp_path, caplog):
@@ -203,12 +204,12 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     config.train.checkpoint_every = 2
     broken = tmp_path / 'broken'
     shutil.copytree(run_dir, broken)
-    (broken / 'checkpoints' / '4' / workdir.MANIFEST).unlink()
+    (broken / 'checkpoints' / '4' / rundir.MANIFEST).unlink()
     data_file = _params_file(broken, 4)
     data_file.write_bytes(data_file.read_bytes()[:100])
     changed = tiny_run_config(4)
     changed.model.d_ff = 48
-    with pytest.raises(workdir.WorkdirError, match='does not fit this config'):
+    with pytest.raises(rundir.WorkdirError, match='does not fit this config'):
         trainer.train_and_evaluate(changed, str(broken))
     assert not (broken / 'corrupt_checkpoints').exists() and data_file.exists()
     caplog.clear()
@@ -218,8 +219,8 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     assert len(lines) == 1 and 'Checkpoint step 4 (no manifest)' in lines[0]
     assert 'Resuming from step 2' in lines[0] and 'model or optimizer' not in lines[0]
     assert [p.name.split('-')[0] for p in (broken / 'corrupt_checkpoints').iterdir()] == ['4']
-    _, _, _, expected, _ = workdir.load_model(str(run_dir), step=4)
-    _, _, _, got, _ = workdir.load_model(str(broken), step=4)
+    _, _, _, expected, _ = store.load_model(str(run_dir), step=4)
+    _, _, _, got, _ = store.load_model(str(broken), step=4)
     for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -236,7 +237,7 @@ def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
     config = tiny_run_config(4)
     config.train.checkpoint_every = 2
     config.train.async_checkpointing = True
-    manifest = tmp_path / 'checkpoints' / '2' / workdir.MANIFEST
+    manifest = tmp_path / 'checkpoints' / '2' / rundir.MANIFEST
     seen = {}
 
     def corrupt_after_commit(step, metrics):
@@ -249,9 +250,9 @@ def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
 
     trainer.train_and_evaluate(config, str(tmp_path), on_step=corrupt_after_commit)
     assert seen == {'sealed before step 4': True}
-    with pytest.raises(workdir.CorruptCheckpoint, match='step 2 .*failed verification'):
-        workdir.verify_step(str(tmp_path), 2)
-    assert workdir.verify_step(str(tmp_path), 4)
+    with pytest.raises(store.CorruptCheckpoint, match='step 2 .*failed verification'):
+        store.verify_step(str(tmp_path), 2)
+    assert store.verify_step(str(tmp_path), 4)
 
 
 def test_temporary_directories_of_killed_saves_are_removed_on_start(run_dir, tmp_path):
@@ -296,13 +297,13 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, limits[1]))
     try:
-        with pytest.raises(workdir.WorkdirError, match='Could not write checkpoint step 6') as info:
+        with pytest.raises(rundir.WorkdirError, match='Could not write checkpoint step 6') as info:
             trainer.train_and_evaluate(config, str(run))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
     assert '\n' not in str(info.value) and 'intact: [2, 4]' in str(info.value)
-    assert all(workdir.verify_step(str(run), s) for s in (2, 4))
+    assert all(store.verify_step(str(run), s) for s in (2, 4))
     assert not (run / 'checkpoints' / '6').exists()
 
 
@@ -334,23 +335,23 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
 
     done = train(4)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run / workdir.CHECKPOINTS).chmod(0o555)
+    (run / rundir.CHECKPOINTS).chmod(0o555)
     try:
         done = train(6)
     finally:
-        (run / workdir.CHECKPOINTS).chmod(0o755)
+        (run / rundir.CHECKPOINTS).chmod(0o755)
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith('error: Could not write checkpoint step 6 ') and 'Permission' in last
     assert last.endswith('Steps saved before are intact: [2, 4].')
     assert 'Traceback' not in done.stderr
-    assert all(workdir.verify_step(str(run), s) for s in (2, 4))
+    assert all(store.verify_step(str(run), s) for s in (2, 4))
 
 
 def test_a_config_json_that_is_not_json_is_one_line(tmp_path):
-    (tmp_path / workdir.CONFIG_FILE).write_text('{"model": ')
-    with pytest.raises(workdir.WorkdirError) as info:
-        workdir.read_config(str(tmp_path))
+    (tmp_path / rundir.CONFIG_FILE).write_text('{"model": ')
+    with pytest.raises(rundir.WorkdirError) as info:
+        rundir.read_config(str(tmp_path))
     assert str(info.value) == (
         f'{tmp_path}/config.json is not valid JSON (Expecting value: line 1 column 11 '
         '(char 10)); restore it.'
@@ -360,10 +361,10 @@ def test_a_config_json_that_is_not_json_is_one_line(tmp_path):
 def test_a_directory_that_is_no_run_is_named_whichever_flag_gave_it(run_dir, tmp_path):
     """--workdir or one of --ensemble's directories: the message names that directory (it
     said '--workdir must be ...' for an --ensemble entry too)."""
-    from transformer import ensemble
+    from transformer.decoding import ensemble
 
     missing = tmp_path / 'not_a_run'
-    with pytest.raises(workdir.WorkdirError) as info:
+    with pytest.raises(rundir.WorkdirError) as info:
         ensemble.load_ensemble([str(run_dir), str(missing)], None, None, False)
     assert str(info.value) == (
         f'{missing}/config.json not found: {missing} is not a run directory written by train.py.'

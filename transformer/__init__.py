@@ -2,7 +2,8 @@
 
 Importing the package changes nothing in the process. The commands opt in to process-wide
 settings when they start (transformer/console.py): glibc malloc settings for CPU training
-steps (transformer/host_memory.py) and jax's persistent compilation cache
-(transformer/compile_cache.py). From Python, ``transformer.host_memory.configure()`` applies
-the former before jax's first computation.
+steps (transformer/backends/host_memory.py) and jax's persistent compilation cache
+(transformer/backends/compile_cache.py). From Python,
+``transformer.backends.host_memory.configure()`` applies the former before jax's first
+computation.
 """

@@ -24,7 +24,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from transformer import compile_cache, host_memory
+from transformer.backends import compile_cache, host_memory
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Library lines that are dropped at the default verbosity (matched anywhere in the message).

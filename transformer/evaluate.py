@@ -1,12 +1,11 @@
-"""Decode a split of a trained run and score it against the raw references.
+"""The evaluate command: decode a split of a trained run and score it.
 
 ``python -m transformer.evaluate --workdir DIR [--step N | --average_last K | --best]
 [--split test]``
 
-Checkpoints are loaded (and averaged) by transformer/workdir.py, sentences decoded by
-transformer/translate.py's batch path, and scored by transformer/bleu.py: sacreBLEU (cased,
-detokenized), tokenized BLEU as the paper computed it, and chrF. The trainer's validation BLEU
-runs through `score_eval_set` too, so both report the same number for the same parameters.
+Checkpoints are loaded (and averaged) by transformer/checkpoint/store.py, and the split is
+decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
+of the scores to ``WORKDIR/eval/``.
 """
 
 from __future__ import annotations
@@ -17,52 +16,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 from absl import logging
 
-from transformer import bleu, console, translate, workdir
+from transformer import console, rundir
 from transformer import data as data_lib
-from transformer import ensemble as ensemble_lib
-from transformer.model import Transformer
+from transformer.checkpoint import store
+from transformer.decoding import ensemble as ensemble_lib
+from transformer.evaluation.score import score_eval_set
 
 PyTree = Any
-
-
-def score_eval_set(
-    config: ml_collections.ConfigDict,
-    tokenizer: data_lib.Tokenizer,
-    model: Transformer,
-    params: PyTree,
-    eval_set: data_lib.EvalSet,
-    *,
-    beam_size: int,
-    alpha: float,
-    ensemble: bool = False,
-) -> tuple[dict[str, Any], list[str]]:
-    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
-    ``params`` are models decoded together (`ensemble.load_ensemble`).
-
-    Returns:
-      (scores, hypotheses in the split's order).
-    """
-    hypotheses = translate.translate_batches(
-        model,
-        params,
-        tokenizer,
-        eval_set.batches,
-        beam_size=beam_size,
-        alpha=alpha,
-        extra_length=config.eval.extra_length,
-        ensemble=ensemble,
-    )
-    scores = bleu.bleu_scores(
-        hypotheses,
-        eval_set.references,
-        target_lang=config.data.target_lang,
-        lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
-        compound_split=bool(config.eval.get('compound_split', False)),
-    )
-    return scores, hypotheses
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -99,7 +61,7 @@ def cli(argv: list[str] | None = None) -> None:
                 output=FLAGS.output,
                 ensemble=FLAGS.ensemble,
             )
-        except (workdir.WorkdirError, data_lib.DataError) as e:
+        except (rundir.WorkdirError, data_lib.DataError) as e:
             raise SystemExit(f'error: {e}') from None
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
@@ -132,7 +94,7 @@ def run(
         )
         steps = member_steps[0]
     else:
-        config, tokenizer, model, params, steps = workdir.load_model(
+        config, tokenizer, model, params, steps = store.load_model(
             run_dir, step, average_last, best
         )
     split = split or config.data.test_split
@@ -151,7 +113,7 @@ def run(
         tokenizer,
         split,
         batch_size=batch_size or config.eval.batch_size,
-        cache_dir=workdir.data_cache_dir(config, run_dir),
+        cache_dir=rundir.data_cache_dir(config, run_dir),
         max_examples=max_examples or None,
     )
     scores, hypotheses = score_eval_set(
@@ -180,8 +142,8 @@ def run(
     stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     if output is None:
-        os.makedirs(workdir.path(run_dir, workdir.EVAL_DIR), exist_ok=True)
-        output = workdir.path(run_dir, workdir.EVAL_DIR, f'{stem}.txt')
+        os.makedirs(rundir.path(run_dir, rundir.EVAL_DIR), exist_ok=True)
+        output = rundir.path(run_dir, rundir.EVAL_DIR, f'{stem}.txt')
     with open(output, 'w') as f:
         f.writelines(h + '\n' for h in hypotheses)
     with open(os.path.splitext(output)[0] + '.json', 'w') as f:

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer import console
-from transformer import workdir as run_dir
+from transformer import console, rundir
+from transformer.checkpoint import store
 from transformer.data import DataError, Tokenizer
 from transformer.model import TransformerConfig
 from transformer.tokens import EOS_ID, PAD_ID
@@ -48,8 +48,8 @@ class ExportError(ValueError):
 def load_run(workdir: str, step: int | None, average_last: int | None):
     """(config, tokenizer, model, params, steps): the one call into the run-directory API."""
     try:
-        return run_dir.load_model(workdir, step, average_last)
-    except (run_dir.WorkdirError, DataError) as e:
+        return store.load_model(workdir, step, average_last)
+    except (rundir.WorkdirError, DataError) as e:
         raise ExportError(str(e)) from None
 
 
@@ -165,7 +165,7 @@ def marian_configs(cfg: TransformerConfig, ev: Any) -> tuple[dict[str, Any], dic
         'pad_token_id': PAD_ID,
         'eos_token_id': EOS_ID,
         'forced_eos_token_id': EOS_ID,  # EOS at the length limit, as our decoder forces it
-        'bad_words_ids': [[PAD_ID]],  # 0 is never generated (transformer/decode.py)
+        'bad_words_ids': [[PAD_ID]],  # 0 is never generated (transformer/decoding/greedy.py)
         'num_beams': int(ev.beam_size),
         # Hugging Face divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha.
         'length_penalty': float(ev.alpha),

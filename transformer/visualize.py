@@ -17,8 +17,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import console, workdir
-from transformer import decode as decode_lib
+from transformer import console, rundir
+from transformer.checkpoint import store
+from transformer.decoding import greedy as decode_lib
 from transformer.model import Transformer
 from transformer.tokens import EOS_ID
 
@@ -118,10 +119,10 @@ def cli(argv: list[str] | None = None) -> None:
         console.require('workdir', 'text')
         console.check_paths(outputs={'out': FLAGS.out})
         try:
-            _, tokenizer, model, params, _ = workdir.load_model(
+            _, tokenizer, model, params, _ = store.load_model(
                 FLAGS.workdir, FLAGS.step, average_last=1
             )
-        except workdir.WorkdirError as e:
+        except rundir.WorkdirError as e:
             raise SystemExit(f'error: {e}') from None
         inputs = np.array(tokenizer.encode(FLAGS.text) + [EOS_ID], np.int32)
         if FLAGS.target is None:

@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
     # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' / 'unsafe_rbg' (XLA's
     # RngBitGenerator, as t5x and MaxText use) or 'philox4x32'. Each is deterministic per seed
-    # and step, so resuming stays exact. With the 16-bit masks of transformer/dropout.py the
+    # and step, so resuming stays exact. With the 16-bit masks of transformer/model/dropout.py the
     # whole CPU step measured cheapest with threefry (benchmarks/step_overhead.py, README
     # "Throughput on this CPU").
     train.dropout_prng = 'threefry'
@@ -93,7 +93,8 @@ def get_config() -> ml_collections.ConfigDict:
     train.process_id = config_dict.placeholder(int)
     train.init_timeout_s = 60  # a process that cannot reach the coordinator stops after this
     # Stop after this many validation BLEU evaluations (eval.bleu_every) without a new best;
-    # 0 = off. The best checkpoint is kept in WORKDIR/best either way (transformer/best.py).
+    # 0 = off. The best checkpoint is kept in WORKDIR/best either way
+    # (transformer/training/best.py).
     train.early_stop_patience = 0
 
     config.eval = ev = ml_collections.ConfigDict()

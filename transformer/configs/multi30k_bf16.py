@@ -1,7 +1,7 @@
 r"""Multi30k English -> German: multi30k_dropout02.py in bfloat16 with a 5000-token vocabulary.
 
 bfloat16 compute (float32 parameters and Adam state) runs a training step ~1.5x faster on a CPU
-with bfloat16 dot-product instructions (`transformer/products.py`), which buys 6500 updates
+with bfloat16 dot-product instructions (`transformer/backends/products.py`), which buys 6500 updates
 instead of 5500 within the 90-minute budget. The joint vocabulary is 5000 tokens instead of
 8000 (smaller subword vocabularies suit small corpora; the output layer is 3/8 smaller).
 Everything else is multi30k_dropout02.py: dropout 0.2, the last 10 checkpoints averaged,

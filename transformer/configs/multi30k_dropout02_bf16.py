@@ -1,7 +1,8 @@
 r"""Multi30k English -> German: multi30k_dropout02.py in bfloat16, 6300 steps.
 
 bfloat16 compute (float32 parameters and Adam state) runs a training step ~1.5x faster on a CPU
-with bfloat16 dot-product instructions (`transformer/products.py`); this spends that on updates:
+with bfloat16 dot-product instructions (`transformer/backends/products.py`); this spends that
+on updates:
 6300 instead of 5500 within the 90-minute budget. Everything else is multi30k_dropout02.py: the
 8000-token vocabulary, dropout 0.2, the last 10 checkpoints averaged, beam 5, alpha 1.4.
 

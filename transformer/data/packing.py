@@ -24,8 +24,8 @@ milliseconds to ~0.2 s), without replaying the batches before it.
 
 Multi-host. All processes compute the same packing (it needs only the lengths); a process of
 data group g of G materializes rows [g * B / G, (g + 1) * B / G) of each global batch of B
-rows. The group follows the device mesh (transformer/parallel.py, `data_groups`): usually one
-group per process, fewer when the ``model`` mesh axis spans processes.
+rows. The group follows the device mesh (transformer/training/parallel.py, `data_groups`):
+usually one group per process, fewer when the ``model`` mesh axis spans processes.
 
 """
 

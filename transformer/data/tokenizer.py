@@ -172,7 +172,7 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
     Order: ``data_config.vocab_path`` if set; else ``model_path`` if it exists (a resumed
     run); else a new model trained on a sample of ``vocab_sample_size`` sentences of the
     training split (both languages) and saved at ``model_path`` (in a temporary directory
-    when it is None). transformer/workdir.py decides where a run keeps it. A given or reused
+    when it is None). transformer/rundir.py decides where a run keeps it. A given or reused
     model keeps the normalization it was trained with (``data.vocab_normalization`` only
     applies to a new one).
 

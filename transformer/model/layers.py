@@ -1,8 +1,8 @@
 """The building blocks of the Transformer: positions, masks, the FFN and the layers.
 
-Shape legend (see transformer/attention.py): B batch · T target positions · S source
+Shape legend (see transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · F d_ff. Every parameter declares its logical axis names where it is
-created ('embed' = D, 'mlp' = F, ...); transformer/parallel.py maps them onto mesh axes.
+created ('embed' = D, 'mlp' = F, ...); transformer/training/parallel.py maps them onto mesh axes.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer import products
-from transformer.attention import MultiHeadAttention
-from transformer.dropout import Dropout
-from transformer.model_config import TransformerConfig
+from transformer.backends import products
+from transformer.model.attention import MultiHeadAttention
+from transformer.model.config import TransformerConfig
+from transformer.model.dropout import Dropout
 from transformer.tokens import PAD_ID
 
 Array = jax.Array

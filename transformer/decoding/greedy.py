@@ -1,6 +1,6 @@
 """Greedy and beam search over the decoder's key/value cache.
 
-Shape legend (as in transformer/model.py, plus K):
+Shape legend (as in transformer/model/transformer.py, plus K):
 
     B batch · S source positions · T decoded positions (the loop length) · D d_model
     N heads · H head dim · V vocabulary · K beams
@@ -42,9 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer.beam import beam_search
-from transformer.model import EOS_ID, PAD_ID, Transformer
-from transformer.next_token import (
+from transformer.decoding.beam import beam_search
+from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
     ensemble_log_probs,
@@ -56,9 +55,10 @@ from transformer.next_token import (
     stage_sizes,
     step_logits,
 )
+from transformer.model import EOS_ID, PAD_ID, Transformer
 
-# The decoding API in one place: beam search lives in transformer/beam.py, the step both
-# searches share in transformer/next_token.py.
+# The decoding API in one place: beam search lives in transformer/decoding/beam.py, the step both
+# searches share in transformer/decoding/next_token.py.
 __all__ = ['beam_search', 'ensemble_params', 'greedy_search', 'length_penalty', 'translate_batch']
 
 Array = jax.Array

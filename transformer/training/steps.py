@@ -1,5 +1,5 @@
 """What one training step computes: the train state, the label-smoothed loss, gradient
-accumulation, and the train / eval steps (parallelism lives in transformer/parallel.py).
+accumulation, and the train / eval steps (parallelism lives in transformer/training/parallel.py).
 
 The loss is a *sum* over real target tokens; the step divides the summed gradient by the
 number of real target tokens of the whole global batch, so any split of the batch (devices,

@@ -1,5 +1,5 @@
 """The model's hyper-parameters: `TransformerConfig`, and its making from a config file's
-``model`` section. Kept apart from transformer/model.py so that the layers can name the
+``model`` section. Kept apart from transformer/model/transformer.py so that the layers can name the
 config without importing the network built from them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-from transformer.attention import ATTENTION_IMPLS
+from transformer.model.attention import ATTENTION_IMPLS
 
 
 @dataclasses.dataclass(frozen=True)

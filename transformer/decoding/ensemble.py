@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import ml_collections
 
 from transformer import data as data_lib
-from transformer import workdir
-from transformer.decode import ensemble_params
+from transformer import rundir
+from transformer.checkpoint import store
+from transformer.decoding.greedy import ensemble_params
 from transformer.model import Transformer
-from transformer.workdir import PyTree
+from transformer.rundir import PyTree
 
 
 def _decoding_config(model: Transformer):
@@ -27,7 +28,7 @@ def load_ensemble(
     average_last: int | None = None,
     best: bool = False,
 ) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
-    """Runs decoded together as one ensemble (transformer/decode.py, ``ensemble=True``).
+    """Runs decoded together as one ensemble (transformer/decoding/greedy.py, ``ensemble=True``).
 
     Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /
     ``best``); they must share the model (dropout rates aside) and the vocabulary: train them
@@ -38,19 +39,19 @@ def load_ensemble(
       loaded from each run).
     """
     if not workdirs:
-        raise workdir.WorkdirError('An ensemble needs at least one workdir.')
-    loaded = [workdir.load_model(w, step, average_last, best) for w in workdirs]
+        raise rundir.WorkdirError('An ensemble needs at least one workdir.')
+    loaded = [store.load_model(w, step, average_last, best) for w in workdirs]
     config, tokenizer, model = loaded[0][:3]
     for other, (_, other_tokenizer, other_model, _, _) in zip(
         workdirs[1:], loaded[1:], strict=True
     ):
         if other_tokenizer.fingerprint != tokenizer.fingerprint:
-            raise workdir.WorkdirError(
+            raise rundir.WorkdirError(
                 f'{other} has another vocabulary than {workdirs[0]}: an ensemble decodes one '
                 'vocabulary (train its runs with the same data.vocab_path).'
             )
         if _decoding_config(other_model) != _decoding_config(model):
-            raise workdir.WorkdirError(
+            raise rundir.WorkdirError(
                 f'{other} has another model than {workdirs[0]} ({other_model.config} vs '
                 f'{model.config}): an ensemble needs one architecture.'
             )

@@ -12,9 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import CACHE_CHUNKS, STATIC_CACHE_NAMES
-from transformer.model import EOS_ID, PAD_ID, Transformer
-from transformer.next_token import (
+from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
     ensemble_log_probs,
@@ -27,6 +25,8 @@ from transformer.next_token import (
     step_logits,
     top_k,
 )
+from transformer.model import EOS_ID, PAD_ID, Transformer
+from transformer.model.attention import CACHE_CHUNKS, STATIC_CACHE_NAMES
 
 Array = jax.Array
 Params = Any

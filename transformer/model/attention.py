@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer import products
-from transformer.dropout import Dropout
+from transformer.backends import products
+from transformer.model.dropout import Dropout
 
 Array = jax.Array
 Dtype = Any
@@ -50,7 +50,7 @@ qkv_kernel_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
 
 # Logical axis names of every parameter, declared where it is created: D -> 'embed',
-# N -> 'heads', H -> 'kv', F -> 'mlp', V -> 'vocab'. transformer/parallel.py maps them onto
+# N -> 'heads', H -> 'kv', F -> 'mlp', V -> 'vocab'. transformer/training/parallel.py maps them onto
 # mesh axes with one rules table, so tensor (or FSDP) parallelism follows the declaration,
 # never a parameter's name.
 QKV_AXES = ('embed', 'heads', 'kv')

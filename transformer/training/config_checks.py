@@ -155,7 +155,7 @@ def check(config: ml_collections.ConfigDict, devices: Sequence[Any] | None = Non
         return  # jax cannot be asked for devices before jax.distributed joins the processes
     import jax
 
-    from transformer import parallel
+    from transformer.training import parallel
 
     devices = jax.devices() if devices is None else devices
     model_parallelism = tc.model_parallelism if tc.parallelism == 'sharding' else 1

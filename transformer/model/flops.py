@@ -16,8 +16,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer import products
-from transformer.model import TransformerConfig
+from transformer.backends import products
+from transformer.model.transformer import TransformerConfig
 
 # Dense peak FLOP/s per chip (vendor data sheets; SXM parts for NVIDIA), by dtype. Matched
 # against `device.device_kind` by substring, first match wins.

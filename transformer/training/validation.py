@@ -1,7 +1,7 @@
 """Validation during training: loss, BLEU, the best checkpoint and early stopping.
 
 `Validation` builds the evaluation sets once per run; `validate` computes what is due at a
-step, writes it, and lets transformer/best.py's tracker decide whether ``WORKDIR/best`` is
+step, writes it, and lets transformer/training/best.py's tracker decide whether ``WORKDIR/best`` is
 replaced and whether the run stops early.
 """
 
@@ -14,12 +14,15 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import evaluate, multihost, parallel, steps
-from transformer import metrics as metrics_lib
-from transformer import workdir as workdir_lib
-from transformer.best import BestTracker
+from transformer import multihost, rundir
+from transformer.backends.fetch import fetch
+from transformer.checkpoint import store
+from transformer.evaluation import score
 from transformer.model import Transformer
-from transformer.steps import TrainState
+from transformer.training import metrics as metrics_lib
+from transformer.training import parallel, steps
+from transformer.training.best import BestTracker
+from transformer.training.steps import TrainState
 
 PyTree = Any
 
@@ -56,7 +59,7 @@ class Validation:
             self.tokenizer,
             config.data.eval_split,
             batch_size=config.eval.batch_size,
-            cache_dir=workdir_lib.data_cache_dir(config, self.workdir),
+            cache_dir=rundir.data_cache_dir(config, self.workdir),
             max_examples=max_examples,
         )
 
@@ -65,7 +68,7 @@ class Validation:
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
             inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            for key, value in parallel.fetch(self.parallel.eval_step(params, inputs)).items():
+            for key, value in fetch(self.parallel.eval_step(params, inputs)).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         smoothing = self.config.train.label_smoothing
         return steps.summarize(totals, self.tokenizer.vocab_size, smoothing)
@@ -74,7 +77,7 @@ class Validation:
         """BLEU of the validation split (or its first ``eval.bleu_max_examples`` sentences),
         decoded and scored exactly as ``transformer.evaluate`` does."""
         config = self.config
-        scores, _ = evaluate.score_eval_set(
+        scores, _ = score.score_eval_set(
             config,
             self.tokenizer,
             self.model,
@@ -127,7 +130,7 @@ def validate(
         # run spans several processes).
         global_params = par.global_state(state).params
         meta = {**best.state(), 'metric': best.metric}
-        workdir_lib.save_best(best_manager, global_params, meta, workdir)
+        store.save_best(best_manager, global_params, meta, workdir)
     logging.info(
         'step %d  validation %s  (best %s %.2f at step %d)',
         *(step, scores, best.metric, best.score, best.step),
@@ -136,6 +139,6 @@ def validate(
         logging.info(
             'Early stopping: %d BLEU evaluations without improvement; the best checkpoint '
             '(step %d) is in %s.',
-            *(best.evals_since_best, best.step, workdir_lib.path(workdir, workdir_lib.BEST)),
+            *(best.evals_since_best, best.step, rundir.path(workdir, rundir.BEST)),
         )
     return best.should_stop

@@ -22,7 +22,7 @@ from absl import logging
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from transformer import steps
+from transformer.training import steps
 
 
 class EventWriter:

@@ -1,6 +1,6 @@
 """The trainer's checkpoints: saves sealed with a manifest when they commit, resumes that
-never start from a step that failed its checks (transformer/workdir.py, "Integrity", says
-why and how)."""
+never start from a step that failed its checks (transformer/checkpoint/store.py,
+"Integrity", says why and how)."""
 
 from __future__ import annotations
 
@@ -19,25 +19,27 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import multihost
-from transformer.steps import TrainState, resumed_prng_warning
-from transformer.workdir import (
+from transformer.checkpoint.store import (
+    RESTORE_ERRORS,
+    CorruptCheckpoint,
+    check_params_fit,
+    checkpoint_manager,
+    restore_error,
+    seal_step,
+    verify_step,
+)
+from transformer.rundir import (
     CHECKPOINTS,
     CONFIG_FILE,
     CORRUPT_CHECKPOINTS,
     MANIFEST,
-    RESTORE_ERRORS,
-    CorruptCheckpoint,
     WorkdirError,
-    check_params_fit,
-    checkpoint_manager,
     error_line,
     path,
     read_config,
-    restore_error,
-    seal_step,
     step_dir,
-    verify_step,
 )
+from transformer.training.steps import TrainState, resumed_prng_warning
 
 
 class RestoreFailed(WorkdirError):
@@ -57,7 +59,7 @@ def save_state(
     best: Mapping[str, Any] | None = None,
 ) -> None:
     """Saves global (not per-device) arrays; ``meta`` holds what resuming needs besides
-    (``best``: the best-checkpoint tracker's state, see transformer/best.py)."""
+    (``best``: the best-checkpoint tracker's state, see transformer/training/best.py)."""
     step = int(state.step)
     meta = {'step': step, 'data_state': dict(data_state), 'seed': seed, 'best': dict(best or {})}
     manager.save(

@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
-Shape legend (see also transformer/attention.py):
+Shape legend (see also transformer/model/attention.py):
 
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k) · F d_ff · V vocabulary
@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer import products
-from transformer.dropout import Dropout
-from transformer.layers import (
+from transformer.backends import products
+from transformer.model.config import TransformerConfig, config_from_dict
+from transformer.model.dropout import Dropout
+from transformer.model.layers import (
     DecodePosition,
     DecoderLayer,
     EncoderLayer,
@@ -32,7 +33,6 @@ from transformer.layers import (
     sinusoidal_positions,
     tied_logits,
 )
-from transformer.model_config import TransformerConfig, config_from_dict
 from transformer.tokens import EOS_ID, PAD_ID
 
 Array = jax.Array

@@ -5,7 +5,7 @@ Two modes (``train.parallelism``):
 - ``'sharding'`` (default, as JAX recommends): one ``jit`` over a ``Mesh(('data', 'model'))``
   of every process's devices, with ``NamedSharding``: the batch is split on ``'data'``;
   parameters and optimizer state follow the logical axis names each parameter declares where
-  it is created (transformer/attention.py, layers.py, model.py), mapped onto mesh axes by one
+  it is created (transformer/model/attention.py, layers.py, model.py), mapped onto mesh axes by one
   rules table (`rules`): heads and d_ff on ``'model'``, and with ``train.fsdp`` the d_model
   axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each device holds 1/data of the
   parameters and of Adam's moments). XLA inserts the collectives.
@@ -39,18 +39,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer import steps
 from transformer.model import Transformer
-from transformer.steps import Batch, TrainState
+from transformer.training import steps
+from transformer.training.steps import Batch, TrainState
 
 PyTree = Any
-
-
-def fetch(tree: PyTree) -> PyTree:
-    """``jax.device_get`` that raises the error of a computation that failed (e.g. out of
-    memory) instead of waiting for ever: jaxlib's CPU client never wakes a host read of an
-    output whose computation failed, while ``block_until_ready`` raises its error."""
-    return jax.device_get(jax.block_until_ready(tree))
 
 
 def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:

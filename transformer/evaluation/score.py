@@ -1,0 +1,57 @@
+"""Decode an evaluation set and score it against its raw references.
+
+Sentences are decoded by transformer/decoding/translation.py's batch path and scored by
+transformer/evaluation/bleu.py: sacreBLEU (cased, detokenized), tokenized BLEU as the paper
+computed it, and chrF. The evaluate command and the trainer's validation BLEU both run
+through `score_eval_set`, so both report the same number for the same parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from transformer import data as data_lib
+from transformer.decoding import translation
+from transformer.evaluation import bleu
+from transformer.model import Transformer
+
+PyTree = Any
+
+
+def score_eval_set(
+    config: ml_collections.ConfigDict,
+    tokenizer: data_lib.Tokenizer,
+    model: Transformer,
+    params: PyTree,
+    eval_set: data_lib.EvalSet,
+    *,
+    beam_size: int,
+    alpha: float,
+    ensemble: bool = False,
+) -> tuple[dict[str, Any], list[str]]:
+    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
+    ``params`` are models decoded together (`ensemble.load_ensemble`).
+
+    Returns:
+      (scores, hypotheses in the split's order).
+    """
+    hypotheses = translation.translate_batches(
+        model,
+        params,
+        tokenizer,
+        eval_set.batches,
+        beam_size=beam_size,
+        alpha=alpha,
+        extra_length=config.eval.extra_length,
+        ensemble=ensemble,
+    )
+    scores = bleu.bleu_scores(
+        hypotheses,
+        eval_set.references,
+        target_lang=config.data.target_lang,
+        lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
+        compound_split=bool(config.eval.get('compound_split', False)),
+    )
+    return scores, hypotheses
