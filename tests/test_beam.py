@@ -10,6 +10,7 @@ import pytest
 from tests.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
 from transformer.decoding import beam, next_token
 from transformer.model.attention import MultiHeadAttention
+from transformer.model.cache import beam_mask, share_across_beams
 
 
 def test_early_stop_gives_the_same_result_in_fewer_steps():
@@ -59,7 +60,7 @@ def test_shared_cache_widens_the_self_attention_keys_and_keeps_the_rest():
         },
         'position': np.int32(0),
     }
-    out = beam._shared_cache(cache, 3)
+    out = share_across_beams(cache, 3)
     for name in ('cached_key', 'cached_value'):
         assert out['layer'][name].shape == (2, 2, 24, 3)
         assert not np.any(np.asarray(out['layer'][name]))
@@ -67,7 +68,7 @@ def test_shared_cache_widens_the_self_attention_keys_and_keeps_the_rest():
         np.testing.assert_array_equal(out['cross'][name], x)
     assert int(out['layer']['cache_index']) == 0 and int(out['position']) == 0
     with pytest.raises(ValueError, match='other_rows'):
-        beam._shared_cache(cache | {'other_rows': np.zeros((2, 5))}, 3)
+        share_across_beams(cache | {'other_rows': np.zeros((2, 5))}, 3)
 
 
 def test_rows_sharing_a_cache_attend_to_their_own_hypotheses():
@@ -95,12 +96,12 @@ def test_rows_sharing_a_cache_attend_to_their_own_hypotheses():
     def gather(cache, parents):
         return jax.tree_util.tree_map(lambda x: x[parents] if x.ndim else x, cache)
 
-    shared = beam._shared_cache(new_cache(batch), beams)
+    shared = share_across_beams(new_cache(batch), beams)
     own = new_cache(rows)
     history = np.zeros((rows, length), np.int32)
     for t in range(length):
         history[:, t] = np.arange(rows) % beams
-        y_shared, shared = step(shared, steps[t], beam._history_mask(jnp.asarray(history), beams))
+        y_shared, shared = step(shared, steps[t], beam_mask(jnp.asarray(history), beams))
         y_own, own = step(own, steps[t], None)
         np.testing.assert_allclose(np.asarray(y_shared), np.asarray(y_own), atol=1e-5, rtol=1e-5)
         choice = rng.integers(0, beams, (batch, beams))

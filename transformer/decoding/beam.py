@@ -26,43 +26,11 @@ from transformer.decoding.next_token import (
     top_k,
 )
 from transformer.model import EOS_ID, PAD_ID, Transformer
-from transformer.model.attention import CACHE_CHUNKS, STATIC_CACHE_NAMES
+from transformer.model.cache import beam_mask, padded_length, share_across_beams
 
 Array = jax.Array
 Params = Any
 Cache = Any
-
-
-def _shared_cache(cache: Cache, beam_size: int) -> Cache:
-    """The decoding cache of B sources, made into the cache of their B*K beams' rows.
-
-    Entries are told apart by name. The encoder-decoder keys/values (`STATIC_CACHE_NAMES`) stay
-    one copy per source, which its K rows read (`attention._one_query`). The self-attention
-    caches ``cached_key`` / ``cached_value`` [B, N, T', H] become [B, N, T' * K, H], zeros: a
-    step writes the K rows' keys of position t side by side, at t * K + j for row b*K + j
-    (`MultiHeadAttention._update_cache`), and each row attends to the slots its hypothesis
-    went through (`_history_mask`). So when hypotheses are re-ranked, nothing in the cache
-    moves: only the [B*K, T'] slot history follows the parents. (Gathering the cache rows
-    instead moved O(t) of each cache per step, a fifth of a beam step on the Multi30k model.)
-    """
-
-    def widen(path, x):
-        name = getattr(path[-1], 'key', None)
-        if name in ('cached_key', 'cached_value'):
-            rows, heads, length, head_dim = x.shape
-            return jnp.zeros((rows, heads, length * beam_size, head_dim), x.dtype)
-        if x.ndim and name not in STATIC_CACHE_NAMES:
-            raise ValueError(f'Beam search does not know the cache entry {name} {x.shape}.')
-        return x
-
-    return jax.tree_util.tree_map_with_path(widen, cache)
-
-
-def _history_mask(history: Array, beam_size: int) -> Array:
-    """[B*K, 1, 1, T' * K] mask over `_shared_cache`'s keys: key t * K + j for the rows whose
-    hypothesis wrote position t in slot j (``history`` [B*K, T'] int32)."""
-    mask = history[:, :, None] == jnp.arange(beam_size, dtype=history.dtype)
-    return mask.reshape(history.shape[0], 1, 1, -1)
 
 
 class _BeamState(NamedTuple):
@@ -72,7 +40,7 @@ class _BeamState(NamedTuple):
     finished_seqs: Array  # [B, K, T] hypotheses ending in EOS
     finished_scores: Array  # [B, K] log-prob / length penalty, sorted best first; -inf = empty
     history: Array  # [B*K, T'] the cache slot of each position of alive_seqs[b, k], row b*K + k
-    cache: Cache  # `_shared_cache`
+    cache: Cache  # `cache.share_across_beams`
     inputs: Array  # [B*K, S] each row's source
     limits: Array  # [B*K] each row's output limit (`output_limits`)
     encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
@@ -114,9 +82,7 @@ def _beam_search(
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
-    # A multiple of `CACHE_CHUNKS`: then each chunk of the keys the attention reads holds
-    # whole positions, all K slots of each.
-    cache_length = -(-loop_length // CACHE_CHUNKS) * CACHE_CHUNKS
+    cache_length = padded_length(loop_length)
     encoded, cache = encode_and_cache(model, params, inputs, cache_length, ensemble)
 
     def searching(state: _BeamState) -> Array:
@@ -145,7 +111,7 @@ def _beam_search(
         # Each row writes position `step` into its own slot and reads its hypothesis' slots.
         own_slots = jnp.arange(rows, dtype=jnp.int32) % beam_size
         history = state.history.at[:, step].set(own_slots)
-        cache_mask = _history_mask(history, beam_size)
+        cache_mask = beam_mask(history, beam_size)
         # Steps never read `encoded`: its keys/values are cached.
         step_args = (
             model,
@@ -203,7 +169,7 @@ def _beam_search(
         finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
         history=jnp.zeros((batch * beam_size, cache_length), jnp.int32),
-        cache=map_cache(lambda c: _shared_cache(c, beam_size), cache, ensemble),
+        cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, ensemble),
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
         encoded=encoded,
@@ -238,7 +204,8 @@ def beam_search(
 
     Each step extends the K alive hypotheses of every example by every token, offers each
     hypothesis + EOS to the K-best finished set, and keeps the K most probable other
-    extensions alive; each row's view of the cache follows its hypothesis (`_shared_cache`).
+    extensions alive; each row's view of the cache follows its hypothesis
+    (`cache.share_across_beams`).
 
     Args:
       model: the Transformer (static: compiled once per model, static argument and shape).

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer.backends import products
+from transformer.model import cache as cache_layout
 from transformer.model.dropout import Dropout
 
 Array = jax.Array
@@ -55,15 +56,6 @@ out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
 # never a parameter's name.
 QKV_AXES = ('embed', 'heads', 'kv')
 OUT_AXES = ('heads', 'kv', 'embed')
-
-# Cache entries of `MultiHeadAttention(..., decode=True, static_kv=True)`: written once, then
-# only read, so beam search keeps one copy per source for its K beams (`beam._shared_cache`).
-STATIC_CACHE_NAMES = ('cached_static_key', 'cached_static_value')
-
-# A decoding step's self-attention reads the cache only up to the end of the chunk (of this
-# many equal chunks) that holds the position written: the cache is sized for the longest
-# output, most outputs end far earlier, and positions not yet written are masked anyway.
-CACHE_CHUNKS = 4
 
 
 def per_head(kernel: Array) -> Array:
@@ -324,12 +316,12 @@ class MultiHeadAttention(nn.Module):
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
         if one_query and not static_kv:
-            # Only the chunks up to the position just written (`CACHE_CHUNKS`): one branch
-            # per prefix length, each with static shapes.
-            length = k.shape[2]
-            ends = sorted({-(-length * (c + 1) // CACHE_CHUNKS) for c in range(CACHE_CHUNKS)})
+            # Only the chunks up to the position just written (`cache.chunk_ends`): one
+            # branch per prefix length, each with static shapes.
+            ends = cache_layout.chunk_ends(k.shape[2])
             # Keys written so far: positions times the slots per position (`_update_cache`).
-            written = self.get_variable('cache', 'cache_index') * (q.shape[0] // k.shape[0])
+            positions = self.get_variable('cache', cache_layout.INDEX)
+            written = positions * (q.shape[0] // k.shape[0])
             branches = [
                 lambda q, k, v, m, end=end: _one_query(
                     q, k[:, :, :end], v[:, :, :end], m[..., :end]
@@ -353,15 +345,18 @@ class MultiHeadAttention(nn.Module):
         written. Returns the caches (head-major) and the mask.
 
         The cache is [B, N, T', H], or, when it has fewer rows than the step (beam search,
-        `transformer.beam`), [B, N, T' * K, H] for K = rows / B: key t * K + j holds position
-        t of row b * K + j, and the rows b*K .. b*K + K-1 share cache row b. A row then sees
-        the other rows' keys too; the ``mask`` it is given says which are its own history.
+        transformer/model/cache.py), [B, N, T' * K, H] for K = rows / B: key t * K + j holds
+        position t of row b * K + j, and the rows b*K .. b*K + K-1 share cache row b. A row
+        then sees the other rows' keys too; the ``mask`` it is given says which are its own
+        history.
         """
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, N, T, H]
-        is_initialized = self.has_variable('cache', 'cached_key')
-        cached_key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
-        cached_value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
-        cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+        key_name, value_name = cache_layout.SELF_ENTRIES
+        is_initialized = self.has_variable('cache', key_name)
+        cached_key = self.variable('cache', key_name, jnp.zeros, k.shape, k.dtype)
+        cached_value = self.variable('cache', value_name, jnp.zeros, v.shape, v.dtype)
+        zero = lambda: jnp.array(0, jnp.int32)  # noqa: E731
+        cache_index = self.variable('cache', cache_layout.INDEX, zero)
         if not is_initialized:
             # The init call only sizes the cache; it attends over its full input as usual.
             return k, v, mask
@@ -390,7 +385,7 @@ class MultiHeadAttention(nn.Module):
         Projected and stored by the call that finds them missing from the cache, read back by
         every later one (see `_one_query` for the layout).
         """
-        key_name, value_name = STATIC_CACHE_NAMES
+        key_name, value_name = cache_layout.STATIC_ENTRIES
         if self.has_variable('cache', key_name):
             return self.get_variable('cache', key_name), self.get_variable('cache', value_name)
         k, v = (x.swapaxes(1, 2) for x in fused_projections(inputs_kv, (key, value)))

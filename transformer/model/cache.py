@@ -1,0 +1,77 @@
+"""The decoder's key/value cache: its entries, their layout, and what beam search needs of it.
+
+A decoding call of `MultiHeadAttention(..., decode=True)` keeps in flax's ``cache``
+collection, per attention layer:
+
+- self-attention: ``cached_key`` / ``cached_value`` [B, N, T', H], one position written per
+  step at ``cache_index`` (`SELF_ENTRIES`, `INDEX`);
+- encoder-decoder attention (``static_kv``): ``cached_static_key`` / ``cached_static_value``
+  [B, N, S, H], written by the first call and only read after (`STATIC_ENTRIES`).
+
+Beam search runs K hypotheses per source on one cache (`share_across_beams`): when
+hypotheses are re-ranked nothing in the cache moves; only a [B*K, T'] slot history follows
+the parents, and `beam_mask` turns it into the attention mask. This module is the one place
+that knows the entries' names; beam search calls its functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Cache = Any
+
+SELF_ENTRIES = ('cached_key', 'cached_value')
+INDEX = 'cache_index'
+STATIC_ENTRIES = ('cached_static_key', 'cached_static_value')
+
+# A decoding step's self-attention reads the cache only up to the end of the chunk (of this
+# many equal chunks) that holds the position written: the cache is sized for the longest
+# output, most outputs end far earlier, and positions not yet written are masked anyway.
+CHUNKS = 4
+
+
+def chunk_ends(length: int) -> list[int]:
+    """The key lengths a step may read in a self-attention cache of ``length`` keys: the
+    ends of its `CHUNKS` chunks."""
+    return sorted({-(-length * (c + 1) // CHUNKS) for c in range(CHUNKS)})
+
+
+def padded_length(positions: int) -> int:
+    """Cache positions for ``positions`` decoding steps: a multiple of `CHUNKS`, so that each
+    chunk holds whole positions (all K slots of each, in a cache shared by K beams)."""
+    return -(-positions // CHUNKS) * CHUNKS
+
+
+def share_across_beams(cache: Cache, beam_size: int) -> Cache:
+    """The decoding cache of B sources, made into the cache of their B*K beams' rows.
+
+    The encoder-decoder keys/values (`STATIC_ENTRIES`) stay one copy per source, which its K
+    rows read. The self-attention caches [B, N, T', H] become [B, N, T' * K, H], zeros: a step
+    writes the K rows' keys of position t side by side, at t * K + j for row b*K + j
+    (`MultiHeadAttention._update_cache`), and each row attends to the slots its hypothesis
+    went through (`beam_mask`).
+
+    Raises:
+      ValueError: an entry with rows that is none of the above (a cache this does not know).
+    """
+
+    def widen(path, x):
+        name = getattr(path[-1], 'key', None)
+        if name in SELF_ENTRIES:
+            rows, heads, length, head_dim = x.shape
+            return jnp.zeros((rows, heads, length * beam_size, head_dim), x.dtype)
+        if x.ndim and name not in STATIC_ENTRIES:
+            raise ValueError(f'Beam search does not know the cache entry {name} {x.shape}.')
+        return x
+
+    return jax.tree_util.tree_map_with_path(widen, cache)
+
+
+def beam_mask(history: jax.Array, beam_size: int) -> jax.Array:
+    """[B*K, 1, 1, T' * K] mask over `share_across_beams`'s keys: key t * K + j for the rows
+    whose hypothesis wrote position t in slot j (``history`` [B*K, T'] int32)."""
+    mask = history[:, :, None] == jnp.arange(beam_size, dtype=history.dtype)
+    return mask.reshape(history.shape[0], 1, 1, -1)
