@@ -68,21 +68,65 @@ def test_resume_with_another_dropout_prng_warns_in_one_line(tmp_path, caplog):
 
 
 def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
-    """Restarting a workdir with a changed model fails with one line and leaves the saved
-    config and checkpoints as they were."""
+    """Restarting a workdir with a changed model fails with one line naming the setting,
+    before anything is written, and leaves the saved config and checkpoints as they were.
+    Without config.json, the checkpoint's own shapes name the parameter that does not fit."""
     trainer.train_and_evaluate(tiny_run_config(3), str(tmp_path))
     saved_config = (tmp_path / 'config.json').read_text()
     changed = tiny_run_config(6)
     changed.model.d_ff = 48
-    with pytest.raises(rundir.WorkdirError, match='does not fit this config') as info:
+    with pytest.raises(rundir.WorkdirError, match='trained with model.d_ff=64, not 48') as info:
         trainer.train_and_evaluate(changed, str(tmp_path))
     assert '\n' not in str(info.value)
+    assert (tmp_path / 'config.json').read_text() == saved_config
+    assert not (tmp_path / rundir.HISTORY_FILE).exists()
+    (tmp_path / 'config.json').unlink()
+    with pytest.raises(rundir.WorkdirError, match='does not fit this config') as info:
+        trainer.train_and_evaluate(changed, str(tmp_path))
     # Named from the checkpoint's metadata, before any array is read.
     assert "params['decoder_layer_0']['ffn']['wi']['bias'] is (64,) there, (48,) here" in (
         str(info.value)
     )
-    assert (tmp_path / 'config.json').read_text() == saved_config
+    (tmp_path / 'config.json').write_text(saved_config)
     assert np.isfinite(jax.tree.leaves(_params_at(tmp_path, 3))[0]).all()
+
+
+def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
+    """config.json stays what the run started with; a resume that changes training settings
+    applies them, says so in one line each and appends them to config_history.jsonl, which
+    the commands read back; resuming again with the same settings records nothing new; the
+    path to the same data files may change freely."""
+    trainer.train_and_evaluate(tiny_run_config(2), str(tmp_path))
+    started = (tmp_path / 'config.json').read_text()
+    changed = tiny_run_config(3)
+    changed.opt.warmup_steps = 100
+    changed.eval.beam_size = 2
+    changed.data.cache_dir = str(tmp_path / 'cache')
+    with caplog.at_level('INFO'):
+        final = trainer.train_and_evaluate(changed, str(tmp_path))
+    assert final['steps_this_run'] == 1
+    assert (tmp_path / 'config.json').read_text() == started
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Resuming at')]
+    assert lines == [
+        f"Resuming at step 2 with data.cache_dir='{tmp_path}/cache' (was None).",
+        'Resuming at step 2 with eval.beam_size=2 (was 4).',
+        'Resuming at step 2 with opt.warmup_steps=100 (was 200).',
+        'Resuming at step 2 with train.num_steps=3 (was 2).',
+    ]
+    history = rundir.read_history(str(tmp_path))
+    assert history == [
+        {'step': 2, 'key': 'data.cache_dir', 'old': None, 'new': str(tmp_path / 'cache')},
+        {'step': 2, 'key': 'eval.beam_size', 'old': 4, 'new': 2},
+        {'step': 2, 'key': 'opt.warmup_steps', 'old': 200, 'new': 100},
+        {'step': 2, 'key': 'train.num_steps', 'old': 2, 'new': 3},
+    ]
+    effective = rundir.read_config(str(tmp_path))
+    assert (effective.opt.warmup_steps, effective.eval.beam_size) == (100, 2)
+    changed.train.num_steps = 4
+    trainer.train_and_evaluate(changed, str(tmp_path))
+    assert rundir.read_history(str(tmp_path))[4:] == [
+        {'step': 3, 'key': 'train.num_steps', 'old': 3, 'new': 4}
+    ]
 
 
 def test_train_py_smoke(tmp_path, monkeypatch):

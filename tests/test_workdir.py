@@ -209,9 +209,12 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     data_file.write_bytes(data_file.read_bytes()[:100])
     changed = tiny_run_config(4)
     changed.model.d_ff = 48
+    saved_config = (broken / 'config.json').read_bytes()
+    (broken / 'config.json').unlink()  # else the changed model is refused from it at once
     with pytest.raises(rundir.WorkdirError, match='does not fit this config'):
         trainer.train_and_evaluate(changed, str(broken))
     assert not (broken / 'corrupt_checkpoints').exists() and data_file.exists()
+    (broken / 'config.json').write_bytes(saved_config)
     caplog.clear()
     final = trainer.train_and_evaluate(config, str(broken))
     assert final['steps_this_run'] == 2

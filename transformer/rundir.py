@@ -1,6 +1,7 @@
 """The run directory: the one place that knows what a workdir holds and how to read it.
 
-    WORKDIR/config.json          the experiment config (written once it fits the checkpoints)
+    WORKDIR/config.json          the experiment config the run started with
+    WORKDIR/config_history.jsonl settings changed by later resumes (step, key, old, new)
     WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary
     WORKDIR/data_cache/          token ids of each split (see transformer/data/tokenized.py)
     WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -45,6 +47,14 @@ FINAL_METRICS_FILE = 'final_metrics.json'
 EVAL_DIR = 'eval'
 MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
+HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`record_changes`)
+# Settings a resumed run may change in its model or data section: paths to the same files,
+# and an implementation of the same attention.
+RESUME_FREE = ('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder')
+RESUME_FREE += ('model.attention_impl',)
+# How one process joins a multi-host run: differs between processes, never recorded.
+LAUNCH_SETTINGS = ('train.distributed', 'train.coordinator_address', 'train.num_processes')
+LAUNCH_SETTINGS += ('train.process_id', 'train.init_timeout_s')
 
 
 class WorkdirError(RuntimeError):
@@ -100,12 +110,14 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> data_lib.
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Writes ``config.json``: the settings a run starts with (later changes: `record_changes`)."""
     with open(path(workdir, CONFIG_FILE), 'w') as f:
         f.write(config.to_json_best_effort(indent=2))
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config a training run saved in ``WORKDIR/config.json``."""
+    """The run's config as it trains now: ``config.json`` with the changes of later resumes
+    (``config_history.jsonl``) applied."""
     config_path = path(workdir, CONFIG_FILE)
     if not os.path.exists(config_path):
         raise WorkdirError(
@@ -113,9 +125,76 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
         )
     with open(config_path) as f:
         try:
-            return ml_collections.ConfigDict(json.load(f))
+            config = ml_collections.ConfigDict(json.load(f))
         except json.JSONDecodeError as e:
             raise WorkdirError(f'{config_path} is not valid JSON ({e}); restore it.') from None
+    for change in read_history(workdir):
+        *parents, name = change['key'].split('.')
+        node = config
+        for part in parents:
+            node = node[part]
+        if name in node:
+            with node.ignore_type():
+                node[name] = change['new']
+    return config
+
+
+def read_history(workdir: str) -> list[dict[str, Any]]:
+    """The changes of settings recorded by resumes, oldest first (step, key, old, new)."""
+    history = path(workdir, HISTORY_FILE)
+    if not os.path.exists(history):
+        return []
+    with open(history) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Dotted key -> value as JSON holds it (so a fresh config compares with a saved one)."""
+
+    def walk(node: Mapping[str, Any], prefix: str):
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                yield from walk(value, f'{prefix}{key}.')
+            else:
+                yield f'{prefix}{key}', value
+
+    return dict(walk(json.loads(config.to_json_best_effort()), ''))
+
+
+def resume_changes(workdir: str, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for each setting ``config`` changes in a run that has checkpoints.
+
+    Raises:
+      WorkdirError: a change of the model or the data (what the checkpoints and the
+        vocabulary were made with), named in one line. Paths to the same files and the
+        attention implementation (`RESUME_FREE`) may change.
+    """
+    saved, new = _flat(read_config(workdir)), _flat(config)
+    changes = [
+        (key, saved[key], new[key])
+        for key in sorted(saved.keys() & new.keys())
+        if saved[key] != new[key] and key not in LAUNCH_SETTINGS
+    ]
+    for key, old, value in changes:
+        if key.split('.')[0] in ('model', 'data') and key not in RESUME_FREE:
+            raise WorkdirError(
+                f'{workdir} holds a run trained with {key}={old!r}, not {value!r}: a run keeps '
+                'its model and data. Resume with its settings, or use a new --workdir.'
+            )
+    return changes
+
+
+def record_changes(workdir: str, step: int, changes: Sequence[tuple[str, Any, Any]]) -> None:
+    """Appends the changes a resume at ``step`` applies to ``config_history.jsonl``."""
+    with open(path(workdir, HISTORY_FILE), 'a') as f:
+        for key, old, new in changes:
+            f.write(json.dumps({'step': step, 'key': key, 'old': old, 'new': new}) + '\n')
+
+
+def has_checkpoints(workdir: str) -> bool:
+    """Whether ``WORKDIR/checkpoints`` holds a step (a run that has trained something)."""
+    directory = path(workdir, CHECKPOINTS)
+    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
 def error_line(error: BaseException) -> str:

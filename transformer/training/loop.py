@@ -28,7 +28,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
-from transformer import rundir
+from transformer import multihost, rundir
 from transformer.backends.fetch import fetch
 from transformer.checkpoint import store
 from transformer.data.prefetch import Prefetcher
@@ -158,6 +158,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
 
 def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Run:
     tc = config.train
+    changes = _settings_changed(workdir, config)  # before anything is written
     tokenizer = rundir.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
@@ -184,10 +185,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
         state, meta, latest = restored
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
-    if jax.process_index() == 0 and (latest is None or latest < tc.num_steps):
-        # Written once the config is known to fit the checkpoints, so that a mistaken resume
-        # never overwrites the description of what is saved (nor a rerun of a finished run).
-        rundir.write_config(workdir, config)
+    _keep_record(workdir, config, latest, changes)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info(
         'Model: %s parameters, %s; %s mode over %d devices of %d processes.',
@@ -217,6 +215,29 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
         restored_step=latest,
         lock=lock,
     )
+
+
+def _settings_changed(workdir: str, config: ml_collections.ConfigDict) -> list:
+    """The settings ``config`` changes in a run that has trained (a one-line `WorkdirError`
+    for a changed model or data: see `rundir.resume_changes`)."""
+    has_config = os.path.exists(rundir.path(workdir, rundir.CONFIG_FILE))
+    if not (has_config and rundir.has_checkpoints(workdir)):
+        return []
+    return rundir.resume_changes(workdir, config)
+
+
+def _keep_record(workdir: str, config: ml_collections.ConfigDict, latest, changes) -> None:
+    """config.json describes what the run started with: written when it starts (no step
+    restored); a resume adds the settings it changes, one line each on the console and in
+    config_history.jsonl (written once the config is known to fit the checkpoints)."""
+    if latest is None:
+        if multihost.is_main():
+            rundir.write_config(workdir, config)
+        return
+    for key, old, new in changes:
+        logging.info('Resuming at step %d with %s=%r (was %r).', latest, key, new, old)
+    if changes and multihost.is_main():
+        rundir.record_changes(workdir, latest, changes)
 
 
 def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
