@@ -372,3 +372,32 @@ def test_a_directory_that_is_no_run_is_named_whichever_flag_gave_it(run_dir, tmp
     assert str(info.value) == (
         f'{missing}/config.json not found: {missing} is not a run directory written by train.py.'
     )
+
+
+def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path, caplog):
+    """eval.average_last=4 over steps 2, 4, 6, 8 with a 4-step warm-up: the commands average
+    6 and 8 by default and say which steps they left out; --average_last 4 takes all four;
+    with nothing after the warm-up the newest step alone is loaded."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import evaluate, trainer
+
+    config = tiny_run_config(8)
+    config.train.checkpoint_every = 2
+    config.train.keep_checkpoints = 4
+    config.eval.average_last = 4
+    config.opt.warmup_steps = 4
+    trainer.train_and_evaluate(config, str(tmp_path))
+    with caplog.at_level('INFO'):
+        assert store.load_model(str(tmp_path))[4] == [6, 8]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Averaging')]
+    assert lines == [
+        'Averaging steps [6, 8] of the last 4 saved [2, 4, 6, 8] (eval.average_last): the '
+        'others are in the warm-up (opt.warmup_steps=4) or the first half of training; '
+        '--average_last 4 takes them all.'
+    ]
+    assert store.load_model(str(tmp_path), average_last=4)[4] == [2, 4, 6, 8]
+    scores = evaluate.run(str(tmp_path), max_examples=2, output=str(tmp_path / 'h.txt'))
+    assert scores['steps'] == [6, 8]
+    shutil.rmtree(tmp_path / 'checkpoints' / '6')
+    shutil.rmtree(tmp_path / 'checkpoints' / '8')
+    assert store.load_model(str(tmp_path))[4] == [4]

@@ -218,6 +218,28 @@ def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 
     return steps[-average_last:]
 
 
+def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int]:
+    """The steps a command averages when told none: of the last ``eval.average_last`` saved
+    steps, those after the warm-up (``opt.warmup_steps``) and in the second half of the
+    training so far (step >= newest / 2); the newest step always. Parameters from the
+    warm-up or from far earlier pull the average away from where training arrived (a short
+    run's average of 5 spanning its warm-up scored below its last checkpoint alone)."""
+    saved = sorted(checkpoint_manager(workdir).all_steps())
+    if not saved:
+        raise WorkdirError(f'No complete checkpoint in {workdir}/{CHECKPOINTS}.')
+    newest, warmup = saved[-1], config.opt.get('warmup_steps', 0)
+    last = saved[-config.eval.average_last :]
+    steps = [s for s in last if s > warmup and 2 * s >= newest] or [newest]
+    if steps != last:
+        logging.info(
+            'Averaging steps %s of the last %d saved %s (eval.average_last): the others are '
+            'in the warm-up (opt.warmup_steps=%d) or the first half of training; '
+            '--average_last %d takes them all.',
+            *(steps, len(last), last, warmup, len(last)),
+        )
+    return steps
+
+
 def abstract_params(model: Transformer) -> PyTree:
     """Shapes and dtypes of the model's parameters on this process's first device, without
     allocating them. The explicit sharding lets Orbax restore a checkpoint written by any
@@ -274,7 +296,7 @@ def load_model(
       workdir: the run's directory.
       step: load this checkpoint alone, or with ``average_last`` the last of those averaged.
       average_last: average the last K checkpoints (default without ``step``: the run's
-        ``eval.average_last``).
+        ``eval.average_last``, without the warm-up's and the first half's: `default_average`).
       best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
 
     Returns:
@@ -288,9 +310,10 @@ def load_model(
             raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
         steps = [best_step(workdir)]
         trees = [restore_params(workdir, steps[0], model, best=True)]
+    elif step is None and average_last is None:
+        steps = default_average(workdir, config)
+        trees = [restore_params(workdir, s, model) for s in steps]
     else:
-        if step is None and average_last is None:
-            average_last = config.eval.average_last
         steps = checkpoint_steps(workdir, step, average_last or 1)
         trees = [restore_params(workdir, s, model) for s in steps]
     params = trees[0] if len(trees) == 1 else average_params(trees)
