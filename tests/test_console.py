@@ -322,3 +322,24 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130(tmp_path):
         proc.kill()
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == 'Interrupted.' and 'Traceback' not in err
+
+
+@pytest.mark.parametrize('command', ['trainer', 'evaluate', 'translate', 'visualize', 'export'])
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, flag, capsys):
+    """`-h` / `--help`: the command's own flags with their defaults (none of absl's), and for
+    the train command every config field with its value and its comment; exit code 0."""
+    import importlib
+
+    cli = importlib.import_module(f'transformer.{command}').cli
+    with pytest.raises(SystemExit) as info:
+        cli([command, flag])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert '  --workdir (default: None)' in out
+    assert '--helpfull' in out and '--flagfile' not in out and '--verbosity' not in out
+    if command == 'trainer':
+        assert '  model.d_model = 512  # D (Table 3, base)' in out
+        assert '  opt.warmup_steps = 4000\n' in out
+    else:
+        assert 'config fields' not in out

@@ -10,7 +10,7 @@ Layers, from the ground up (a module may import its own package and any lower la
     4  decoding/                                searches over the model, text in and out
     5  evaluation/                              BLEU, decode-and-score
     6  training/                                steps, devices, checkpoints policy, the loop
-    7  console                                  the commands' console, flags and errors
+    7  console, command_help                    the commands' console, flags, errors, help
     8  trainer, evaluate, translate, visualize, export: the commands
 """
 
@@ -32,6 +32,7 @@ LAYERS = {
     'evaluation': 5,
     'training': 6,
     'console': 7,
+    'command_help': 7,
     'trainer': 8,
     'evaluate': 8,
     'translate': 8,

@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from transformer import command_help
 from transformer.backends import compile_cache, host_memory
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -117,6 +118,11 @@ def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any
     """
     if name not in flags.FLAGS:
         define(name, *args, **kwargs)
+    _COMMAND_FLAGS.append(name)
+
+
+# The flags the command about to run defined (`define_flag`), for its --help; `run` clears it.
+_COMMAND_FLAGS: list[str] = []
 
 
 def resolve_config_arg(argv: Sequence[str]) -> list[str]:
@@ -294,6 +300,14 @@ def run(
     ends with ``out_of_memory_hint``.
     """
     args = list(argv) if argv is not None else list(sys.argv)
+    own_flags, _COMMAND_FLAGS[:] = list(_COMMAND_FLAGS), []
+    if command_help.wanted(args):
+        doc = sys.modules[main.__module__].__doc__
+        try:
+            print(command_help.text(doc, own_flags, args))
+        except Exception as e:  # noqa: BLE001 - a config file that does not load
+            usage_exit(f'--help could not read the config: {(str(e).splitlines() or [e])[0]}')
+        raise SystemExit(0)
     verbose = argv_verbosity(args[1:]) >= 1
     if not verbose:
         quiet_library_logs()

@@ -1,0 +1,92 @@
+"""``-h`` / ``--help`` for every command: its own flags with their defaults and, for a command
+that takes ``--config``, every config field with its value and the comment the config files
+give it. absl's ``--helpfull`` still lists every flag, the libraries' included."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from absl import flags
+
+HELP_ARGS = ('-h', '--help')
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+# Files whose comments describe config fields, after the chosen config file itself.
+_COMMENTED = (
+    os.path.join(_PACKAGE, 'configs', 'base.py'),
+    os.path.join(_PACKAGE, 'data', 'config.py'),
+)
+_ALIAS = re.compile(r'\s*config\.(\w+)\s*=\s*(\w+)\s*=')  # config.model = model = ...
+_ASSIGN = re.compile(r'\s*([A-Za-z_][\w.]*)\s*=\s*[^#]*?(?:#\s*(.*))?$')
+
+
+def wanted(argv: Sequence[str]) -> bool:
+    return any(arg in HELP_ARGS for arg in argv[1:])
+
+
+def _comments(path: str) -> dict[str, str]:
+    """Config key -> comment (the line's own, else the comment lines right above it)."""
+    data_section = path.endswith(os.path.join('data', 'config.py'))
+    aliases = {'config': 'data' if data_section else ''}
+    found, above = {}, []
+    with open(path) as f:
+        for line in f:
+            stripped = line.strip()
+            if stripped.startswith('#'):
+                above.append(stripped.lstrip('# '))
+                continue
+            if alias := _ALIAS.match(line):
+                aliases[alias.group(2)] = alias.group(1)
+            match = _ASSIGN.match(line)
+            if match and '.' in match.group(1):
+                owner, _, field = match.group(1).partition('.')
+                if owner in aliases:
+                    key = '.'.join(p for p in (aliases[owner], field) if p)
+                    comment = match.group(2) or ' '.join(above)
+                    if comment and key not in found:
+                        found[key] = comment.strip()
+            above = []
+    return found
+
+
+def _fields(node: Any, prefix: str = '') -> Iterator[tuple[str, Any]]:
+    for key, value in node.items():
+        if hasattr(value, 'items'):
+            yield from _fields(value, f'{prefix}{key}.')
+        else:
+            yield f'{prefix}{key}', value
+
+
+def _config_lines(config_path: str) -> list[str]:
+    spec = importlib.util.spec_from_file_location('help_config', config_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    comments = {}
+    for path in (*_COMMENTED, config_path):
+        comments |= _comments(path)
+    lines = [f'config fields (override with --config.FIELD=VALUE), from {config_path}:']
+    for key, value in _fields(module.get_config()):
+        comment = f'  # {comments[key]}' if key in comments else ''
+        lines.append(f'  {key} = {value!r}{comment}')
+    return lines
+
+
+def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
+    """The help of a command: ``doc``'s first paragraph, its flags, its config's fields."""
+    lines = [(doc or '').strip().split('\n\n')[0], '', 'flags:']
+    for name in dict.fromkeys(flag_names):
+        flag = flags.FLAGS[name]
+        default = '' if name == 'config' else f' (default: {flag.default!r})'
+        lines.append(f'  --{name}{default}')
+        lines.append(f'      {flag.help}')
+    lines.append("  --helpfull: every flag, the libraries' included")
+    if 'config' in flag_names:
+        chosen = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+        if chosen is None and '--config' in argv[:-1]:
+            chosen = argv[list(argv).index('--config') + 1]
+        path = chosen.split(':')[0] if chosen else _COMMENTED[0]
+        lines += ['', *_config_lines(path)]
+    return '\n'.join(lines)
