@@ -13,6 +13,7 @@ from transformer.model.attention import MultiHeadAttention
 from transformer.model.cache import beam_mask, share_across_beams
 
 
+@pytest.mark.slow
 def test_early_stop_gives_the_same_result_in_fewer_steps():
     """Stopping once no alive beam can beat the K finished ones changes nothing but the steps."""
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
@@ -24,6 +25,7 @@ def test_early_stop_gives_the_same_result_in_fewer_steps():
     np.testing.assert_array_equal(np.asarray(early[1]), np.asarray(full[1]))
 
 
+@pytest.mark.slow
 def test_a_batch_that_shrinks_as_its_examples_finish_gives_the_same_result():
     """With early stopping the search goes on with half, then a quarter of the examples once
     the others are done: the same sequences and scores as the full-length search."""
@@ -71,6 +73,7 @@ def test_shared_cache_widens_the_self_attention_keys_and_keeps_the_rest():
         share_across_beams(cache | {'other_rows': np.zeros((2, 5))}, 3)
 
 
+@pytest.mark.slow
 def test_rows_sharing_a_cache_attend_to_their_own_hypotheses():
     """Self-attention through the shared cache with a slot history equals attention over a
     cache of its own per row, gathered from the parent rows at every step."""

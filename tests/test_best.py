@@ -43,6 +43,7 @@ def _train(tmp_path, monkeypatch, num_steps, scores):
     return trainer.train_and_evaluate(config, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_best_checkpoint_survives_keep_and_early_stop_survives_restarts(tmp_path, monkeypatch):
     # Steps 1-3: BLEU 5, 7 (best), 6: one evaluation without improvement so far.
     first = _train(tmp_path, monkeypatch, 3, [5.0, 7.0, 6.0])

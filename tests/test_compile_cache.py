@@ -97,6 +97,7 @@ def test_host_tag_follows_the_cpu_model_and_flags_not_its_clock(tmp_path):
     assert compile_cache.host_tag() == compile_cache.host_tag()  # this machine's, stable
 
 
+@pytest.mark.slow
 def test_translate_command_fills_the_default_cache_and_loads_from_it(run_dir, tmp_path):
     """A command run with no cache setting writes its compiled decoding loop under
     $XDG_CACHE_HOME/transformer/jax/<host>; the next run loads it from there (jax reports the

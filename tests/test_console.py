@@ -149,6 +149,7 @@ print(json.dumps(tf))
 """
 
 
+@pytest.mark.slow
 def test_core_never_imports_tensorflow_and_prints_no_library_noise(run_dir, tmp_path):
     """Training (with TensorBoard events and validation BLEU), evaluating and translating on
     synthetic data, and reading folder and Multi30k files, import neither TensorFlow nor

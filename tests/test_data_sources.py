@@ -279,6 +279,7 @@ class ShuffledUnknownKeys(ShuffledToy):
             yield f'{subset}{i * 7919 % 40}', {'en': f'line {i}', 'de': f'Zeile {i}'}
 
 
+@pytest.mark.slow
 def test_tfds_shuffled_split_comes_back_in_file_order(tmp_path, offline):
     """A split TFDS stores in hashed order is read in the generator's (the files') order when
     its keys are known (WMT test sets), so line i of eval/*.txt is sentence i of the test set

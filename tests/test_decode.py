@@ -15,6 +15,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import linen as nn
 
 from tests.random_params import fill_random
@@ -115,6 +116,7 @@ def assert_well_formed(tokens: np.ndarray):
     assert np.all((tokens == EOS_ID).sum(-1) <= 1)
 
 
+@pytest.mark.slow
 def test_scores_are_the_models_log_probs_over_the_length_penalty():
     """Every beam score == teacher-forced log-prob (EOS included) / ((5 + |y|) / 6)^0.6."""
     params = random_params(sharpness=2.0)
@@ -131,6 +133,7 @@ def test_scores_are_the_models_log_probs_over_the_length_penalty():
     np.testing.assert_array_equal(np.asarray(best), sequences[:, 0])
 
 
+@pytest.mark.slow
 def test_large_beam_equals_exhaustive_search():
     """With a beam as wide as every prefix, the K hypotheses are the K best of all sequences."""
     params = random_params(sharpness=1.5, seed=1)
@@ -202,6 +205,7 @@ def mixture_log_probs(members, inputs, targets) -> np.ndarray:
     return np.logaddexp.reduce(log_probs, axis=0) - np.log(len(members))
 
 
+@pytest.mark.slow
 def test_ensemble_scores_are_the_mixtures_log_probs():
     """Beam search over two models scores every hypothesis by the teacher-forced
     log of the members' mean probability / length penalty; greedy takes that mixture's argmax
@@ -284,6 +288,7 @@ def test_ensemble_members_run_the_single_models_step():
         assert together['cond'] == 2 * alone['cond'], name
 
 
+@pytest.mark.slow
 def test_beam_of_one_equals_greedy_on_confident_choices():
     """Beam 1 returns greedy's output when greedy is confident, and never scores below it."""
 
@@ -315,6 +320,7 @@ def test_beam_of_one_equals_greedy_on_confident_choices():
     assert np.all(scores >= greedy_scores - 1e-5) and np.all(scores[[0, 2]] > greedy_scores[[0, 2]])
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_the_output():
     """Adding pad columns (the first example had none) and a pad row changes no output."""
     params = random_params(sharpness=2.0, seed=4)
@@ -379,6 +385,7 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
         assert len(reads) >= MODEL.config.num_decoder_layers, encoded_shape
 
 
+@pytest.mark.slow
 def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
     """Once at most half of the examples are still without EOS, greedy goes on with half the
     rows, then a quarter: each example's output is the one it gets decoded alone."""

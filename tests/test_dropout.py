@@ -27,6 +27,7 @@ def test_drop_fraction_and_mean_match_the_rate(rate):
     assert abs(y.mean() - 1.0) < 5 * sigma / (1 - rate)  # inverted dropout keeps E[y] = x
 
 
+@pytest.mark.slow
 def test_kept_values_are_scaled_inputs_and_dropped_are_zero():
     x = jax.random.normal(jax.random.key(3), (4, 7, 9))  # odd last axis: a half-used draw
     y = np.asarray(_apply(0.3, x))

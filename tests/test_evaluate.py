@@ -7,6 +7,7 @@ import pytest
 from transformer import evaluate
 
 
+@pytest.mark.slow
 def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path):
     """`python -m transformer.evaluate` decodes the test split with beam search, prints the
     scores and writes one hypothesis per reference plus a JSON of the scores."""
@@ -29,6 +30,7 @@ def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path):
     assert 0.0 <= scores['sacrebleu'] <= 100.0
 
 
+@pytest.mark.slow
 def test_evaluate_split_of_hostile_folder_data(run_dir, tmp_path, caplog):
     """`evaluate --split` on folder files with hostile lines (as in test_data_text) scores
     every line; a split whose files differ in line count names both files and counts."""
@@ -72,6 +74,7 @@ def _eval_sweep():
     return eval_sweep
 
 
+@pytest.mark.slow
 def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, capsys):
     """benchmarks/eval_sweep.py: one row per (average, beam, alpha), each the score evaluate
     gives for that setting; the test split cannot be used to pick settings."""
@@ -109,6 +112,7 @@ def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, 
         eval_sweep.main(['--workdir', str(run_dir), '--split', 'test'])
 
 
+@pytest.mark.slow
 def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     """`evaluate --ensemble`: two copies of a run decode as the run alone (the mean of equal
     distributions); runs with another vocabulary or another model are refused in one line,

@@ -87,6 +87,7 @@ def test_marian_channel_order_turns_our_sinusoids_into_marians():
     assert np.abs(ours - theirs).max() > 0.5  # unpermuted, they are different tables
 
 
+@pytest.mark.slow
 def test_teacher_forced_logits_equal_ours(loaded, hf_dir):
     """Logits of the exported MarianMT equal ours on a padded batch: to 1e-4 with our layer
     norm epsilon, and close with Marian's hard-coded 1e-5 (the README's measured figure)."""
@@ -147,6 +148,7 @@ def _with_our_length_limits(translate_rows, source_ids, extra_length, own_limit)
     return out, len(long)
 
 
+@pytest.mark.slow
 def test_greedy_translations_are_identical_ours_hf_ctranslate2(loaded, hf_dir, ct2_dir):
     """Greedy translations of 120 test sentences: ours (the translate command's path), the
     Hugging Face export's generate() and CTranslate2 float32 give the same text, token for

@@ -3,12 +3,14 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import linen as nn
 
 from tests.random_params import fill_random
 from transformer.model import Transformer, TransformerConfig, config_from_dict, flops
 
 
+@pytest.mark.slow
 def test_train_flops_match_xla_cost_analysis_within_2_percent():
     """On a model whose matmuls dominate, the analytic matmul count is within 2% of XLA's
     count of the compiled gradient (XLA adds the elementwise FLOPs and may drop products it
@@ -102,6 +104,7 @@ def _train_speed(tmp_path, *args, pythonpath=()):
     return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_speed_command_runs_without_tensorflow(tmp_path):
     """benchmarks/train_speed.py with --data=random, as on a GPU machine without TensorFlow:
     with `tensorflow` and `tensorflow_datasets` made unimportable it times the real step and
@@ -139,6 +142,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_train_speed_out_of_memory_is_one_line_error(tmp_path):
     """A config whose state cannot fit ends train_speed.py with one `error: out of memory`
     line naming the keys to lower, not a traceback."""

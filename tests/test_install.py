@@ -33,6 +33,7 @@ def _setuptools_major() -> int:
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which('git') is None, reason='needs git to copy the checkout')
 @pytest.mark.skipif(
     _setuptools_major() < 77,

@@ -10,8 +10,9 @@ Layers, from the ground up (a module may import its own package and any lower la
     4  decoding/                                searches over the model, text in and out
     5  evaluation/                              BLEU, decode-and-score
     6  training/                                steps, devices, checkpoints policy, the loop
-    7  console, command_help                    the commands' console, flags, errors, help
-    8  trainer, evaluate, translate, visualize, export: the commands
+    7  command_help                             -h / --help: flags and config fields
+    8  console                                  the commands' console, flags and errors
+    9  trainer, evaluate, translate, visualize, export: the commands
 """
 
 import ast
@@ -31,13 +32,13 @@ LAYERS = {
     'decoding': 4,
     'evaluation': 5,
     'training': 6,
-    'console': 7,
     'command_help': 7,
-    'trainer': 8,
-    'evaluate': 8,
-    'translate': 8,
-    'visualize': 8,
-    'export': 8,
+    'console': 8,
+    'trainer': 9,
+    'evaluate': 9,
+    'translate': 9,
+    'visualize': 9,
+    'export': 9,
 }
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

@@ -11,6 +11,7 @@ from tests.tiny_run import tiny_run_config
 from transformer import lock, trainer
 
 
+@pytest.mark.slow
 def test_a_second_training_run_in_a_workdir_stops_in_one_line(tmp_path):
     """While one process holds the lock, a run in the same workdir stops before it writes
     anything, naming the holder; once released, training goes on there."""

@@ -166,6 +166,7 @@ def test_tied_logits_are_decoder_output_times_embedding_transpose(pre_layer_norm
     np.testing.assert_allclose(logits, np.asarray(y) @ embedding.T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_shared_embedding_gradient_is_sum_of_its_three_uses():
     """The gradient w.r.t. the one shared matrix E equals the sum of the gradients that the
     source embedding, the target embedding and the pre-softmax projection receive when each
@@ -213,6 +214,7 @@ def test_shared_embedding_gradient_is_sum_of_its_three_uses():
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_row_equals_examples_run_separately():
     """Two examples packed into one row (segment ids 1, 1, ..., 2, 2, 0 and positions
     restarting at 0) give the same logits at their real targets as the two examples run
@@ -266,6 +268,7 @@ def test_packed_row_equals_examples_run_separately():
     assert np.abs(leaky[0, 4:6] - b).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'pre_layer_norm, dtype, atol',
     [(False, 'float32', 1e-5), (True, 'float32', 1e-5), (False, 'bfloat16', 2e-2)],
@@ -399,6 +402,7 @@ def test_sinusoidal_positions_match_paper_formula():
             assert row[2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-4), (pos, i)
 
 
+@pytest.mark.slow
 def test_dropout_only_in_train_mode():
     """Two dropout rngs give different logits with train=True and identical ones (equal to
     a call with no rng at all) with train=False."""
@@ -433,6 +437,7 @@ def test_config_from_dict_rejects_unknown_keys_and_maps_dtypes():
     assert (cfg.vocab_size, cfg.d_model, cfg.dtype, cfg.num_heads) == (V, 64, jnp.bfloat16, 8)
 
 
+@pytest.mark.slow
 def test_fused_attention_equals_einsum_packed_padded_and_cached():
     """model.attention_impl='fused' gives the 'einsum' logits to 1e-5 on packed rows (segment
     masks, restarting positions), on padded rows (causal decoder, padding masks) and when

@@ -109,6 +109,7 @@ def _assert_close(a, b, atol=1e-5):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['sharding', 'pmap'])
 def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     """4 steps as 2 processes x 4 devices, 1 process x 8 devices and 1 device: same logged
@@ -138,6 +139,7 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     _assert_close(_params(resumed, 4), _params(tmp_path / 'two', 4))
 
 
+@pytest.mark.slow
 def test_resume_on_8_then_2_then_1_devices_equals_uninterrupted(tmp_path):
     """Sharding mode with dropout: steps 1-2 on 8 devices, 3-4 on 2, 5-6 on 1 == 6 on 8."""
     trainer.train_and_evaluate(_config('sharding', 6), str(tmp_path / 'straight'))
@@ -149,6 +151,7 @@ def test_resume_on_8_then_2_then_1_devices_equals_uninterrupted(tmp_path):
     _assert_close(_params(moved, 6), _params(tmp_path / 'straight', 6))
 
 
+@pytest.mark.slow
 def test_unreachable_coordinator_is_one_line_and_no_hang(tmp_path):
     """Process 1 of a run whose coordinator never starts stops after train.init_timeout_s."""
     config = _config('sharding', 2)
@@ -188,6 +191,7 @@ def _flip_params(run_dir, step) -> None:
     target.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
     """2 processes x 1 device with train.model_parallelism=2: both processes hold data index
     0 of the (1 data x 2 model) mesh, so both feed the whole batch.

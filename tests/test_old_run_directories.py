@@ -10,6 +10,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from transformer import evaluate
 from transformer.checkpoint import store
@@ -18,6 +19,7 @@ from transformer.decoding import translation
 FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'run_before_layers'
 
 
+@pytest.mark.slow
 def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
     run = tmp_path / 'run'
     shutil.copytree(FIXTURE, run)

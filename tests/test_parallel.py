@@ -51,6 +51,7 @@ def _assert_same_training(got, reference) -> None:
         np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'mode,num_devices,accum',
     [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 4, 2), ('sharding', 1, 4)],
@@ -71,6 +72,7 @@ def _per_device_bytes(state, device) -> int:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'model_parallelism,fsdp', [(1, False), (2, False), (1, True), (2, True)], ids=str
 )
@@ -99,6 +101,7 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
     assert (expected < total) == (fsdp or model_parallelism > 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('accum', [1, 2, 4])
 def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
     """In sharding mode each micro-step computes rows / (devices x A) rows on every device
@@ -182,6 +185,7 @@ def test_a_batch_of_other_than_the_configured_rows_raises():
         par.put_batch(packed_batch(0))
 
 
+@pytest.mark.slow
 def test_sharding_mode_splits_heads_on_the_model_axis():
     """With a 'model' axis of 2, q/k/v kernels are split on N and out kernels on N."""
     mesh = parallel.make_mesh(2, jax.devices()[:4])

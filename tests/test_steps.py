@@ -75,6 +75,7 @@ def test_smoothed_loss_is_finite_and_floor_is_its_minimum():
     assert steps.smoothing_floor(5, 0.0) == 0.0
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params():
     """model.dtype='bfloat16' computes in bfloat16 (close to the float32 loss) while the
     parameters and optimizer state stay float32."""
@@ -100,6 +101,7 @@ def test_bfloat16_compute_keeps_float32_params():
     np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_dropout_prngs_are_deterministic_per_seed_and_differ_between_seeds():
     """Every train.dropout_prng (threefry, rbg, unsafe_rbg, philox4x32): the same (seed, step)
     gives bit-identical updates (what exact resumption needs), another seed other masks."""

@@ -24,6 +24,7 @@ def _params_at(run_dir, step):
     return params
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     """3 steps, stop, restart to 6 == 6 uninterrupted steps: same losses (so the same batches
     and dropout masks) and the same final parameters."""
@@ -47,6 +48,7 @@ def test_resume_continues_exactly(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_resume_with_another_dropout_prng_warns_in_one_line(tmp_path, caplog):
     """A run started with 'rbg' and resumed with the default 'threefry' draws other masks
     from then on: one warning line naming both and the flag that keeps the saved one."""
@@ -171,6 +173,7 @@ def test_train_py_smoke(tmp_path, monkeypatch):
     assert list((workdir / 'tensorboard').iterdir())
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     """A learning rate that blows up stops the run with a clear error; the checkpoint saved
     before the blow-up is still there and loads."""
@@ -241,6 +244,7 @@ def _wait_for(condition, proc, timeout=180.0):
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
     """`python train.py` SIGKILLed three times (at random moments after it trained a step,
     and once while an asynchronous checkpoint is being written), re-run each time with the
@@ -290,6 +294,7 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     """A model that cannot fit (an FFN of 2^43 units: petabytes of parameters) stops in
     seconds with one `error: out of memory` line naming the keys to lower: no traceback, and

@@ -40,6 +40,7 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
     assert alone == [out[4]]
 
 
+@pytest.mark.slow
 def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(run_dir, tmp_path):
     """--nbest K: K rows per line, best first; log_prob is the teacher-forced log P(y|x) of
     the hypothesis (recomputed here with a full forward pass), score = log_prob / penalty,
@@ -115,6 +116,7 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
     assert 'Line 8 has' in warned  # the over-long line, cut to max_len tokens
 
 
+@pytest.mark.slow
 def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     """`translate --ensemble` with --nbest: the run at step 4 and the same run at step 2 (two
     different models) decode as one; every log_prob is the log of the two models' mean

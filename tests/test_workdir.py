@@ -310,6 +310,7 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     assert not (run / 'checkpoints' / '6').exists()
 
 
+@pytest.mark.slow
 def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
     """A checkpoints directory that refuses new steps (async saves): train.py stops with one
     line naming the step and the steps kept, within seconds. (Orbax made step directories in
