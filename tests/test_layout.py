@@ -12,7 +12,7 @@ Layers, from the ground up (a module may import its own package and any lower la
     6  training/                                steps, devices, checkpoints policy, the loop
     7  command_help                             -h / --help: flags and config fields
     8  console                                  the commands' console, flags and errors
-    9  trainer, evaluate, translate, visualize, export: the commands
+    9  trainer, evaluate, translate, visualize, export: the commands; api: the same from Python
 """
 
 import ast
@@ -39,6 +39,7 @@ LAYERS = {
     'translate': 9,
     'visualize': 9,
     'export': 9,
+    'api': 9,
 }
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

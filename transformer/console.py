@@ -13,13 +13,14 @@ library INFO and DEBUG lines included.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging as std_logging
 import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from absl import app, flags, logging
@@ -82,6 +83,20 @@ def quiet_library_logs() -> None:
     warnings.filterwarnings('ignore', message=_DEPRECATION, category=DeprecationWarning)
     # TensorFlow (read only for TFDS datasets) logs from C++ unless told before its import.
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """The libraries' loggers filtered as at the default verbosity for a block only (the Python
+    API: nothing stays changed in the caller's process)."""
+    targets = [logging.get_absl_handler(), *(std_logging.getLogger(n) for n in _NOISY_LOGGERS)]
+    for target in targets:
+        target.addFilter(_FILTER)
+    try:
+        yield
+    finally:
+        for target in targets:
+            target.removeFilter(_FILTER)
 
 
 def verbose_library_logs() -> None:

@@ -1,0 +1,139 @@
+"""The package from Python: build a model from a config, look at its heads, load a trained run,
+translate with it and read its attention (docs/api.md walks through each).
+
+    from transformer import api
+
+    model, params = api.build('tiny')                 # a config name or a config file
+    logits = model.apply({'params': params}, inputs, targets)
+    w_i, fused = api.head_views(params['encoder_layer_0']['self_attention']['query']['kernel'])
+
+    run = api.load('runs/tiny')                       # the commands' default checkpoints
+    run.translate(['dinds bap koft big ze draft bap .'])
+    run.translate(lines, nbest=3)                     # [[Hypothesis(text, score, log_prob)]]
+    run.attention('dinds bap koft .')                 # {(stack, layer, kind): [N, T, S]}
+
+Parameters are plain arrays (``nn.unbox`` already applied). Loading is as quiet as the
+commands: the libraries' routine notes are filtered while a run loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+
+from transformer import configs, console, data
+from transformer.checkpoint import store
+from transformer.decoding import translation
+from transformer.model import Transformer, config_from_dict
+from transformer.model import attention as attention_lib
+from transformer.model.attention_maps import attention_maps
+from transformer.tokens import EOS_ID
+
+Hypothesis = translation.Hypothesis
+__all__ = ['Hypothesis', 'Run', 'attention_maps', 'build', 'config', 'head_views', 'load']
+
+
+def config(name_or_path: str) -> ml_collections.ConfigDict:
+    """An experiment config: a packaged one by name ('tiny', 'base', ...) or a file's."""
+    path = name_or_path
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(configs.__file__), f'{name_or_path}.py')
+        if not os.path.isfile(path):
+            raise ValueError(
+                f'No config {name_or_path!r}: the packaged configs are {configs.names()}, '
+                'or give a file path.'
+            )
+    spec = importlib.util.spec_from_file_location('api_config', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def build(
+    experiment: str | ml_collections.ConfigDict, vocab_size: int | None = None, seed: int = 0
+) -> tuple[Transformer, Any]:
+    """The model of a config and freshly initialised parameters (the training init).
+
+    Args:
+      experiment: a config name, a config file, or a config.
+      vocab_size: the vocabulary size (default: the config's ``data.vocab_size``).
+      seed: the initialisation seed.
+    """
+    cfg = config(experiment) if isinstance(experiment, str) else experiment
+    model = Transformer(config_from_dict(cfg.model, vocab_size or cfg.data.vocab_size))
+    dummy = jnp.ones((1, 8), jnp.int32)
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(seed), dummy, dummy)['params'])
+    return model, params
+
+
+def head_views(kernel: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A query, key or value kernel [D, N, H] seen both ways: head i's own ``W_i`` is
+    ``per_head[i]`` ([D, H]), and ``fused`` [D, N*H] is the matrix of "one big linear layer".
+    Both are views of the same parameter."""
+    return attention_lib.per_head(kernel), attention_lib.fused(kernel)
+
+
+@dataclasses.dataclass
+class Run:
+    """A trained run loaded for use: its config, vocabulary, model and parameters."""
+
+    config: ml_collections.ConfigDict
+    tokenizer: data.Tokenizer
+    model: Transformer
+    params: Any
+    steps: list[int]  # the checkpoints loaded (averaged when several)
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        *,
+        beam_size: int | None = None,
+        alpha: float | None = None,
+        nbest: int = 0,
+        batch_size: int | None = None,
+    ) -> list[str] | list[list[Hypothesis]]:
+        """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
+        the K best `Hypothesis` of each; decoding settings default to the run's config."""
+        ev = self.config.eval
+        return translation.translate_lines(
+            list(lines),
+            self.tokenizer,
+            self.model,
+            self.params,
+            beam_size=ev.beam_size if beam_size is None else beam_size,
+            alpha=ev.alpha if alpha is None else alpha,
+            extra_length=ev.extra_length,
+            batch_size=batch_size or ev.batch_size,
+            max_input_tokens=self.config.model.max_len,
+            nbest=nbest,
+        )
+
+    def attention(self, source: str, target: str | None = None) -> dict[tuple, np.ndarray]:
+        """Every head's attention for one sentence pair: {(stack, layer, kind): [N, T, S]}
+        with T and S counting the pieces of target and source and their EOS. ``target``
+        defaults to the greedy translation of ``source``."""
+        if target is None:
+            target = self.translate([source], beam_size=1)[0]
+        inputs, targets = (
+            np.array(self.tokenizer.encode(text) + [EOS_ID], np.int32) for text in (source, target)
+        )
+        return attention_maps(self.model, self.params, inputs, targets)
+
+
+def load(
+    workdir: str, *, step: int | None = None, average_last: int | None = None, best: bool = False
+) -> Run:
+    """A trained run, loaded as the commands load it (by default the average they choose:
+    `store.default_average`); ``step``, ``average_last`` and ``best`` as their flags."""
+    with console.quiet_libraries():
+        cfg, tokenizer, model, params, steps = store.load_model(workdir, step, average_last, best)
+    return Run(cfg, tokenizer, model, params, steps)

@@ -1,0 +1,46 @@
+"""The attention weights a model computes for one sentence pair, every head of every layer:
+what visualize draws and what the Python API returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model.transformer import Transformer
+
+KINDS = (
+    ('encoder', 'self_attention', 'encoder self'),
+    ('decoder', 'self_attention', 'decoder self'),
+    ('decoder', 'cross_attention', 'cross'),
+)
+
+
+def attention_maps(
+    model: Transformer, params: Any, inputs: np.ndarray, targets: np.ndarray
+) -> dict[tuple[str, int, str], np.ndarray]:
+    """{(stack, layer, kind): [N, T, S] probabilities} for one (unpadded) example.
+
+    Args:
+      model: the Transformer.
+      params: its parameters.
+      inputs: source ids [S] ending with EOS.
+      targets: target ids [T] ending with EOS.
+    """
+    # Only the explicit einsum path forms (and sows) the attention matrices.
+    model = model.clone(config=dataclasses.replace(model.config, attention_impl='einsum'))
+    _, variables = model.apply(
+        {'params': params},
+        jnp.asarray(inputs)[None],
+        jnp.asarray(targets)[None],
+        mutable=['intermediates'],
+    )
+    maps = {}
+    for name, layer in variables['intermediates'].items():
+        stack, _, index = name.rpartition('_layer_')
+        for kind, sown in layer.items():
+            if 'attention_weights' in sown:
+                maps[(stack, int(index), kind)] = np.asarray(sown['attention_weights'][0][0])
+    return maps
