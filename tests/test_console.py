@@ -279,6 +279,24 @@ def test_command_line_mistakes_are_one_usage_line(tmp_path, monkeypatch, capsys)
             ['train.py', f'--config={bad}', f'--workdir={tmp_path}/run'],
             'error: invalid syntax (bad.py, line 1)',
         ),
+        (
+            trainer.cli,
+            ['train.py', f'--config={REPO}/configs/tinyy.py', f'--workdir={tmp_path}/run'],
+            f'error: --config {REPO}/configs/tinyy.py: no such file; did you mean '
+            f'{REPO}/configs/tiny.py?',
+        ),
+        (
+            trainer.cli,
+            ['train.py', '--config=multi30k_tinyy', f'--workdir={tmp_path}/run'],
+            'error: --config multi30k_tinyy: no such file, and the packaged configs are '
+            f'{", ".join(configs.names())}. Did you mean multi30k_tiny?',
+        ),
+        (
+            trainer.cli,
+            ['train.py', '--config=tiny', f'--workdir={tmp_path}/run', '--model.d_model=8'],
+            "error: Unknown command line flag 'model.d_model'; did you mean "
+            '--config.model.d_model?',
+        ),
     ]
     for cli, argv, line in cases:
         monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its flags from sys.argv

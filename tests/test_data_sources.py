@@ -80,8 +80,10 @@ def test_folder_trains_end_to_end(tmp_path):
 
 def test_unknown_dataset_fails_fast():
     start = time.perf_counter()
-    with pytest.raises(data.DataError, match='Unknown dataset'):
+    with pytest.raises(data.DataError, match=r"Unknown dataset .*de-en'\.$"):
         data.load_text(_config(dataset='no_such_dataset'), 'train')
+    with pytest.raises(data.DataError, match="did you mean 'multi30k'"):
+        data.load_text(_config(dataset='multi31k'), 'train')
     with pytest.raises(data.DataError, match='Cannot build'):
         data.load_text(_config(dataset='wmt14_translate/xx-en'), 'train')
     with pytest.raises(data.DataError, match='no split'):

@@ -255,7 +255,7 @@ def test_a_layout_no_split_of_the_batch_fits_is_refused_before_writing(tmp_path)
     flags = _overrides(config, ['train.model_parallelism'])
     run = tmp_path / 'run'
     for code, out in _run_two_processes(flags, run, devices_per_process=3, timeout=120):
-        assert code != 0 and 'Traceback' not in out, out[-3000:]
+        assert code == 2 and 'Traceback' not in out, out[-3000:]
         errors = [line for line in out.splitlines() if line.startswith('error: ')]
         assert len(errors) == 1 and 'no split of the batch fits' in errors[0], out[-3000:]
         assert 'train.model_parallelism' in errors[0]

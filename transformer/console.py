@@ -14,6 +14,7 @@ library INFO and DEBUG lines included.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import logging as std_logging
 import os
@@ -154,11 +155,23 @@ def resolve_config_arg(argv: Sequence[str]) -> list[str]:
         if os.path.exists(name):
             return value
         if name.endswith('.py') or os.sep in name:
-            raise app.UsageError(f'--config {name}: no such file.')
+            folder = os.path.dirname(name) or '.'
+            near = (
+                sorted(f for f in os.listdir(folder) if f.endswith('.py'))
+                if (os.path.isdir(folder))
+                else []
+            )
+            close = difflib.get_close_matches(os.path.basename(name), near, n=1)
+            hint = (
+                f'; did you mean {os.path.join(os.path.dirname(name), close[0])}?' if close else '.'
+            )
+            raise app.UsageError(f'--config {name}: no such file{hint}')
         if name not in configs.names():
+            close = difflib.get_close_matches(name, configs.names(), n=1)
+            hint = f' Did you mean {close[0]}?' if close else ''
             raise app.UsageError(
                 f'--config {name}: no such file, and the packaged configs are '
-                f'{", ".join(configs.names())}.'
+                f'{", ".join(configs.names())}.{hint}'
             )
         return configs.path(name) + colon + rest
 

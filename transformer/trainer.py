@@ -49,6 +49,8 @@ def cli(argv: list[str] | None = None) -> None:
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None
+        except config_checks.ConfigError as e:  # found once the devices are known
+            console.usage_exit(str(e))
         except (
             TrainingError,
             rundir.WorkdirError,

@@ -8,6 +8,7 @@ fails within seconds with one line saying how to provide it, never with minutes 
 
 from __future__ import annotations
 
+import difflib
 import socket
 import threading
 import time
@@ -168,9 +169,11 @@ def _builder(data_config: Any) -> tfds.core.DatasetBuilder:
     try:
         return tfds.builder(name, data_dir=data_config.data_dir)
     except tfds.core.registered.DatasetNotFoundError:
+        close = difflib.get_close_matches(name, ['synthetic', 'multi30k', 'folder'], n=1)
+        hint = f'; did you mean {close[0]!r}?' if close else '.'
         raise DataError(
             f"Unknown dataset {name!r}: use 'synthetic', 'multi30k', 'folder' or a TFDS "
-            "translation dataset such as 'wmt14_translate/de-en'."
+            f"translation dataset such as 'wmt14_translate/de-en'{hint}"
         ) from None
     except ValueError as e:  # e.g. an unknown builder config such as 'wmt14_translate/xx-en'
         raise DataError(f'Cannot build TFDS dataset {name!r}: {str(e).splitlines()[0]}') from None

@@ -205,6 +205,10 @@ def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
     """Names an unknown ``--config.KEY`` override and the nearest valid key."""
     from absl import flags
 
+    if isinstance(error, flags.UnrecognizedFlagError):
+        name = error.flagname
+        if name.split('.')[0] in ('model', 'data', 'opt', 'train', 'eval'):
+            return f"Unknown command line flag '{name}'; did you mean --config.{name}?"
     if isinstance(error, flags.Error):
         return None  # absl's own message names the flag and the bad value
     config_arg = next(
