@@ -62,6 +62,21 @@ class _QuietFilter(std_logging.Filter):
 
 
 _FILTER = _QuietFilter()
+
+
+class _PlainFormatter(std_logging.Formatter):
+    """Lines for people at the default verbosity: the time and the message (``warning:`` /
+    ``error:`` in front of those), without absl's level letter, thread id and source line."""
+
+    def format(self, record: std_logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= std_logging.ERROR:
+            message = f'error: {message}'
+        elif record.levelno >= std_logging.WARNING:
+            message = f'warning: {message}'
+        return f'{self.formatTime(record, "%H:%M:%S")} {message}'
+
+
 # Loggers whose records may reach a handler other than absl's (sacreBLEU's command line sets
 # up its own); a logger's filter sees the records logged on it directly.
 _NOISY_LOGGERS = ('sacrebleu', 'jax._src.xla_bridge', 'absl')
@@ -345,6 +360,7 @@ def run(
             verbose_library_logs()
         else:
             quiet_library_logs()
+            logging.get_absl_handler().setFormatter(_PlainFormatter())
         if len(args) > 1:
             usage_exit(f'Unexpected arguments: {args[1:]} (every option is a --flag).')
         compile_cache.configure()

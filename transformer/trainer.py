@@ -6,8 +6,6 @@ from here for Python use).
 
 from __future__ import annotations
 
-import json
-
 from absl import logging
 
 from transformer import configs, console, multihost, rundir
@@ -18,6 +16,23 @@ from transformer.training.loop import (
     TrainingError,
     train_and_evaluate,
 )
+
+
+def summary(final: dict, workdir: str) -> str:
+    """One line of a finished run's figures; all of them are in final_metrics.json."""
+    parts = [f'step {final.get("step")}']
+    if 'train' in final:
+        parts.append(f'train loss {final["train"]["loss"]:.4f}')
+    if 'validation' in final:
+        parts.append(f'validation loss {final["validation"]["loss"]:.4f}')
+    best = final.get('best') or {}
+    if best.get('score') is not None:
+        parts.append(f'best validation BLEU {best["score"]:.2f} at step {best["step"]}')
+    if final.get('stopped_early'):
+        parts.append('stopped early')
+    parts.append(f'{final.get("wall_time_s", 0):.0f} s')
+    where = rundir.path(workdir, rundir.FINAL_METRICS_FILE)
+    return ', '.join(parts) + f'; every figure in {where}.'
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -59,7 +74,7 @@ def cli(argv: list[str] | None = None) -> None:
             ValueError,
         ) as e:
             raise SystemExit(f'error: {e}') from None
-        logging.info('Done: %s', json.dumps(final))
+        logging.info('Done: %s', summary(final, flags.FLAGS.workdir))
 
     try:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)

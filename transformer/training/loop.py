@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -187,13 +188,13 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
         logging.info('Resumed from %s at step %d.', workdir, latest)
     _keep_record(workdir, config, latest, changes)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    cfg = model.config
     logging.info(
-        'Model: %s parameters, %s; %s mode over %d devices of %d processes.',
-        f'{num_params:,}',
-        model.config,
-        tc.parallelism,
-        len(parallel.devices),
-        jax.process_count(),
+        'Model: %s parameters (d_model %d, %d heads, %d+%d layers, d_ff %d, %s); %s mode '
+        'over %d devices of %d processes.',
+        *(f'{num_params:,}', cfg.d_model, cfg.num_heads, cfg.num_encoder_layers),
+        *(cfg.num_decoder_layers, cfg.d_ff, jnp.dtype(cfg.dtype).name, tc.parallelism),
+        *(len(parallel.devices), jax.process_count()),
     )
     return Run(
         config=config,
@@ -238,6 +239,18 @@ def _keep_record(workdir: str, config: ml_collections.ConfigDict, latest, change
         logging.info('Resuming at step %d with %s=%r (was %r).', latest, key, new, old)
     if changes and multihost.is_main():
         rundir.record_changes(workdir, latest, changes)
+
+
+def _train_step(run: Run, batch, compiling: bool) -> tuple[TrainState, dict]:
+    """One step; the first of a process compiles it (jit dispatch waits for the compiler),
+    which takes a while on a big model and is said."""
+    if compiling:
+        logging.info('Compiling the training step ...')
+        start = time.perf_counter()
+    state, sums = run.parallel.train_step(run.state, batch, run.dropout_rng)
+    if compiling:
+        logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
+    return state, sums
 
 
 def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
@@ -321,7 +334,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
     try:
         while step < tc.num_steps and not stopped_early:
             batch, data_state = next(batches)
-            run.state, sums = parallel.train_step(run.state, batch, run.dropout_rng)
+            run.state, sums = _train_step(run, batch, compiling=step == first_step)
             step += 1
             is_last = step == tc.num_steps
             is_log = step % tc.log_every == 0 or is_last

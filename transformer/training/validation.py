@@ -132,8 +132,10 @@ def validate(
         meta = {**best.state(), 'metric': best.metric}
         store.save_best(best_manager, global_params, meta, workdir)
     logging.info(
-        'step %d  validation %s  (best %s %.2f at step %d)',
-        *(step, scores, best.metric, best.score, best.step),
+        'step %d  validation sacreBLEU %.2f  tokenized BLEU %.2f  chrF %.2f  (best %s %.2f at '
+        'step %d)',
+        *(step, scores['sacrebleu'], scores['tokenized_bleu'], scores['chrf']),
+        *(best.metric, best.score, best.step),
     )
     if best.should_stop:
         logging.info(
