@@ -3,22 +3,10 @@
 
 ``python -m transformer.translate --workdir DIR < in.txt > out.txt``
 
-Output line i is the translation of input line i: empty (or blank) lines stay empty, and a line
-longer than ``--max_input_tokens`` tokens is cut to that length (with a warning on stderr)
-rather than failing the run. Input is read as bytes and split at ``\n`` only; CRLF line ends
-are accepted, invalid UTF-8 becomes U+FFFD and control characters spaces, each with a warning
-naming the line (transformer/data/text.py). Progress and warnings go to stderr,
-translations to stdout.
-
-``--nbest K`` writes the K best beam-search hypotheses of every non-blank input line instead,
-best first, one a line, tab-separated (as Moses and fairseq n-best lists, line numbers from 0):
-
-    line_index  rank (1 = best)  score  log_prob  text
-
-``score`` is what beam search ranks by, log P(y|x) / length_penalty(|y|) (Sec. 6.1, GNMT's
-penalty with ``--alpha``); ``log_prob`` is log P(y|x) itself, recovered as score x penalty
-(|y| counts EOS) without another pass of the model. Blank input lines have no rows; an input
-with fewer than K distinct hypotheses (tiny vocabularies) has fewer rows.
+Progress and warnings go to stderr, translations to stdout: output line i is the translation
+of input line i, or with ``--nbest K`` the K best hypotheses of each non-blank line as
+tab-separated rows. What each line holds (blank lines, long lines, invalid UTF-8, the n-best
+columns) is in transformer/decoding/translation.py's docstring.
 """
 
 from __future__ import annotations

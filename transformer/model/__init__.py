@@ -6,15 +6,9 @@ Transformer, TransformerConfig``.
 """
 
 from transformer.model.config import TransformerConfig, config_from_dict
-from transformer.model.transformer import (
-    EOS_ID,
-    PAD_ID,
-    Transformer,
-    attention_mask,
-    init_cache,
-    shift_right,
-    sinusoidal_positions,
-)
+from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
+from transformer.model.transformer import Transformer, init_cache
+from transformer.tokens import EOS_ID, PAD_ID
 
 __all__ = [
     'EOS_ID',

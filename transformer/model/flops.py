@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.backends import products
-from transformer.model.transformer import TransformerConfig
+from transformer.model.config import TransformerConfig
 
 # Dense peak FLOP/s per chip (vendor data sheets; SXM parts for NVIDIA), by dtype. Matched
 # against `device.device_kind` by substring, first match wins.

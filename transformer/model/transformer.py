@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer.backends import products
-from transformer.model.config import TransformerConfig, config_from_dict
+from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
 from transformer.model.layers import (
     DecodePosition,
@@ -33,21 +33,9 @@ from transformer.model.layers import (
     sinusoidal_positions,
     tied_logits,
 )
-from transformer.tokens import EOS_ID, PAD_ID
+from transformer.tokens import PAD_ID
 
 Array = jax.Array
-# Re-exported: tests and callers reach the building blocks through the model.
-__all__ = [
-    'EOS_ID',
-    'PAD_ID',
-    'Transformer',
-    'TransformerConfig',
-    'attention_mask',
-    'config_from_dict',
-    'init_cache',
-    'shift_right',
-    'sinusoidal_positions',
-]
 
 
 class Transformer(nn.Module):
