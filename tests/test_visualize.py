@@ -1,6 +1,7 @@
 """Attention maps of every layer and head, and their figure."""
 
 import numpy as np
+import pytest
 
 from transformer import visualize
 from transformer.checkpoint import store
@@ -28,3 +29,24 @@ def test_attention_maps_cover_every_layer_and_head(run_dir, tmp_path):
     out = tmp_path / 'attention.png'
     visualize.plot_attention(maps, [str(i) for i in inputs], [str(i) for i in targets], str(out))
     assert out.stat().st_size > 1000
+
+
+def test_the_command_names_special_tokens_and_warns_on_empty_or_unknown_text(
+    run_dir, tmp_path, caplog
+):
+    """visualize --text '' and a text of unknown characters draw a figure with a one-line
+    warning each; EOS is labelled </s> (it was drawn as <1>) and unknown pieces <unk>."""
+    _, tokenizer, _, _, _ = store.load_model(str(run_dir))
+    assert visualize.token_labels(tokenizer, [EOS_ID, 2, 0]) == ['</s>', '<unk>', '<pad>']
+    cases = [('', '--text is empty'), ('ζζζ ж', 'not in the vocabulary (<unk>)')]
+    for text, warning in cases:
+        out = tmp_path / 'attention.png'
+        caplog.clear()
+        with pytest.raises(SystemExit) as info:
+            visualize.cli(['visualize', f'--workdir={run_dir}', f'--text={text}', f'--out={out}'])
+        assert not info.value.code and out.stat().st_size > 1000
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+        assert [w for w in warnings if warning in w], warnings
+    assert (
+        visualize.input_warnings(tokenizer, 'ze bix pud .', tokenizer.encode('ze bix pud .')) == []
+    )

@@ -11,14 +11,17 @@ decoder-encoder (cross) attention.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from transformer import console, rundir
 from transformer.checkpoint import store
 from transformer.decoding import greedy as decode_lib
 from transformer.model.attention_maps import KINDS, attention_maps
-from transformer.tokens import EOS_ID
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 
 def plot_attention(
@@ -57,13 +60,34 @@ def plot_attention(
         )
         for head in range(num_heads):
             ax = axes[r][head]
-            ax.imshow(weights[head], cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
-            ax.set_title(f'{label} L{index} h{head}', fontsize=7)
-            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=5)
-            ax.set_yticks(range(len(queries)), queries, fontsize=5)
+            image = ax.imshow(weights[head], cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
+            ax.set_title(f'{label} L{index} head {head}', fontsize=9)
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+            ax.set_yticks(range(len(queries)), queries, fontsize=8)
+            if head == 0:
+                ax.set_ylabel('query (decoder)' if stack == 'decoder' else 'query (source)')
+            if r == len(rows) - 1 or (stack, kind) != (rows[r + 1][0], rows[r + 1][2]):
+                ax.set_xlabel('key (source)' if keys is source_tokens else 'key (decoder)')
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.colorbar(image, ax=axes, shrink=0.6, label='attention weight')
+    fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def token_labels(tokenizer, ids) -> list[str]:
+    """Axis labels: each piece's text, special tokens by name."""
+    names = {EOS_ID: '</s>', UNK_ID: '<unk>', PAD_ID: '<pad>'}
+    return [names.get(int(i)) or tokenizer.decode([int(i)]) or f'<{int(i)}>' for i in ids]
+
+
+def input_warnings(tokenizer, text: str, ids: list[int]) -> list[str]:
+    """What makes a figure of ``text`` say little: no words, or pieces the vocabulary lacks."""
+    if not text.strip():
+        return ['--text is empty: the figure shows the end-of-sentence token alone.']
+    unknown = sum(i == UNK_ID for i in ids)
+    if unknown:
+        return [f'{unknown} of the {len(ids)} pieces of --text are not in the vocabulary (<unk>).']
+    return []
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -87,7 +111,10 @@ def cli(argv: list[str] | None = None) -> None:
             )
         except rundir.WorkdirError as e:
             raise SystemExit(f'error: {e}') from None
-        inputs = np.array(tokenizer.encode(FLAGS.text) + [EOS_ID], np.int32)
+        source_ids = tokenizer.encode(FLAGS.text)
+        for warning in input_warnings(tokenizer, FLAGS.text, source_ids):
+            logging.warning(warning)
+        inputs = np.array(source_ids + [EOS_ID], np.int32)
         if FLAGS.target is None:
             tokens = np.asarray(
                 decode_lib.greedy_search(model, params, jnp.asarray(inputs)[None])[0]
@@ -97,8 +124,8 @@ def cli(argv: list[str] | None = None) -> None:
         else:
             targets = np.array(tokenizer.encode(FLAGS.target) + [EOS_ID], np.int32)
         maps = attention_maps(model, params, inputs, targets)
-        pieces = lambda ids: [tokenizer.decode([int(i)]) or f'<{int(i)}>' for i in ids]  # noqa: E731
-        plot_attention(maps, pieces(inputs), pieces(targets), FLAGS.out)
+        labels = functools.partial(token_labels, tokenizer)
+        plot_attention(maps, labels(inputs), labels(targets), FLAGS.out)
         print(f'translation: {tokenizer.decode(targets.tolist())}')
         print(f'wrote {FLAGS.out} ({len(maps)} attention layers)')
 
