@@ -1,6 +1,6 @@
 """Beam search over the decoder's key/value cache, the cache rows following their hypotheses.
 
-Shapes as in `transformer.decode` (B batch, K beams, T the loop length, V vocabulary); the
+Shapes as in `transformer.decoding.greedy` (B batch, K beams, T the loop length, V vocabulary); the
 output-length, EOS, score and ensemble conventions are those of its docstring.
 """
 

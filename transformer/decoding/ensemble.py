@@ -1,4 +1,4 @@
-"""Several training runs decoded together as one ensemble (decode.py, ``ensemble=True``)."""
+"""Several training runs decoded together as one ensemble (greedy.py, ``ensemble=True``)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ Two modes (``train.parallelism``):
 - ``'sharding'`` (default, as JAX recommends): one ``jit`` over a ``Mesh(('data', 'model'))``
   of every process's devices, with ``NamedSharding``: the batch is split on ``'data'``;
   parameters and optimizer state follow the logical axis names each parameter declares where
-  it is created (transformer/model/attention.py, layers.py, model.py), mapped onto mesh axes by one
-  rules table (`rules`): heads and d_ff on ``'model'``, and with ``train.fsdp`` the d_model
-  axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each device holds 1/data of the
-  parameters and of Adam's moments). XLA inserts the collectives.
+  it is created (transformer/model/: attention.py, layers.py, transformer.py), mapped onto
+  mesh axes by one rules table (`rules`): heads and d_ff on ``'model'``, and with
+  ``train.fsdp`` the d_model axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each
+  device holds 1/data of the parameters and of Adam's moments). XLA inserts the collectives.
 - ``'pmap'``: the train state is replicated on every device, each device takes its slice of
   the batch, and gradients are averaged with ``pmean`` over all devices of all processes.
 
