@@ -360,5 +360,6 @@ def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, fla
     if command == 'trainer':
         assert '  model.d_model = 512  # D (Table 3, base)' in out
         assert '  opt.warmup_steps = 4000\n' in out
-    else:
+    else:  # the evaluation settings it reads from the run's config.json
         assert 'config fields' not in out
+        assert '  eval.beam_size = 4  # Sec. 6.1' in out

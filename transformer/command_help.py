@@ -60,15 +60,17 @@ def _fields(node: Any, prefix: str = '') -> Iterator[tuple[str, Any]]:
             yield f'{prefix}{key}', value
 
 
-def _config_lines(config_path: str) -> list[str]:
+def _config_lines(config_path: str, title: str, sections: Sequence[str] = ()) -> list[str]:
     spec = importlib.util.spec_from_file_location('help_config', config_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     comments = {}
     for path in (*_COMMENTED, config_path):
         comments |= _comments(path)
-    lines = [f'config fields (override with --config.FIELD=VALUE), from {config_path}:']
+    lines = [title]
     for key, value in _fields(module.get_config()):
+        if sections and key.split('.')[0] not in sections:
+            continue
         comment = f'  # {comments[key]}' if key in comments else ''
         lines.append(f'  {key} = {value!r}{comment}')
     return lines
@@ -88,5 +90,12 @@ def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
         if chosen is None and '--config' in argv[:-1]:
             chosen = argv[list(argv).index('--config') + 1]
         path = chosen.split(':')[0] if chosen else _COMMENTED[0]
-        lines += ['', *_config_lines(path)]
+        title = f'config fields (override with --config.FIELD=VALUE), from {path}:'
+        lines += ['', *_config_lines(path, title)]
+    elif 'workdir' in flag_names:
+        title = (
+            "the run's config.json settings this command uses (the flags above override "
+            'them); the defaults of configs/base.py:'
+        )
+        lines += ['', *_config_lines(_COMMENTED[0], title, sections=('eval',))]
     return '\n'.join(lines)
