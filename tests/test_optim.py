@@ -43,7 +43,7 @@ def test_adam_first_step_uses_paper_betas_and_epsilon():
 def test_bad_schedule_name_is_a_clear_error():
     opt = base.get_config().opt
     opt.schedule = 'cosine'
-    with pytest.raises(ValueError, match="'rsqrt' or 'constant'"):
+    with pytest.raises(ValueError, match=r"one of \('rsqrt', 'constant'\), got 'cosine'"):
         optim.make_optimizer(opt, d_model=512)
 
 

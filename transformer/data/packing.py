@@ -122,6 +122,10 @@ def _fill_rows(
     return tokens, segments, positions
 
 
+# What happens to a training pair longer than a row: dropped, or cut (keeping its EOS).
+LONG_EXAMPLES = ('drop', 'truncate')
+
+
 class TrainIterator(Iterator[dict[str, np.ndarray]]):
     """Infinite iterator of packed training batches with a small, exact, resumable state.
 
@@ -147,7 +151,7 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
             raise ValueError(f'batch_size={batch_size} is not divisible by {data_groups=}.')
         if not 0 <= data_group < data_groups:
             raise ValueError(f'{data_group=} is not in [0, {data_groups}).')
-        if long_examples not in ('drop', 'truncate'):
+        if long_examples not in LONG_EXAMPLES:
             raise ValueError(f"long_examples must be 'drop' or 'truncate', got {long_examples!r}.")
         self._data = data
         self.batch_size = batch_size

@@ -27,6 +27,7 @@ from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 # SentencePiece's built-in normalization rules. 'nmt_nfkc' (its default) keeps the case;
 # the '_cf' rules also lowercase (Unicode case folding that keeps the German sharp s).
 NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf', 'nfkc', 'nfkc_cf', 'identity')
+MODEL_TYPES = ('bpe', 'unigram', 'word', 'char')  # SentencePiece's algorithms
 
 
 class Tokenizer:

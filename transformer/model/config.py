@@ -57,7 +57,8 @@ class TransformerConfig:
             )
 
 
-_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+# Computation and parameter dtypes a config may name.
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerConfig:
@@ -73,9 +74,9 @@ def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerCo
         raise ValueError(f'Unknown model config keys {unknown}; valid keys: {sorted(fields)}.')
     for key in ('dtype', 'param_dtype'):
         if isinstance(kwargs.get(key), str):
-            if kwargs[key] not in _DTYPES:
+            if kwargs[key] not in DTYPES:
                 raise ValueError(
-                    f'model.{key} must be one of {sorted(_DTYPES)}, got {kwargs[key]!r}.'
+                    f'model.{key} must be one of {sorted(DTYPES)}, got {kwargs[key]!r}.'
                 )
-            kwargs[key] = _DTYPES[kwargs[key]]
+            kwargs[key] = DTYPES[kwargs[key]]
     return TransformerConfig(vocab_size=vocab_size, **kwargs)

@@ -14,6 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+# The scores validation reports, each a possible eval.best_metric (higher is better).
+METRICS = ('sacrebleu', 'tokenized_bleu', 'chrf')
+
 
 @dataclasses.dataclass
 class BestTracker:
@@ -30,7 +33,7 @@ class BestTracker:
         """A tracker for ``config``, continuing the state saved in a checkpoint's ``meta``."""
         saved = dict((meta or {}).get('best') or {})
         return cls(
-            metric=config.eval.get('best_metric', 'sacrebleu'),
+            metric=config.eval.get('best_metric', METRICS[0]),
             patience=int(config.train.get('early_stop_patience', 0)),
             step=saved.get('step'),
             score=saved.get('score'),

@@ -15,7 +15,14 @@ from typing import Any
 
 import ml_collections
 
-from transformer.data.tokenizer import NORMALIZATIONS
+from transformer.data.packing import LONG_EXAMPLES
+from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
+from transformer.model.attention import ATTENTION_IMPLS
+from transformer.model.config import DTYPES
+from transformer.training.best import METRICS
+from transformer.training.optim import SCHEDULES
+from transformer.training.parallel import MODES
+from transformer.training.steps import DROPOUT_PRNGS
 
 
 class ConfigError(ValueError):
@@ -49,7 +56,7 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     'model.relu_dropout_rate': (float, *_rate),
     'model.max_len': (int, *_positive),
     'model.layer_norm_epsilon': (float, lambda v: v > 0, '> 0'),
-    'model.dtype': (str, lambda v: v in ('float32', 'bfloat16', 'float16'), 'a float dtype'),
+    'model.dtype': (str, lambda v: v in DTYPES, 'one of ' + ', '.join(map(repr, DTYPES))),
     'data.max_len': (int, lambda v: v >= 2, 'an integer >= 2'),
     'data.vocab_size': (int, lambda v: v >= 4, 'an integer >= 4'),
     'data.vocab_normalization': (
@@ -57,7 +64,7 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
         lambda v: v in NORMALIZATIONS,
         'one of ' + ', '.join(repr(n) for n in NORMALIZATIONS),
     ),
-    'data.long_examples': (str, lambda v: v in ('drop', 'truncate'), "'drop' or 'truncate'"),
+    'data.long_examples': (str, lambda v: v in LONG_EXAMPLES, "'drop' or 'truncate'"),
     'opt.warmup_steps': (int, *_positive),
     'opt.lr_scale': (float, lambda v: v > 0, '> 0'),
     'opt.cooldown_steps': (int, *_non_negative),
@@ -69,7 +76,7 @@ _RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     'train.batch_size': (int, *_positive),
     'train.grad_accum_steps': (int, *_positive),
     'train.label_smoothing': (float, *_rate),
-    'train.parallelism': (str, lambda v: v in ('pmap', 'sharding'), "'pmap' or 'sharding'"),
+    'train.parallelism': (str, lambda v: v in MODES, "'pmap' or 'sharding'"),
     'train.model_parallelism': (int, *_positive),
     'train.log_every': (int, *_positive),
     'train.eval_every': (int, *_non_negative),
@@ -91,14 +98,14 @@ def _one_of(*values: str) -> tuple[Callable[[Any], bool], str]:
 # Checked where present (configs written before a key existed lack it): values that used to
 # fail only after the vocabulary was written, or deep in a run, or never.
 _OPTIONAL_RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
-    'model.attention_impl': (str, *_one_of('einsum', 'fused')),
-    'data.vocab_model_type': (str, *_one_of('bpe', 'unigram', 'word', 'char')),
-    'opt.schedule': (str, *_one_of('rsqrt', 'constant')),
+    'model.attention_impl': (str, *_one_of(*ATTENTION_IMPLS)),
+    'data.vocab_model_type': (str, *_one_of(*MODEL_TYPES)),
+    'opt.schedule': (str, *_one_of(*SCHEDULES)),
     'train.seed': (int, *_non_negative),
-    'train.dropout_prng': (str, *_one_of('threefry', 'rbg', 'unsafe_rbg', 'philox4x32')),
+    'train.dropout_prng': (str, *_one_of(*DROPOUT_PRNGS)),
     'train.prefetch': (int, *_non_negative),
     'train.early_stop_patience': (int, *_non_negative),
-    'eval.best_metric': (str, *_one_of('sacrebleu', 'tokenized_bleu', 'chrf')),
+    'eval.best_metric': (str, *_one_of(*METRICS)),
 }
 
 

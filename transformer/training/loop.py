@@ -165,7 +165,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
     init_rng = jax.random.split(jax.random.key(tc.seed))[0]
-    dropout_rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
+    dropout_rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', steps.DEFAULT_DROPOUT_PRNG))
     init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
         config.data,

@@ -52,6 +52,9 @@ def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int)
     return cooled
 
 
+SCHEDULES = ('rsqrt', 'constant')  # the paper's warm-up + inverse square root; a constant
+
+
 def make_schedule(
     opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
 ) -> optax.Schedule:
@@ -62,7 +65,7 @@ def make_schedule(
     elif opt['schedule'] == 'constant':
         schedule = optax.constant_schedule(opt['lr_scale'])
     else:
-        raise ValueError(f"opt.schedule must be 'rsqrt' or 'constant', got {opt['schedule']!r}.")
+        raise ValueError(f'opt.schedule must be one of {SCHEDULES}, got {opt["schedule"]!r}.')
     cooldown_steps = opt.get('cooldown_steps', 0)
     if not cooldown_steps:
         return schedule

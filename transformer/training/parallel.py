@@ -46,6 +46,9 @@ from transformer.training.steps import Batch, TrainState
 PyTree = Any
 
 
+MODES = ('pmap', 'sharding')  # see the module docstring
+
+
 def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
     """Logical axis -> mesh axis (None = replicated): the one table that decides every layout."""
     return (
@@ -170,7 +173,7 @@ class Parallel:
         devices=None,
         batch_size: int | None = None,
     ):
-        if mode not in ('pmap', 'sharding'):
+        if mode not in MODES:
             raise ValueError(f"train.parallelism must be 'pmap' or 'sharding', got {mode!r}.")
         if mode == 'pmap' and (model_parallelism != 1 or fsdp):
             raise ValueError(

@@ -62,9 +62,10 @@ def init_state(
 
 
 DROPOUT_PRNGS = ('threefry', 'rbg', 'unsafe_rbg', 'philox4x32')
+DEFAULT_DROPOUT_PRNG = DROPOUT_PRNGS[0]  # also for configs written before the choice existed
 
 
-def dropout_key(seed: int, prng: str = 'threefry') -> Array:
+def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
     """The run's base dropout key; each step folds in its step number (and device index).
 
     'threefry' is jax's default (and this package's original) key, the second half of
@@ -89,8 +90,8 @@ def resumed_prng_warning(saved_train: Mapping[str, Any], train: Mapping[str, Any
     ``saved_train`` is the ``train`` section of the run's config.json (a run saved before the
     field existed drew its masks with threefry); None when the generators agree.
     """
-    saved = saved_train.get('dropout_prng', 'threefry')
-    now = train.get('dropout_prng', 'threefry')
+    saved = saved_train.get('dropout_prng', DEFAULT_DROPOUT_PRNG)
+    now = train.get('dropout_prng', DEFAULT_DROPOUT_PRNG)
     if saved == now:
         return None
     return (

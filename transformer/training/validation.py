@@ -21,7 +21,7 @@ from transformer.evaluation import score
 from transformer.model import Transformer
 from transformer.training import metrics as metrics_lib
 from transformer.training import parallel, steps
-from transformer.training.best import BestTracker
+from transformer.training.best import METRICS, BestTracker
 from transformer.training.steps import TrainState
 
 PyTree = Any
@@ -86,7 +86,7 @@ class Validation:
             beam_size=config.eval.beam_size,
             alpha=config.eval.alpha,
         )
-        return {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
+        return {key: scores[key] for key in METRICS}
 
 
 def validate(
