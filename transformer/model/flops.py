@@ -4,7 +4,7 @@ FLOPs count the matrix products only (2 per multiply-add), on padded shapes, as 
 paper's MFU does: the "6 * parameters * tokens" rule made exact for this encoder-decoder,
 with the attention score and value products (encoder self, decoder self, decoder-encoder)
 and the pre-softmax projection written out. The backward pass costs twice the forward.
-`tests/test_flops.py` checks the count against XLA's cost analysis of a jitted
+`tests/model/test_flops.py` checks the count against XLA's cost analysis of a jitted
 forward + backward.
 """
 

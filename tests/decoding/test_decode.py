@@ -2,7 +2,7 @@
 search, cache, padding, output limits.
 
 A tiny model with random parameters (drawn in numpy on the real parameter tree, as in
-tests/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the
+tests/model/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the
 output projection, hence the logits, so that distributions are peaked like a trained model's;
 ``eos_logit`` makes stopping more or less likely. Shapes are shared between tests so that each
 search compiles as few times as possible.

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
+from tests.decoding.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
 from transformer.decoding import beam, next_token
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.cache import beam_mask, share_across_beams

@@ -12,7 +12,7 @@ import pytest
 
 from transformer.backends import host_memory
 
-REPO = pathlib.Path(__file__).parents[1]
+REPO = pathlib.Path(__file__).parents[2]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import rundir, trainer
 from transformer.checkpoint import store
 
-REPO = pathlib.Path(__file__).parents[1]
+REPO = pathlib.Path(__file__).parents[2]
 
 
 def _params_at(run_dir, step):

@@ -323,7 +323,7 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
 
     from tests.tiny_run import SMALL, command_line
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     prefix = []
     if os.geteuid() == 0:
         if shutil.which('setpriv') is None:

@@ -14,7 +14,7 @@ from transformer.data import multi30k, tfds_translate
 # The real Multi30k raw files live in the `shared` folder beside the repository.
 MULTI30K_DIR = pathlib.Path(
     os.environ.get(
-        'MULTI30K_DIR', pathlib.Path(__file__).parents[2] / 'shared' / 'data' / 'multi30k'
+        'MULTI30K_DIR', pathlib.Path(__file__).parents[3] / 'shared' / 'data' / 'multi30k'
     )
 )
 
@@ -309,7 +309,7 @@ def test_folder_with_hostile_lines_trains(tmp_path):
     """Training input from files with invalid UTF-8, NUL, CRLF, blank and over-long lines:
     the vocabulary trains and packed batches come out (blank pairs and, by default, pairs
     over max_len are dropped by the packer)."""
-    from tests.test_data_text import HOSTILE
+    from tests.data.test_data_text import HOSTILE
 
     words = 'the a cat dog sees runs big small house tree'.split()
     lines = [' '.join(words[(i * k) % 10] for k in range(1, 2 + i % 6)) for i in range(60)]

@@ -94,7 +94,7 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
     import io
     import sys
 
-    from tests.test_data_text import HOSTILE
+    from tests.data.test_data_text import HOSTILE
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     data = HOSTILE + b'\n' + ' '.join(sources[:40]).encode() + b'\r\nend'

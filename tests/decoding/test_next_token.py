@@ -1,5 +1,5 @@
 """Tests of transformer/decoding/next_token.py's top-k (the searches' results:
-tests/test_decode.py)."""
+tests/decoding/test_decode.py)."""
 
 import jax
 import jax.numpy as jnp

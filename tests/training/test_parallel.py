@@ -262,7 +262,7 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
             print('raised:', str(e).splitlines()[0])
         """
     )
-    env = {**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).resolve().parents[1])}
+    env = {**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).resolve().parents[2])}
     env.pop('XLA_FLAGS', None)
     done = subprocess.run(
         [sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120

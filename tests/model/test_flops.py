@@ -68,7 +68,7 @@ def test_random_packed_batches_of_train_speed_look_like_real_ones():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
     from train_speed import random_packed_batches
 
     batch = next(random_packed_batches(rows=16, length=64, vocab_size=100))
@@ -95,7 +95,7 @@ def _train_speed(tmp_path, *args, pythonpath=()):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join([*map(str, pythonpath), str(repo)])}
     env.pop('XLA_FLAGS', None)  # one CPU device
     script = repo / 'benchmarks' / 'train_speed.py'

@@ -16,7 +16,7 @@ from transformer import evaluate
 from transformer.checkpoint import store
 from transformer.decoding import translation
 
-FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'run_before_layers'
+FIXTURE = pathlib.Path(__file__).parents[1] / 'fixtures' / 'run_before_layers'
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ def test_evaluate_split_of_hostile_folder_data(run_dir, tmp_path, caplog):
     every line; a split whose files differ in line count names both files and counts."""
     import shutil
 
-    from tests.test_data_text import HOSTILE
+    from tests.data.test_data_text import HOSTILE
 
     run, folder = tmp_path / 'run', tmp_path / 'text'
     shutil.copytree(run_dir, run)
@@ -68,7 +68,7 @@ def _eval_sweep():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
     import eval_sweep
 
     return eval_sweep

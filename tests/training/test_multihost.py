@@ -21,7 +21,7 @@ from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import trainer
 from transformer.checkpoint import store
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(mode: str, num_steps: int):
