@@ -4,14 +4,14 @@ r"""Decoding settings of a finished run, scored on the validation split (never t
       --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
       --out benchmarks/results/multi30k_dropout03_validation.json
 
-Runs transformer/evaluate.py's `run` for every combination of checkpoint averaging (the last K
-checkpoints, up to ``--step`` if given), beam size and length penalty, on ``--split`` (default:
-the config's eval_split), and prints a markdown table of sacreBLEU, tokenized BLEU (the run's
-convention) and chrF. Picking settings on the test split would tune to it, so the config's test
-split is refused. The last checkpoint is fixed when the sweep starts, so a run that is still
-training cannot move it between rows. Hypotheses of each setting go to
-WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA.txt (N: the last checkpoint averaged), so
-sweeps up to different steps keep their own files; the table is saved as JSON.
+Scores, as transformer/evaluate.py does, every combination of checkpoint averaging (the last K
+checkpoints, up to ``--step`` if given; each average loaded once), beam size and length
+penalty, on ``--split`` (default: the config's eval_split), and prints a markdown table of
+sacreBLEU, tokenized BLEU (the run's convention) and chrF. Picking settings on the test split
+would tune to it, so the config's test split is refused. The last checkpoint is fixed when the
+sweep starts, so a run that is still training cannot move it between rows. Hypotheses of each
+setting go to WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA.txt (N: the last checkpoint
+averaged), so sweeps up to different steps keep their own files; the table is saved as JSON.
 
 ``--ensemble RUN [RUN ...]`` decodes those runs together with ``--workdir`` as one ensemble
 (`transformer.evaluate`'s ``--ensemble``), every run loaded at the same steps; its hypotheses
@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer import evaluate, rundir
 from transformer.checkpoint import store
+from transformer.evaluation.score import score_eval_set
 
 
 def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,39 +70,40 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sweep_dir = rundir.path(args.workdir, rundir.EVAL_DIR, 'sweep')
     os.makedirs(sweep_dir, exist_ok=True)
     rows = []
-    for k, beam, alpha in itertools.product(args.average_last, args.beam_size, args.alpha):
-        start = time.time()
-        name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}'
-        name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'
-        try:
-            scores = evaluate.run(
-                args.workdir,
-                step=last,
-                average_last=k,
-                split=split,
-                beam_size=beam,
-                alpha=alpha,
-                max_examples=args.max_examples,
-                output=os.path.join(sweep_dir, name),
-                ensemble=args.ensemble,
+    for k in args.average_last:
+        try:  # the average loaded once, then decoded with every beam and alpha
+            config, tokenizer, model, params, member_steps = evaluate.load(
+                args.workdir, last, k, False, args.ensemble
             )
         except rundir.WorkdirError as e:  # e.g. an ensemble run with another vocabulary
             raise SystemExit(f'error: {e}') from None
-        row = {
-            'split': split,
-            'steps': scores['steps'],
-            'average_last': k,
-            'beam_size': beam,
-            'alpha': alpha,
-            'sacrebleu': scores['sacrebleu'],
-            'tokenized_bleu': scores['tokenized_bleu'],
-            'chrf': scores['chrf'],
-            'seconds': time.time() - start,
-        }
-        if args.ensemble:
-            row['ensemble'] = scores['ensemble']
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        eval_set = evaluate.make_eval_set(
+            config, tokenizer, args.workdir, split, max_examples=args.max_examples
+        )
+        for beam, alpha in itertools.product(args.beam_size, args.alpha):
+            start = time.time()
+            scores, hypotheses = score_eval_set(
+                config,
+                tokenizer,
+                model,
+                params,
+                eval_set,
+                beam_size=beam,
+                alpha=alpha,
+                ensemble=bool(args.ensemble),
+            )
+            name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}'
+            name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'
+            with open(os.path.join(sweep_dir, name), 'w') as f:
+                f.writelines(h + '\n' for h in hypotheses)
+            row = {'split': split, 'steps': member_steps[0], 'average_last': k}
+            row |= {'beam_size': beam, 'alpha': alpha}
+            row |= {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
+            row['seconds'] = time.time() - start
+            if args.ensemble:
+                row['ensemble'] = [args.workdir, *args.ensemble]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     print(f'\n| checkpoints averaged | beam | alpha | {split} tokenized BLEU | sacreBLEU | chrF |')
     print('|---|---|---|---|---|---|')
     for r in rows:

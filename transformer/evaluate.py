@@ -23,6 +23,7 @@ from transformer import data as data_lib
 from transformer.checkpoint import store
 from transformer.decoding import ensemble as ensemble_lib
 from transformer.evaluation.score import score_eval_set
+from transformer.model import Transformer
 
 PyTree = Any
 
@@ -67,6 +68,40 @@ def cli(argv: list[str] | None = None) -> None:
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
 
 
+def load(
+    run_dir: str,
+    step: int | None,
+    average_last: int | None,
+    best: bool,
+    ensemble: Sequence[str] = (),
+) -> tuple[Any, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
+    """(config, tokenizer, model, params, the steps loaded of each run) of ``run_dir``, or of it
+    and the ``ensemble`` runs decoded together (`ensemble.load_ensemble`)."""
+    if ensemble:
+        return ensemble_lib.load_ensemble([run_dir, *ensemble], step, average_last, best)
+    config, tokenizer, model, params, steps = store.load_model(run_dir, step, average_last, best)
+    return config, tokenizer, model, params, [steps]
+
+
+def make_eval_set(
+    config: Any,
+    tokenizer: data_lib.Tokenizer,
+    run_dir: str,
+    split: str,
+    batch_size: int | None = None,
+    max_examples: int = 0,
+) -> data_lib.EvalSet:
+    """Every sentence of ``split`` (or its first ``max_examples``), batched for decoding."""
+    return data_lib.make_eval_set(
+        config.data,
+        tokenizer,
+        split,
+        batch_size=batch_size or config.eval.batch_size,
+        cache_dir=rundir.data_cache_dir(config, run_dir),
+        max_examples=max_examples or None,
+    )
+
+
 def run(
     run_dir: str,
     *,
@@ -88,15 +123,10 @@ def run(
     """
     start = time.time()
     ensemble = [os.fspath(other) for other in ensemble]
-    if ensemble:
-        config, tokenizer, model, params, member_steps = ensemble_lib.load_ensemble(
-            [run_dir, *ensemble], step, average_last, best
-        )
-        steps = member_steps[0]
-    else:
-        config, tokenizer, model, params, steps = store.load_model(
-            run_dir, step, average_last, best
-        )
+    config, tokenizer, model, params, member_steps = load(
+        run_dir, step, average_last, best, ensemble
+    )
+    steps = member_steps[0]
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
@@ -108,14 +138,7 @@ def run(
         beam_size,
         alpha,
     )
-    eval_set = data_lib.make_eval_set(
-        config.data,
-        tokenizer,
-        split,
-        batch_size=batch_size or config.eval.batch_size,
-        cache_dir=rundir.data_cache_dir(config, run_dir),
-        max_examples=max_examples or None,
-    )
+    eval_set = make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
     scores, hypotheses = score_eval_set(
         config,
         tokenizer,
