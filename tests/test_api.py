@@ -17,6 +17,7 @@ def _blocks(name: str) -> list[str]:
     return re.findall(r'```python\n(.*?)```', (REPO / name).read_text(), re.S)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['README.md', 'docs/api.md'])
 def test_the_documented_python_blocks_run(name, run_dir, tmp_path, monkeypatch):
     blocks = _blocks(name)
@@ -30,6 +31,7 @@ def test_the_documented_python_blocks_run(name, run_dir, tmp_path, monkeypatch):
     assert namespace['run'].steps == [4]  # run_dir's newest step (tiny averages 1)
 
 
+@pytest.mark.slow
 def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog):
     import logging
 

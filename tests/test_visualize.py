@@ -31,6 +31,7 @@ def test_attention_maps_cover_every_layer_and_head(run_dir, tmp_path):
     assert out.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_the_command_names_special_tokens_and_warns_on_empty_or_unknown_text(
     run_dir, tmp_path, caplog
 ):

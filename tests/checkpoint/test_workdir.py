@@ -375,6 +375,7 @@ def test_a_directory_that_is_no_run_is_named_whichever_flag_gave_it(run_dir, tmp
     )
 
 
+@pytest.mark.slow
 def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path, caplog):
     """eval.average_last=4 over steps 2, 4, 6, 8 with a 4-step warm-up: the commands average
     6 and 8 by default and say which steps they left out; --average_last 4 takes all four;

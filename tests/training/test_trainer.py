@@ -93,6 +93,7 @@ def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
     assert np.isfinite(jax.tree.leaves(_params_at(tmp_path, 3))[0]).all()
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
     """config.json stays what the run started with; a resume that changes training settings
     applies them, says so in one line each and appends them to config_history.jsonl, which
