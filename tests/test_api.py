@@ -38,6 +38,6 @@ def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog):
     before = [list(logging.getLogger(n).filters) for n in ('absl', 'sacrebleu')]
     with caplog.at_level('WARNING'):
         run = api.load(str(run_dir))
-    assert run.translate(['a b'], beam_size=1) == run.translate(['a b'], beam_size=1)
+    assert run.steps == [4]
     assert not [r for r in caplog.records if 'read only' in r.getMessage()]
     assert [list(logging.getLogger(n).filters) for n in ('absl', 'sacrebleu')] == before

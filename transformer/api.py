@@ -19,8 +19,6 @@ commands: the libraries' routine notes are filtered while a run loads.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,18 +42,7 @@ __all__ = ['Hypothesis', 'Run', 'attention_maps', 'build', 'config', 'head_views
 
 def config(name_or_path: str) -> ml_collections.ConfigDict:
     """An experiment config: a packaged one by name ('tiny', 'base', ...) or a file's."""
-    path = name_or_path
-    if not os.path.isfile(path):
-        path = os.path.join(os.path.dirname(configs.__file__), f'{name_or_path}.py')
-        if not os.path.isfile(path):
-            raise ValueError(
-                f'No config {name_or_path!r}: the packaged configs are {configs.names()}, '
-                'or give a file path.'
-            )
-    spec = importlib.util.spec_from_file_location('api_config', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return configs.load(name_or_path)
 
 
 def build(

@@ -4,19 +4,19 @@ give it. absl's ``--helpfull`` still lists every flag, the libraries' included."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from absl import flags
+
+from transformer import configs, rundir
 
 HELP_ARGS = ('-h', '--help')
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 # Files whose comments describe config fields, after the chosen config file itself.
 _COMMENTED = (
-    os.path.join(_PACKAGE, 'configs', 'base.py'),
+    configs.path('base'),
     os.path.join(_PACKAGE, 'data', 'config.py'),
 )
 _ALIAS = re.compile(r'\s*config\.(\w+)\s*=\s*(\w+)\s*=')  # config.model = model = ...
@@ -52,23 +52,12 @@ def _comments(path: str) -> dict[str, str]:
     return found
 
 
-def _fields(node: Any, prefix: str = '') -> Iterator[tuple[str, Any]]:
-    for key, value in node.items():
-        if hasattr(value, 'items'):
-            yield from _fields(value, f'{prefix}{key}.')
-        else:
-            yield f'{prefix}{key}', value
-
-
 def _config_lines(config_path: str, title: str, sections: Sequence[str] = ()) -> list[str]:
-    spec = importlib.util.spec_from_file_location('help_config', config_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     comments = {}
     for path in (*_COMMENTED, config_path):
         comments |= _comments(path)
     lines = [title]
-    for key, value in _fields(module.get_config()):
+    for key, value in rundir.flat_config(configs.load(config_path)).items():
         if sections and key.split('.')[0] not in sections:
             continue
         comment = f'  # {comments[key]}' if key in comments else ''

@@ -90,12 +90,16 @@ def _quiet_unraisable(unraisable: Any) -> None:
         sys.__unraisablehook__(unraisable)
 
 
+def _filtered() -> list[Any]:
+    """Where `_FILTER` goes: absl's handler and the libraries' own loggers."""
+    return [logging.get_absl_handler(), *(std_logging.getLogger(n) for n in _NOISY_LOGGERS)]
+
+
 def quiet_library_logs() -> None:
     """Installs the default-verbosity filters (see the module docstring)."""
     sys.unraisablehook = _quiet_unraisable
-    logging.get_absl_handler().addFilter(_FILTER)
-    for name in _NOISY_LOGGERS:
-        std_logging.getLogger(name).addFilter(_FILTER)
+    for target in _filtered():
+        target.addFilter(_FILTER)
     warnings.filterwarnings('ignore', message=_DEPRECATION, category=DeprecationWarning)
     # TensorFlow (read only for TFDS datasets) logs from C++ unless told before its import.
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -105,7 +109,7 @@ def quiet_library_logs() -> None:
 def quiet_libraries() -> Iterator[None]:
     """The libraries' loggers filtered as at the default verbosity for a block only (the Python
     API: nothing stays changed in the caller's process)."""
-    targets = [logging.get_absl_handler(), *(std_logging.getLogger(n) for n in _NOISY_LOGGERS)]
+    targets = _filtered()
     for target in targets:
         target.addFilter(_FILTER)
     try:
@@ -118,9 +122,8 @@ def quiet_libraries() -> Iterator[None]:
 def verbose_library_logs() -> None:
     """Removes those filters: every library line is shown again."""
     sys.unraisablehook = sys.__unraisablehook__
-    logging.get_absl_handler().removeFilter(_FILTER)
-    for name in _NOISY_LOGGERS:
-        std_logging.getLogger(name).removeFilter(_FILTER)
+    for target in _filtered():
+        target.removeFilter(_FILTER)
 
 
 def argv_verbosity(argv: Sequence[str]) -> int:

@@ -50,11 +50,15 @@ CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that f
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`record_changes`)
 # Settings a resumed run may change in its model or data section: paths to the same files,
 # and an implementation of the same attention.
-RESUME_FREE = ('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder')
-RESUME_FREE += ('model.attention_impl',)
+RESUME_FREE = (
+    *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
+    'model.attention_impl',
+)
 # How one process joins a multi-host run: differs between processes, never recorded.
-LAUNCH_SETTINGS = ('train.distributed', 'train.coordinator_address', 'train.num_processes')
-LAUNCH_SETTINGS += ('train.process_id', 'train.init_timeout_s')
+LAUNCH_SETTINGS = (
+    *('train.distributed', 'train.coordinator_address', 'train.num_processes'),
+    *('train.process_id', 'train.init_timeout_s'),
+)
 
 
 class WorkdirError(RuntimeError):
@@ -148,7 +152,7 @@ def read_history(workdir: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Dotted key -> value as JSON holds it (so a fresh config compares with a saved one)."""
 
     def walk(node: Mapping[str, Any], prefix: str):
@@ -169,7 +173,7 @@ def resume_changes(workdir: str, config: ml_collections.ConfigDict) -> list[tupl
         vocabulary were made with), named in one line. Paths to the same files and the
         attention implementation (`RESUME_FREE`) may change.
     """
-    saved, new = _flat(read_config(workdir)), _flat(config)
+    saved, new = flat_config(read_config(workdir)), flat_config(config)
     changes = [
         (key, saved[key], new[key])
         for key in sorted(saved.keys() & new.keys())

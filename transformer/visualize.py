@@ -80,7 +80,7 @@ def token_labels(tokenizer, ids) -> list[str]:
     return [names.get(int(i)) or tokenizer.decode([int(i)]) or f'<{int(i)}>' for i in ids]
 
 
-def input_warnings(tokenizer, text: str, ids: list[int]) -> list[str]:
+def input_warnings(text: str, ids: list[int]) -> list[str]:
     """What makes a figure of ``text`` say little: no words, or pieces the vocabulary lacks."""
     if not text.strip():
         return ['--text is empty: the figure shows the end-of-sentence token alone.']
@@ -112,7 +112,7 @@ def cli(argv: list[str] | None = None) -> None:
         except rundir.WorkdirError as e:
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)
-        for warning in input_warnings(tokenizer, FLAGS.text, source_ids):
+        for warning in input_warnings(FLAGS.text, source_ids):
             logging.warning(warning)
         inputs = np.array(source_ids + [EOS_ID], np.int32)
         if FLAGS.target is None:

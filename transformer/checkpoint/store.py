@@ -222,13 +222,9 @@ def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int
     """The steps a command averages when told none: of the last ``eval.average_last`` saved
     steps, those after the warm-up (``opt.warmup_steps``) and in the second half of the
     training so far (step >= newest / 2); the newest step always. Parameters from the
-    warm-up or from far earlier pull the average away from where training arrived (a short
-    run's average of 5 spanning its warm-up scored below its last checkpoint alone)."""
-    saved = sorted(checkpoint_manager(workdir).all_steps())
-    if not saved:
-        raise WorkdirError(f'No complete checkpoint in {workdir}/{CHECKPOINTS}.')
-    newest, warmup = saved[-1], config.opt.get('warmup_steps', 0)
-    last = saved[-config.eval.average_last :]
+    warm-up or from far earlier pull the average away from where training arrived."""
+    last = checkpoint_steps(workdir, average_last=config.eval.average_last)
+    newest, warmup = last[-1], config.opt.get('warmup_steps', 0)
     steps = [s for s in last if s > warmup and 2 * s >= newest] or [newest]
     if steps != last:
         logging.info(

@@ -4,7 +4,9 @@ path/to/file.py`` (a path, as ``python train.py --config configs/base.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from typing import Any
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -17,3 +19,16 @@ def names() -> list[str]:
 def path(name: str) -> str:
     """The file of the packaged config ``name``."""
     return os.path.join(_DIR, f'{name}.py')
+
+
+def load(name_or_path: str) -> Any:
+    """``get_config()`` of a config file, or of the packaged config of that name."""
+    file = name_or_path if os.path.isfile(name_or_path) else path(name_or_path)
+    if not os.path.isfile(file):
+        raise ValueError(
+            f'No config {name_or_path!r}: the packaged configs are {names()}, or give a file path.'
+        )
+    spec = importlib.util.spec_from_file_location('loaded_config', file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
