@@ -142,7 +142,7 @@ def main() -> None:
     params = greedy.ensemble_params(members) if ensemble else members[0]
     searches = {
         'greedy': lambda: greedy.greedy_search(
-            model, params, inputs, max_decode_len=args.max_decode_len, ensemble=ensemble
+            model, params, inputs, max_decode_len=args.max_decode_len
         ),
         f'beam_{args.beam_size}': lambda: greedy.beam_search(
             model,
@@ -152,7 +152,6 @@ def main() -> None:
             alpha=args.alpha,
             max_decode_len=args.max_decode_len,
             early_stop=False,
-            ensemble=ensemble,
         )[0],
     }
     results = {}

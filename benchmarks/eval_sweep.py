@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 eval_set,
                 beam_size=beam,
                 alpha=alpha,
-                ensemble=bool(args.ensemble),
             )
             name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}'
             name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'

@@ -5,14 +5,15 @@ Layers, from the ground up (a module may import its own package and any lower la
 
     0  tokens, multihost, lock, backends/       leaves: ids, process-0 decisions, devices
     1  model/, data/                            the network; text to batches
-    2  configs/, rundir                         experiments; the run directory
-    3  checkpoint/                              checkpoints on disk
-    4  decoding/                                searches over the model, text in and out
-    5  evaluation/                              BLEU, decode-and-score
-    6  training/                                steps, devices, checkpoints policy, the loop
-    7  command_help                             -h / --help: flags and config fields
-    8  console                                  the commands' console, flags and errors
-    9  trainer, evaluate, translate, visualize, export: the commands; api: the same from Python
+    2  schema                                   the config's typed sections and their rules
+    3  configs/, rundir                         experiments; the run directory
+    4  checkpoint/                              checkpoints on disk
+    5  decoding/                                searches over the model, text in and out
+    6  evaluation/                              BLEU, decode-and-score
+    7  training/                                steps, devices, checkpoints policy, the loop
+    8  command_help                             -h / --help: flags and config fields
+    9  console                                  the commands' console, flags and errors
+    10 trainer, evaluate, translate, visualize, export: the commands; api: the same from Python
 """
 
 import ast
@@ -26,20 +27,21 @@ LAYERS = {
     'backends': 0,
     'model': 1,
     'data': 1,
-    'configs': 2,
-    'rundir': 2,
-    'checkpoint': 3,
-    'decoding': 4,
-    'evaluation': 5,
-    'training': 6,
-    'command_help': 7,
-    'console': 8,
-    'trainer': 9,
-    'evaluate': 9,
-    'translate': 9,
-    'visualize': 9,
-    'export': 9,
-    'api': 9,
+    'schema': 2,
+    'configs': 3,
+    'rundir': 3,
+    'checkpoint': 4,
+    'decoding': 5,
+    'evaluation': 6,
+    'training': 7,
+    'command_help': 8,
+    'console': 9,
+    'trainer': 10,
+    'evaluate': 10,
+    'translate': 10,
+    'visualize': 10,
+    'export': 10,
+    'api': 10,
 }
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

@@ -53,7 +53,6 @@ SMALL = {
     'model.d_ff': 64,
     'model.num_encoder_layers': 1,
     'model.num_decoder_layers': 1,
-    'model.max_len': 32,
     'data.max_len': 32,
     'data.synthetic.num_train': 200,
     'data.synthetic.num_validation': 20,

@@ -100,7 +100,7 @@ class Run:
             alpha=ev.alpha if alpha is None else alpha,
             extra_length=ev.extra_length,
             batch_size=batch_size or ev.batch_size,
-            max_input_tokens=self.config.model.max_len,
+            max_input_tokens=self.config.data.max_len,
             nbest=nbest,
         )
 

@@ -147,7 +147,6 @@ def run(
         eval_set,
         beam_size=beam_size,
         alpha=alpha,
-        ensemble=bool(ensemble),
     )
     scores.update(
         split=split,

@@ -128,11 +128,14 @@ def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarr
     return state
 
 
-def marian_configs(cfg: TransformerConfig, ev: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section."""
+def marian_configs(
+    cfg: TransformerConfig, ev: Any, max_len: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
+    ``max_len`` its longest training row (data.max_len)."""
     # Room for the longest input the model was trained on plus the paper's +50 (Sec. 6.1),
     # and the start token, which Hugging Face counts in max_length.
-    max_length = cfg.max_len + int(ev.extra_length) + 1
+    max_length = int(max_len) + int(ev.extra_length) + 1
     config = {
         'architectures': ['MarianMTModel'],
         'model_type': 'marian',
@@ -212,7 +215,7 @@ def write_hf(
     from safetensors.numpy import save
 
     check_expressible(cfg)
-    model_config, generation = marian_configs(cfg, run_config.eval)
+    model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len)
     # transformers refuses safetensors files whose metadata does not name a framework.
     weights = save(marian_state_dict(params, cfg), metadata={'format': 'pt'})
     with open(os.path.join(directory, 'model.safetensors'), 'wb') as f:

@@ -28,7 +28,7 @@ import jax
 import ml_collections
 
 from transformer import data as data_lib
-from transformer import multihost
+from transformer import multihost, schema
 
 PyTree = Any
 
@@ -72,14 +72,14 @@ def path(workdir: str, *parts: str) -> str:
 
 def vocab_path(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
     """``data.vocab_path`` if set, else the workdir's ``vocab/spm.model`` (None: no workdir)."""
-    if config.data.get('vocab_path'):
+    if config.data.vocab_path:
         return config.data.vocab_path
     return path(workdir, VOCAB_FILE) if workdir else None
 
 
 def data_cache_dir(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
     """``data.cache_dir``, else ``WORKDIR/data_cache``, else None (no disk cache)."""
-    if config.data.get('cache_dir'):
+    if config.data.cache_dir:
         return config.data.cache_dir
     return path(workdir, DATA_CACHE) if workdir else None
 
@@ -92,7 +92,7 @@ def get_tokenizer(config: ml_collections.ConfigDict, workdir: str | None) -> dat
     the same thread count and library build).
     """
     model_path = vocab_path(config, workdir)
-    if jax.process_count() == 1 or config.data.get('vocab_path'):
+    if jax.process_count() == 1 or config.data.vocab_path:
         return data_lib.get_tokenizer(config.data, model_path)
     built = []
     multihost.on_main(
@@ -132,6 +132,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
             config = ml_collections.ConfigDict(json.load(f))
         except json.JSONDecodeError as e:
             raise WorkdirError(f'{config_path} is not valid JSON ({e}); restore it.') from None
+    config = schema.complete(config)  # fields it predates, at the values its run used
     for change in read_history(workdir):
         *parents, name = change['key'].split('.')
         node = config

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from absl import logging
 
-from transformer import configs, console, multihost, rundir
+from transformer import configs, console, multihost, rundir, schema
 from transformer import lock as lock_lib
 from transformer.training import config_checks
 from transformer.training.loop import (
@@ -56,7 +56,7 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('config', 'workdir')
         try:
-            config_checks.check(flags.FLAGS.config)
+            config_checks.check(schema.complete(flags.FLAGS.config))
         except config_checks.ConfigError as e:
             console.usage_exit(str(e))
         try:

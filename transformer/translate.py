@@ -35,7 +35,7 @@ def cli(argv: list[str] | None = None) -> None:
         'max_input_tokens',
         flags.DEFINE_integer,
         None,
-        'Longer input lines are cut to this many tokens (default: model.max_len).',
+        'Longer input lines are cut to this many tokens (default: data.max_len).',
         lower_bound=2,
     )
     define(
@@ -80,9 +80,8 @@ def cli(argv: list[str] | None = None) -> None:
             alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
             extra_length=config.eval.extra_length,
             batch_size=FLAGS.batch_size or config.eval.batch_size,
-            max_input_tokens=FLAGS.max_input_tokens or config.model.max_len,
+            max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
             nbest=FLAGS.nbest,
-            ensemble=bool(FLAGS.ensemble),
         )
         if FLAGS.nbest:
             text = format_nbest(translations)

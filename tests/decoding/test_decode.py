@@ -212,7 +212,7 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
     at every step."""
     members = [random_params(sharpness=2.0, seed=2), random_params(sharpness=2.0, seed=3)]
     both = decode.ensemble_params(members)
-    sequences, scores = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
+    sequences, scores = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     assert_well_formed(sequences)
     flat = sequences.reshape(12, 7)
@@ -229,7 +229,7 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
         )
         assert np.max(np.abs(alone - expected)) > 0.05
 
-    tokens = decode.greedy_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
+    tokens = decode.greedy_search(MODEL, both, INPUTS, extra_length=EXTRA)
     expected_tokens = greedy_by_recomputing(
         lambda prefix: mixture_log_probs(members, INPUTS, prefix)
     )
@@ -241,15 +241,11 @@ def test_ensemble_of_copies_decodes_as_the_model():
     params = random_params(sharpness=2.0, seed=6)
     both = decode.ensemble_params([params, params])
     sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
-    copies = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA, ensemble=True)
+    copies = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA)
     np.testing.assert_array_equal(np.asarray(copies[0]), np.asarray(sequences))
     np.testing.assert_allclose(np.asarray(copies[1]), np.asarray(scores), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
-        np.asarray(
-            decode.translate_batch(
-                MODEL, both, INPUTS, beam_size=1, extra_length=EXTRA, ensemble=True
-            )
-        ),
+        np.asarray(decode.translate_batch(MODEL, both, INPUTS, beam_size=1, extra_length=EXTRA)),
         np.asarray(decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)),
     )
 
@@ -270,16 +266,12 @@ def test_ensemble_members_run_the_single_models_step():
     params = random_params()
     both = decode.ensemble_params([params, params])
     searches = {
-        'greedy': lambda p, ensemble: decode.greedy_search(
-            MODEL, p, INPUTS, extra_length=EXTRA, ensemble=ensemble
-        ),
-        'beam': lambda p, ensemble: decode.beam_search(
-            MODEL, p, INPUTS, extra_length=EXTRA, ensemble=ensemble
-        ),
+        'greedy': lambda p: decode.greedy_search(MODEL, p, INPUTS, extra_length=EXTRA),
+        'beam': lambda p: decode.beam_search(MODEL, p, INPUTS, extra_length=EXTRA),
     }
     for name, search in searches.items():
-        alone = jax.make_jaxpr(functools.partial(search, ensemble=False))(params)
-        together = jax.make_jaxpr(functools.partial(search, ensemble=True))(both)
+        alone = jax.make_jaxpr(search)(params)
+        together = jax.make_jaxpr(search)(both)
         alone, together = (
             collections.Counter(eqn.primitive.name for _, eqn in _equations(jaxpr.jaxpr))
             for jaxpr in (alone, together)

@@ -428,10 +428,11 @@ def test_dropout_only_in_train_mode():
 
 
 def test_config_from_dict_rejects_unknown_keys_and_maps_dtypes():
-    """Unknown keys fail naming the key and the valid ones; dtype names map to jnp dtypes."""
-    with pytest.raises(ValueError, match=r"Unknown model config keys \['d_modle'\].*d_model"):
+    """Unknown keys fail naming the key and the nearest valid one; dtype names map to jnp
+    dtypes."""
+    with pytest.raises(ValueError, match=r'key model.d_modle; did you mean model.d_model\?'):
         config_from_dict({'d_modle': 64}, vocab_size=V)
-    with pytest.raises(ValueError, match='model.dtype must be one of'):
+    with pytest.raises(ValueError, match="model.dtype='float64' must be one of 'float32'"):
         config_from_dict({'dtype': 'float64'}, vocab_size=V)
     cfg = config_from_dict({'d_model': 64, 'dtype': 'bfloat16'}, vocab_size=V)
     assert (cfg.vocab_size, cfg.d_model, cfg.dtype, cfg.num_heads) == (V, 64, jnp.bfloat16, 8)

@@ -224,7 +224,7 @@ def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int
     training so far (step >= newest / 2); the newest step always. Parameters from the
     warm-up or from far earlier pull the average away from where training arrived."""
     last = checkpoint_steps(workdir, average_last=config.eval.average_last)
-    newest, warmup = last[-1], config.opt.get('warmup_steps', 0)
+    newest, warmup = last[-1], config.opt.warmup_steps
     steps = [s for s in last if s > warmup and 2 * s >= newest] or [newest]
     if steps != last:
         logging.info(

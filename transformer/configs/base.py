@@ -33,7 +33,6 @@ def get_config() -> ml_collections.ConfigDict:
     model.dropout_rate = 0.1  # P_drop on sub-layer outputs and embedding sums (Sec. 5.4)
     model.attention_dropout_rate = 0.0  # on attention probabilities (not in the paper)
     model.relu_dropout_rate = 0.0  # after the FFN ReLU (not in the paper)
-    model.max_len = 256  # longest row the model sees in training (== data.max_len)
     model.share_embeddings = 'all'  # source, target, pre-softmax share one matrix (Sec. 3.4)
     model.pre_layer_norm = False  # post-LN as in the paper; True = pre-LN (t2t's later default)
     model.layer_norm_epsilon = 1e-6

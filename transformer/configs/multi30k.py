@@ -23,7 +23,6 @@ def get_config() -> ml_collections.ConfigDict:
     model.d_ff = 1024
     model.num_encoder_layers = 3
     model.num_decoder_layers = 3
-    model.max_len = 128
 
     data = config.data
     data.dataset = 'multi30k'

@@ -24,7 +24,6 @@ def get_config() -> ml_collections.ConfigDict:
     model.num_encoder_layers = 2
     model.num_decoder_layers = 2
     model.dropout_rate = 0.0  # the task is noise-free and the model small: nothing to regularise
-    model.max_len = 64
 
     data = config.data
     data.dataset = 'synthetic'

@@ -349,7 +349,7 @@ def make_train_iterator(
         max_len=int(data_config.max_len),
         data_group=data_group,
         data_groups=data_groups,
-        long_examples=data_config.get('long_examples', 'drop'),
+        long_examples=data_config.long_examples,
     )
     stats = iterator.stats()
     logging.info(

@@ -15,14 +15,13 @@ import jax.numpy as jnp
 from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
-    ensemble_log_probs,
     forbid,
     length_penalty,
     map_cache,
+    next_scores,
     output_limits,
     shrinking_loop,
     stage_sizes,
-    step_logits,
     top_k,
 )
 from transformer.model import EOS_ID, PAD_ID, Transformer
@@ -53,7 +52,6 @@ _BEAM_STATIC = (
     'max_decode_len',
     'extra_length',
     'early_stop',
-    'ensemble',
     'min_stage_batch',
 )
 
@@ -69,21 +67,19 @@ def _beam_search(
     max_decode_len: int | None,
     extra_length: int,
     early_stop: bool,
-    ensemble: bool,
     min_stage_batch: int = 8,
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
 
     With ``early_stop``, the batch shrinks as its examples finish (`shrinking_loop`, down to
-    ``min_stage_batch`` rows): a finished example's result can no longer change. (In a batch
-    of 64 Multi30k sentences, the last example to finish needed 1.3-1.9x the steps of the
-    median one.)
+    ``min_stage_batch`` rows): a finished example's result can no longer change, and the
+    examples of a batch finish at very different steps.
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
     cache_length = padded_length(loop_length)
-    encoded, cache = encode_and_cache(model, params, inputs, cache_length, ensemble)
+    encoded, cache = encode_and_cache(model, params, inputs, cache_length)
 
     def searching(state: _BeamState) -> Array:
         """[B] whether each example's finished set may still change."""
@@ -113,20 +109,11 @@ def _beam_search(
         history = state.history.at[:, step].set(own_slots)
         cache_mask = beam_mask(history, beam_size)
         # Steps never read `encoded`: its keys/values are cached.
-        step_args = (
-            model,
-            params,
-            state.cache,
-            state.encoded,
-            state.inputs,
-            last_tokens.reshape(-1),
+        log_probs, cache = next_scores(
+            *(model, params, state.cache, state.encoded, state.inputs, last_tokens.reshape(-1)),
             cache_mask,
+            normalized=True,
         )
-        if ensemble:
-            log_probs, cache = ensemble_log_probs(*step_args)
-        else:
-            logits, cache = step_logits(*step_args)
-            log_probs = jax.nn.log_softmax(logits)
         log_probs = forbid(log_probs, step + 1 >= state.limits)
         vocab = log_probs.shape[-1]
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
@@ -169,7 +156,7 @@ def _beam_search(
         finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
         history=jnp.zeros((batch * beam_size, cache_length), jnp.int32),
-        cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, ensemble),
+        cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, params),
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
         encoded=encoded,
@@ -197,7 +184,6 @@ def beam_search(
     max_decode_len: int | None = None,
     extra_length: int = 50,
     early_stop: bool = True,
-    ensemble: bool = False,
     min_stage_batch: int = 8,
 ) -> tuple[Array, Array]:
     """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
@@ -209,7 +195,8 @@ def beam_search(
 
     Args:
       model: the Transformer (static: compiled once per model, static argument and shape).
-      params: its parameters.
+      params: its parameters, or an `Ensemble` (searched by the mean of the members'
+        next-token probabilities).
       inputs: right-padded source tokens [B, S] int32.
       beam_size: K.
       alpha: length penalty exponent, score = log P(y) / ((5 + |y|) / 6)^alpha with |y|
@@ -219,8 +206,6 @@ def beam_search(
       early_stop: end as soon as, for every example, the worst of the K finished scores is
         at least the best score any alive hypothesis could still reach; the result is the
         same as without it.
-      ensemble: ``params`` are M models (`ensemble_params`), searched by the mean of
-        their next-token probabilities.
       min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
         this many rows (`next_token.shrinking_loop`).
 
@@ -238,7 +223,6 @@ def beam_search(
         max_decode_len=max_decode_len,
         extra_length=extra_length,
         early_stop=early_stop,
-        ensemble=ensemble,
         min_stage_batch=min_stage_batch,
     )
     return sequences, scores

@@ -1,4 +1,5 @@
-"""Several training runs decoded together as one ensemble (greedy.py, ``ensemble=True``)."""
+"""Several training runs loaded as one `Ensemble` (transformer/decoding/next_token.py), which the
+searches take in place of one model's parameters."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import ml_collections
 from transformer import data as data_lib
 from transformer import rundir
 from transformer.checkpoint import store
-from transformer.decoding.greedy import ensemble_params
+from transformer.decoding.next_token import Ensemble, ensemble_params
 from transformer.model import Transformer
-from transformer.rundir import PyTree
 
 
 def _decoding_config(model: Transformer):
@@ -27,15 +27,15 @@ def load_ensemble(
     step: int | None = None,
     average_last: int | None = None,
     best: bool = False,
-) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
-    """Runs decoded together as one ensemble (transformer/decoding/greedy.py, ``ensemble=True``).
+) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, Ensemble, list[list[int]]]:
+    """Runs decoded together as one `Ensemble`.
 
     Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /
     ``best``); they must share the model (dropout rates aside) and the vocabulary: train them
     with one ``data.vocab_path``. The first run's config, tokenizer and model are returned.
 
     Returns:
-      (config, tokenizer, model, the runs' parameters (`decode.ensemble_params`), the steps
+      (config, tokenizer, model, the runs' parameters as an `Ensemble`, the steps
       loaded from each run).
     """
     if not workdirs:

@@ -26,12 +26,10 @@ Conventions shared by both searches:
   counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
   renormalised after forbidding 0 or forcing EOS, so a score is always the model's
   log-probability of exactly that sequence.
-* Ensembles. With ``ensemble=True``, ``params`` is a tuple of M models of one architecture
-  (`ensemble_params`). Each member encodes the source, keeps its own cache and runs the single
-  model's step; the next-token
-  distribution is the mean of the members' probabilities, log(sum_m P_m / M), as fairseq's
-  ensembles decode. Scores are then that mixture's log-probability of the sequence over the
-  length penalty.
+* Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
+  (`ensemble_params`): the next-token distribution is then the mean of the members'
+  probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of
+  the sequence over the length penalty.
 """
 
 from __future__ import annotations
@@ -44,22 +42,29 @@ import jax.numpy as jnp
 
 from transformer.decoding.beam import beam_search
 from transformer.decoding.next_token import (
+    Ensemble,
     decode_length,
     encode_and_cache,
-    ensemble_log_probs,
     ensemble_params,
     forbid,
     length_penalty,
+    next_scores,
     output_limits,
     shrinking_loop,
     stage_sizes,
-    step_logits,
 )
 from transformer.model import EOS_ID, PAD_ID, Transformer
 
 # The decoding API in one place: beam search lives in transformer/decoding/beam.py, the step both
 # searches share in transformer/decoding/next_token.py.
-__all__ = ['beam_search', 'ensemble_params', 'greedy_search', 'length_penalty', 'translate_batch']
+__all__ = [
+    'Ensemble',
+    'beam_search',
+    'ensemble_params',
+    'greedy_search',
+    'length_penalty',
+    'translate_batch',
+]
 
 Array = jax.Array
 Params = Any
@@ -76,7 +81,7 @@ class _GreedyState(NamedTuple):
     encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
 
 
-_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'ensemble', 'min_stage_batch')
+_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch')
 
 
 @functools.partial(jax.jit, static_argnames=_GREEDY_STATIC)
@@ -87,20 +92,18 @@ def greedy_search(
     *,
     max_decode_len: int | None = None,
     extra_length: int = 50,
-    ensemble: bool = False,
     min_stage_batch: int = 8,
 ) -> Array:
     """Greedy decoding: the most probable token at every step.
 
     Args:
       model: the Transformer (static: a new model or config compiles anew).
-      params: its parameters.
+      params: its parameters, or an `Ensemble` (the most probable token of the members' mean
+        distribution is taken).
       inputs: right-padded source tokens [B, S] int32.
       max_decode_len: loop length T; defaults to S + extra_length.
       extra_length: an example's output may have at most its input length + this many tokens,
         EOS included (input length + 50, Sec. 6.1).
-      ensemble: ``params`` are M models (`ensemble_params`); the most probable token
-        of their mean distribution is taken.
       min_stage_batch: the batch shrinks as its examples produce EOS, down to this many rows
         (`next_token.shrinking_loop`).
 
@@ -110,14 +113,13 @@ def greedy_search(
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
-    encoded, cache = encode_and_cache(model, params, inputs, loop_length, ensemble)
+    encoded, cache = encode_and_cache(model, params, inputs, loop_length)
 
     def decode_step(state: _GreedyState) -> _GreedyState:
-        step_args = (model, params, state.cache, state.encoded, state.inputs, state.last_tokens)
-        if ensemble:
-            logits, cache = ensemble_log_probs(*step_args)
-        else:
-            logits, cache = step_logits(*step_args)
+        logits, cache = next_scores(
+            *(model, params, state.cache, state.encoded, state.inputs, state.last_tokens),
+            normalized=False,
+        )
         # log_softmax keeps each row's order: the argmax of the logits is greedy's token
         # (ties to the lower index). XLA's CPU top_k(., 1) took ~4x argmax's time here.
         at_limit = state.step + 1 >= state.limits
@@ -161,7 +163,6 @@ def translate_batch(
     alpha: float = 0.6,
     max_decode_len: int | None = None,
     extra_length: int = 50,
-    ensemble: bool = False,
 ) -> Array:
     """Best output tokens [B, T]: greedy search for ``beam_size == 1``, else beam search.
 
@@ -175,7 +176,6 @@ def translate_batch(
             inputs,
             max_decode_len=max_decode_len,
             extra_length=extra_length,
-            ensemble=ensemble,
         )
     sequences, _ = beam_search(
         model,
@@ -185,6 +185,5 @@ def translate_batch(
         alpha=alpha,
         max_decode_len=max_decode_len,
         extra_length=extra_length,
-        ensemble=ensemble,
     )
     return sequences[:, 0]

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
 
@@ -64,41 +65,66 @@ def step_logits(
     return logits[:, 0], variables['cache']
 
 
-def ensemble_params(trees: list[Params]) -> tuple[Params, ...]:
-    """Parameter trees of M models with one architecture, as ``params`` for ``ensemble=True``.
+@struct.dataclass
+class Ensemble:
+    """M models of one architecture decoded together, given to the searches as their
+    ``params`` (`ensemble_params`); a single model's parameters are a plain tree.
 
-    A tuple of M trees: each member runs the single model's step on its own tree. (A stack on
-    a new leading axis, mapped with ``jax.vmap``, made every product a batched one and the
-    cache's `lax.switch` a select over all its branches: two members decoded 1.3-1.4x slower
-    with beam 4, `benchmarks/decode_speed.py --ensemble 2`.)
+    Each member encodes the source, keeps its own cache and runs the single model's step on
+    its own tree; the next-token distribution is the mean of the members' probabilities,
+    log(sum_m P_m / M), as fairseq's ensembles decode. (Members stacked on a new leading axis
+    and mapped with ``jax.vmap`` would make every product a batched one and the cache's
+    chunked writes a select over all chunks.)
     """
+
+    members: tuple[Params, ...]
+
+    def encode_and_cache(self, model: Transformer, inputs: Array, length: int):
+        encoded, caches = zip(
+            *(_encode_and_cache(model, p, inputs, length) for p in self.members), strict=True
+        )
+        return tuple(encoded), tuple(caches)
+
+    def next_log_probs(self, model, cache, encoded, inputs, last_tokens, cache_mask):
+        log_probs, caches = [], []
+        for params, member_cache, member_encoded in zip(self.members, cache, encoded, strict=True):
+            logits, member_cache = step_logits(
+                model, params, member_cache, member_encoded, inputs, last_tokens, cache_mask
+            )
+            log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
+            caches.append(member_cache)
+        mean = jax.nn.logsumexp(jnp.stack(log_probs), axis=0) - jnp.log(len(caches))
+        return mean, tuple(caches)
+
+
+def ensemble_params(trees: list[Params]) -> Ensemble:
+    """Parameter trees of M models with one architecture, decoded together as ``params``."""
     if not trees:
         raise ValueError('An ensemble needs at least one model.')
-    return tuple(trees)
+    return Ensemble(tuple(trees))
 
 
-def map_cache(fn, cache: Cache, ensemble: bool) -> Cache:
+def map_cache(fn, cache: Cache, params: Params) -> Cache:
     """``fn(cache)``; for an ensemble's tuple of member caches, ``fn`` of each."""
-    return tuple(fn(c) for c in cache) if ensemble else fn(cache)
+    return tuple(fn(c) for c in cache) if isinstance(params, Ensemble) else fn(cache)
+
+
+def _encode_and_cache(model: Transformer, params: Params, inputs: Array, length: int):
+    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    return encoded, init_cache(model, params, encoded, inputs, length)
 
 
 def encode_and_cache(
-    model: Transformer, params: Params, inputs: Array, length: int, ensemble: bool
+    model: Transformer, params: Params, inputs: Array, length: int
 ) -> tuple[Array, Cache]:
-    """The encoder output and a decoding cache of ``length`` positions; for an ensemble
-    (``params`` from `ensemble_params`), a tuple of each per member."""
-
-    def one(member_params):
-        encoded = model.apply({'params': member_params}, inputs, method=Transformer.encode)
-        return encoded, init_cache(model, member_params, encoded, inputs, length)
-
-    if not ensemble:
-        return one(params)
-    encoded, caches = zip(*(one(p) for p in params), strict=True)
-    return tuple(encoded), tuple(caches)
+    """The encoder output and a decoding cache of ``length`` positions (for an `Ensemble`,
+    a tuple of each, one per member)."""
+    if isinstance(params, Ensemble):
+        return params.encode_and_cache(model, inputs, length)
+    return _encode_and_cache(model, params, inputs, length)
 
 
-def ensemble_log_probs(
+def next_scores(
     model: Transformer,
     params: Params,
     cache: Cache,
@@ -106,29 +132,27 @@ def ensemble_log_probs(
     inputs: Array,
     last_tokens: Array,
     cache_mask: Array | None = None,
+    *,
+    normalized: bool,
 ) -> tuple[Array, Cache]:
-    """One cached step of every member (tuples from `ensemble_params` / `encode_and_cache`):
-    log of the members' mean next-token probability [B', V] and their updated caches."""
-    log_probs, caches = [], []
-    for member_params, member_cache, member_encoded in zip(params, cache, encoded, strict=True):
-        logits, member_cache = step_logits(
-            model, member_params, member_cache, member_encoded, inputs, last_tokens, cache_mask
-        )
-        log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
-        caches.append(member_cache)
-    log_probs = jnp.stack(log_probs)
-    return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(len(caches)), tuple(caches)
+    """One cached step of the model or `Ensemble`: next-token scores [B', V] and the updated
+    cache. The scores are log-probabilities; with ``normalized=False`` a single model's are
+    its logits, which rank the tokens the same (greedy's argmax needs no normalisation)."""
+    if isinstance(params, Ensemble):
+        return params.next_log_probs(model, cache, encoded, inputs, last_tokens, cache_mask)
+    logits, cache = step_logits(model, params, cache, encoded, inputs, last_tokens, cache_mask)
+    return (jax.nn.log_softmax(logits) if normalized else logits), cache
 
 
 def top_k(x: Array, k: int, block: int = 128) -> tuple[Array, Array]:
     """``jax.lax.top_k(x, k)`` over the last axis of a 2-D ``x``: the same values and indices,
     ties to the lower index, in two small passes.
 
-    XLA's CPU top-k is slow on wide rows: over beam search's [B, K*V] candidates (64 x 32000)
-    it took ~5 ms a step, ~10% of the step. The k best entries lie in at most k blocks of
+    XLA's CPU top-k is slow on wide rows such as beam search's [B, K*V] candidates
+    (benchmarks/README.md, decode_speed.py). The k best entries lie in at most k blocks of
     ``block`` entries: those with the k best block maxima (by value, then lower block). One
     max per block, a top-k over the block maxima, and a top-k over the k chosen blocks (kept
-    in index order, so ties still go to the lower index) give the same result in ~0.7 ms.
+    in index order, so ties still go to the lower index) give the same result.
     """
     rows, width = x.shape
     if width <= 2 * k * block:

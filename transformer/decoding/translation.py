@@ -44,10 +44,9 @@ def translate_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
-    ensemble: bool = False,
 ) -> list[str]:
     """Detokenized best hypotheses of evaluation batches, in the original example order
-    (``ensemble``: ``params`` are models decoded together, transformer/decoding/greedy.py)."""
+    (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`)."""
     outputs = []
     for i, batch in enumerate(batches):
         tokens = decode_lib.translate_batch(
@@ -57,7 +56,6 @@ def translate_batches(
             beam_size=beam_size,
             alpha=alpha,
             extra_length=extra_length,
-            ensemble=ensemble,
         )
         tokens = np.asarray(fetch(tokens))
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
@@ -93,7 +91,6 @@ def nbest_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
-    ensemble: bool = False,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
     first, in the original example order."""
@@ -106,7 +103,6 @@ def nbest_batches(
             beam_size=max(beam_size, nbest),
             alpha=alpha,
             extra_length=extra_length,
-            ensemble=ensemble,
         )
         sequences, scores = (np.asarray(x) for x in fetch((sequences, scores)))
         log_probs = sequence_log_probs(sequences, scores, alpha)
@@ -174,7 +170,6 @@ def translate_lines(
     batch_size: int,
     max_input_tokens: int,
     nbest: int = 0,
-    ensemble: bool = False,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
     K > 0 the K best `Hypothesis` of each line ([] for blank lines).
@@ -191,7 +186,6 @@ def translate_lines(
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
-      ensemble: ``params`` are models decoded together (`ensemble.load_ensemble`).
 
     Returns:
       One translation (or list of hypotheses) per line.
@@ -211,7 +205,6 @@ def translate_lines(
             beam_size=beam_size,
             alpha=alpha,
             extra_length=extra_length,
-            ensemble=ensemble,
         )
         for number, found in zip(todo, hypotheses, strict=True):
             out[number] = found
@@ -224,7 +217,6 @@ def translate_lines(
         beam_size=beam_size,
         alpha=alpha,
         extra_length=extra_length,
-        ensemble=ensemble,
     )
     for number, text in zip(todo, translations, strict=True):
         out[number] = _one_line(text)

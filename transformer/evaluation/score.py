@@ -29,10 +29,9 @@ def score_eval_set(
     *,
     beam_size: int,
     alpha: float,
-    ensemble: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``ensemble``:
-    ``params`` are models decoded together (`ensemble.load_ensemble`).
+    """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
+    be an `Ensemble` (`ensemble.load_ensemble`).
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -45,13 +44,12 @@ def score_eval_set(
         beam_size=beam_size,
         alpha=alpha,
         extra_length=config.eval.extra_length,
-        ensemble=ensemble,
     )
     scores = bleu.bleu_scores(
         hypotheses,
         eval_set.references,
         target_lang=config.data.target_lang,
-        lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
-        compound_split=bool(config.eval.get('compound_split', False)),
+        lowercase_tokenized=bool(config.eval.lowercase_tokenized),
+        compound_split=bool(config.eval.compound_split),
     )
     return scores, hypotheses

@@ -5,12 +5,19 @@ config without importing the network built from them."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import jax.numpy as jnp
 
 from transformer.model.attention import ATTENTION_IMPLS
+
+ShareEmbeddings = Literal['all', 'target', 'none']
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,33 +34,50 @@ class TransformerConfig:
     dropout_rate: float = 0.1  # residual + embedding dropout, P_drop (Sec. 5.4)
     attention_dropout_rate: float = 0.0  # on attention probabilities (not in the paper)
     relu_dropout_rate: float = 0.0  # inside the FFN, after the ReLU (not in the paper)
-    max_len: int = 256  # longest sequence the data pipeline and decoder caches produce
+    # Accepted and ignored: the network has no length limit (sinusoidal positions, caches
+    # sized by the caller); the longest training row is the data's max_len.
+    max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;
     # 'none': three separate matrices.
-    share_embeddings: Literal['all', 'target', 'none'] = 'all'
+    share_embeddings: ShareEmbeddings = 'all'
     pre_layer_norm: bool = False  # False = post-LN as in the paper; True = pre-LN + final LN
     layer_norm_epsilon: float = 1e-6
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs).
-    attention_impl: Literal['einsum', 'fused'] = 'einsum'
+    attention_impl: Literal[ATTENTION_IMPLS] = 'einsum'
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
 
-    def __post_init__(self):
-        if self.share_embeddings not in ('all', 'target', 'none'):
+    def __post_init__(self, max_len: int | None):
+        del max_len
+        for name in ('d_model', 'num_heads', 'd_ff', 'num_encoder_layers', 'num_decoder_layers'):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f'model.{name}={getattr(self, name)!r} must be an integer >= 1.')
+        if self.head_dim is not None and not _positive_int(self.head_dim):
+            raise ValueError(f'model.head_dim={self.head_dim!r} must be an integer >= 1 (or None).')
+        for name in ('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate'):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f'model.{name}={value!r} must be in [0, 1).')
+        if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
+            raise ValueError(f'model.layer_norm_epsilon={self.layer_norm_epsilon!r} must be > 0.')
+        if not isinstance(self.pre_layer_norm, bool):
+            raise ValueError(f'model.pre_layer_norm={self.pre_layer_norm!r} must be a bool.')
+        if self.share_embeddings not in get_args(ShareEmbeddings):
             raise ValueError(
-                f"share_embeddings must be 'all', 'target' or 'none', got "
-                f'{self.share_embeddings!r}.'
+                f'model.share_embeddings={self.share_embeddings!r} must be one of '
+                + ', '.join(map(repr, get_args(ShareEmbeddings)))
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(
-                f'attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}.'
+                f'model.attention_impl={self.attention_impl!r} must be one of '
+                + ', '.join(map(repr, ATTENTION_IMPLS))
             )
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
-                f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}; '
-                'set head_dim explicitly.'
+                f'model.d_model={self.d_model} must be a multiple of model.num_heads='
+                f'{self.num_heads} (or set model.head_dim).'
             )
 
 
@@ -71,12 +95,14 @@ def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerCo
     kwargs = dict(model)
     unknown = sorted(set(kwargs) - fields)
     if unknown:
-        raise ValueError(f'Unknown model config keys {unknown}; valid keys: {sorted(fields)}.')
+        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
+        hint = f'; did you mean model.{close[0]}?' if close else f'; valid keys: {sorted(fields)}'
+        raise ValueError(f'unknown config key model.{unknown[0]}{hint}')
     for key in ('dtype', 'param_dtype'):
         if isinstance(kwargs.get(key), str):
             if kwargs[key] not in DTYPES:
                 raise ValueError(
-                    f'model.{key} must be one of {sorted(DTYPES)}, got {kwargs[key]!r}.'
+                    f'model.{key}={kwargs[key]!r} must be one of ' + ', '.join(map(repr, DTYPES))
                 )
             kwargs[key] = DTYPES[kwargs[key]]
     return TransformerConfig(vocab_size=vocab_size, **kwargs)

@@ -14,9 +14,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-# The scores validation reports, each a possible eval.best_metric (higher is better).
-METRICS = ('sacrebleu', 'tokenized_bleu', 'chrf')
-
 
 @dataclasses.dataclass
 class BestTracker:
@@ -33,8 +30,8 @@ class BestTracker:
         """A tracker for ``config``, continuing the state saved in a checkpoint's ``meta``."""
         saved = dict((meta or {}).get('best') or {})
         return cls(
-            metric=config.eval.get('best_metric', METRICS[0]),
-            patience=int(config.train.get('early_stop_patience', 0)),
+            metric=config.eval.best_metric,
+            patience=int(config.train.early_stop_patience),
             step=saved.get('step'),
             score=saved.get('score'),
             evals_since_best=int(saved.get('evals_since_best', 0)),

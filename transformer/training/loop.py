@@ -29,7 +29,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
-from transformer import multihost, rundir
+from transformer import multihost, rundir, schema
 from transformer.backends.fetch import fetch
 from transformer.checkpoint import store
 from transformer.data.prefetch import Prefetcher
@@ -140,6 +140,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     training run in the same workdir stops in one line. ``lock.release(run.lock)`` gives it
     back (`train_and_evaluate` does when it returns).
     """
+    config = schema.complete(config)  # a config file written before a field existed
     tc = config.train
     init_distributed(tc)
     # Before anything is written; now that the processes have joined, the batch is checked
@@ -165,7 +166,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
     init_rng = jax.random.split(jax.random.key(tc.seed))[0]
-    dropout_rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', steps.DEFAULT_DROPOUT_PRNG))
+    dropout_rng = steps.dropout_key(tc.seed, tc.dropout_prng)
     init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
     train_iter = data_lib.make_train_iterator(
         config.data,

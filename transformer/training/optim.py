@@ -8,6 +8,8 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
+from transformer.schema import SCHEDULES
+
 
 def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
     """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (Sec. 5.3, Eq. 3).
@@ -52,9 +54,6 @@ def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int)
     return cooled
 
 
-SCHEDULES = ('rsqrt', 'constant')  # the paper's warm-up + inverse square root; a constant
-
-
 def make_schedule(
     opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
 ) -> optax.Schedule:
@@ -66,7 +65,7 @@ def make_schedule(
         schedule = optax.constant_schedule(opt['lr_scale'])
     else:
         raise ValueError(f'opt.schedule must be one of {SCHEDULES}, got {opt["schedule"]!r}.')
-    cooldown_steps = opt.get('cooldown_steps', 0)
+    cooldown_steps = opt['cooldown_steps']
     if not cooldown_steps:
         return schedule
     if num_steps is None:

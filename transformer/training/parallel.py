@@ -40,13 +40,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer.model import Transformer
+from transformer.schema import PARALLELISMS
 from transformer.training import steps
 from transformer.training.steps import Batch, TrainState
 
 PyTree = Any
 
 
-MODES = ('pmap', 'sharding')  # see the module docstring
+MODES = PARALLELISMS  # see the module docstring
 
 
 def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:

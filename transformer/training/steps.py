@@ -21,6 +21,7 @@ from flax import linen as nn
 from flax import struct
 
 from transformer.model import Transformer, config_from_dict
+from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -40,10 +41,6 @@ class TrainState:
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
     """The Transformer of ``config.model`` with the tokenizer's vocabulary size."""
-    if config.model.max_len < config.data.max_len:
-        raise ValueError(
-            f'model.max_len={config.model.max_len} is below data.max_len={config.data.max_len}.'
-        )
     return Transformer(config_from_dict(config.model, vocab_size))
 
 
@@ -61,8 +58,7 @@ def init_state(
     return init(rng)
 
 
-DROPOUT_PRNGS = ('threefry', 'rbg', 'unsafe_rbg', 'philox4x32')
-DEFAULT_DROPOUT_PRNG = DROPOUT_PRNGS[0]  # also for configs written before the choice existed
+DEFAULT_DROPOUT_PRNG = DROPOUT_PRNGS[0]  # jax's default key
 
 
 def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
@@ -90,8 +86,7 @@ def resumed_prng_warning(saved_train: Mapping[str, Any], train: Mapping[str, Any
     ``saved_train`` is the ``train`` section of the run's config.json (a run saved before the
     field existed drew its masks with threefry); None when the generators agree.
     """
-    saved = saved_train.get('dropout_prng', DEFAULT_DROPOUT_PRNG)
-    now = train.get('dropout_prng', DEFAULT_DROPOUT_PRNG)
+    saved, now = saved_train['dropout_prng'], train['dropout_prng']
     if saved == now:
         return None
     return (

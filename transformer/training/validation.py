@@ -19,9 +19,10 @@ from transformer.backends.fetch import fetch
 from transformer.checkpoint import store
 from transformer.evaluation import score
 from transformer.model import Transformer
+from transformer.schema import METRICS
 from transformer.training import metrics as metrics_lib
 from transformer.training import parallel, steps
-from transformer.training.best import METRICS, BestTracker
+from transformer.training.best import BestTracker
 from transformer.training.steps import TrainState
 
 PyTree = Any
