@@ -391,3 +391,34 @@ def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
         alone = decode.greedy_search(MODEL, params, row[None], extra_length=EXTRA)
         np.testing.assert_array_equal(staged[i], np.asarray(alone)[0])
     assert_well_formed(staged)
+
+
+def test_accelerator_choices_change_the_work_not_the_result(monkeypatch):
+    """Where the backend is not a CPU, the searches neither narrow their batch nor read the
+    cache in chunks (`backends.platform`): one loop, one branch, the same outputs."""
+    from transformer.backends import platform
+    from transformer.decoding import next_token
+    from transformer.model import cache
+
+    params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
+    inputs = EIGHT_INPUTS[:, :5]  # a shape no other test compiles: the choices are traced anew
+    on_cpu = (
+        decode.greedy_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+        decode.beam_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+    )
+    assert next_token.stage_sizes(8, 2) == [8, 4, 2] and len(cache.chunk_ends(12)) == 4
+    monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')
+    assert (
+        platform.attention_impl('auto') == 'fused' and platform.attention_impl('einsum') == 'einsum'
+    )
+    assert next_token.stage_sizes(8, 2) == [8] and cache.chunk_ends(12) == [12]
+    assert cache.padded_length(13) == 13
+    jax.clear_caches()
+    elsewhere = (
+        decode.greedy_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+        decode.beam_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+    )
+    jax.clear_caches()  # nothing traced with the patched choices outlives the test
+    np.testing.assert_array_equal(np.asarray(elsewhere[0]), np.asarray(on_cpu[0]))
+    np.testing.assert_array_equal(np.asarray(elsewhere[1][0]), np.asarray(on_cpu[1][0]))
+    np.testing.assert_allclose(np.asarray(elsewhere[1][1]), np.asarray(on_cpu[1][1]), atol=1e-5)

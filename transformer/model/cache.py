@@ -21,28 +21,33 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer.backends import platform
+
 Cache = Any
 
 SELF_ENTRIES = ('cached_key', 'cached_value')
 INDEX = 'cache_index'
 STATIC_ENTRIES = ('cached_static_key', 'cached_static_value')
 
-# A decoding step's self-attention reads the cache only up to the end of the chunk (of this
-# many equal chunks) that holds the position written: the cache is sized for the longest
-# output, most outputs end far earlier, and positions not yet written are masked anyway.
-CHUNKS = 4
+# A decoding step's self-attention reads the cache only up to the end of the chunk (of
+# `platform.cache_chunks()` equal chunks) that holds the position written: the cache is sized
+# for the longest output, most outputs end far earlier, and positions not yet written are
+# masked anyway.
 
 
 def chunk_ends(length: int) -> list[int]:
     """The key lengths a step may read in a self-attention cache of ``length`` keys: the
-    ends of its `CHUNKS` chunks."""
-    return sorted({-(-length * (c + 1) // CHUNKS) for c in range(CHUNKS)})
+    ends of its chunks."""
+    chunks = platform.cache_chunks()
+    return sorted({-(-length * (c + 1) // chunks) for c in range(chunks)})
 
 
 def padded_length(positions: int) -> int:
-    """Cache positions for ``positions`` decoding steps: a multiple of `CHUNKS`, so that each
-    chunk holds whole positions (all K slots of each, in a cache shared by K beams)."""
-    return -(-positions // CHUNKS) * CHUNKS
+    """Cache positions for ``positions`` decoding steps: a multiple of the chunk count, so
+    that each chunk holds whole positions (all K slots of each, in a cache shared by K
+    beams)."""
+    chunks = platform.cache_chunks()
+    return -(-positions // chunks) * chunks
 
 
 def share_across_beams(cache: Cache, beam_size: int) -> Cache:
