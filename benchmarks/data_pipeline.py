@@ -16,16 +16,19 @@ import argparse
 import json
 import os
 import pathlib
-import platform
+import sys
 import tempfile
 import time
 
 import numpy as np
 from absl import logging
 
-from transformer import data
-from transformer.data import packing, tokenized
-from transformer.data import tokenizer as tokenizer_lib
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+from transformer import data  # noqa: E402
+from transformer.data import packing, tokenized  # noqa: E402
+from transformer.data import tokenizer as tokenizer_lib  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
@@ -171,17 +174,9 @@ def main() -> None:
             'lengths': sorted({b['inputs'].shape[1] for b in batches}),
             'padding_fraction': 1 - real / slots,
         }
-    results['machine'] = {
-        'platform': platform.platform(),
-        'cpus': os.cpu_count(),
-        'load_average_1min': os.getloadavg()[0],  # other work on a shared machine slows timings
-    }
-
+    results['machine'] = common.host()
     print(json.dumps(results, indent=2, default=str))
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=str) + '\n')
-    print(f'Saved {out}')
+    common.write_report(args.out, results)
 
 
 if __name__ == '__main__':

@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import pathlib
-import platform
-import time
+import sys
 
 import jax
 import numpy as np
 from flax import linen as nn
 
-from transformer.decoding import greedy
-from transformer.model import Transformer, TransformerConfig
-from transformer.tokens import EOS_ID, PAD_ID
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import common  # noqa: E402
+from transformer.decoding import greedy  # noqa: E402
+from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from transformer.tokens import EOS_ID, PAD_ID  # noqa: E402
 
 
 def add_size_flags(parser: argparse.ArgumentParser, repeats: int) -> None:
@@ -78,19 +77,8 @@ def _sources(args: argparse.Namespace) -> np.ndarray:
 def save_report(args: argparse.Namespace, fields: dict) -> None:
     """Writes the settings (``args`` but ``out``), the machine and ``fields`` as JSON to
     ``args.out``: the report of every decoding benchmark."""
-    report = {
-        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
-        'load_average_1min': os.getloadavg()[0],
-        'device': str(jax.devices()[0].device_kind),
-        'backend': jax.default_backend(),
-        'cpu': platform.processor() or platform.machine(),
-        'cpu_count': os.cpu_count(),
-        'jax': jax.__version__,
-    } | fields
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + '\n')
-    print(f'saved {out}')
+    settings = {k: v for k, v in vars(args).items() if k != 'out'}
+    common.write_report(args.out, {'settings': settings} | common.host() | fields)
 
 
 def _checksum(tokens: np.ndarray) -> str:
@@ -99,15 +87,8 @@ def _checksum(tokens: np.ndarray) -> str:
 
 def _timed(fn, repeats: int) -> tuple[np.ndarray, dict[str, float]]:
     """``fn``'s output and its compile + first run time and best time over ``repeats``."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return np.asarray(out), {'first_call_s': first, 'best_s': min(times)}
+    out, times = common.best_time(fn, repeats)
+    return np.asarray(out), times
 
 
 def model_config(args: argparse.Namespace, **overrides) -> TransformerConfig:

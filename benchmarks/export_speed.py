@@ -18,16 +18,18 @@ a line (single spaces). Prints the figures and saves them as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
+import sys
 import tempfile
 import time
 
-from transformer.decoding import translation
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import common  # noqa: E402
+from transformer.decoding import translation  # noqa: E402
+
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 
@@ -173,16 +175,11 @@ def main() -> None:
         'alpha': config.eval.alpha,
         'batch_size': args.batch_size,
         'threads': args.threads,
-        'platform': platform.platform(),
-        'processor': platform.processor(),
-        'cpu_count': os.cpu_count(),
+        **common.host(),
         'load_average_1min_before_after': [load_before[0], os.getloadavg()[0]],
         'results': results,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(report, f, indent=2, default=str)
-    print(f'saved {args.out}')
+    common.write_report(args.out, report)
 
 
 if __name__ == '__main__':

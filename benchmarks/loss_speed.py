@@ -14,7 +14,6 @@ interleaved rounds, and reports the median per-round ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys
@@ -28,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from step_overhead import full_step  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from configs import multi30k  # noqa: E402
 from transformer.training import steps
 from transformer.training.steps import cross_entropy_with_smoothing  # noqa: E402
@@ -93,22 +93,18 @@ def main() -> None:
     results = {}
     for name, loss in losses.items():
         fn = jax.jit(jax.value_and_grad(loss), static_argnums=3)
-        value, _ = jax.block_until_ready(fn(logits, targets, weights, 0.1))
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(logits, targets, weights, 0.1))
-            times.append(time.perf_counter() - start)
-        results[name] = {'best_ms': 1e3 * min(times), 'loss': float(value)}
+        (value, _), times = common.best_time(
+            lambda fn=fn: fn(logits, targets, weights, 0.1), args.repeats
+        )
+        results[name] = {'best_ms': 1e3 * times['best_s'], 'loss': float(value)}
         print(f'{name:>9}: {results[name]["best_ms"]:7.1f} ms, loss {float(value):.6f}')
     ratio = results['ours']['best_ms'] / results['autodiff']['best_ms']
     print(f'ours / autodiff: {ratio:.2f}')
     if args.train_step:
         results['train_step'] = train_step_ratio(args.train_step)
-    out = pathlib.Path(args.out)
-    report = {'settings': {k: v for k, v in vars(args).items() if k != 'out'}, 'results': results}
-    out.write_text(json.dumps({**report, 'ratio': ratio, 'jax': jax.__version__}, indent=2) + '\n')
-    print(f'saved {out}')
+    settings = {k: v for k, v in vars(args).items() if k != 'out'}
+    report = {'settings': settings, 'results': results, 'ratio': ratio}
+    common.write_report(args.out, report | common.host())
 
 
 if __name__ == '__main__':

@@ -17,16 +17,16 @@ and saves JSON in results/
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
-import platform
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
 
-from transformer.backends import products
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+from transformer.backends import products  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 B, T, D, N, H, F, V = 64, 32, 256, 4, 64, 1024, 8000
@@ -57,13 +57,7 @@ def _with_grads(einsum, equation: str, a, b, g):
 
 
 def _best(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float('inf')
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
+    return common.best_time(lambda: fn(*args), repeats)[1]['best_s']
 
 
 def main() -> None:
@@ -91,16 +85,7 @@ def main() -> None:
             rows.append(dict(product=name, equation=equation, variant=variant, forward=fwd,
                              forward_and_grads=both))  # fmt: skip
             print(f'{name:18} {variant:14} {fwd:16.1f} {both:18.1f}')
-    result = dict(
-        device=str(jax.devices()[0].device_kind),
-        cpus=os.cpu_count(),
-        python=platform.python_version(),
-        jax=jax.__version__,
-        gflops=rows,
-    )
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + '\n')
-    print(f'saved {args.out}')
+    common.write_report(args.out, common.host() | {'gflops': rows})
 
 
 if __name__ == '__main__':
