@@ -69,6 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.batch_size = 104  # global packed rows per step (~25k target tokens, Sec. 5.1)
     train.grad_accum_steps = 1  # micro-batches per step, to reach the budget on fewer devices
     train.label_smoothing = 0.1  # epsilon_ls (Sec. 5.4)
+    train.loss_chunk_tokens = 0  # >0: the loss in chunks of N tokens, no [B, T, V] logits
     # PRNG of the dropout masks: 'threefry' (jax's default), 'rbg' / 'unsafe_rbg' (XLA's
     # RngBitGenerator, as t5x and MaxText use) or 'philox4x32'. Each is deterministic per seed
     # and step, so resuming stays exact. With the 16-bit masks of transformer/model/dropout.py the

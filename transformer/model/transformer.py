@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer.backends import products
+from transformer.model import embedding as embedding_lib
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
 from transformer.model.layers import (
@@ -93,7 +94,8 @@ class Transformer(nn.Module):
         cfg = self.config
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
         # the sum is dropped out (Sec. 5.4).
-        x = embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+        rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype)
+        x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
         x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
         return self.embed_dropout(x, deterministic=not train)
 
@@ -149,7 +151,40 @@ class Transformer(nn.Module):
         Returns:
           float32 logits [B, T, V].
         """
+        y = self.decode_hidden(
+            encoded,
+            inputs,
+            targets,
+            train=train,
+            inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation,
+            targets_positions=targets_positions,
+            decode=decode,
+            cache_mask=cache_mask,
+        )
         cfg = self.config
+        if cfg.share_embeddings == 'none':
+            logits = self.logits_dense(y)
+        else:
+            embedding = self.target_embedding.embedding.astype(cfg.dtype)
+            logits = tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
+        return logits.astype(jnp.float32)
+
+    def decode_hidden(
+        self,
+        encoded: Array,
+        inputs: Array,
+        targets: Array,
+        *,
+        train: bool = False,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        targets_positions: Array | None = None,
+        decode: bool = False,
+        cache_mask: Array | None = None,
+    ) -> Array:
+        """The decoder's last hidden states [B, T, D] (after the final LayerNorm of pre-LN),
+        which `output_projection` maps to the logits; arguments as `decode`."""
         source_valid = inputs != PAD_ID
         if decode:
             position = self.decode_position()
@@ -166,11 +201,7 @@ class Transformer(nn.Module):
             # start token is id 0 but is a real position.
             target_valid = targets != PAD_ID
             self_mask = attention_mask(
-                target_valid,
-                target_valid,
-                targets_segmentation,
-                targets_segmentation,
-                causal=True,
+                target_valid, target_valid, targets_segmentation, targets_segmentation, causal=True
             )
             cross_mask = attention_mask(
                 target_valid, source_valid, targets_segmentation, inputs_segmentation
@@ -178,14 +209,48 @@ class Transformer(nn.Module):
         y = self._embed(self.target_embedding, decoder_inputs, positions, train)
         for layer in self.decoder_layers:
             y = layer(y, encoded, self_mask, cross_mask, deterministic=not train, decode=decode)
-        if cfg.pre_layer_norm:
+        if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
-        if cfg.share_embeddings == 'none':
-            logits = self.logits_dense(y)
-        else:
-            embedding = self.target_embedding.embedding.astype(cfg.dtype)
-            logits = tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
-        return logits.astype(jnp.float32)
+        return y
+
+    def output_projection(self) -> tuple[Array, Array | None]:
+        """The pre-softmax projection as a [V, D] matrix W and its bias [V] (None without
+        one), as stored (param dtype): logits = y W^T + b, what `decode` computes in
+        ``cfg.dtype``. Tied embeddings give E itself (Sec. 3.4); ``logits_dense`` gives its
+        [D, V] kernel transposed. For losses that never form the [B, T, V] logits
+        (transformer/training/loss.py)."""
+        if self.config.share_embeddings != 'none':
+            return self.target_embedding.embedding, None
+        dense = self.logits_dense.variables['params']
+        return dense['kernel'].T, dense.get('bias')
+
+    def hidden(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        train: bool = False,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> Array:
+        """Teacher-forced decoder hidden states [B, T, D]: `__call__` before the projection."""
+        encoded = self.encode(
+            inputs,
+            train=train,
+            inputs_segmentation=inputs_segmentation,
+            inputs_positions=inputs_positions,
+        )
+        return self.decode_hidden(
+            encoded,
+            inputs,
+            targets,
+            train=train,
+            inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation,
+            targets_positions=targets_positions,
+        )
 
     def __call__(
         self,

@@ -23,11 +23,19 @@ from flax import struct
 from transformer.model import Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
+from transformer.training.loss import fused_cross_entropy, smoothing_weights
 
 Array = jax.Array
 PyTree = Any
 Batch = Mapping[str, Array]
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')
+# The batch's packing arrays, handed to the model as keyword arguments of the same names.
+PACKING_KEYS = (
+    'inputs_segmentation',
+    'targets_segmentation',
+    'inputs_positions',
+    'targets_positions',
+)
 
 
 @struct.dataclass
@@ -120,12 +128,6 @@ def cross_entropy_with_smoothing(
     return (smoothed * weights).sum(), (nll * weights).sum()
 
 
-def _smoothing_weights(vocab: int, label_smoothing: float) -> tuple[float, float]:
-    """(confidence - low, low) of the smoothed target over ``vocab`` tokens."""
-    low = label_smoothing / (vocab - 1)
-    return 1.0 - label_smoothing - low, low
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array]:
     """[B, T] smoothed and plain cross-entropy of every position.
@@ -140,7 +142,7 @@ def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tupl
 
 def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
     z = logits.astype(jnp.float32)
-    on_target, low = _smoothing_weights(z.shape[-1], label_smoothing)
+    on_target, low = smoothing_weights(z.shape[-1], label_smoothing)
     lse = jax.nn.logsumexp(z, axis=-1)
     target_logit = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
     smoothed = lse - on_target * target_logit - low * z.sum(axis=-1)
@@ -150,7 +152,7 @@ def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
 def _token_losses_bwd(label_smoothing: float, residuals, cotangents):
     logits, targets, lse = residuals
     g_smoothed, g_nll = cotangents
-    on_target, low = _smoothing_weights(logits.shape[-1], label_smoothing)
+    on_target, low = smoothing_weights(logits.shape[-1], label_smoothing)
     probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
     is_target = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
     grad = (
@@ -174,25 +176,51 @@ def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
     return entropy
 
 
+def _hidden_and_projection(module: Transformer, inputs: Array, targets: Array, **kwargs):
+    """What the chunked loss reads instead of the logits: hidden states and projection."""
+    return module.hidden(inputs, targets, **kwargs), module.output_projection()
+
+
 def loss_sums(
-    params: PyTree, batch: Batch, model: Transformer, label_smoothing: float, rng: Array | None
+    params: PyTree,
+    batch: Batch,
+    model: Transformer,
+    label_smoothing: float,
+    rng: Array | None,
+    loss_chunk_tokens: int = 0,
 ) -> tuple[Array, dict[str, Array]]:
-    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need."""
+    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
+
+    ``loss_chunk_tokens`` (``train.loss_chunk_tokens``) > 0 computes them from the decoder's
+    hidden states and the output projection in chunks of that many tokens, never forming the
+    [B, T, V] logits (transformer/training/loss.py); 0 forms the logits.
+    """
     train = rng is not None
-    logits = model.apply(
-        {'params': params},
-        batch['inputs'],
-        batch['targets'],
-        train=train,
-        inputs_segmentation=batch.get('inputs_segmentation'),
-        targets_segmentation=batch.get('targets_segmentation'),
-        inputs_positions=batch.get('inputs_positions'),
-        targets_positions=batch.get('targets_positions'),
-        rngs={'dropout': rng} if train else None,
-    )
+    args = (batch['inputs'], batch['targets'])
+    kwargs = {
+        'train': train,
+        'rngs': {'dropout': rng} if train else None,
+        **{k: batch.get(k) for k in PACKING_KEYS},
+    }
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
-    loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
-    correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
+    if loss_chunk_tokens:
+        hidden, (weight, bias) = model.apply(
+            {'params': params}, *args, method=_hidden_and_projection, **kwargs
+        )
+        loss, nll, correct = fused_cross_entropy(
+            hidden,
+            weight,
+            bias,
+            batch['targets'],
+            weights,
+            label_smoothing,
+            loss_chunk_tokens,
+            model.config.dtype,
+        )
+    else:
+        logits = model.apply({'params': params}, *args, **kwargs)
+        loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
+        correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
     sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
     return loss, sums
 
@@ -223,6 +251,7 @@ def accumulated_grads(
     label_smoothing: float,
     rng: Array,
     accum_steps: int,
+    loss_chunk_tokens: int = 0,
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
@@ -233,7 +262,9 @@ def accumulated_grads(
     and make XLA gather them). Summing (not averaging) the gradients and the token counts
     keeps the normalisation by the total token count exact.
     """
-    grad_fn = jax.grad(loss_sums, has_aux=True)
+    grad_fn = jax.grad(
+        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens), has_aux=True
+    )
     if accum_steps == 1:
         return grad_fn(params, batch, model, label_smoothing, rng)
     micro = jax.tree.map(
@@ -264,6 +295,7 @@ def train_step(
     label_smoothing: float,
     accum_steps: int,
     axis_name: str | None = None,
+    loss_chunk_tokens: int = 0,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step on the (local part of the) batch.
 
@@ -274,7 +306,9 @@ def train_step(
     rng = jax.random.fold_in(base_rng, state.step)
     if axis_name is not None:
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
-    grads, sums = accumulated_grads(state.params, batch, model, label_smoothing, rng, accum_steps)
+    grads, sums = accumulated_grads(
+        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens
+    )
     if axis_name is not None:
         grads, sums = jax.lax.pmean((grads, sums), axis_name)
     tokens = jnp.maximum(sums['tokens'], 1.0)
@@ -295,8 +329,13 @@ def train_step(
 
 
 def eval_step(
-    params: PyTree, batch: Batch, *, model: Transformer, label_smoothing: float
+    params: PyTree,
+    batch: Batch,
+    *,
+    model: Transformer,
+    label_smoothing: float,
+    loss_chunk_tokens: int = 0,
 ) -> dict[str, Array]:
     """Summed loss / NLL / correct / token counts of one evaluation batch (no dropout)."""
-    _, sums = loss_sums(params, batch, model, label_smoothing, None)
+    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens)
     return sums

@@ -1,0 +1,166 @@
+"""The label-smoothed cross-entropy fused with the output projection, a chunk of tokens at a time.
+
+The full-logits loss (transformer/training/steps.py) forms the float32 [B, T, V] logits, then
+their gradient, each the batch's tokens times the vocabulary (26.6k tokens x 37k x 4 bytes =
+3.9 GB for a WMT step), and reads and writes them several times. Following Cut Cross-Entropy
+(Wijmans et al., 2024, "Cut Your Losses in Large-Vocabulary Language Models") and Liger
+Kernel's fused linear cross-entropy (Hsu et al., 2024), `fused_cross_entropy` takes the
+decoder's last hidden states y [B, T, D] and the projection W [V, D] instead and walks over
+chunks of C tokens (the same positions of every row): the chunk's logits z = y_c W^T (+ b)
+[C, V], its loss sums, and, when a gradient is wanted, its dz = softmax(z) - q (Sec. 5.4's
+smoothed target q), dy_c = dz W and the running dW += dz^T y_c, all before the next chunk.
+Only [C, V] blocks ever exist.
+
+As in Liger, the gradient is computed in the forward pass of the differentiated function (the
+loss is a scalar whose cotangent only scales it), so each chunk's logits are multiplied out once
+and the output layer costs the same three products as the full-logits path; CCE instead
+recomputes them in the backward pass (four). The NLL and the correct count come out with
+`stop_gradient`: only the smoothed loss is differentiable, the one the step differentiates.
+Without differentiation (evaluation) only the forward sums run.
+
+The product runs in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes
+them); the softmax statistics, dz and the dW accumulation are float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from transformer.backends import products
+
+Array = jax.Array
+
+
+def smoothing_weights(vocab: int, label_smoothing: float) -> tuple[float, float]:
+    """(confidence - low, low) of the smoothed target over ``vocab`` tokens (Sec. 5.4)."""
+    low = label_smoothing / (vocab - 1)
+    return 1.0 - label_smoothing - low, low
+
+
+def fused_cross_entropy(
+    hidden: Array,
+    weight: Array,
+    bias: Array | None,
+    targets: Array,
+    weights: Array,
+    label_smoothing: float,
+    chunk_tokens: int,
+    dtype,
+) -> tuple[Array, Array, Array]:
+    """Summed smoothed loss, NLL and correct count of logits ``hidden @ weight.T + bias``.
+
+    The same sums as `steps.cross_entropy_with_smoothing` and the argmax accuracy over the
+    full logits, without forming them (module docstring).
+
+    Args:
+      hidden: [B, T, D] decoder hidden states (`Transformer.hidden`).
+      weight: [V, D] output projection (`Transformer.output_projection`).
+      bias: [V] or None.
+      targets: [B, T] token ids.
+      weights: [B, T], 1 for real target tokens, 0 for padding.
+      label_smoothing: eps_ls.
+      chunk_tokens: tokens per chunk. A chunk holds the same positions of every row (so that
+        rows sharded over devices stay where they are): chunk_tokens // B of them, at least
+        one; the last chunk is padded with weight-0 positions.
+      dtype: compute dtype of the product (the model's ``dtype``).
+
+    Returns:
+      (smoothed loss sum, NLL sum, correct count), float32 scalars; only the first carries a
+      gradient (to ``hidden``, ``weight`` and ``bias``).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f'chunk_tokens must be >= 1, got {chunk_tokens}.')
+    sums = _fused(
+        hidden,
+        weight,
+        bias,
+        targets,
+        weights.astype(jnp.float32),
+        float(label_smoothing),
+        int(chunk_tokens),
+        jnp.dtype(dtype),
+    )
+    return sums[0], jax.lax.stop_gradient(sums[1]), jax.lax.stop_gradient(sums[2])
+
+
+def _chunks(x: Array, size: int) -> Array:
+    """[B, T, ...] -> [K, B * size, ...]: chunk k holds positions [k size, (k + 1) size) of
+    every row, T padded with zeros to a multiple of ``size``."""
+    x = jnp.pad(x, [(0, 0), (0, -x.shape[1] % size)] + [(0, 0)] * (x.ndim - 2))
+    x = jnp.swapaxes(x.reshape(x.shape[0], -1, size, *x.shape[2:]), 0, 1)  # [K, B, size, ...]
+    return x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
+    """float32 [C, V] logits of one chunk, the product in the operands' dtype as in decode."""
+    z = products.einsum('CD,VD->CV', y, weight)
+    if bias is not None:
+        z = z + bias
+    return z.astype(jnp.float32)
+
+
+def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, grads):
+    """The loop over chunks: sums [3] and, with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
+    rows, length, d = y.shape
+    on_target, low = smoothing_weights(weight.shape[0], label_smoothing)
+    size = max(1, min(chunk_tokens // rows, length))
+    w = weight.astype(dtype)
+    b = None if bias is None else bias.astype(dtype)
+    xs = (_chunks(y.astype(dtype), size), _chunks(targets, size), _chunks(weights, size))
+
+    def body(carry, chunk):
+        y_c, t_c, wt_c = chunk
+        z = _chunk_logits(y_c, w, b)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        target_logit = jnp.take_along_axis(z, t_c[:, None], axis=-1)[:, 0]
+        smoothed = lse - on_target * target_logit - low * z.sum(axis=-1)
+        correct = (z.argmax(-1) == t_c).astype(jnp.float32)
+        sums = (jnp.stack([smoothed, lse - target_logit, correct]) * wt_c).sum(-1)
+        if not grads:
+            return carry + sums, None
+        is_target = t_c[:, None] == jnp.arange(z.shape[-1], dtype=t_c.dtype)
+        dz = jnp.exp(z - lse[:, None]) - low - jnp.where(is_target, on_target, 0.0)
+        dz = (dz * wt_c[:, None]).astype(dtype)
+        dy_c = products.einsum('CV,VD->CD', dz, w)
+        # dW^T = y^T dz keeps the [C, V] block in place (see layers.tied_logits).
+        dwt = jnp.einsum('CD,CV->DV', y_c, dz, preferred_element_type=jnp.float32)
+        db = None if b is None else dz.astype(jnp.float32).sum(0)
+        total, dwt_total, db_total = carry
+        add_db = None if b is None else db_total + db
+        return (total + sums, dwt_total + dwt, add_db), dy_c
+
+    zeros = jnp.zeros((3,), jnp.float32)
+    if not grads:
+        return jax.lax.scan(body, zeros, xs)[0], None
+    init = (zeros, jnp.zeros((d, w.shape[0]), jnp.float32), None)
+    if b is not None:
+        init = (zeros, init[1], jnp.zeros(w.shape[:1], jnp.float32))
+    (sums, dwt, db), dy = jax.lax.scan(body, init, xs)
+    dy = jnp.swapaxes(dy.reshape(dy.shape[0], rows, size, d), 0, 1)  # [B, K, size, D]
+    dy = dy.reshape(rows, -1, d)[:, :length].astype(y.dtype)
+    db = None if bias is None else db.astype(bias.dtype)
+    return sums, (dy, dwt.T.astype(weight.dtype), db)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _fused(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
+    """[3] sums (smoothed, NLL, correct); the gradient only follows the first (see
+    `fused_cross_entropy`, which stops the other two)."""
+    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, False)[0]
+
+
+def _fused_fwd(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
+    # The residuals are the gradients themselves, for a cotangent of 1 (module docstring).
+    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, True)
+
+
+def _fused_bwd(label_smoothing, chunk_tokens, dtype, grads, g):
+    scale = g[0]  # the smoothed loss's cotangent; the others are stopped (fused_cross_entropy)
+    dy, dw, db = (None if x is None else x * scale.astype(x.dtype) for x in grads)
+    return dy, dw, db, None, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
