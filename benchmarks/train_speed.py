@@ -14,8 +14,10 @@ local (a ``manual_dir``/``folder`` is given, or the built-in synthetic task), el
 
 Reports analytic matmul FLOPs per step (transformer/model/flops.py), achieved FLOP/s, MFU against
 the accelerator's data-sheet peak for the compute dtype or, on CPU, a measured jitted matmul,
-peak memory, and the projected wall time of ``train.num_steps`` (the paper's 100k steps for
-configs/base.py). Saves a JSON in results/.
+peak memory, the bytes of temporaries XLA's memory analysis gives the compiled step
+(``temp_bytes``), and the projected wall time of ``train.num_steps`` (the paper's 100k steps
+for configs/base.py). Saves a JSON in results/. ``--profile_steps N`` then traces N more steps
+with `jax.profiler` (benchmarks/gpu_check.py reads the trace).
 """
 
 import json
@@ -37,7 +39,7 @@ from ml_collections import config_flags  # noqa: E402
 from transformer import console  # noqa: E402
 from transformer.backends import host_memory
 from transformer.model import flops as flops_lib
-from transformer.training import config_checks, loop, optim, steps
+from transformer.training import config_checks, optim, steps
 from transformer.training.parallel import Parallel  # noqa: E402
 
 host_memory.configure()  # as every command does, before jax's first computation
@@ -52,6 +54,8 @@ def _define_flags() -> None:
     flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).')
     flags.DEFINE_enum('data', 'auto', ['auto', 'real', 'random'], 'Batches to time.')
     flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
+    flags.DEFINE_integer('profile_steps', 0, 'Steps traced with jax.profiler after the timing.')
+    flags.DEFINE_string('profile_dir', None, 'Where the trace goes (with --profile_steps).')
 
 
 def _cpu_model() -> str:
@@ -104,9 +108,42 @@ def _random_setup(config):
 
 
 def _real_setup(config):
+    # Here, not at the top: the loop brings the data pipeline and validation's BLEU
+    # (sacremoses), which random batches do without.
+    from transformer.training import loop
 
     run = loop.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
     return run.model, run.parallel, run.state, run.train_iter, run.dropout_rng, run.num_params
+
+
+def trace_steps(parallel, state, batches, rng, num_steps: int, directory: str):
+    """``num_steps`` more steps under `jax.profiler.trace` (``perfetto_trace.json.gz`` somewhere
+    under ``directory``), their batches placed on the devices before tracing starts."""
+    placed = [parallel.put_batch(next(batches)) for _ in range(num_steps)]
+    jax.block_until_ready(placed)
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for batch in placed:
+            state, sums = parallel.train_step(state, batch, rng)
+        jax.block_until_ready(sums)
+    return state
+
+
+def _xla_flops(compiled) -> float | None:
+    """XLA's FLOP count of a compiled step (pmap'ed functions expose no cost analysis)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float((cost or {}).get('flops', 0.0)) or None
+
+
+def _temp_bytes(compiled) -> int | None:
+    """Bytes of temporaries XLA allocates for one step (activations kept for the backward
+    pass, workspaces); None where the backend gives no memory analysis."""
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+    stats = stats[0] if isinstance(stats, list) else stats
+    return None if stats is None else int(stats.temp_size_in_bytes)
 
 
 def _data_mode(config) -> str:
@@ -137,12 +174,11 @@ def measure(config) -> None:
     step_flops = flops_lib.train_flops(
         model.config, tc.batch_size, config.data.max_len, config.data.max_len
     )
-    xla_flops = None
-    if tc.parallelism == 'sharding':  # pmap'ed functions expose no cost analysis
-        placed = parallel.put_batch(next(batches))
-        cost = parallel._step.lower(state, placed, rng).compile().cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        xla_flops = float(cost.get('flops', 0.0)) or None
+    # The step compiled ahead of time for XLA's own figures; jax keeps the executable, so the
+    # first step below runs it without compiling again.
+    compiled = parallel._step.lower(state, parallel.put_batch(next(batches)), rng).compile()
+    xla_flops = _xla_flops(compiled) if tc.parallelism == 'sharding' else None
+    temp_bytes = _temp_bytes(compiled)
     for _ in range(FLAGS.warmup):
         state, sums = parallel.train_step(state, next(batches), rng)
     jax.block_until_ready(sums)
@@ -154,6 +190,10 @@ def measure(config) -> None:
         state, sums = parallel.train_step(state, batch, rng)
     jax.block_until_ready(sums)
     elapsed = time.perf_counter() - start
+    profile_dir = None
+    if FLAGS.profile_steps:
+        profile_dir = FLAGS.profile_dir or tempfile.mkdtemp(prefix='train-speed-trace-')
+        trace_steps(parallel, state, batches, rng, FLAGS.profile_steps, profile_dir)
     dtype = str(config.model.dtype)
     peak, peak_source = flops_lib.peak_flops(device, dtype)
     achieved = step_flops * FLAGS.steps / elapsed
@@ -179,6 +219,8 @@ def measure(config) -> None:
         'batch_rows': tc.batch_size,
         'max_len': config.data.max_len,
         'steps': FLAGS.steps,
+        'profile_steps': FLAGS.profile_steps,
+        'profile_dir': profile_dir,
         'seconds': elapsed,
         'steps_per_s': steps_per_s,
         'ms_per_step': 1e3 / steps_per_s,
@@ -186,6 +228,7 @@ def measure(config) -> None:
         'real_tokens_per_step': tokens / FLAGS.steps,
         'flops_per_step': step_flops,
         'xla_flops_per_step': xla_flops,
+        'temp_bytes': temp_bytes,
         'achieved_flops_per_s': achieved,
         'peak_flops_per_s': peak,
         'peak_source': peak_source,
@@ -211,7 +254,9 @@ def measure(config) -> None:
     print(
         f'{result["ms_per_step"]:.0f} ms/step, {achieved / 1e12:.3f} TFLOP/s, MFU '
         f'{result["mfu"]:.1%} of {peak / 1e12:.3f} TFLOP/s ({peak_source}); '
-        f'{tc.num_steps} steps would take {result["projected_hours_for_num_steps"]:.1f} h'
+        f'{tc.num_steps} steps would take {result["projected_hours_for_num_steps"]:.1f} h; '
+        + ('no memory analysis' if temp_bytes is None else f'{temp_bytes / 2**20:.0f} MiB')
+        + ' of XLA temporaries'
     )
 
 

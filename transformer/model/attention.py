@@ -39,7 +39,9 @@ from flax import linen as nn
 
 from transformer.backends import products
 from transformer.model import cache as cache_layout
+from transformer.model import masks
 from transformer.model.dropout import Dropout
+from transformer.model.masks import AttentionMask
 
 Array = jax.Array
 Dtype = Any
@@ -135,7 +137,7 @@ def fused_projections(x: Array, projections: tuple[_Projection, ...]) -> tuple[A
     return tuple(jnp.split(y, len(projections), axis=2))
 
 
-def masked_softmax(logits: Array, mask: Array | None) -> Array:
+def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     """Softmax over the last axis where ``mask`` is True; rows with no True give all zeros.
 
     Masked logits are replaced by the most negative finite float32 (never -inf, so no
@@ -143,7 +145,7 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
     query that may attend to nothing (a padding query, an empty packed segment) yields exactly
     zero weights instead of a uniform average or NaN.
     """
-    logits = logits.astype(jnp.float32)
+    logits, mask = logits.astype(jnp.float32), masks.dense(mask)
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -153,37 +155,37 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
 ATTENTION_IMPLS = ('einsum', 'fused')
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
     """softmax(q k^T / sqrt(H)) v over [B, T, N, H] inputs by `jax.nn.dot_product_attention`.
 
     On an NVIDIA GPU with 16-bit inputs this is cuDNN's fused (flash) attention, which never
     writes the [B, N, T, S] matrix; elsewhere, or where cuDNN rejects the shapes, it is XLA's
-    reference implementation. Queries with no valid key get zeros, as in `masked_softmax`
-    (both implementations would otherwise average or return garbage there).
+    reference implementation. Unpacked rows reach it as sequence lengths and a causal flag,
+    packed rows as the dense mask (`masks.fused_arguments`). Queries with no valid key get
+    zeros, as in `masked_softmax` (both implementations would otherwise average or return
+    garbage there).
 
     Args:
       q: queries [B, T, N, H] (not yet scaled).
       k: keys [B, S, N, H].
       v: values [B, S, N, H].
-      mask: boolean, broadcastable to [B, N, T, S]; True = may attend.
+      mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may attend.
 
     Returns:
       [B, T, N, H].
     """
-    if mask is not None:
-        mask = jnp.broadcast_to(mask, (q.shape[0], mask.shape[1], q.shape[1], k.shape[1]))
+    arguments, attends = masks.fused_arguments(mask, q.shape[0], q.shape[1], k.shape[1])
     out = None
     if jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16):
         try:
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='cudnn')
+            out = jax.nn.dot_product_attention(q, k, v, **arguments, implementation='cudnn')
         except (ValueError, NotImplementedError, RuntimeError):
             out = None  # a shape or mask cuDNN does not support: XLA below
     if out is None:
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='xla')
-    if mask is None:
+        out = jax.nn.dot_product_attention(q, k, v, **arguments, implementation='xla')
+    if attends is None:
         return out
-    any_key = jnp.any(mask, axis=-1)  # [B, N or 1, T]
-    return jnp.where(jnp.swapaxes(any_key, 1, 2)[..., None], out, 0).astype(out.dtype)
+    return jnp.where(attends, out, 0).astype(out.dtype)
 
 
 def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
@@ -243,7 +245,7 @@ class MultiHeadAttention(nn.Module):
         self,
         inputs_q: Array,
         inputs_kv: Array,
-        mask: Array | None = None,
+        mask: AttentionMask | Array | None = None,
         *,
         deterministic: bool = True,
         decode: bool = False,
@@ -254,7 +256,7 @@ class MultiHeadAttention(nn.Module):
         Args:
           inputs_q: queries, [B, T, D].
           inputs_kv: keys and values, [B, S, D].
-          mask: boolean, broadcastable to [B, N, T, S]; True = may attend.
+          mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may attend.
           deterministic: disables dropout.
           decode: self-attention one position per call with a key/value cache in the
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
@@ -350,7 +352,7 @@ class MultiHeadAttention(nn.Module):
         then sees the other rows' keys too; the ``mask`` it is given says which are its own
         history.
         """
-        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, N, T, H]
+        k, v, mask = k.swapaxes(1, 2), v.swapaxes(1, 2), masks.dense(mask)  # [B, N, T, H]
         key_name, value_name = cache_layout.SELF_ENTRIES
         is_initialized = self.has_variable('cache', key_name)
         cached_key = self.variable('cache', key_name, jnp.zeros, k.shape, k.dtype)

@@ -16,6 +16,7 @@ from transformer.backends import products
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
+from transformer.model.masks import AttentionMask
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -73,17 +74,11 @@ def attention_mask(
     query_segmentation: Array | None = None,
     key_segmentation: Array | None = None,
     causal: bool = False,
-) -> Array:
-    """Boolean [B, 1, T, S] mask: both positions real, same packed segment, and (if causal)
-    key position <= query position."""
-    mask = query_valid[:, None, :, None] & key_valid[:, None, None, :]
-    if query_segmentation is not None:
-        same = query_segmentation[:, :, None] == key_segmentation[:, None, :]
-        mask = mask & same[:, None]
-    if causal:
-        t, s = query_valid.shape[1], key_valid.shape[1]
-        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
-    return mask
+) -> AttentionMask:
+    """Both positions real, same packed segment, and (if causal) key position <= query
+    position, kept as these parts: `AttentionMask.dense` is the boolean [B, 1, T, S] mask, and
+    the fused attention path hands cuDNN sequence lengths instead where rows are unpacked."""
+    return AttentionMask(query_valid, key_valid, query_segmentation, key_segmentation, causal)
 
 
 @jax.custom_vjp

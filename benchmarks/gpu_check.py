@@ -1,0 +1,401 @@
+r"""The project's checks on an accelerator, as one command of a few minutes.
+
+  python benchmarks/gpu_check.py --out gpu_check --multi30k_dir ../shared/data/multi30k
+
+Four parts, each in processes of its own (so that no process holds the GPU's memory while the
+next one needs it), each skipped with ``--skip_PART``:
+
+1. ``train_speed``: benchmarks/train_speed.py on ``--train_speed_config`` (configs/base.py) in
+   ``--dtype`` (bfloat16) on random batches of the config's shape, once per attention
+   implementation (einsum, fused): ms/step, MFU, XLA's temporaries.
+2. ``profile``: ``--profile_steps`` more steps of the ``--profile_impl`` run traced with
+   `jax.profiler`; the kernels' time from the trace's Perfetto JSON (`kernel_table`), by kind
+   and the 25 longest.
+3. ``multi30k``: ``train.py`` with ``--multi30k_config`` for ``--multi30k_steps`` (validation
+   loss every ``--multi30k_eval_every`` steps, no BLEU during training), then
+   ``python -m transformer.evaluate --split validation`` on it (the config's checkpoint
+   averaging, beam and alpha): validation BLEU. train.py and the evaluate command import
+   sacremoses (tokenized BLEU): without it this part is skipped, saying so.
+4. ``tests``: pytest on ``--tests`` (tests/model tests/training, the fast tier).
+
+Writes to ``--out`` six files: summary.json (every figure), summary.md (the tables),
+train_speed.log, multi30k_train.log, multi30k_evaluate.log and tests.log. Besides sacremoses,
+the processes import jax, flax, optax, orbax, numpy, sentencepiece, sacrebleu, absl,
+ml_collections and the project's einops and tensorboard, never TensorFlow (Multi30k is read
+from its files). On CPU, in a minute or two:
+
+  python benchmarks/gpu_check.py --out /tmp/gpu_check --train_speed_config configs/tiny.py \
+      --train_speed_steps 2 --profile_steps 2 --multi30k_config configs/tiny.py \
+      --multi30k_steps 20 --eval_flags=--max_examples=8 --tests tests/model/test_masks.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+KINDS = ('matmul', 'reduction', 'elementwise', 'attention', 'scatter', 'copy/transpose', 'other')
+# A kernel's kind from its name, the first rule that matches: cuDNN attention kernels' names may
+# contain 'gemm' or 'dot', fusions' names contain 'fusion' whatever their main operation is.
+# ynn_* are the CPU's XNNPACK/YNNPACK kernels, which XLA hands its dots to.
+KIND_RULES = (
+    ('attention', ('cudnn', 'flash', 'sdpa', 'fmha', 'dot_do_o')),
+    ('matmul', ('gemm', 'cublas', 'matmul', 'nvjet', 'cutlass', 'dot', 'ynn')),
+    ('scatter', ('scatter',)),
+    ('reduction', ('reduce', 'softmax')),
+    ('copy/transpose', ('copy', 'transpose', 'memcpy', 'memset')),
+    ('elementwise', ('loop_', 'fusion', 'wrapped_', 'elementwise')),
+)
+TOP_KERNELS = 25
+
+
+def kernel_kind(name: str) -> str:
+    """The kind (one of KINDS) of a kernel named ``name``."""
+    lowered = name.lower()
+    for kind, parts in KIND_RULES:
+        if any(part in lowered for part in parts):
+            return kind
+    return 'other'
+
+
+def _kernel_events(trace: dict) -> tuple[str, list[dict]]:
+    """('gpu' | 'cpu', the complete events that are kernels) of a Chrome-trace JSON.
+
+    On a GPU those are the events of the first GPU's process (``/device:GPU:0``), on its stream
+    threads when it names them (other lines there repeat the kernels' time by XLA op or module).
+    On a CPU they are XLA's thunks, the events that carry an ``hlo_op`` argument.
+    """
+    events = trace['traceEvents'] if isinstance(trace, dict) else trace
+    processes, threads = {}, {}
+    for e in events:
+        if e.get('ph') == 'M' and e.get('name') == 'process_name':
+            processes[e['pid']] = e['args']['name']
+        elif e.get('ph') == 'M' and e.get('name') == 'thread_name':
+            threads[(e['pid'], e.get('tid'))] = e['args']['name']
+    complete = [e for e in events if e.get('ph') == 'X' and 'dur' in e]
+    gpu = {pid for pid, name in processes.items() if re.match(r'/device:GPU:0\b', name)}
+    if gpu:
+        on_gpu = [e for e in complete if e['pid'] in gpu]
+        streams = [
+            e for e in on_gpu if threads.get((e['pid'], e.get('tid')), '').startswith('Stream')
+        ]
+        return 'gpu', streams or on_gpu
+    return 'cpu', [e for e in complete if 'hlo_op' in e.get('args', {})]
+
+
+def kernel_table(trace: dict, steps: int) -> dict:
+    """Kernel time per step of a traced run of ``steps`` steps: by kind and the longest kernels.
+
+    Args:
+      trace: the trace's JSON (``{'traceEvents': [...]}`` or the list of events).
+      steps: how many steps the trace holds.
+
+    Returns:
+      {'device', 'steps', 'kernels' (distinct names), 'ms_per_step' (all kernels),
+      'kinds': [{'kind', 'ms_per_step', 'share'}] in KINDS order,
+      'top': [{'name', 'kind', 'ms_per_step', 'share', 'calls_per_step'}], longest first}.
+    """
+    device, events = _kernel_events(trace)
+    by_name, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        by_name[e['name']] += float(e['dur'])  # microseconds
+        calls[e['name']] += 1
+    total = sum(by_name.values())
+    by_kind = collections.Counter()
+    for name, us in by_name.items():
+        by_kind[kernel_kind(name)] += us
+
+    def share(us: float) -> float:
+        return us / total if total else 0.0
+
+    return {
+        'device': device,
+        'steps': steps,
+        'kernels': len(by_name),
+        'ms_per_step': total / 1e3 / steps,
+        'kinds': [
+            {'kind': k, 'ms_per_step': by_kind[k] / 1e3 / steps, 'share': share(by_kind[k])}
+            for k in KINDS
+        ],
+        'top': [
+            {
+                'name': name,
+                'kind': kernel_kind(name),
+                'ms_per_step': us / 1e3 / steps,
+                'share': share(us),
+                'calls_per_step': calls[name] / steps,
+            }
+            for name, us in by_name.most_common(TOP_KERNELS)
+        ],
+    }
+
+
+def load_trace(directory: str) -> dict:
+    """The Perfetto JSON that `jax.profiler.trace(create_perfetto_trace=True)` wrote under
+    ``directory`` (plugins/profile/RUN/perfetto_trace.json.gz)."""
+    found = sorted(
+        glob.glob(os.path.join(directory, '**', 'perfetto_trace.json.gz'), recursive=True)
+    )
+    found = found or sorted(
+        glob.glob(os.path.join(directory, '**', '*.trace.json.gz'), recursive=True)
+    )
+    if not found:
+        raise FileNotFoundError(f'no *.trace.json.gz under {directory}')
+    with gzip.open(found[-1], 'rt') as f:
+        return json.load(f)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add('--out', required=True, help='directory of the summary and the logs (<= 8 files)')
+    for part in ('train_speed', 'profile', 'multi30k', 'tests'):
+        add(f'--skip_{part}', action='store_true', help=f'skip the {part} part')
+    add('--train_speed_config', default='configs/base.py')
+    add('--dtype', default='bfloat16', help='model.dtype of the train_speed runs')
+    add('--impls', nargs='+', default=['einsum', 'fused'], help='model.attention_impl values')
+    add('--train_speed_steps', type=int, default=20, help='timed steps')
+    add('--train_speed_warmup', type=int, default=3, help='untimed steps first')
+    add('--train_speed_set', action='append', default=[], help='KEY=VALUE config override')
+    add('--profile_impl', default='fused', help='the implementation whose run is traced')
+    add('--profile_steps', type=int, default=4, help='steps traced after the timing')
+    add('--multi30k_config', default='configs/multi30k_dropout02.py')
+    add('--multi30k_steps', type=int, default=12000, help='train.num_steps')
+    add('--multi30k_dir', default=None, help='data.manual_dir: the Multi30k files')
+    add('--multi30k_eval_every', type=int, default=2000, help='train.eval_every (loss only)')
+    add('--multi30k_set', action='append', default=[], help='KEY=VALUE config override')
+    add('--multi30k_workdir', default=None, help='run directory (default: a temporary one)')
+    add('--eval_flags', default='', help='more flags for transformer.evaluate')
+    add('--tests', default='tests/model tests/training -m "not slow"', help='pytest arguments')
+    add('--timeout_s', type=int, default=540, help='limit of each process, seconds')
+    return parser.parse_args(argv)
+
+
+class Runner:
+    """Runs the parts' processes from the repository root, each one's output appended to a
+    log in ``out``, and says what it does as it goes."""
+
+    def __init__(self, out: pathlib.Path, timeout_s: int):
+        self.out, self.timeout_s, self.start = out, timeout_s, time.time()
+
+    def say(self, line: str) -> None:
+        print(f'[gpu_check {time.time() - self.start:6.0f} s] {line}', flush=True)
+
+    def run(self, cmd: list[str], log: str, env: dict | None = None) -> tuple[int, float]:
+        """(exit code, seconds) of ``cmd``; 124 when it ran past the time limit."""
+        start = time.time()
+        with open(self.out / log, 'a') as f:
+            f.write(f'$ {shlex.join(cmd)}\n')
+            f.flush()
+            try:
+                code = subprocess.run(
+                    cmd,
+                    cwd=REPO,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **(env or {})},
+                    timeout=self.timeout_s,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = 124
+            f.write(f'# exit code {code} after {time.time() - start:.1f} s\n\n')
+        return code, time.time() - start
+
+    def tail(self, log: str) -> str:
+        """The last line a process wrote to ``log`` (pytest's counts, an error)."""
+        lines = (self.out / log).read_text().splitlines()
+        said = [line for line in lines if line.strip() and not line.startswith(('$ ', '# exit'))]
+        return said[-1].strip() if said else ''
+
+
+def train_speed(args, runner: Runner, scratch: str) -> dict:
+    """Part 1 and 2: one train_speed.py process per implementation; the profiled one traces."""
+    impls = list(args.impls) if not args.skip_train_speed else [args.profile_impl]
+    results = {}
+    for impl in impls:
+        out_json = os.path.join(scratch, f'train_speed_{impl}.json')
+        cmd = [sys.executable, 'benchmarks/train_speed.py', f'--config={args.train_speed_config}']
+        cmd += [f'--config.model.dtype={args.dtype}', f'--config.model.attention_impl={impl}']
+        cmd += [f'--config.{setting}' for setting in args.train_speed_set]
+        cmd += ['--data=random', f'--steps={args.train_speed_steps}', f'--out={out_json}']
+        cmd += [f'--warmup={args.train_speed_warmup}']
+        profiled = not args.skip_profile and impl == args.profile_impl
+        if profiled:
+            cmd += [f'--profile_steps={args.profile_steps}', f'--profile_dir={scratch}/trace']
+        runner.say(f'train_speed {impl}{" + profile" if profiled else ""} ...')
+        code, seconds = runner.run(cmd, 'train_speed.log')
+        if code:
+            results[impl] = {'exit_code': code, 'error': runner.tail('train_speed.log')}
+            runner.say(f'train_speed {impl} failed ({code}): see train_speed.log')
+            continue
+        results[impl] = json.loads(pathlib.Path(out_json).read_text()) | {'wall_s': seconds}
+        r = results[impl]
+        temp = 'n/a' if r['temp_bytes'] is None else f'{r["temp_bytes"] / 2**20:.0f} MiB'
+        runner.say(f'train_speed {impl}: {r["ms_per_step"]:.1f} ms/step, temporaries {temp}')
+    kernels = None
+    if not args.skip_profile and 'error' not in results.get(args.profile_impl, {'error': 1}):
+        try:
+            kernels = kernel_table(load_trace(f'{scratch}/trace'), args.profile_steps)
+        except (OSError, ValueError, KeyError) as e:  # no trace, or one not as expected
+            runner.say(f'profile: no kernel table: {e!r}')
+            return {'train_speed': results, 'kernels': {'error': repr(e)}}
+        top = kernels['kinds']
+        runner.say('kernels: ' + ', '.join(f'{k["kind"]} {k["share"]:.0%}' for k in top))
+    return {'train_speed': results, 'kernels': kernels}
+
+
+def multi30k(args, runner: Runner, workdir: str) -> dict:
+    """Part 3: train, then the validation BLEU of the config's evaluation settings."""
+    result = {'config': args.multi30k_config, 'steps': args.multi30k_steps}
+    if importlib.util.find_spec('sacremoses') is None:
+        # transformer/evaluation/bleu.py imports it, and train.py imports that (validation).
+        runner.say('multi30k: skipped: train.py and transformer.evaluate need sacremoses')
+        return result | {'error': 'sacremoses is not installed (pip install sacremoses)'}
+    cmd = [sys.executable, 'train.py', f'--config={args.multi30k_config}', f'--workdir={workdir}']
+    cmd += [f'--config.train.num_steps={args.multi30k_steps}', '--config.eval.bleu_every=0']
+    cmd += [f'--config.train.eval_every={args.multi30k_eval_every}']
+    if args.multi30k_dir:
+        cmd += [f'--config.data.manual_dir={args.multi30k_dir}']
+    cmd += [f'--config.{setting}' for setting in args.multi30k_set]
+    runner.say(f'multi30k: training {args.multi30k_config} for {args.multi30k_steps} steps ...')
+    code, train_s = runner.run(cmd, 'multi30k_train.log')
+    result['train_s'] = train_s
+    if code:
+        runner.say(f'multi30k training failed ({code}): see multi30k_train.log')
+        return result | {'exit_code': code, 'error': runner.tail('multi30k_train.log')}
+    final = json.loads(pathlib.Path(workdir, 'final_metrics.json').read_text())
+    loop_s = final.get('wall_time_s') or train_s  # the training loop's own wall time
+    result |= {'final_metrics': final, 'steps_per_s': final.get('steps_this_run', 0) / loop_s}
+    runner.say(f'multi30k: trained in {train_s:.0f} s; evaluating on validation ...')
+    output = os.path.join(workdir, 'gpu_check_validation.txt')
+    cmd = [sys.executable, '-m', 'transformer.evaluate', f'--workdir={workdir}']
+    cmd += ['--split=validation', f'--output={output}', *shlex.split(args.eval_flags)]
+    code, eval_s = runner.run(cmd, 'multi30k_evaluate.log')
+    if code:
+        runner.say(f'multi30k evaluation failed ({code}): see multi30k_evaluate.log')
+        return result | {'exit_code': code, 'error': runner.tail('multi30k_evaluate.log')}
+    scores = json.loads(pathlib.Path(output).with_suffix('.json').read_text())
+    runner.say(f'multi30k: validation tokenized BLEU {scores["tokenized_bleu"]:.2f}')
+    return result | {'evaluate_s': eval_s, 'validation': scores}
+
+
+def tests(args, runner: Runner) -> dict:
+    """Part 4: pytest; each test process allocates GPU memory as it needs it."""
+    cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider']
+    cmd += shlex.split(args.tests)
+    runner.say(f'tests: pytest {args.tests} ...')
+    code, seconds = runner.run(cmd, 'tests.log', env={'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'})
+    line = runner.tail('tests.log')
+    runner.say(f'tests: exit code {code}: {line}')
+    return {'args': args.tests, 'exit_code': code, 'summary': line, 'seconds': seconds}
+
+
+def markdown(summary: dict) -> str:
+    """The summary's tables."""
+    lines = [f'# gpu_check: {summary["device"]}, jax {summary["jax"]}', '']
+    speed = summary.get('train_speed') or {}
+    if speed:
+        lines += ['| attention | ms/step | MFU | tokens/s | XLA temporaries MiB | peak MiB |']
+        lines += ['|---|---|---|---|---|---|']
+        for impl, r in speed.items():
+            if 'error' in r:
+                lines.append(f'| {impl} | failed: {r["error"]} | | | | |')
+                continue
+            temp = '' if r['temp_bytes'] is None else f'{r["temp_bytes"] / 2**20:.0f}'
+            peak = f'{r["peak_device_mib"]:.0f}' if 'peak_device_mib' in r else ''
+            lines.append(
+                f'| {impl} | {r["ms_per_step"]:.1f} | {r["mfu"]:.1%} | {r["tokens_per_s"]:,.0f} '
+                f'| {temp} | {peak} |'
+            )
+        lines.append('')
+    kernels = summary.get('kernels')
+    if kernels and 'error' in kernels:
+        lines += [f'Kernels: no table ({kernels["error"]})', '']
+    elif kernels:
+        lines += [f'Kernels ({kernels["device"]}, {kernels["ms_per_step"]:.2f} ms/step):', '']
+        lines += ['| kind | ms/step | share |', '|---|---|---|']
+        lines += [
+            f'| {k["kind"]} | {k["ms_per_step"]:.3f} | {k["share"]:.1%} |' for k in kernels['kinds']
+        ]
+        lines += ['', '| kernel | kind | ms/step | share | calls/step |', '|---|---|---|---|---|']
+        lines += [
+            f'| `{t["name"][:90]}` | {t["kind"]} | {t["ms_per_step"]:.3f} | {t["share"]:.1%} '
+            f'| {t["calls_per_step"]:g} |'
+            for t in kernels['top']
+        ]
+        lines.append('')
+    m = summary.get('multi30k')
+    if m:
+        v = m.get('validation', {})
+        bleu = f'{v["tokenized_bleu"]:.2f}' if v else m.get('error', '')
+        sacre = f'{v["sacrebleu"]:.2f}' if v else ''
+        rate = f'{m["steps_per_s"]:.1f}' if 'steps_per_s' in m else ''
+        ppl = m.get('final_metrics', {}).get('validation', {}).get('perplexity')
+        ppl = '' if ppl is None else f'{ppl:.2f}'
+        lines += [
+            '| config | steps | train s | steps/s | validation ppl | validation BLEU | sacreBLEU |'
+        ]
+        lines += ['|---|---|---|---|---|---|---|']
+        lines.append(
+            f'| {m["config"]} | {m["steps"]} | {m.get("train_s", 0):.0f} | {rate} | {ppl} | {bleu} '
+            f'| {sacre} |'
+        )
+        lines.append('')
+    t = summary.get('tests')
+    if t:
+        lines += [f'Tests `pytest {t["args"]}`: exit code {t["exit_code"]}, {t["summary"]}', '']
+    return '\n'.join(lines)
+
+
+def _device() -> tuple[str, str]:
+    """(device, jax version) from a process of its own: this one never holds the GPU."""
+    code = (
+        'import jax; d = jax.devices()[0]; print(f"{d.platform}:{d.device_kind}|{jax.__version__}")'
+    )
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
+    said = done.stdout.strip().splitlines()
+    return tuple(said[-1].split('|')) if done.returncode == 0 and said else ('unknown', 'unknown')
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    runner = Runner(out, args.timeout_s)
+    device, jax_version = _device()
+    runner.say(f'{device}, jax {jax_version}; writing to {out}')
+    summary = {'device': device, 'jax': jax_version, 'argv': sys.argv[1:] if argv is None else argv}
+    scratch = tempfile.mkdtemp(prefix='gpu-check-')
+    try:
+        if not (args.skip_train_speed and args.skip_profile):
+            summary |= train_speed(args, runner, scratch)
+        if not args.skip_multi30k:
+            workdir = args.multi30k_workdir or os.path.join(scratch, 'multi30k')
+            summary['multi30k'] = multi30k(args, runner, workdir)
+        if not args.skip_tests:
+            summary['tests'] = tests(args, runner)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        summary['wall_s'] = time.time() - runner.start
+        (out / 'summary.json').write_text(json.dumps(summary, indent=2))
+        (out / 'summary.md').write_text(markdown(summary))
+    runner.say(f'done in {summary["wall_s"]:.0f} s: {out}/summary.md')
+    return summary
+
+
+if __name__ == '__main__':
+    main()

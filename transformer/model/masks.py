@@ -1,0 +1,106 @@
+"""Who may attend to whom: a batch's attention mask kept as its parts, made dense for the einsum
+path and handed to cuDNN as sequence lengths where the rows allow it.
+
+Shape legend (transformer/model/attention.py): B batch · T query positions · S key positions
+· N heads.
+
+The dense [B, 1, T, S] boolean mask says everything but costs the fused kernel: cuDNN reads it
+as a [B, 1, T, S] bias and must visit every tile of the T x S matrix. Sequence lengths (a row's
+real positions are its first ones) and a causal flag let cuDNN skip the padded and the future
+tiles instead. `jax.nn.dot_product_attention` (jax 0.10-0.11) takes lengths and ``is_causal``
+but nothing that describes packed rows (several examples in one row): for those the dense mask
+stays (`fused_arguments` is the one place that decides).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Array = jax.Array
+
+
+@struct.dataclass
+class AttentionMask:
+    """Query t of row b may attend key s when both are real (not padding) positions, they lie in
+    the same packed segment (when segmentations are given) and, if ``causal``, s <= t.
+
+    Attributes:
+      query_valid: [B, T] bool, the real queries; in unpacked rows they are the first ones.
+      key_valid: [B, S] bool, the real keys; likewise.
+      query_segmentation: [B, T] packed example ids (0 = padding), or None: one example a row.
+      key_segmentation: [B, S], or None.
+      causal: keys after the query are hidden (decoder self-attention, Sec. 3.2.3).
+    """
+
+    query_valid: Array
+    key_valid: Array
+    query_segmentation: Array | None = None
+    key_segmentation: Array | None = None
+    causal: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def packed(self) -> bool:
+        return self.query_segmentation is not None
+
+    def dense(self) -> Array:
+        """The boolean [B, 1, T, S] mask (True = may attend)."""
+        mask = self.query_valid[:, None, :, None] & self.key_valid[:, None, None, :]
+        if self.packed:
+            same = self.query_segmentation[:, :, None] == self.key_segmentation[:, None, :]
+            mask = mask & same[:, None]
+        if self.causal:
+            t, s = self.query_valid.shape[1], self.key_valid.shape[1]
+            mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
+        return mask
+
+
+def dense(mask: AttentionMask | Array | None) -> Array | None:
+    """A boolean array (or None) for any mask: `AttentionMask.dense` of a structured one."""
+    return mask.dense() if isinstance(mask, AttentionMask) else mask
+
+
+def fused_arguments(
+    mask: AttentionMask | Array | None, batch: int, num_queries: int, num_keys: int
+) -> tuple[dict[str, Any], Array | None]:
+    """What `jax.nn.dot_product_attention` is given for ``mask``, and which queries attend.
+
+    Unpacked rows (an `AttentionMask` without segmentations) go as ``query_seq_lengths``,
+    ``key_value_seq_lengths`` and ``is_causal``: cuDNN then skips padded and future tiles and
+    reads no [B, 1, T, S] bias. The lengths count the real positions, which are a row's first
+    ones in every unpacked batch here (evaluation batches, decoding, the API). Packed rows and
+    plain arrays go as the dense boolean ``mask``: the public API has no segment ids (only
+    jax's private cuDNN wrapper takes packed offsets, on Hopper GPUs).
+
+    Args:
+      mask: the mask, or None (everything attends).
+      batch: B.
+      num_queries: T.
+      num_keys: S.
+
+    Returns:
+      (keyword arguments, ``attends``): ``attends`` broadcasts against the [B, T, N, H] output
+      and is False for queries that may attend to no key, whose output must be zeros (as in
+      the einsum path); None when every query attends.
+    """
+    if mask is None:
+        return {}, None
+    if isinstance(mask, AttentionMask) and not mask.packed:
+        q_len = mask.query_valid.sum(axis=-1, dtype=jnp.int32)
+        kv_len = mask.key_valid.sum(axis=-1, dtype=jnp.int32)
+        attends = (jnp.arange(num_queries) < q_len[:, None]) & (kv_len[:, None] > 0)
+        # An empty row still gets one position, so that no kernel sees a zero length; its
+        # outputs are zeroed through ``attends``.
+        arguments = {
+            'query_seq_lengths': jnp.maximum(q_len, 1),
+            'key_value_seq_lengths': jnp.maximum(kv_len, 1),
+            'is_causal': mask.causal,
+        }
+        return arguments, attends[:, :, None, None]
+    mask = dense(mask)
+    mask = jnp.broadcast_to(mask, (batch, mask.shape[1], num_queries, num_keys))
+    attends = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # [B, T, N or 1, 1]
+    return {'mask': mask}, attends
