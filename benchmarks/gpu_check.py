@@ -147,16 +147,12 @@ def kernel_table(trace: dict, steps: int) -> dict:
 def load_trace(directory: str) -> dict:
     """The Perfetto JSON that `jax.profiler.trace(create_perfetto_trace=True)` wrote under
     ``directory`` (plugins/profile/RUN/perfetto_trace.json.gz)."""
-    found = sorted(
-        glob.glob(os.path.join(directory, '**', 'perfetto_trace.json.gz'), recursive=True)
-    )
-    found = found or sorted(
-        glob.glob(os.path.join(directory, '**', '*.trace.json.gz'), recursive=True)
-    )
-    if not found:
-        raise FileNotFoundError(f'no *.trace.json.gz under {directory}')
-    with gzip.open(found[-1], 'rt') as f:
-        return json.load(f)
+    for pattern in ('perfetto_trace.json.gz', '*.trace.json.gz'):
+        found = sorted(glob.glob(os.path.join(directory, '**', pattern), recursive=True))
+        if found:
+            with gzip.open(found[-1], 'rt') as f:
+                return json.load(f)
+    raise FileNotFoundError(f'no *.trace.json.gz under {directory}')
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

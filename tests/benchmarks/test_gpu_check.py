@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py: the trace parser on a hand-made trace, and the whole command on CPU
 with tiny settings (its figures are not results)."""
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -92,6 +93,16 @@ def test_kernel_table_of_a_cpu_trace_counts_xla_thunks():
     assert [t['kind'] for t in table['top']] == ['matmul', 'scatter']
     empty = gpu_check.kernel_table({'traceEvents': []}, steps=1)
     assert empty['kernels'] == 0 and all(k['share'] == 0 for k in empty['kinds'])
+
+
+def test_load_trace_reads_the_perfetto_file_under_the_trace_directory(tmp_path):
+    run = tmp_path / 'plugins' / 'profile' / '2026_11_26_08_00_00'
+    run.mkdir(parents=True)
+    with gzip.open(run / 'perfetto_trace.json.gz', 'wt') as f:
+        json.dump({'traceEvents': [_meta('process', 1, '/host:CPU')]}, f)
+    assert gpu_check.load_trace(str(tmp_path))['traceEvents'][0]['args'] == {'name': '/host:CPU'}
+    with pytest.raises(FileNotFoundError, match='no .*trace.json.gz'):
+        gpu_check.load_trace(str(tmp_path / 'plugins' / 'none'))
 
 
 @pytest.mark.slow
