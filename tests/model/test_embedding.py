@@ -11,6 +11,7 @@ from flax import linen as nn
 
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_model
+from transformer.backends import platform
 from transformer.model import embedding
 
 V, D = 50, 16
@@ -68,10 +69,10 @@ def test_scatter_free_gradient_compiles_without_scatter():
     assert not scatters(embedding.scatter_free_lookup)
 
 
-def test_gpu_takes_the_scatter_free_gradient_and_cpu_the_scatter():
-    assert embedding.implementation('gpu') is embedding.scatter_free_lookup
-    assert embedding.implementation('cpu') is embedding.take_lookup
-    assert embedding.implementation('tpu') is embedding.take_lookup
+def test_gpu_takes_the_scatter_free_gradient_and_cpu_the_scatter(monkeypatch):
+    for backend, scatter_free in (('cpu', False), ('tpu', False), ('gpu', True)):
+        monkeypatch.setattr(platform.jax, 'default_backend', lambda b=backend: b)
+        assert platform.scatter_free_embedding_grad() is scatter_free, backend
 
 
 def test_transformer_gradients_equal_with_either_lookup(monkeypatch):
@@ -91,7 +92,7 @@ def test_transformer_gradients_equal_with_either_lookup(monkeypatch):
         return jax.jit(jax.grad(loss)).lower(params).compile()
 
     want = compiled()(params)
-    monkeypatch.setattr(embedding, '_BY_BACKEND', {'cpu': embedding.scatter_free_lookup})
+    monkeypatch.setattr(platform, 'scatter_free_embedding_grad', lambda: True)
     scatter_free = compiled()
     assert not re.findall(r'\sscatter\(', scatter_free.as_text())
     for (path, g), w in zip(

@@ -271,3 +271,29 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
     assert done.stdout.strip() == (
         'raised: RESOURCE_EXHAUSTED: Out of memory allocating 800000000000000 bytes.'
     )
+
+
+@pytest.mark.parametrize('mode', [pytest.param('pmap', marks=pytest.mark.slow), 'sharding'])
+def test_the_chunked_loss_trains_as_the_full_logits_over_devices(mode):
+    """Parallel's loss_chunk_tokens (train.loss_chunk_tokens) reaches the compiled step in both
+    modes: over 4 data devices, chunks of 10 positions (5 of each device's 2 rows) train as one
+    device with the full logits."""
+    _assert_same_training(
+        _run(mode, jax.devices()[:4], accum=1, loss_chunk_tokens=40), _reference()
+    )
+
+
+@pytest.mark.parametrize('chunk_tokens, scans', [(0, 0), (40, 1)])
+def test_the_config_chooses_the_loss(chunk_tokens, scans):
+    """Parallel.from_config hands train.loss_chunk_tokens to the step: the chunked loss is the
+    one scan of this step's program (no gradient accumulation), the full logits have none."""
+    config = base.get_config()
+    config.train.batch_size, config.train.loss_chunk_tokens = 8, chunk_tokens
+    model = tiny_model()
+    tx, schedule = optim.make_optimizer(config.opt, d_model=32)
+    par = parallel.Parallel.from_config(config, model, tx, schedule, jax.devices()[:1])
+    state = par.put_state(
+        par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    )
+    program = str(jax.make_jaxpr(par._step)(state, packed_batch(0), jax.random.key(1)))
+    assert program.count('scan[') == scans

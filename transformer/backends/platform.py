@@ -24,6 +24,14 @@ def attention_impl(name: str) -> str:
     return 'fused' if jax.default_backend() == 'gpu' else 'einsum'
 
 
+def scatter_free_embedding_grad() -> bool:
+    """Whether the embedding lookup's gradient is a one-hot product instead of a scatter-add
+    (transformer/model/embedding.py): on a GPU, where the scatter was 9% of the base step's
+    kernel time (../shared/GPU.md) and the product runs on the matrix units; on a CPU the
+    product costs two orders of magnitude more than the scatter."""
+    return jax.default_backend() == 'gpu'
+
+
 def cache_chunks() -> int:
     """Chunks of a decoding self-attention cache that a step reads up to the one it writes
     (transformer/model/cache.py): 4 on a CPU, where reading a prefix saves work; one (the

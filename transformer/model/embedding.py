@@ -2,14 +2,14 @@
 
 The lookup is a gather of rows of the [V, D] embedding (Sec. 3.4). Its gradient, by autodiff,
 is a scatter-add of the [B, T, D] cotangent into a [V, D] zero matrix, which GPUs run with
-atomic adds that collide on frequent tokens (EOS, 'the'); issue 40's H200 profile found it a
-noticeable share of the step. `scatter_free_lookup` writes the same gradient as
+atomic adds that collide on frequent tokens (EOS, 'the'); in a profile of the base step on an
+H200 it was 9% of the kernel time. `scatter_free_lookup` writes the same gradient as
 one-hot(tokens)^T @ cotangent, a matrix product over blocks of tokens so that the one-hot
 [tokens, V] block stays small: the same sums in another order, and no scatter in the compiled
-HLO. It costs 2 N V D multiply-adds, which a GPU's matrix units absorb and a CPU does not (see
-`implementation`). In float32 the product follows jax's default matmul precision, as every other
-product of the model does (TensorFloat-32 on recent NVIDIA GPUs); a bfloat16 cotangent times
-the exact one-hot, accumulated in float32, loses nothing.
+HLO. It costs 2 N V D multiply-adds, which a GPU's matrix units absorb and a CPU does not
+(`platform.scatter_free_embedding_grad` chooses). In float32 the product follows jax's default
+matmul precision, as every other product of the model does (TensorFloat-32 on recent NVIDIA
+GPUs); a bfloat16 cotangent times the exact one-hot, accumulated in float32, loses nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from transformer.backends import platform
 
 Array = jax.Array
 # Tokens per one-hot block of the scatter-free gradient: its one-hot block is
@@ -70,17 +72,10 @@ def _scatter_free_bwd(dtype, residuals, g: Array):
 
 scatter_free_lookup.defvjp(_scatter_free_fwd, _scatter_free_bwd)
 
+
 # The one place the implementation is chosen; backends not listed use `take_lookup`.
-_BY_BACKEND = {'gpu': scatter_free_lookup}
-
-
-def implementation(backend: str):
-    """The lookup for ``backend`` ('cpu', 'gpu', 'tpu'): GPUs take the scatter-free gradient;
-    on a CPU its product costs two orders of magnitude more than the scatter."""
-    return _BY_BACKEND.get(backend, take_lookup)
-
-
 def lookup(embedding: Array, tokens: Array, dtype) -> Array:
-    """Embedding rows [..., D] of ``tokens`` [...] in ``dtype``, by this backend's
-    `implementation`: the same gather forward, a scatter-add or a scatter-free gradient."""
-    return implementation(jax.default_backend())(embedding, tokens, dtype)
+    """Embedding rows [..., D] of ``tokens`` [...] in ``dtype``: the same gather forward, and
+    a scatter-add or a scatter-free gradient as `platform.scatter_free_embedding_grad` says."""
+    scatter_free = platform.scatter_free_embedding_grad()
+    return (scatter_free_lookup if scatter_free else take_lookup)(embedding, tokens, dtype)

@@ -169,6 +169,7 @@ class Parallel:
         schedule: optax.Schedule,
         label_smoothing: float,
         accum_steps: int,
+        loss_chunk_tokens: int = 0,
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
@@ -190,17 +191,11 @@ class Parallel:
         ]
         self.batch_size = batch_size  # global rows; None: this process's rows x data_groups
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
+        loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
         step = functools.partial(
-            steps.train_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            label_smoothing=label_smoothing,
-            accum_steps=accum_steps,
+            steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
         )
-        self._eval = jax.jit(
-            functools.partial(steps.eval_step, model=model, label_smoothing=label_smoothing)
-        )
+        self._eval = jax.jit(functools.partial(steps.eval_step, model=model, **loss))
         specs = logical_specs(model, tx)
         if mode == 'pmap':
             self.shardings = jax.tree.map(
@@ -240,6 +235,7 @@ class Parallel:
             schedule=schedule,
             label_smoothing=tc.label_smoothing,
             accum_steps=tc.grad_accum_steps,
+            loss_chunk_tokens=tc.loss_chunk_tokens,
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,
