@@ -329,3 +329,19 @@ def test_decode_step_query_rows_share_static_cache_rows():
     np.testing.assert_allclose(step(params, x_q, x_kv, mask), expected, atol=1e-5)
     with pytest.raises(ValueError, match='do not share'):
         step(params, x_q[:-1], x_kv, mask[:-1])
+
+
+def test_auto_is_einsum_on_a_cpu_and_fused_on_a_gpu(monkeypatch):
+    """attention_impl='auto' (the configs' default) takes the einsum path on this CPU, which
+    sows the weights, and the fused path where the backend is a GPU, which sows none."""
+    from transformer.backends import platform
+
+    x_q, x_kv = _normal(0, (2, 3, 16)), _normal(1, (2, 4, 16))
+    module = MultiHeadAttention(num_heads=4, attention_impl='auto')
+    params = _random_params(module, x_q, x_kv)
+    y_cpu, state = _apply_sown(module, params, x_q, x_kv, None)
+    assert 'attention_weights' in state['intermediates']
+    monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')
+    y_gpu, state = _apply_sown(module, params, x_q, x_kv, None)
+    assert 'intermediates' not in state
+    np.testing.assert_allclose(y_gpu, y_cpu, atol=1e-5)

@@ -47,7 +47,10 @@ def test_shipped_configs_pass(name):
         ('data.vocab_normalization=lower', "data.vocab_normalization='lower' must be one of"),
         ('model.num_heads=5', 'model.d_model=128 must be a multiple of model.num_heads=5'),
         ('model.head_dim=0', 'model.head_dim=0 must be an integer >= 1 (or None).'),
-        ('model.attention_impl=flash', "model.attention_impl='flash' must be one of 'einsum'"),
+        (
+            'model.attention_impl=flash',
+            "model.attention_impl='flash' must be one of 'auto', 'einsum'",
+        ),
         ('data.vocab_model_type=foo', "data.vocab_model_type='foo' must be one of 'bpe'"),
         ('data.synthetic.num_train=0', 'data.synthetic.num_train=0 must be >= 1.'),
         ('opt.schedule=cosine', "opt.schedule='cosine' must be one of 'rsqrt', 'constant'."),

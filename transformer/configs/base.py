@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.share_embeddings = 'all'  # source, target, pre-softmax share one matrix (Sec. 3.4)
     model.pre_layer_norm = False  # post-LN as in the paper; True = pre-LN (t2t's later default)
     model.layer_norm_epsilon = 1e-6
-    model.attention_impl = 'einsum'  # 'fused': jax.nn.dot_product_attention (cuDNN on GPU)
+    model.attention_impl = 'auto'  # cuDNN's fused attention on a GPU, 'einsum' elsewhere
     model.dtype = 'float32'  # computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs
     model.param_dtype = 'float32'
 

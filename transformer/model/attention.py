@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.backends import products
+from transformer.backends import platform, products
 from transformer.model import cache as cache_layout
 from transformer.model import masks
 from transformer.model.dropout import Dropout
@@ -152,7 +152,8 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     return jax.nn.softmax(logits, axis=-1) * mask
 
 
-ATTENTION_IMPLS = ('einsum', 'fused')
+# 'auto': 'fused' on a GPU, 'einsum' elsewhere (`platform.attention_impl`, at trace time).
+ATTENTION_IMPLS = ('auto', 'einsum', 'fused')
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
@@ -227,9 +228,10 @@ class MultiHeadAttention(nn.Module):
       dtype: computation dtype (softmax always runs in float32).
       param_dtype: parameter dtype.
       use_bias: add biases to the four projections (the paper's equations have none).
-      attention_impl: 'einsum' (explicit logits and masked softmax; sows the weights) or
+      attention_impl: 'einsum' (explicit logits and masked softmax; sows the weights),
         'fused' (`fused_attention`: cuDNN flash attention on NVIDIA GPUs, XLA elsewhere; no
-        weights are sown, and attention dropout falls back to 'einsum').
+        weights are sown, and attention dropout falls back to 'einsum'), or 'auto' (the
+        faster of the two on this backend: `platform.attention_impl`).
     """
 
     num_heads: int
@@ -313,7 +315,7 @@ class MultiHeadAttention(nn.Module):
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        if self.attention_impl == 'fused' and not dropout and not one_query:
+        if platform.attention_impl(self.attention_impl) == 'fused' and not (dropout or one_query):
             return out(fused_attention(q, k, v, mask))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)

@@ -44,7 +44,8 @@ class TransformerConfig:
     pre_layer_norm: bool = False  # False = post-LN as in the paper; True = pre-LN + final LN
     layer_norm_epsilon: float = 1e-6
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
-    # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs).
+    # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
+    # 'auto': 'fused' on a GPU, 'einsum' elsewhere.
     attention_impl: Literal[ATTENTION_IMPLS] = 'einsum'
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
