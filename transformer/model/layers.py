@@ -81,33 +81,6 @@ def attention_mask(
     return AttentionMask(query_valid, key_valid, query_segmentation, key_segmentation, causal)
 
 
-@jax.custom_vjp
-def tied_logits(y: Array, embedding: Array) -> Array:
-    """Pre-softmax logits y E^T [B, T, V] through the shared [V, D] embedding (Sec. 3.4).
-
-    Same value as ``nn.Embed.attend``; the custom gradient only changes how the embedding's
-    gradient is laid out. Autodiff writes dE = dlogits^T y, and XLA's CPU matmul then copies
-    the whole [B*T, V] dlogits transposed (65 MB for 2048 x 8000 tokens, measured ~10% of a
-    Multi30k step); computing (y^T dlogits)^T transposes the small [B*T, D] and [D, V] arrays
-    instead.
-    """
-    return products.einsum('BTD,VD->BTV', y, embedding)
-
-
-def _tied_logits_fwd(y: Array, embedding: Array):
-    return tied_logits(y, embedding), (y, embedding)
-
-
-def _tied_logits_bwd(residuals, g: Array):
-    y, embedding = residuals
-    dy = products.einsum('BTV,VD->BTD', g, embedding)
-    d_embedding = products.einsum('BTD,BTV->DV', y, g).T
-    return dy, d_embedding
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
-
-
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
 

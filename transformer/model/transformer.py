@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.backends import products
+from transformer.backends import logits_layout, products
 from transformer.model import embedding as embedding_lib
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
@@ -32,7 +32,6 @@ from transformer.model.layers import (
     partitioned,
     shift_right,
     sinusoidal_positions,
-    tied_logits,
 )
 from transformer.tokens import PAD_ID
 
@@ -167,7 +166,7 @@ class Transformer(nn.Module):
             logits = self.logits_dense(y)
         else:
             embedding = self.target_embedding.embedding.astype(cfg.dtype)
-            logits = tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
+            logits = logits_layout.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
         return logits.astype(jnp.float32)
 
     def decode_hidden(

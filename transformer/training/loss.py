@@ -125,7 +125,7 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
         dz = jnp.exp(z - lse[:, None]) - low - jnp.where(is_target, on_target, 0.0)
         dz = (dz * wt_c[:, None]).astype(dtype)
         dy_c = products.einsum('CV,VD->CD', dz, w)
-        # dW^T = y^T dz keeps the [C, V] block in place (see layers.tied_logits).
+        # dW^T = y^T dz keeps the [C, V] block in place (see backends/logits_layout.py).
         dwt = jnp.einsum('CD,CV->DV', y_c, dz, preferred_element_type=jnp.float32)
         db = None if b is None else dz.astype(jnp.float32).sum(0)
         total, dwt_total, db_total = carry
