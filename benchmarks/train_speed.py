@@ -22,7 +22,6 @@ with `jax.profiler` (benchmarks/gpu_check.py reads the trace).
 
 import json
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from transformer import console  # noqa: E402
 from transformer.backends import host_memory
 from transformer.model import flops as flops_lib
@@ -56,18 +56,6 @@ def _define_flags() -> None:
     flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
     flags.DEFINE_integer('profile_steps', 0, 'Steps traced with jax.profiler after the timing.')
     flags.DEFINE_string('profile_dir', None, 'Where the trace goes (with --profile_steps).')
-
-
-def _cpu_model() -> str:
-    """The host CPU's model name (Linux), so that figures from different hosts are told apart."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0):
@@ -201,13 +189,7 @@ def measure(config) -> None:
     result = {
         'config': os.path.basename(config_flags.get_config_filename(flags.FLAGS['config'])),
         'data': mode,
-        'device': f'{device.platform}:{getattr(device, "device_kind", "")}',
-        'num_devices': len(jax.devices()),
-        'cpu_count': os.cpu_count(),
-        'load_average_1min': os.getloadavg()[0],
-        'machine': platform.machine(),
-        'cpu_model': _cpu_model(),
-        'jax': jax.__version__,
+        **common.host(),
         'xla_flags': os.environ.get('XLA_FLAGS', ''),
         'host_memory_kept': host_memory.applied,
         'parallelism': tc.parallelism,
@@ -247,10 +229,8 @@ def measure(config) -> None:
         'results',
         f'train_speed_{os.path.splitext(result["config"])[0]}.json',
     )
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, 'w') as f:
-        json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
+    common.write_report(out, result)
     print(
         f'{result["ms_per_step"]:.0f} ms/step, {achieved / 1e12:.3f} TFLOP/s, MFU '
         f'{result["mfu"]:.1%} of {peak / 1e12:.3f} TFLOP/s ({peak_source}); '

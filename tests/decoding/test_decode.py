@@ -393,6 +393,7 @@ def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
     assert_well_formed(staged)
 
 
+@pytest.mark.slow
 def test_accelerator_choices_change_the_work_not_the_result(monkeypatch):
     """Where the backend is not a CPU, the searches neither narrow their batch nor read the
     cache in chunks (`backends.platform`): one loop, one branch, the same outputs."""

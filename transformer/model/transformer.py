@@ -161,6 +161,10 @@ class Transformer(nn.Module):
             decode=decode,
             cache_mask=cache_mask,
         )
+        return self.project(y)
+
+    def project(self, y: Array) -> Array:
+        """float32 pre-softmax logits [B, T, V] of decoder hidden states y [B, T, D]."""
         cfg = self.config
         if cfg.share_embeddings == 'none':
             logits = self.logits_dense(y)
@@ -263,21 +267,16 @@ class Transformer(nn.Module):
         targets_positions: Array | None = None,
     ) -> Array:
         """Teacher-forced logits [B, T, V] for source [B, S] and target [B, T] tokens."""
-        encoded = self.encode(
-            inputs,
-            train=train,
-            inputs_segmentation=inputs_segmentation,
-            inputs_positions=inputs_positions,
-        )
-        return self.decode(
-            encoded,
+        y = self.hidden(
             inputs,
             targets,
             train=train,
             inputs_segmentation=inputs_segmentation,
             targets_segmentation=targets_segmentation,
+            inputs_positions=inputs_positions,
             targets_positions=targets_positions,
         )
+        return self.project(y)
 
 
 def init_cache(
