@@ -194,10 +194,9 @@ def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
 
     Every decoding cache is head-major: there a single query's products with the keys and
     values are batched matrix products without transposes (in [B, S, N, H], XLA transposed
-    every cache at every step; multiply + reduce avoided that but ran ~2.5x slower than these
-    products in a CPU micro-benchmark). R may be a multiple G * B of the caches' rows: query
-    rows g*G .. g*G + G-1 then share cache row g (beam search's G = K beams of one source
-    read its encoder keys/values once, not K copies: those copies were ~16% of a beam step).
+    every cache at every step; docs/performance.md). R may be a multiple G * B of the caches'
+    rows: query rows g*G .. g*G + G-1 then share cache row g (beam search's G = K beams of one
+    source read its encoder keys/values once, not K copies).
     """
     rows, batch, num_heads, length = q.shape[0], *k.shape[:3]
     if rows % batch:

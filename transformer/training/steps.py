@@ -76,9 +76,8 @@ def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
     ``split(key(seed))``. 'rbg' / 'unsafe_rbg' draw the masks with XLA's RngBitGenerator
     ('unsafe_rbg' also derives keys cheaply, as t5x and MaxText accept for dropout);
     'philox4x32' is jax's Philox counter-based generator, not compilable inside pmap in jax
-    0.10.2 (its mulhi op under manual sharding). Drawn alone, the masks of a Multi30k step
-    are cheapest with philox4x32 (0.24x threefry's time, rbg 0.73x), but the whole training
-    step measured cheapest with threefry (benchmarks/step_overhead.py), hence the default.
+    0.10.2 (its mulhi op under manual sharding). The whole training step is cheapest with
+    threefry (benchmarks/README.md, step_overhead.py), hence the default.
     All are functions of (seed, step) only, so a resumed run draws the same masks.
     """
     if prng not in DROPOUT_PRNGS:
@@ -134,8 +133,7 @@ def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tupl
 
     The gradient is written out, d/dz = softmax(z) - q (times each output's cotangent): one
     pass over the [B, T, V] logits, where autodiff through log_softmax made several and
-    materialised the log-probabilities: value and gradient in 0.36x autodiff's time on a
-    Multi30k step's logits (`benchmarks/loss_speed.py`: 36 ms against 101 ms).
+    materialised the log-probabilities (benchmarks/README.md, loss_speed.py).
     """
     return _token_losses_fwd(logits, targets, label_smoothing)[0]
 
