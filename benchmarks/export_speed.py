@@ -28,6 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
+from transformer import schema  # noqa: E402
 from transformer.decoding import translation  # noqa: E402
 
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
@@ -168,7 +169,7 @@ def main() -> None:
     report = {
         'workdir': os.path.abspath(args.workdir),
         'steps': steps,
-        'model': dict(config.model),
+        'model': schema.to_dict(config)['model'],
         'sentences': len(lines),
         'source': args.source,
         'beam_size': args.beam_size,

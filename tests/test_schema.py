@@ -64,8 +64,10 @@ def test_read_config_completes_a_saved_config_json(tmp_path):
     values['model']['max_len'] = 64
     (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps(values))
     config = rundir.read_config(str(tmp_path))
+    assert isinstance(config, schema.Experiment)  # typed, as every command reads a run
     assert config.eval.compound_split is True
-    assert 'max_len' not in config.model
+    assert config.data.synthetic.num_train == values['data']['synthetic']['num_train']
+    assert 'model.max_len' not in rundir.flat_config(config)
 
 
 @pytest.mark.parametrize(

@@ -70,21 +70,25 @@ def path(workdir: str, *parts: str) -> str:
     return os.path.join(workdir, *parts)
 
 
-def vocab_path(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
+# A config as a file gives it (ml_collections) or typed (transformer/schema.py).
+Config = ml_collections.ConfigDict | schema.Experiment
+
+
+def vocab_path(config: Config, workdir: str | None) -> str | None:
     """``data.vocab_path`` if set, else the workdir's ``vocab/spm.model`` (None: no workdir)."""
     if config.data.vocab_path:
         return config.data.vocab_path
     return path(workdir, VOCAB_FILE) if workdir else None
 
 
-def data_cache_dir(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
+def data_cache_dir(config: Config, workdir: str | None) -> str | None:
     """``data.cache_dir``, else ``WORKDIR/data_cache``, else None (no disk cache)."""
     if config.data.cache_dir:
         return config.data.cache_dir
     return path(workdir, DATA_CACHE) if workdir else None
 
 
-def get_tokenizer(config: ml_collections.ConfigDict, workdir: str | None) -> data_lib.Tokenizer:
+def get_tokenizer(config: Config, workdir: str | None) -> data_lib.Tokenizer:
     """The run's vocabulary for training: reused when saved, else trained and saved.
 
     In a multi-host run process 0 alone trains and saves a new vocabulary; the others wait
@@ -102,7 +106,7 @@ def get_tokenizer(config: ml_collections.ConfigDict, workdir: str | None) -> dat
     return built[0] if built else data_lib.get_tokenizer(config.data, model_path)
 
 
-def load_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> data_lib.Tokenizer:
+def load_tokenizer(config: Config, workdir: str) -> data_lib.Tokenizer:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
@@ -113,15 +117,30 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> data_lib.
     return data_lib.Tokenizer(model_path)
 
 
-def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def _values(config: Config) -> dict[str, Any]:
+    """A config's plain values as JSON holds them."""
+    if isinstance(config, schema.Experiment):
+        return json.loads(json.dumps(schema.to_dict(config)))
+    return json.loads(config.to_json_best_effort())
+
+
+def write_config(workdir: str, config: Config) -> None:
     """Writes ``config.json``: the settings a run starts with (later changes: `record_changes`)."""
     with open(path(workdir, CONFIG_FILE), 'w') as f:
-        f.write(config.to_json_best_effort(indent=2))
+        f.write(json.dumps(_values(config), indent=2))
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run's config as it trains now: ``config.json`` with the changes of later resumes
-    (``config_history.jsonl``) applied."""
+def read_config(workdir: str) -> schema.Experiment:
+    """The run's typed config as it trains now: ``config.json`` with the changes of later
+    resumes (``config_history.jsonl``) applied, and the fields it predates at the values its run
+    used."""
+    try:
+        return schema.parse(_read_values(workdir))
+    except schema.ConfigError as e:
+        raise WorkdirError(f'{path(workdir, CONFIG_FILE)}: {e}') from None
+
+
+def _read_values(workdir: str) -> ml_collections.ConfigDict:
     config_path = path(workdir, CONFIG_FILE)
     if not os.path.exists(config_path):
         raise WorkdirError(
@@ -153,7 +172,7 @@ def read_history(workdir: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def flat_config(config: Config) -> dict[str, Any]:
     """Dotted key -> value as JSON holds it (so a fresh config compares with a saved one)."""
 
     def walk(node: Mapping[str, Any], prefix: str):
@@ -163,10 +182,10 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
             else:
                 yield f'{prefix}{key}', value
 
-    return dict(walk(json.loads(config.to_json_best_effort()), ''))
+    return dict(walk(_values(config), ''))
 
 
-def resume_changes(workdir: str, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
+def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     """(key, old, new) for each setting ``config`` changes in a run that has checkpoints.
 
     Raises:

@@ -2,9 +2,10 @@
 
 Configs are written as ml_collections ConfigDicts (transformer/configs/), which give every
 field a ``--config.section.key=value`` override. `parse` turns one into an `Experiment` once,
-at the command line: every field's type, range and choices are checked in the sections'
-``__post_init__``, so a value that cannot work stops the command in one line before anything
-is written. The model section is the model's own `TransformerConfig`, whose rules live with
+at the command line, and the run reads only the typed sections: every field's type, range and
+choices are checked in the sections' ``__post_init__``, so a value that cannot work stops the
+command in one line before anything is written. config.json holds `to_dict` of it, and
+`rundir.read_config` parses it back. The model section is the model's own `TransformerConfig`, whose rules live with
 the network (transformer/model/config.py).
 
 Each choice list is written here once, as a ``Literal``; the modules that act on a choice
@@ -23,6 +24,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
+import jax.numpy as jnp
 import ml_collections
 
 from transformer.data.packing import LONG_EXAMPLES
@@ -110,8 +112,10 @@ class _Section:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSection(_Section):
-    """The pipeline's common keys (transformer/data/config.py says what each does); each
-    source's own keys (``manual_dir``, ``folder``, ``synthetic``, ...) stay in ``sources``."""
+    """The pipeline's common keys (transformer/data/config.py says what each does). Each
+    source declares and checks its own keys (``manual_dir``, ``folder``, ``synthetic``, ...:
+    its ``add_config``); they are kept in ``sources``, read-only, and read as attributes like
+    the others (``data.manual_dir``, ``data.synthetic.num_train``)."""
 
     SECTION = 'data'
     dataset: str
@@ -129,6 +133,13 @@ class DataSection(_Section):
     long_examples: LongExamples = 'drop'
     cache_dir: str | None = None
     sources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields: a source's own key.
+        sources = self.__dict__.get('sources', {})
+        if name in sources:
+            return sources[name]
+        raise AttributeError(f'data has no key {name!r}')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -226,7 +237,8 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
     unknown = sorted(set(values) - fields)
     if cls is DataSection:
         known = {k: v for k, v in values.items() if k in fields}
-        return cls(**known, sources={k: values[k] for k in unknown})
+        sources = {k: _frozen(values[k]) for k in unknown}
+        return cls(**known, sources=types.MappingProxyType(sources))
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
         hint = f'; did you mean {cls.SECTION}.{close[0]}?' if close else ''
@@ -236,6 +248,32 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
 
 def _plain(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
     return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+
+
+def _frozen(value: Any) -> Any:
+    """A nested section of a source (``synthetic``) as a read-only ConfigDict."""
+    if isinstance(value, Mapping):
+        return ml_collections.FrozenConfigDict(_plain(value))
+    return value
+
+
+def to_dict(experiment: Experiment) -> dict[str, Any]:
+    """The plain, JSON-ready values of ``experiment``, as a config file holds them (dtypes by
+    name, the data sources' keys in the data section): what config.json records."""
+    model = {
+        f.name: getattr(experiment.model, f.name)
+        for f in dataclasses.fields(experiment.model)
+        if f.name != 'vocab_size'
+    }
+    for key in ('dtype', 'param_dtype'):
+        model[key] = jnp.dtype(model[key]).name
+    data = {f.name: getattr(experiment.data, f.name) for f in dataclasses.fields(DataSection)}
+    sources = data.pop('sources')
+    data |= {k: v.to_dict() if hasattr(v, 'to_dict') else v for k, v in sources.items()}
+    out = {'model': model, 'data': data}
+    for name in ('opt', 'train', 'eval'):
+        out[name] = dataclasses.asdict(getattr(experiment, name))
+    return out
 
 
 def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:

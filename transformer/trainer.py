@@ -55,12 +55,12 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('config', 'workdir')
-        try:
-            config_checks.check(schema.complete(flags.FLAGS.config))
+        try:  # the config file's values, typed and checked once (transformer/schema.py)
+            config = config_checks.check(schema.complete(flags.FLAGS.config))
         except config_checks.ConfigError as e:
             console.usage_exit(str(e))
         try:
-            final = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+            final = train_and_evaluate(config, flags.FLAGS.workdir)
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None

@@ -86,9 +86,9 @@ def download_is_mocked(builder: tfds.core.DatasetBuilder) -> bool:
 
 def check_languages(name: str, languages: tuple[str, ...], data_config: Any) -> None:
     for key in ('source_lang', 'target_lang'):
-        if data_config[key] not in languages:
+        if getattr(data_config, key) not in languages:
             raise DataError(
-                f'{name} has no language {data_config[key]!r} (data.{key}); '
+                f'{name} has no language {getattr(data_config, key)!r} (data.{key}); '
                 f'its languages are {list(languages)}.'
             )
 

@@ -86,12 +86,17 @@ class TransformerConfig:
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
-def config_from_dict(model: Mapping[str, Any], vocab_size: int) -> TransformerConfig:
-    """A TransformerConfig from a config file's ``model`` section (one key per field).
+def config_from_dict(
+    model: Mapping[str, Any] | TransformerConfig, vocab_size: int
+) -> TransformerConfig:
+    """A TransformerConfig from a config file's ``model`` section (one key per field), or a
+    TransformerConfig (the typed section, transformer/schema.py) with this vocabulary.
 
     ``dtype`` / ``param_dtype`` may be given by name ('float32', 'bfloat16'); unknown keys fail
-    with the list of valid ones.
+    with the nearest valid one.
     """
+    if isinstance(model, TransformerConfig):
+        return dataclasses.replace(model, vocab_size=vocab_size)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {'vocab_size'}
     kwargs = dict(model)
     unknown = sorted(set(kwargs) - fields)

@@ -285,7 +285,7 @@ class Checkpoints:
     def _warn_on_another_dropout_prng(self) -> None:
         """Resuming draws other dropout masks than an uninterrupted run would: say so."""
         if os.path.exists(path(self.workdir, CONFIG_FILE)):
-            saved_train = read_config(self.workdir).get('train', {})
+            saved_train = read_config(self.workdir).train
             if warning := resumed_prng_warning(saved_train, self.config.train):
                 logging.warning(warning)
 

@@ -34,16 +34,16 @@ TRAINING_OUT_OF_MEMORY = (
 
 
 def check(
-    config: ml_collections.ConfigDict, devices: Sequence[Any] | None = None
+    config: ml_collections.ConfigDict | schema.Experiment, devices: Sequence[Any] | None = None
 ) -> schema.Experiment:
     """The typed config; raises `ConfigError` for the first value that cannot work.
 
     Args:
-      config: the experiment config.
+      config: the experiment config, from a config file (parsed here) or typed already.
       devices: the devices training will use (default: all devices of all processes); the
         batch must split over them. Skipped for a multi-host run before jax.distributed joins.
     """
-    experiment = schema.parse(config)
+    experiment = config if isinstance(config, schema.Experiment) else schema.parse(config)
     tc = experiment.train
     if tc.distributed and devices is None:
         return experiment  # jax cannot be asked for devices before jax.distributed joins

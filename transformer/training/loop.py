@@ -57,7 +57,7 @@ class Interrupted(TrainingError):
 class Run:
     """Everything `setup` builds for a training run."""
 
-    config: ml_collections.ConfigDict
+    config: schema.Experiment  # typed, checked
     workdir: str
     tokenizer: data_lib.Tokenizer
     model: Transformer
@@ -79,7 +79,7 @@ class Run:
         return jax.process_index() == 0
 
 
-def init_distributed(tc: ml_collections.ConfigDict) -> None:
+def init_distributed(tc: Any) -> None:
     """Joins the processes of a multi-host run (``train.distributed``), before jax is used.
 
     ``train.coordinator_address`` / ``num_processes`` / ``process_id`` go to
@@ -89,9 +89,9 @@ def init_distributed(tc: ml_collections.ConfigDict) -> None:
     if not tc.distributed:
         return
     kwargs = {
-        key: tc.get(key)
+        key: getattr(tc, key)
         for key in ('coordinator_address', 'num_processes', 'process_id')
-        if tc.get(key) is not None
+        if getattr(tc, key) is not None
     }
     address = kwargs.get('coordinator_address')
     if address and kwargs.get('process_id', 0) != 0:
@@ -128,11 +128,14 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> Run:
+def setup(
+    config: ml_collections.ConfigDict | schema.Experiment, workdir: str, *, devices=None
+) -> Run:
     """Builds a run in ``workdir``, restored from its latest checkpoint if there is one.
 
     Args:
-      config: the experiment config (sections model, data, opt, train, eval).
+      config: the experiment config (sections model, data, opt, train, eval): from a config
+        file, parsed here once into its typed sections (transformer/schema.py), or typed.
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
 
@@ -140,12 +143,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
     training run in the same workdir stops in one line. ``lock.release(run.lock)`` gives it
     back (`train_and_evaluate` does when it returns).
     """
-    config = schema.complete(config)  # a config file written before a field existed
-    tc = config.train
-    init_distributed(tc)
+    if not isinstance(config, schema.Experiment):
+        config = schema.complete(config)  # a config file written before a field existed
+    init_distributed(config.train)
     # Before anything is written; now that the processes have joined, the batch is checked
     # against the devices of all of them.
-    config_checks.check(config, jax.devices() if devices is None else devices)
+    config = config_checks.check(config, jax.devices() if devices is None else devices)
     created = not os.path.isdir(workdir)
     os.makedirs(workdir, exist_ok=True)
     lock = lock_lib.acquire(workdir)
@@ -158,7 +161,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *, devices=None) -> R
         raise
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Run:
+def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     tc = config.train
     changes = _settings_changed(workdir, config)  # before anything is written
     tokenizer = rundir.get_tokenizer(config, workdir)
@@ -219,7 +222,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, devices, lock) -> Ru
     )
 
 
-def _settings_changed(workdir: str, config: ml_collections.ConfigDict) -> list:
+def _settings_changed(workdir: str, config: schema.Experiment) -> list:
     """The settings ``config`` changes in a run that has trained (a one-line `WorkdirError`
     for a changed model or data: see `rundir.resume_changes`)."""
     has_config = os.path.exists(rundir.path(workdir, rundir.CONFIG_FILE))
@@ -228,7 +231,7 @@ def _settings_changed(workdir: str, config: ml_collections.ConfigDict) -> list:
     return rundir.resume_changes(workdir, config)
 
 
-def _keep_record(workdir: str, config: ml_collections.ConfigDict, latest, changes) -> None:
+def _keep_record(workdir: str, config: schema.Experiment, latest, changes) -> None:
     """config.json describes what the run started with: written when it starts (no step
     restored); a resume adds the settings it changes, one line each on the console and in
     config_history.jsonl (written once the config is known to fit the checkpoints)."""
@@ -281,7 +284,7 @@ def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict,
+    config: ml_collections.ConfigDict | schema.Experiment,
     workdir: str,
     *,
     devices=None,
@@ -290,7 +293,8 @@ def train_and_evaluate(
     """Trains ``config`` in ``workdir``, resuming from its latest checkpoint if there is one.
 
     Args:
-      config: the experiment config (sections model, data, opt, train, eval).
+      config: the experiment config (sections model, data, opt, train, eval), as `setup`
+        takes it.
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
       on_step: optional callback (step, metrics) after every logged step (tests use it).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -54,18 +53,16 @@ def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int)
     return cooled
 
 
-def make_schedule(
-    opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
-) -> optax.Schedule:
+def make_schedule(opt: Any, d_model: int, num_steps: int | None = None) -> optax.Schedule:
     """The schedule named by ``opt.schedule`` ('rsqrt', the paper, or 'constant'), with the
     linear cool-down of ``opt.cooldown_steps`` (0 = none) ending at ``num_steps``."""
-    if opt['schedule'] == 'rsqrt':
-        schedule = rsqrt_schedule(d_model, opt['warmup_steps'], opt['lr_scale'])
-    elif opt['schedule'] == 'constant':
-        schedule = optax.constant_schedule(opt['lr_scale'])
+    if opt.schedule == 'rsqrt':
+        schedule = rsqrt_schedule(d_model, opt.warmup_steps, opt.lr_scale)
+    elif opt.schedule == 'constant':
+        schedule = optax.constant_schedule(opt.lr_scale)
     else:
-        raise ValueError(f'opt.schedule must be one of {SCHEDULES}, got {opt["schedule"]!r}.')
-    cooldown_steps = opt['cooldown_steps']
+        raise ValueError(f'opt.schedule must be one of {SCHEDULES}, got {opt.schedule!r}.')
+    cooldown_steps = opt.cooldown_steps
     if not cooldown_steps:
         return schedule
     if num_steps is None:
@@ -74,7 +71,7 @@ def make_schedule(
 
 
 def make_optimizer(
-    opt: Mapping[str, Any], d_model: int, num_steps: int | None = None
+    opt: Any, d_model: int, num_steps: int | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping.
 
@@ -89,7 +86,7 @@ def make_optimizer(
     """
     schedule = make_schedule(opt, d_model, num_steps)
     chain = []
-    if opt['clip_grad_norm']:
-        chain.append(optax.clip_by_global_norm(opt['clip_grad_norm']))
-    chain.append(optax.adam(schedule, b1=opt['b1'], b2=opt['b2'], eps=opt['eps']))
+    if opt.clip_grad_norm:
+        chain.append(optax.clip_by_global_norm(opt.clip_grad_norm))
+    chain.append(optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps))
     return optax.chain(*chain), schedule

@@ -87,13 +87,13 @@ def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
     return jax.random.fold_in(jax.random.key(seed, impl=prng), 1)
 
 
-def resumed_prng_warning(saved_train: Mapping[str, Any], train: Mapping[str, Any]) -> str | None:
+def resumed_prng_warning(saved_train: Any, train: Any) -> str | None:
     """One line for a run that resumes with another dropout PRNG than it was started with.
 
     ``saved_train`` is the ``train`` section of the run's config.json (a run saved before the
     field existed drew its masks with threefry); None when the generators agree.
     """
-    saved, now = saved_train['dropout_prng'], train['dropout_prng']
+    saved, now = saved_train.dropout_prng, train.dropout_prng
     if saved == now:
         return None
     return (
