@@ -5,8 +5,8 @@ field a ``--config.section.key=value`` override. `parse` turns one into an `Expe
 at the command line, and the run reads only the typed sections: every field's type, range and
 choices are checked in the sections' ``__post_init__``, so a value that cannot work stops the
 command in one line before anything is written. config.json holds `to_dict` of it, and
-`rundir.read_config` parses it back. The model section is the model's own `TransformerConfig`, whose rules live with
-the network (transformer/model/config.py).
+`rundir.read_config` parses it back. The model section is the model's own `TransformerConfig`,
+whose rules live with the network (transformer/model/config.py).
 
 Each choice list is written here once, as a ``Literal``; the modules that act on a choice
 import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...). A field a config written before the
