@@ -8,7 +8,11 @@ logits) with the same loss written through ``jax.nn.log_softmax`` and differenti
 autodiff, on the same random logits: value and gradient of the summed smoothed loss, jitted,
 best of ``--repeats``. Prints both and the ratio; saves JSON. ``--train_step N`` also times
 `configs/multi30k.py`'s real training step (dropout 0.1, rbg) compiled with each loss, N
-interleaved rounds, and reports the median per-round ratio.
+interleaved rounds, and reports the median per-round ratio. ``--chunks 512 1024`` also times
+the output layer and loss together from hidden states [B, T, ``--d_model``] and the tied
+embedding, with the full logits and with `loss.fused_cross_entropy` in chunks of those many
+tokens (``train.loss_chunk_tokens``): value and gradients, XLA's temporaries, the median of
+``--repeats`` interleaved rounds.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from step_overhead import full_step  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from configs import multi30k  # noqa: E402
-from transformer.training import steps
+from transformer.backends import logits_layout  # noqa: E402
+from transformer.training import steps  # noqa: E402
+from transformer.training.loss import fused_cross_entropy  # noqa: E402
 from transformer.training.steps import cross_entropy_with_smoothing  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -72,6 +78,43 @@ def train_step_ratio(rounds: int) -> dict:
     return {**report, 'ratio': ratio}
 
 
+def chunked_loss(args, targets, weights) -> dict:
+    """The loss head, full logits (chunk 0) against chunks: temp MiB and median ms."""
+    rng = np.random.default_rng(1)
+    dtype = jnp.dtype(args.dtype)
+    hidden = jnp.asarray(rng.standard_normal((*targets.shape, args.d_model)), dtype)
+    table = rng.standard_normal((args.vocab_size, args.d_model)) / np.sqrt(args.d_model)
+    table = jnp.asarray(table, jnp.float32)
+
+    def full(y, e):
+        logits = logits_layout.tied_logits(y, e.astype(dtype)).astype(jnp.float32)
+        return cross_entropy_with_smoothing(logits, targets, weights, 0.1)[0]
+
+    def chunked(size):
+        return lambda y, e: fused_cross_entropy(y, e, None, targets, weights, 0.1, size, dtype)[0]
+
+    heads = {0: full} | {size: chunked(size) for size in args.chunks}
+    compiled = {
+        size: jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(hidden, table).compile()
+        for size, fn in heads.items()
+    }
+    times = {size: [] for size in compiled}
+    for fn in compiled.values():
+        jax.block_until_ready(fn(hidden, table))
+    for _ in range(args.repeats):
+        for size, fn in compiled.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(hidden, table))
+            times[size].append(time.perf_counter() - start)
+    report = {}
+    for size, fn in compiled.items():
+        temp = fn.memory_analysis().temp_size_in_bytes / 2**20
+        report[str(size)] = {'temp_mib': temp, 'median_ms': 1e3 * statistics.median(times[size])}
+        print(f'loss head, chunk {size or "none (full logits)"}: {temp:.1f} MiB of temporaries, '
+              f'{report[str(size)]["median_ms"]:.0f} ms (median of {args.repeats})')  # fmt: skip
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--batch_size', type=int, default=64)
@@ -79,6 +122,9 @@ def main() -> None:
     parser.add_argument('--vocab_size', type=int, default=8000)
     parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--train_step', type=int, default=0, help='N > 0: N rounds of steps')
+    parser.add_argument('--chunks', type=int, nargs='*', default=[], help='chunked-loss sizes')
+    parser.add_argument('--d_model', type=int, default=256, help='hidden width for --chunks')
+    parser.add_argument('--dtype', default='float32', help='compute dtype for --chunks')
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/loss_speed.json'))
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -102,6 +148,8 @@ def main() -> None:
     print(f'ours / autodiff: {ratio:.2f}')
     if args.train_step:
         results['train_step'] = train_step_ratio(args.train_step)
+    if args.chunks:
+        results['chunked_loss'] = chunked_loss(args, targets, weights)
     settings = {k: v for k, v in vars(args).items() if k != 'out'}
     report = {'settings': settings, 'results': results, 'ratio': ratio}
     common.write_report(args.out, report | common.host())

@@ -9,9 +9,12 @@ Times, for each product shape of a Multi30k step (64 x 32 tokens, d_model 256, d
                  cast back to bfloat16)
 
 each forward alone and forward + both gradients (`jax.vjp`, three products). Prints GFLOP/s
-and saves JSON in results/
+and saves JSON in results/. ``--embedding_grad`` times instead the gradient of the embedding
+lookup of those 64 x 32 tokens, as a scatter-add and as the one-hot product of
+transformer/model/embedding.py (best of ``--repeats``, float32 and bfloat16).
 
     .venv/bin/python benchmarks/products_speed.py
+    .venv/bin/python benchmarks/products_speed.py --embedding_grad --out /tmp/embedding.json
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
 from transformer.backends import products  # noqa: E402
+from transformer.model import embedding  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 B, T, D, N, H, F, V = 64, 32, 256, 4, 64, 1024, 8000
@@ -60,11 +64,37 @@ def _best(fn, args, repeats: int) -> float:
     return common.best_time(lambda: fn(*args), repeats)[1]['best_s']
 
 
+def embedding_grad(repeats: int) -> list[dict]:
+    """Milliseconds of the lookup's gradient, scatter-add against one-hot product."""
+    rows = []
+    key_t, key_c, key_e = jax.random.split(jax.random.key(0), 3)
+    tokens = jax.random.randint(key_t, (B, T), 0, V)
+    cotangent = jax.random.normal(key_c, (B, T, D))
+    table = jax.random.normal(key_e, (V, D))
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for lookup in (embedding.take_lookup, embedding.scatter_free_lookup):
+
+            def loss(e, lookup=lookup, dtype=dtype):
+                return (lookup(e, tokens, dtype).astype(jnp.float32) * cotangent).sum()
+
+            seconds = _best(jax.jit(jax.grad(loss)), (table,), repeats)
+            rows.append({'dtype': jnp.dtype(dtype).name, 'lookup': lookup.__name__,
+                         'ms': 1e3 * seconds})  # fmt: skip
+            print(f'embedding gradient {rows[-1]["dtype"]:9} {lookup.__name__:20} '
+                  f'{rows[-1]["ms"]:8.2f} ms')  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=7)
+    parser.add_argument('--embedding_grad', action='store_true', help='time the lookup gradient')
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/products_speed.json'))
     args = parser.parse_args()
+    if args.embedding_grad:
+        rows = embedding_grad(args.repeats)
+        common.write_report(args.out, common.host() | {'embedding_gradient_ms': rows})
+        return
     variants = {
         'float32': (jnp.float32, jnp.einsum),
         'bf16 plain': (jnp.bfloat16, jnp.einsum),

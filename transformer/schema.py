@@ -163,7 +163,7 @@ class TrainSection(_Section):
     batch_size: int = _field(rule=POSITIVE)
     grad_accum_steps: int = _field(rule=POSITIVE)
     label_smoothing: float = _field(rule=RATE)
-    dropout_prng: DropoutPrng = 'threefry'  # runs before the choice drew with threefry
+    dropout_prng: DropoutPrng = DROPOUT_PRNGS[0]  # threefry: runs before the choice drew with it
     parallelism: Parallelism
     model_parallelism: int = _field(rule=POSITIVE)
     fsdp: bool = False

@@ -275,9 +275,9 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
 
 @pytest.mark.parametrize('mode', [pytest.param('pmap', marks=pytest.mark.slow), 'sharding'])
 def test_the_chunked_loss_trains_as_the_full_logits_over_devices(mode):
-    """Parallel's loss_chunk_tokens (train.loss_chunk_tokens) reaches the compiled step in both
-    modes: over 4 data devices, chunks of 10 positions (5 of each device's 2 rows) train as one
-    device with the full logits."""
+    """The chunked loss over 4 data devices, in chunks of 10 positions (5 of each device's 2
+    rows), trains as one device with the full logits, in both modes (that the config's key
+    reaches the compiled step: `test_the_config_chooses_the_loss`)."""
     _assert_same_training(
         _run(mode, jax.devices()[:4], accum=1, loss_chunk_tokens=40), _reference()
     )

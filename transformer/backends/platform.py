@@ -27,8 +27,8 @@ def attention_impl(name: str) -> str:
 def scatter_free_embedding_grad() -> bool:
     """Whether the embedding lookup's gradient is a one-hot product instead of a scatter-add
     (transformer/model/embedding.py): on a GPU, where the scatter was 9% of the base step's
-    kernel time (../shared/GPU.md) and the product runs on the matrix units; on a CPU the
-    product costs two orders of magnitude more than the scatter."""
+    kernel time in a profile on an H200 and the product runs on the matrix units; on a CPU the
+    product costs ~80x the scatter (benchmarks/README.md, products_speed.py)."""
     return jax.default_backend() == 'gpu'
 
 

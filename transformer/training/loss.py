@@ -40,6 +40,21 @@ def smoothing_weights(vocab: int, label_smoothing: float) -> tuple[float, float]
     return 1.0 - label_smoothing - low, low
 
 
+def token_losses(z: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array, Array]:
+    """(smoothed loss, NLL, logsumexp) of every position of float32 logits z [..., V].
+
+    With the smoothed target q = low + (conf - low) * onehot, whose entries sum to 1, and
+    log p = z - logsumexp(z): -sum_v q_v log p_v = lse - (conf - low) z_target - low sum_v z_v.
+    Only logsumexp, the target logit and the logits' sum are needed, never the log of a
+    probability, so it is finite for any finite logits.
+    """
+    on_target, low = smoothing_weights(z.shape[-1], label_smoothing)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    target_logit = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+    smoothed = lse - on_target * target_logit - low * z.sum(axis=-1)
+    return smoothed, lse - target_logit, lse
+
+
 def fused_cross_entropy(
     hidden: Array,
     weight: Array,
@@ -114,11 +129,9 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
     def body(carry, chunk):
         y_c, t_c, wt_c = chunk
         z = _chunk_logits(y_c, w, b)
-        lse = jax.nn.logsumexp(z, axis=-1)
-        target_logit = jnp.take_along_axis(z, t_c[:, None], axis=-1)[:, 0]
-        smoothed = lse - on_target * target_logit - low * z.sum(axis=-1)
+        smoothed, nll, lse = token_losses(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
-        sums = (jnp.stack([smoothed, lse - target_logit, correct]) * wt_c).sum(-1)
+        sums = (jnp.stack([smoothed, nll, correct]) * wt_c).sum(-1)
         if not grads:
             return carry + sums, None
         is_target = t_c[:, None] == jnp.arange(z.shape[-1], dtype=t_c.dtype)

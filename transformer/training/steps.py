@@ -23,7 +23,7 @@ from flax import struct
 from transformer.model import Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
-from transformer.training.loss import fused_cross_entropy, smoothing_weights
+from transformer.training.loss import fused_cross_entropy, smoothing_weights, token_losses
 
 Array = jax.Array
 PyTree = Any
@@ -109,10 +109,7 @@ def cross_entropy_with_smoothing(
     """Summed label-smoothed and plain cross-entropy over the weighted target positions.
 
     The smoothed target puts 1 - eps on the reference token and eps / (V - 1) on each other
-    token (Sec. 5.4). With q = low + (conf - low) * onehot, whose entries sum to 1, and
-    log p = z - logsumexp(z): -sum_v q_v log p_v = lse - (conf - low) z_target - low sum_v z_v.
-    Only logsumexp, the target logit and the logits' sum are needed, never log of a
-    probability, so it is finite for any finite logits.
+    token (Sec. 5.4); `loss.token_losses` has the algebra, shared with the chunked loss.
 
     Args:
       logits: [B, T, V].
@@ -139,12 +136,8 @@ def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tupl
 
 
 def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
-    z = logits.astype(jnp.float32)
-    on_target, low = smoothing_weights(z.shape[-1], label_smoothing)
-    lse = jax.nn.logsumexp(z, axis=-1)
-    target_logit = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-    smoothed = lse - on_target * target_logit - low * z.sum(axis=-1)
-    return (smoothed, lse - target_logit), (logits, targets, lse)
+    smoothed, nll, lse = token_losses(logits.astype(jnp.float32), targets, label_smoothing)
+    return (smoothed, nll), (logits, targets, lse)
 
 
 def _token_losses_bwd(label_smoothing: float, residuals, cotangents):
