@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -27,6 +28,8 @@ from typing import Any, Literal, get_args
 import jax.numpy as jnp
 import ml_collections
 
+from transformer.data import sources as data_sources
+from transformer.data.errors import DataError
 from transformer.data.packing import LONG_EXAMPLES
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
 from transformer.model.config import TransformerConfig, config_from_dict
@@ -64,8 +67,18 @@ RATE = _rule(lambda v: 0 <= v < 1, 'in [0, 1)')
 ABOVE_ZERO = _rule(lambda v: v > 0, '> 0')
 
 
-def _field(default: Any = dataclasses.MISSING, rule: dict[str, Any] | None = None) -> Any:
-    return dataclasses.field(default=default, metadata=rule or {})
+def _field(
+    default: Any = dataclasses.MISSING,
+    rule: dict[str, Any] | None = None,
+    most: tuple[int, str] | None = None,
+) -> Any:
+    """A field with its default, its rule and ``most``: (the largest value that can work, why)."""
+    return dataclasses.field(default=default, metadata={**(rule or {}), 'most': most})
+
+
+# jax makes a PRNG key of a seed that fits in 64 signed bits; the data order takes it too.
+MAX_SEED = (2**63 - 1, "jax's PRNG keys take a signed 64-bit seed")
+MAX_STEP = (2**31 - 1, 'the step counter is a 32-bit integer')
 
 
 def _matches(value: Any, want: Any) -> bool:
@@ -95,7 +108,9 @@ def _describe(want: Any) -> str:
 
 
 class _Section:
-    """Checks each field against its annotation and rule; `SECTION` names it in errors."""
+    """Checks each field against its annotation and rule; `SECTION` names it in errors. A
+    float must be finite: ``inf`` passes every lower bound and ``nan`` some rules, and either
+    breaks the training step or decoding long after the run started."""
 
     SECTION = ''
 
@@ -105,9 +120,14 @@ class _Section:
             value, key = getattr(self, f.name), f'{self.SECTION}.{f.name}'
             if not _matches(value, hints[f.name]):
                 raise ConfigError(f'{key}={value!r} must be {_describe(hints[f.name])}.')
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f'{key}={value!r} must be a finite number.')
             ok, wanted = f.metadata.get('rule', (None, ''))
             if ok is not None and value is not None and not ok(value):
                 raise ConfigError(f'{key}={value!r} must be {wanted}.')
+            most = f.metadata.get('most')
+            if most is not None and value is not None and value > most[0]:
+                raise ConfigError(f'{key}={value!r} must be <= {most[0]} ({most[1]}).')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,6 +154,13 @@ class DataSection(_Section):
     cache_dir: str | None = None
     sources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        super().__post_init__()
+        try:  # the source's own keys and the splits, by the source that owns them
+            data_sources.check(self)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not fields: a source's own key.
         sources = self.__dict__.get('sources', {})
@@ -158,8 +185,8 @@ class OptSection(_Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainSection(_Section):
     SECTION = 'train'
-    seed: int = _field(0, NON_NEGATIVE)
-    num_steps: int = _field(rule=POSITIVE)
+    seed: int = _field(0, NON_NEGATIVE, MAX_SEED)
+    num_steps: int = _field(rule=POSITIVE, most=MAX_STEP)
     batch_size: int = _field(rule=POSITIVE)
     grad_accum_steps: int = _field(rule=POSITIVE)
     label_smoothing: float = _field(rule=RATE)
@@ -215,9 +242,12 @@ class Experiment:
                 f'opt.cooldown_steps={self.opt.cooldown_steps} exceeds train.num_steps='
                 f'{self.train.num_steps}.'
             )
-        synthetic = self.data.sources.get('synthetic') or {}
-        if self.data.dataset == 'synthetic' and synthetic.get('num_train', 1) < 1:
-            raise ConfigError(f'data.synthetic.num_train={synthetic["num_train"]} must be >= 1.')
+        if self.eval.beam_size > self.data.vocab_size:
+            raise ConfigError(
+                f'eval.beam_size={self.eval.beam_size} exceeds data.vocab_size='
+                f'{self.data.vocab_size}: a beam cannot hold more hypotheses than the first '
+                'step has words.'
+            )
 
 
 SECTIONS = {'data': DataSection, 'opt': OptSection, 'train': TrainSection, 'eval': EvalSection}
@@ -246,8 +276,15 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def _plain(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
-    return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+def _plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = '') -> dict:
+    """The plain dict of a config or of its section ``name``; ConfigError for anything else
+    (a config.json holding ``[]``, a section that is ``null``)."""
+    if isinstance(config, ml_collections.ConfigDict):
+        return config.to_dict()
+    if not isinstance(config, Mapping):
+        what = f'config section {name}' if name else 'the config'
+        raise ConfigError(f'{what} is {config!r:.60}, not a mapping of keys to values.')
+    return dict(config)
 
 
 def _frozen(value: Any) -> Any:
@@ -283,8 +320,9 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
     for section in ('model', *SECTIONS):
         if section not in values:
             raise ConfigError(f'config section {section} is missing.')
-    sections = {name: _section(cls, _plain(values[name])) for name, cls in SECTIONS.items()}
-    model = {k: v for k, v in _plain(values['model']).items() if f'model.{k}' not in RETIRED_KEYS}
+    sections = {name: _section(cls, _plain(values[name], name)) for name, cls in SECTIONS.items()}
+    model = _plain(values['model'], 'model')
+    model = {k: v for k, v in model.items() if f'model.{k}' not in RETIRED_KEYS}
     try:
         model_config = config_from_dict(model, sections['data'].vocab_size)
     except (ValueError, TypeError) as e:
@@ -298,10 +336,13 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     values = _plain(config)
     for name, cls in SECTIONS.items():
         section = values.setdefault(name, {})
+        if not isinstance(section, Mapping):
+            continue  # not a section: `parse` names it
         for f in dataclasses.fields(cls):
             if f.name != 'sources' and f.default is not dataclasses.MISSING:
                 section.setdefault(f.name, f.default)
     for key in RETIRED_KEYS:
         section, name = key.split('.')
-        values.get(section, {}).pop(name, None)
+        if isinstance(values.get(section), Mapping):
+            values[section].pop(name, None)
     return ml_collections.ConfigDict(values)

@@ -56,8 +56,11 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('config', 'workdir')
         try:  # the config file's values, typed and checked once (transformer/schema.py)
-            config = config_checks.check(schema.complete(flags.FLAGS.config))
-        except config_checks.ConfigError as e:
+            loaded = configs.checked(
+                flags.FLAGS.config, config_flags.get_config_filename(flags.FLAGS['config'])
+            )
+            config = config_checks.check(schema.complete(loaded))
+        except (config_checks.ConfigError, ValueError) as e:
             console.usage_exit(str(e))
         try:
             final = train_and_evaluate(config, flags.FLAGS.workdir)

@@ -8,6 +8,8 @@ import importlib.util
 import os
 from typing import Any
 
+import ml_collections
+
 _DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -22,13 +24,34 @@ def path(name: str) -> str:
 
 
 def load(name_or_path: str) -> Any:
-    """``get_config()`` of a config file, or of the packaged config of that name."""
+    """``get_config()`` of a config file, or of the packaged config of that name.
+
+    Raises:
+      ValueError: no such config, or a file that does not load, has no ``get_config``, raises
+        in it or returns something else than a ConfigDict; one line that names the file.
+    """
     file = name_or_path if os.path.isfile(name_or_path) else path(name_or_path)
     if not os.path.isfile(file):
         raise ValueError(
             f'No config {name_or_path!r}: the packaged configs are {names()}, or give a file path.'
         )
-    spec = importlib.util.spec_from_file_location('loaded_config', file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    try:
+        spec = importlib.util.spec_from_file_location('loaded_config', file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config()
+    except Exception as e:  # noqa: BLE001 - whatever the file raised, the line names it
+        first = (str(e).strip().splitlines() or [''])[0]
+        raise ValueError(f'{file}: {type(e).__name__}: {first}'.rstrip(': ')) from None
+    return checked(config, file)
+
+
+def checked(config: Any, file: str) -> ml_collections.ConfigDict:
+    """``config`` if it is what a config file's ``get_config()`` must return (a ConfigDict
+    with a section per key); else a one-line ValueError naming ``file``."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f'{file}: get_config() returned {type(config).__name__} {config!r:.60}, not an '
+            'ml_collections.ConfigDict.'
+        )
+    return config

@@ -8,6 +8,7 @@ of the target file.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -32,21 +33,37 @@ def _read_lines(path: epath.Path) -> list[str]:
     return text.decode_lines(path.read_bytes(), str(path))
 
 
-def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
-    """(sources, targets) of a split."""
+def check(data_config: Any) -> None:
     if not data_config.folder:
         raise DataError("dataset='folder' needs data.folder, the directory of the text files.")
-    columns, paths = [], []
-    for lang in (data_config.source_lang, data_config.target_lang):
-        candidates = files(data_config.folder, split, lang)
-        found = next((p for p in candidates if p.is_file()), None)
-        if found is None:
-            raise DataError(
-                f'Missing file for split {split!r} ({lang}): expected '
-                f'{" or ".join(map(str, candidates))}.'
-            )
-        columns.append(_read_lines(found))
-        paths.append(found)
+
+
+def check_files(data_config: Any, splits: Sequence[str]) -> None:
+    """Each side of each split has a file in the folder (checked before training writes)."""
+    for split in splits:
+        for lang in (data_config.source_lang, data_config.target_lang):
+            _find(data_config.folder, split, lang)
+
+
+def _find(folder: epath.PathLike, split: str, lang: str) -> epath.Path:
+    candidates = files(folder, split, lang)
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise DataError(
+            f'Missing file for split {split!r} ({lang}): expected '
+            f'{" or ".join(map(str, candidates))}.'
+        )
+    return found
+
+
+def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split."""
+    check(data_config)
+    paths = [
+        _find(data_config.folder, split, lang)
+        for lang in (data_config.source_lang, data_config.target_lang)
+    ]
+    columns = [_read_lines(p) for p in paths]
     sources, targets = columns
     if len(sources) != len(targets):
         raise DataError(

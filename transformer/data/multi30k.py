@@ -24,6 +24,7 @@ from transformer.data import tfds_translate
 from transformer.data.errors import DataError
 from transformer.data.multi30k_files import (
     LANGUAGES,
+    OPTIONAL_SPLITS,
     REQUIRED_SPLITS,
     expected_files,
     find_files,
@@ -36,6 +37,19 @@ DOWNLOAD_HOST = 'raw.githubusercontent.com'
 def add_config(config: ml_collections.ConfigDict) -> None:
     """Multi30k reads ``data.manual_dir`` and ``data.data_dir`` (see tfds_translate.py)."""
     tfds_translate.add_config(config)
+
+
+def check(data_config: Any) -> None:
+    """Multi30k's languages and splits, before anything is read."""
+    tfds_translate.check_languages('multi30k', LANGUAGES, data_config)
+    for key in ('train_split', 'eval_split', 'test_split'):
+        check_split(data_config, getattr(data_config, key), f'data.{key}')
+
+
+def check_split(data_config: Any, split: str, key: str = 'split') -> None:
+    splits = (*REQUIRED_SPLITS, *OPTIONAL_SPLITS)
+    if split not in splits:
+        raise DataError(f'multi30k has no split {split!r} ({key}); splits: {list(splits)}.')
 
 
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:

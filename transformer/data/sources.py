@@ -8,7 +8,14 @@
   decides its content (part of the token-cache key);
 - ``add_config(config)``: the keys it reads, added to the ``data`` config section;
 - optionally ``order_note(data_config, split) -> str | None``: why ``read`` cannot give the
-  dataset's original order (TFDS datasets stored shuffled), None when it does.
+  dataset's original order (TFDS datasets stored shuffled), None when it does;
+- optionally ``check(data_config)``: a one-line `DataError` naming the key whose value this
+  source cannot use (a split it does not have, a count or a limit that cannot work), from
+  the values alone, without reading anything: the config's schema calls it when a config
+  is parsed, before a command writes anything;
+- optionally ``check_split(data_config, split)``: the same for one split a command names;
+- optionally ``check_files(data_config, splits)``: whether the files of those splits are
+  there, where that is cheap to know (training asks before it writes anything).
 
 Registered: ``'synthetic'`` (the built-in invented language pair, transformer/data/
 synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py);
@@ -20,6 +27,7 @@ TensorFlow); the other sources, and Multi30k from raw files, never do.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -34,7 +42,17 @@ SOURCES: dict[str, ModuleType] = {
     'folder': folder,
 }
 TFDS = tfds_translate  # every other ``data.dataset`` name
-__all__ = ['SOURCES', 'DataError', 'identity', 'load_text', 'order_note', 'source']
+__all__ = [
+    'SOURCES',
+    'DataError',
+    'check',
+    'check_files',
+    'check_split',
+    'identity',
+    'load_text',
+    'order_note',
+    'source',
+]
 
 
 def source(name: str) -> ModuleType:
@@ -76,3 +94,27 @@ def order_note(data_config: Any, split: str) -> str | None:
     """None when `load_text` gives the split in the dataset's original order, else why not."""
     note = getattr(source(data_config.dataset), 'order_note', None)
     return note(data_config, split) if note is not None else None
+
+
+def check(data_config: Any) -> None:
+    """A one-line `DataError` naming the first source key (or split) whose value the source of
+    ``data.dataset`` cannot use; reads nothing."""
+    checker = getattr(source(data_config.dataset), 'check', None)
+    if checker is not None:
+        checker(data_config)
+
+
+def check_split(data_config: Any, split: str) -> None:
+    """A one-line `DataError` when the source has no split ``split`` (where it knows its
+    splits without reading anything)."""
+    checker = getattr(source(data_config.dataset), 'check_split', None)
+    if checker is not None:
+        checker(data_config, split)
+
+
+def check_files(data_config: Any, splits: Sequence[str]) -> None:
+    """A one-line `DataError` when the files of ``splits`` are missing, where the source
+    can tell without reading them (a folder of text files); others answer when read."""
+    checker = getattr(source(data_config.dataset), 'check_files', None)
+    if checker is not None:
+        checker(data_config, splits)

@@ -233,14 +233,29 @@ def _sentence(rng: random.Random, lex: Lexicon) -> tuple[str, str]:
     return ' '.join([*source, '.']), ' '.join([*target, '.'])
 
 
+# Sentences drawn in a row without one that fits before the generator gives up: the settings
+# leave (almost) no sentence to draw, e.g. validation sentences not in a training set that
+# already holds every short sentence there is.
+_MAX_MISSES = 100_000
+
+
 def _generate(seed: int, split: str, count: int, max_words: int, exclude: frozenset[str]):
     lex = make_lexicon(seed)
     rng = random.Random(f'{seed}/{split}')
-    sources, targets = [], []
+    sources, targets, misses = [], [], 0
     while len(sources) < count:
         source, target = _sentence(rng, lex)
         if source.count(' ') + 1 > max_words or source in exclude:
+            misses += 1
+            if misses > _MAX_MISSES:
+                raise DataError(
+                    f'The synthetic {split} split cannot find {count} sentences of at most '
+                    f'{max_words} words (data.synthetic.max_words) that are not in the training '
+                    f'set (found {len(sources)}): raise data.synthetic.max_words or lower '
+                    'data.synthetic.num_train.'
+                )
             continue
+        misses = 0
         sources.append(source)
         targets.append(target)
     return sources, targets
@@ -380,11 +395,34 @@ def add_config(config: ml_collections.ConfigDict) -> None:
     synthetic.max_words = 40  # longest sentence, in words, '.' included
 
 
+# The shortest sentence of the grammar: a bare plural, a verb and '.'.
+MIN_WORDS = 3
+
+
+def check(data_config: Any) -> None:
+    """The config's splits and the ``data.synthetic`` keys: integers that the generator can
+    meet (it would draw forever for sentences shorter than `MIN_WORDS`)."""
+    for key in ('train_split', 'eval_split', 'test_split'):
+        check_split(data_config, getattr(data_config, key), f'data.{key}')
+    cfg = data_config.synthetic
+    least = {'num_train': 1, 'num_validation': 1, 'num_test': 1, 'max_words': MIN_WORDS}
+    for name, low in {'seed': 0, **least}.items():
+        value = cfg.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise DataError(f'data.synthetic.{name}={value!r} must be >= {low}.')
+
+
+def check_split(data_config: Any, split: str, key: str = 'split') -> None:
+    if split not in SPLITS:
+        raise DataError(
+            f'The synthetic dataset has no split {split!r} ({key}); splits: {list(SPLITS)}.'
+        )
+
+
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     """(sources, targets) of 'train', 'validation' or 'test': aligned lists of
     whitespace-separated sentences (``data.source_lang`` / ``target_lang`` are ignored)."""
-    if split not in SPLITS:
-        raise DataError(f'The synthetic dataset has no split {split!r}; splits: {list(SPLITS)}.')
+    check_split(data_config, split)
     cfg = data_config.synthetic
     count = {'train': cfg.num_train, 'validation': cfg.num_validation, 'test': cfg.num_test}
     sources, targets = _split_text(

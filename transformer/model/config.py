@@ -63,6 +63,10 @@ class TransformerConfig:
                 raise ValueError(f'model.{name}={value!r} must be in [0, 1).')
         if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
             raise ValueError(f'model.layer_norm_epsilon={self.layer_norm_epsilon!r} must be > 0.')
+        if not self.layer_norm_epsilon < float('inf'):  # nan compares false to every bound
+            raise ValueError(
+                f'model.layer_norm_epsilon={self.layer_norm_epsilon!r} must be a finite number.'
+            )
         if not isinstance(self.pre_layer_norm, bool):
             raise ValueError(f'model.pre_layer_norm={self.pre_layer_norm!r} must be a bool.')
         if self.share_embeddings not in get_args(ShareEmbeddings):

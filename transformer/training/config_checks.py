@@ -2,8 +2,10 @@
 
 ml_collections already rejects a command-line value that does not parse as the field's type
 (``--config.model.d_model=abc``); the typed schema (transformer/schema.py) catches what parses
-but cannot work (a dropout rate of 1, zero warmup steps, a beam of 0) and values of the wrong
-type set in a config file; `check` adds what needs the devices (a batch they cannot split).
+but cannot work (a dropout rate of 1, zero warmup steps, a beam of 0, an infinite learning
+rate, a split the data source does not have) and values of the wrong type set in a config
+file; `check` adds what needs the devices and the disk (a batch they cannot split, a length
+or batch whose step cannot fit their memory, a folder without the split's files).
 `unknown_key_message` turns an override of a key that does not exist into "unknown config key
 model.d_modle; did you mean model.d_model?".
 """
@@ -11,6 +13,7 @@ model.d_modle; did you mean model.d_model?".
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +44,9 @@ def check(
     Args:
       config: the experiment config, from a config file (parsed here) or typed already.
       devices: the devices training will use (default: all devices of all processes); the
-        batch must split over them. Skipped for a multi-host run before jax.distributed joins.
+        batch must split over them, and what a step needs at least must fit their memory
+        (transformer/training/footprint.py). Skipped for a multi-host run before
+        jax.distributed joins.
     """
     experiment = config if isinstance(config, schema.Experiment) else schema.parse(config)
     tc = experiment.train
@@ -49,7 +54,8 @@ def check(
         return experiment  # jax cannot be asked for devices before jax.distributed joins
     import jax
 
-    from transformer.training import parallel
+    from transformer.data import sources as data_sources
+    from transformer.training import footprint, parallel
 
     devices = jax.devices() if devices is None else devices
     model_parallelism = tc.model_parallelism if tc.parallelism == 'sharding' else 1
@@ -68,6 +74,12 @@ def check(
             f'train.batch_size={tc.batch_size} must be a multiple of data-parallel devices x '
             f'train.grad_accum_steps = {rows}.'
         )
+    footprint.check(experiment, devices)
+    try:  # files a folder of text must hold, before the run writes anything
+        splits = (experiment.data.train_split, experiment.data.eval_split)
+        data_sources.check_files(experiment.data, splits)
+    except data_sources.DataError as e:
+        raise ConfigError(str(e)) from None
     return experiment
 
 
@@ -113,8 +125,11 @@ def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
         config_arg = '--config=' + argv[argv.index('--config') + 1]
     if config_arg is None:
         return None
+    file = config_arg.split('=', 1)[1]
     try:
-        config = flags.FLAGS['config'].parser.parse(config_arg.split('=', 1)[1])
-    except Exception:  # noqa: BLE001 (the config file's own error: absl's line says it)
-        return None
+        config = flags.FLAGS['config'].parser.parse(file)
+    except Exception:  # noqa: BLE001 - the config file's own error, in one line naming it
+        line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        file = file.split(':')[0]
+        return line if os.path.basename(file) in line else f'{file}: {line}'
     return unknown_key_message(config, argv)

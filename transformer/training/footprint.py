@@ -1,0 +1,127 @@
+"""A lower bound on the memory a config needs, checked before a run builds anything.
+
+A length or a batch far beyond what the machine holds (``data.max_len=1000000000``) used to
+fail after the run directory was written, in numpy's or XLA's allocator ("Unable to allocate
+119. GiB"). `check` refuses it first, in one line naming the settings. The figures are
+lower bounds, not a model of XLA's temporaries: only what a step cannot do without (the
+parameters with their gradient and Adam's two moments, the residual stream of every layer
+kept for the backward pass, the host's batch arrays, a decoder's key/value cache), so a
+config refused here can never run, and one that passes may still run out of memory (that
+ends in the commands' own one-line error).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformer.schema import ConfigError, Experiment
+
+GiB = 2**30
+# int32 arrays a packed training batch holds per token (inputs, targets, segmentations,
+# positions of each side).
+_BATCH_ARRAYS = 6
+# Copies of each parameter a train step holds: the value, its gradient, Adam's two moments.
+_PARAM_COPIES = 4
+HOST = 'the batch arrays'  # the part that lives in host memory
+
+
+def num_params(experiment: Experiment) -> int:
+    """The model's parameter count from its config (the vocabulary at data.vocab_size)."""
+    m = experiment.model
+    d, f = m.d_model, m.d_ff
+    inner = m.num_heads * (m.head_dim or d // m.num_heads)
+    attention = 4 * d * inner
+    ffn = 2 * d * f
+    embeddings = {'all': 1, 'target': 2, 'none': 3}[m.share_embeddings]
+    layers = m.num_encoder_layers * (attention + ffn) + m.num_decoder_layers * (2 * attention + ffn)
+    return embeddings * experiment.data.vocab_size * d + layers
+
+
+def _itemsize(dtype: Any) -> int:
+    import jax.numpy as jnp
+
+    return jnp.dtype(dtype).itemsize
+
+
+def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]]:
+    """Bytes each part of a training run needs at least, per device (`HOST`: in host
+    memory), with the settings that decide it: {part: (bytes, settings)}."""
+    m, tc = experiment.model, experiment.train
+    length = experiment.data.max_len
+    model_parallel = tc.model_parallelism if tc.parallelism == 'sharding' else 1
+    data_parallel = max(1, num_devices // model_parallel)
+    rows = max(1, tc.batch_size // (data_parallel * tc.grad_accum_steps))
+    size = _itemsize(m.dtype)
+    params = _PARAM_COPIES * num_params(experiment) * _itemsize(m.param_dtype)
+    if tc.fsdp or model_parallel > 1:
+        params //= max(1, model_parallel * (data_parallel if tc.fsdp else 1))
+    layers = m.num_encoder_layers + m.num_decoder_layers
+    ev = experiment.eval
+    cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, length + ev.extra_length)
+    return {
+        "the parameters with their gradient and Adam's moments": (
+            params,
+            f'model.d_model={m.d_model}, model.d_ff={m.d_ff}, {layers} layers and '
+            f'data.vocab_size={experiment.data.vocab_size}',
+        ),
+        "the layers' activations": (
+            rows * length * m.d_model * size * layers,
+            f'train.batch_size={tc.batch_size} rows x data.max_len={length} tokens '
+            f'(over {data_parallel} data-parallel devices, train.grad_accum_steps='
+            f'{tc.grad_accum_steps}) x model.d_model={m.d_model} x {layers} layers',
+        ),
+        HOST: (
+            tc.batch_size * length * 4 * _BATCH_ARRAYS * max(1, tc.prefetch + 1),
+            f'train.batch_size={tc.batch_size} x data.max_len={length}',
+        ),
+        # Validation's BLEU and the evaluate command decode with the eval settings.
+        'the decoder cache': (
+            cache,
+            f'eval.batch_size={ev.batch_size} sentences x eval.beam_size={ev.beam_size} x '
+            f'(data.max_len={length} + eval.extra_length={ev.extra_length}) tokens',
+        ),
+    }
+
+
+def decode_cache_bytes(experiment: Experiment, sentences: int, beam: int, length: int) -> int:
+    """The decoder's key/value cache for ``sentences`` x ``beam`` hypotheses of ``length``."""
+    m = experiment.model
+    inner = m.num_heads * (m.head_dim or m.d_model // m.num_heads)
+    return 2 * m.num_decoder_layers * sentences * beam * length * inner * _itemsize(m.dtype)
+
+
+def host_bytes() -> int | None:
+    """The machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_bytes(devices: Sequence[Any]) -> tuple[int | None, str]:
+    """Memory of one device and what it is. CPU devices share the host's memory: each is
+    compared with all of it, so that simulated devices (tests) never refuse a config that
+    one real CPU device could run."""
+    device = devices[0]
+    if device.platform == 'cpu':
+        return host_bytes(), 'host memory'
+    stats = device.memory_stats() or {}
+    limit = stats.get('bytes_limit')
+    return limit, f'{device.device_kind} memory'
+
+
+def check(experiment: Experiment, devices: Sequence[Any]) -> None:
+    """`ConfigError` naming the settings when a part alone needs more than the machine has."""
+    per_device, where = device_bytes(devices)
+    host = host_bytes()
+    for part, (size, settings) in needs(experiment, len(devices)).items():
+        limit, what = (host, 'host memory') if part == HOST else (per_device, where)
+        if limit is None or size <= limit:
+            continue
+        share = '' if part == HOST or len(devices) == 1 else ' per device'
+        raise ConfigError(
+            f'{settings}: {part} alone need at least {size / GiB:,.1f} GiB{share}, more than '
+            f'the {limit / GiB:,.1f} GiB of {what}{share}; lower them.'
+        )
