@@ -1,8 +1,25 @@
-"""Test set-up: 8 host CPU devices so that pmap and sharding are testable, quiet TensorFlow,
-a compilation cache shared by the suite's processes, and one tiny trained run shared by the
-tests of the commands that read a run directory.
+"""Test set-up: the suite's rules for precision and devices, quiet TensorFlow, a compilation
+cache shared by the suite's processes, and one tiny trained run shared by the tests of the
+commands that read a run directory. The variables must be set before jax (or tensorflow) is
+first imported; the processes tests start inherit them.
 
-The variables must be set before jax (or tensorflow) is first imported.
+The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.md):
+
+- **float32 means float32.** XLA's default float32 matmul on NVIDIA GPUs rounds its inputs to
+  TensorFloat-32 (about 3 decimal digits), on a CPU it does not. The suite runs every float32
+  product at full float32 (``JAX_DEFAULT_MATMUL_PRECISION=float32``), so a float32 identity
+  asserted at 1e-5 checks the same arithmetic on every platform. bfloat16 computations are
+  not affected; a test of one states the tolerance of its dtype.
+- **Devices are asked for.** 8 host CPU devices exist on every machine
+  (``--xla_force_host_platform_device_count``); a test that needs several devices takes
+  ``jax.devices('cpu')``, never the default backend's (a GPU machine's default is its GPU), and
+  a process it starts for that is pinned to the CPU (``JAX_PLATFORMS=cpu``).
+- **Platform behaviour is checked where it runs.** A test of what one platform does reads
+  ``jax.default_backend()``, and covers the other branch by monkeypatching the backend's name;
+  a test of a GPU kernel (tests/backends/test_gpu.py) is skipped, with its reason, without one.
+- On a GPU each process allocates device memory as it needs it
+  (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
+  start share the device.
 
 The compilation cache: many tests train the same tiny model again (resume, kill-and-rerun,
 other device counts, `train.py` subprocesses), and on CPU compiling its step costs more than
@@ -20,6 +37,8 @@ import shutil
 import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
+os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix='transformer-tests-jax-cache-')

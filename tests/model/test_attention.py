@@ -332,16 +332,21 @@ def test_decode_step_query_rows_share_static_cache_rows():
 
 
 def test_auto_is_einsum_on_a_cpu_and_fused_on_a_gpu(monkeypatch):
-    """attention_impl='auto' (the configs' default) takes the einsum path on this CPU, which
-    sows the weights, and the fused path where the backend is a GPU, which sows none."""
+    """attention_impl='auto' (the configs' default) takes the einsum path where the backend is
+    a CPU, which sows the weights, and the fused path where it is a GPU, which sows none; each
+    branch runs once under its own backend name, whatever machine this is (float32, so the
+    fused path is XLA's and the outputs equal)."""
     from transformer.backends import platform
 
     x_q, x_kv = _normal(0, (2, 3, 16)), _normal(1, (2, 4, 16))
     module = MultiHeadAttention(num_heads=4, attention_impl='auto')
     params = _random_params(module, x_q, x_kv)
-    y_cpu, state = _apply_sown(module, params, x_q, x_kv, None)
-    assert 'attention_weights' in state['intermediates']
-    monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')
-    y_gpu, state = _apply_sown(module, params, x_q, x_kv, None)
-    assert 'intermediates' not in state
-    np.testing.assert_allclose(y_gpu, y_cpu, atol=1e-5)
+    outputs = {}
+    for backend, sows in (('cpu', True), ('gpu', False)):
+        monkeypatch.setattr(platform.jax, 'default_backend', lambda b=backend: b)
+        outputs[backend], state = _apply_sown(module, params, x_q, x_kv, None)
+        assert ('attention_weights' in state.get('intermediates', {})) is sows, backend
+    monkeypatch.undo()
+    want = {'cpu': 'einsum', 'gpu': 'fused'}.get(jax.default_backend(), 'einsum')
+    assert platform.attention_impl('auto') == want
+    np.testing.assert_allclose(outputs['gpu'], outputs['cpu'], atol=1e-5)

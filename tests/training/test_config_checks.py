@@ -29,7 +29,7 @@ def fresh_overrides():
 @pytest.mark.parametrize('name', configs.names())
 def test_shipped_configs_pass(name):
     module = importlib.import_module(f'configs.{name}')  # the path form's one-line loader
-    config_checks.check(module.get_config(), devices=jax.devices())
+    config_checks.check(module.get_config(), devices=jax.devices('cpu'))
 
 
 @pytest.mark.parametrize(
@@ -66,6 +66,10 @@ def test_config_error_is_one_line_exit_2_and_writes_nothing(
     workdir = tmp_path / 'run'
     argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', f'--config.{override}']
     monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    # The command checks the batch against all devices: the 8 CPU ones, on every machine (a
+    # GPU machine's default backend is its one GPU, which divides any batch).
+    cpu_devices = jax.devices('cpu')
+    monkeypatch.setattr(jax, 'devices', lambda backend=None: cpu_devices)
     with pytest.raises(SystemExit) as info:
         trainer.cli(argv)
     assert info.value.code == 2
@@ -79,4 +83,4 @@ def test_wrong_type_in_a_config_file_is_named():
     del config.eval['beam_size']  # a ConfigDict keeps a field's type; replace the field
     config.eval.beam_size = '4'
     with pytest.raises(config_checks.ConfigError, match=r"eval.beam_size='4' must be of type int"):
-        config_checks.check(config, devices=jax.devices()[:1])
+        config_checks.check(config, devices=jax.devices('cpu')[:1])

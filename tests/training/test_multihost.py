@@ -64,6 +64,7 @@ def _run_two_processes(
     env = {
         **os.environ,
         'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices_per_process}',
+        'JAX_PLATFORMS': 'cpu',  # the CPU devices above, also on a machine with a GPU
         **(env or {}),
     }
     port = _free_port()
@@ -117,8 +118,8 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     process and continues to the 2-process run's step 4."""
     config = _config(mode, 4)
     _train_two_processes(config, tmp_path / 'two')
-    trainer.train_and_evaluate(config, str(tmp_path / 'eight'))
-    trainer.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices()[:1])
+    trainer.train_and_evaluate(config, str(tmp_path / 'eight'), devices=jax.devices('cpu'))
+    trainer.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices('cpu')[:1])
     two = _losses(tmp_path / 'two')
     assert sorted(two) == [1, 2, 3, 4]
     moved = [  # the compared runs train: step 4 is not step 2
@@ -135,18 +136,19 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     resumed = tmp_path / 'resumed'
     shutil.copytree(tmp_path / 'two', resumed)
     shutil.rmtree(resumed / 'checkpoints' / '4')
-    trainer.train_and_evaluate(config, str(resumed), devices=jax.devices()[:1])
+    trainer.train_and_evaluate(config, str(resumed), devices=jax.devices('cpu')[:1])
     _assert_close(_params(resumed, 4), _params(tmp_path / 'two', 4))
 
 
 @pytest.mark.slow
 def test_resume_on_8_then_2_then_1_devices_equals_uninterrupted(tmp_path):
     """Sharding mode with dropout: steps 1-2 on 8 devices, 3-4 on 2, 5-6 on 1 == 6 on 8."""
-    trainer.train_and_evaluate(_config('sharding', 6), str(tmp_path / 'straight'))
+    straight = str(tmp_path / 'straight')
+    trainer.train_and_evaluate(_config('sharding', 6), straight, devices=jax.devices('cpu'))
     moved = str(tmp_path / 'moved')
     for num_steps, count in ((2, 8), (4, 2), (6, 1)):
         trainer.train_and_evaluate(
-            _config('sharding', num_steps), moved, devices=jax.devices()[:count]
+            _config('sharding', num_steps), moved, devices=jax.devices('cpu')[:count]
         )
     _assert_close(_params(moved, 6), _params(tmp_path / 'straight', 6))
 
@@ -165,7 +167,8 @@ def test_unreachable_coordinator_is_one_line_and_no_hang(tmp_path):
     cmd += [f'--config.train.coordinator_address=localhost:{port}']
     cmd += ['--config.train.process_id=1', '--config.train.init_timeout_s=2']
     start = time.monotonic()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert (
@@ -228,7 +231,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
 
     alone = _config('sharding', 6)
     alone.train.model_parallelism = 2
-    trainer.train_and_evaluate(alone, str(tmp_path / 'alone'), devices=jax.devices()[:2])
+    trainer.train_and_evaluate(alone, str(tmp_path / 'alone'), devices=jax.devices('cpu')[:2])
     got, want = _losses(tmp_path / 'alone'), _losses(run)
     np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
 

@@ -40,7 +40,7 @@ def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
 
 @functools.cache
 def _reference():
-    return _run('sharding', jax.devices()[:1], accum=1)[:2]
+    return _run('sharding', jax.devices('cpu')[:1], accum=1)[:2]
 
 
 def _assert_same_training(got, reference) -> None:
@@ -59,8 +59,8 @@ def _assert_same_training(got, reference) -> None:
 def test_data_parallel_equals_one_device(mode, num_devices, accum):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
     or without gradient accumulation (the loss is normalised by the global token count)."""
-    assert len(jax.devices()) == 8, 'conftest should give 8 CPU devices'
-    _assert_same_training(_run(mode, jax.devices()[:num_devices], accum), _reference())
+    assert len(jax.devices('cpu')) == 8, 'conftest should give 8 CPU devices'
+    _assert_same_training(_run(mode, jax.devices('cpu')[:num_devices], accum), _reference())
 
 
 def _per_device_bytes(state, device) -> int:
@@ -80,7 +80,7 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
     """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each
     device holds the parameter bytes the layout implies: heads and d_ff split on 'model',
     d_model split on 'data' under FSDP."""
-    got = _run('sharding', jax.devices(), 1, model_parallelism=model_parallelism, fsdp=fsdp)
+    got = _run('sharding', jax.devices('cpu'), 1, model_parallelism=model_parallelism, fsdp=fsdp)
     _assert_same_training(got, _reference())
     specs = parallel.logical_specs(tiny_model(), optim.make_optimizer(base.get_config().opt, 32)[0])
     data_shards = 8 // model_parallelism
@@ -96,7 +96,7 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
         if fsdp and 'embed' in spec:
             divide *= data_shards
         expected += leaf.nbytes // divide
-    assert _per_device_bytes(got[2], jax.devices()[0]) == expected
+    assert _per_device_bytes(got[2], jax.devices('cpu')[0]) == expected
     total = sum(leaf.nbytes for leaf in jax.tree.leaves(got[1]))
     assert (expected < total) == (fsdp or model_parallelism > 1)
 
@@ -119,7 +119,7 @@ def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
         schedule=schedule,
         label_smoothing=0.1,
         accum_steps=accum,
-        devices=jax.devices()[:2],
+        devices=jax.devices('cpu')[:2],
     )
     state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     compiled = par._step.lower(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
@@ -137,7 +137,9 @@ def test_layouts_the_model_cannot_take_fail_before_compiling():
     with pytest.raises(ValueError, match=r'model_parallelism=8 does not divide model.num_heads=4'):
         parallel.Parallel('sharding', accum_steps=1, model_parallelism=8, **kwargs)
     with pytest.raises(ValueError, match='fsdp shards model.d_model=32 over 6'):
-        parallel.Parallel('sharding', accum_steps=1, fsdp=True, devices=jax.devices()[:6], **kwargs)
+        parallel.Parallel(
+            'sharding', accum_steps=1, fsdp=True, devices=jax.devices('cpu')[:6], **kwargs
+        )
     with pytest.raises(ValueError, match="need train.parallelism='sharding'"):
         parallel.Parallel('pmap', accum_steps=1, fsdp=True, **kwargs)
 
@@ -177,7 +179,7 @@ def test_a_batch_of_other_than_the_configured_rows_raises():
         schedule=schedule,
         label_smoothing=0.1,
         accum_steps=1,
-        devices=jax.devices()[:2],
+        devices=jax.devices('cpu')[:2],
         batch_size=16,
     )
     assert (par.data_group, par.data_groups) == (0, 1)
@@ -188,7 +190,7 @@ def test_a_batch_of_other_than_the_configured_rows_raises():
 @pytest.mark.slow
 def test_sharding_mode_splits_heads_on_the_model_axis():
     """With a 'model' axis of 2, q/k/v kernels are split on N and out kernels on N."""
-    mesh = parallel.make_mesh(2, jax.devices()[:4])
+    mesh = parallel.make_mesh(2, jax.devices('cpu')[:4])
     model = tiny_model()
     tx, _ = optim.make_optimizer(base.get_config().opt, d_model=32)
     state = steps.init_state(model, tx, jax.random.key(0), LEN)
@@ -227,7 +229,7 @@ def test_every_parameter_declares_its_logical_axes(overrides):
     assert len(flat_specs) == len(flat_shapes) > 0
     for (path, spec), shape in zip(flat_specs, flat_shapes, strict=True):
         assert len(spec) == len(shape.shape) and None not in spec, (path, spec)
-    mesh = parallel.make_mesh(2, jax.devices()[:4])
+    mesh = parallel.make_mesh(2, jax.devices('cpu')[:4])
     shardings = parallel.state_shardings(mesh, specs)
     split = {
         jax.tree_util.keystr(path)
@@ -279,7 +281,7 @@ def test_the_chunked_loss_trains_as_the_full_logits_over_devices(mode):
     rows), trains as one device with the full logits, in both modes (that the config's key
     reaches the compiled step: `test_the_config_chooses_the_loss`)."""
     _assert_same_training(
-        _run(mode, jax.devices()[:4], accum=1, loss_chunk_tokens=40), _reference()
+        _run(mode, jax.devices('cpu')[:4], accum=1, loss_chunk_tokens=40), _reference()
     )
 
 
@@ -291,7 +293,7 @@ def test_the_config_chooses_the_loss(chunk_tokens, scans):
     config.train.batch_size, config.train.loss_chunk_tokens = 8, chunk_tokens
     model = tiny_model()
     tx, schedule = optim.make_optimizer(config.opt, d_model=32)
-    par = parallel.Parallel.from_config(config, model, tx, schedule, jax.devices()[:1])
+    par = parallel.Parallel.from_config(config, model, tx, schedule, jax.devices('cpu')[:1])
     state = par.put_state(
         par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     )
