@@ -65,23 +65,22 @@ def _best(fn, args, repeats: int) -> float:
 
 
 def embedding_grad(repeats: int) -> list[dict]:
-    """Milliseconds of the lookup's gradient, scatter-add against one-hot product."""
+    """Milliseconds of the lookup's gradient, each `embedding.EMBEDDING_GRADS` variant."""
     rows = []
     key_t, key_c, key_e = jax.random.split(jax.random.key(0), 3)
     tokens = jax.random.randint(key_t, (B, T), 0, V)
     cotangent = jax.random.normal(key_c, (B, T, D))
     table = jax.random.normal(key_e, (V, D))
     for dtype in (jnp.float32, jnp.bfloat16):
-        for lookup in (embedding.take_lookup, embedding.scatter_free_lookup):
+        for grad in embedding.EMBEDDING_GRADS[1:]:  # not 'auto'
 
-            def loss(e, lookup=lookup, dtype=dtype):
-                return (lookup(e, tokens, dtype).astype(jnp.float32) * cotangent).sum()
+            def loss(e, grad=grad, dtype=dtype):
+                looked_up = embedding.lookup(e, tokens, dtype, grad)
+                return (looked_up.astype(jnp.float32) * cotangent).sum()
 
             seconds = _best(jax.jit(jax.grad(loss)), (table,), repeats)
-            rows.append({'dtype': jnp.dtype(dtype).name, 'lookup': lookup.__name__,
-                         'ms': 1e3 * seconds})  # fmt: skip
-            print(f'embedding gradient {rows[-1]["dtype"]:9} {lookup.__name__:20} '
-                  f'{rows[-1]["ms"]:8.2f} ms')  # fmt: skip
+            rows.append({'dtype': jnp.dtype(dtype).name, 'lookup': grad, 'ms': 1e3 * seconds})
+            print(f'embedding gradient {rows[-1]["dtype"]:9} {grad:20} {rows[-1]["ms"]:8.2f} ms')
     return rows
 
 

@@ -9,16 +9,20 @@ VOCAB = 32
 ROWS, LEN = 8, 12
 
 
-def tiny_model() -> Transformer:
+def tiny_model(**overrides) -> Transformer:
+    """A one-layer model of d_model 32; ``overrides`` replace TransformerConfig fields."""
     return Transformer(
         TransformerConfig(
-            vocab_size=VOCAB,
-            d_model=32,
-            num_heads=4,
-            d_ff=64,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            dropout_rate=0.0,
+            **{
+                'vocab_size': VOCAB,
+                'd_model': 32,
+                'num_heads': 4,
+                'd_ff': 64,
+                'num_encoder_layers': 1,
+                'num_decoder_layers': 1,
+                'dropout_rate': 0.0,
+                **overrides,
+            }
         )
     )
 

@@ -49,10 +49,10 @@ MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`record_changes`)
 # Settings a resumed run may change in its model or data section: paths to the same files,
-# and an implementation of the same attention.
+# and another way to compute the same attention or the same embedding gradient.
 RESUME_FREE = (
     *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
-    'model.attention_impl',
+    *('model.attention_impl', 'model.embedding_grad'),
 )
 # How one process joins a multi-host run: differs between processes, never recorded.
 LAUNCH_SETTINGS = (
@@ -133,43 +133,82 @@ def write_config(workdir: str, config: Config) -> None:
 def read_config(workdir: str) -> schema.Experiment:
     """The run's typed config as it trains now: ``config.json`` with the changes of later
     resumes (``config_history.jsonl``) applied, and the fields it predates at the values its run
-    used."""
-    try:
-        return schema.parse(_read_values(workdir))
-    except schema.ConfigError as e:
-        raise WorkdirError(f'{path(workdir, CONFIG_FILE)}: {e}') from None
+    used.
 
-
-def _read_values(workdir: str) -> ml_collections.ConfigDict:
+    Raises:
+      WorkdirError: one line naming the file (and the line of the history) and the key of
+        the first value that cannot be used: a file that is not JSON, not the config's shape,
+        or holds a value the schema refuses (a non-finite or mistyped one). Such a value is
+        never used.
+    """
     config_path = path(workdir, CONFIG_FILE)
     if not os.path.exists(config_path):
         raise WorkdirError(
             f'{config_path} not found: {workdir} is not a run directory written by train.py.'
         )
-    with open(config_path) as f:
+    values = _load_json(config_path, _read_text(config_path))
+    try:
+        config = schema.complete(schema.plain(values))  # fields it predates, as its run used
+        experiment = schema.parse(config)
+    except schema.ConfigError as e:
+        raise WorkdirError(f'{config_path}: {e}') from None
+    history = path(workdir, HISTORY_FILE)
+    for line, change in read_history(workdir, numbered=True):
+        where = f'{history}, line {line}'
         try:
-            config = ml_collections.ConfigDict(json.load(f))
-        except json.JSONDecodeError as e:
-            raise WorkdirError(f'{config_path} is not valid JSON ({e}); restore it.') from None
-    config = schema.complete(config)  # fields it predates, at the values its run used
-    for change in read_history(workdir):
-        *parents, name = change['key'].split('.')
-        node = config
-        for part in parents:
-            node = node[part]
-        if name in node:
-            with node.ignore_type():
-                node[name] = change['new']
-    return config
+            _apply(config, change)
+            experiment = schema.parse(config)
+        except (schema.ConfigError, KeyError, TypeError) as e:
+            raise WorkdirError(f'{where}: {str(e).strip(chr(39))}') from None
+    return experiment
 
 
-def read_history(workdir: str) -> list[dict[str, Any]]:
-    """The changes of settings recorded by resumes, oldest first (step, key, old, new)."""
+def _read_text(file: str) -> str:
+    try:
+        with open(file, encoding='utf-8') as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkdirError(f'{file} cannot be read: {error_line(e)}') from None
+
+
+def _load_json(file: str, text: str, line: int | None = None) -> Any:
+    """JSON of a run file; the strict parser reads NaN and Infinity, which the schema then
+    refuses by key."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f'{file}, line {line}' if line is not None else file
+        raise WorkdirError(f'{where} is not valid JSON ({e}); restore it.') from None
+
+
+def _apply(config: ml_collections.ConfigDict, change: Any) -> None:
+    """Sets one recorded change (``{'step', 'key', 'old', 'new'}``) in ``config``."""
+    if not (isinstance(change, dict) and isinstance(change.get('key'), str) and 'new' in change):
+        raise TypeError(f'{change!r:.80} is not a change {{"step", "key", "old", "new"}}')
+    *parents, name = change['key'].split('.')
+    node = config
+    for part in parents:
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise KeyError(f'key {change["key"]} names no config setting')
+        node = node[part]
+    if isinstance(node, ml_collections.ConfigDict) and name in node:
+        with node.ignore_type():
+            node[name] = change['new']
+
+
+def read_history(workdir: str, *, numbered: bool = False) -> list[Any]:
+    """The changes of settings recorded by resumes, oldest first (step, key, old, new);
+    ``numbered``: (line number, change) pairs. A line that is not JSON raises `WorkdirError`
+    naming the file and the line; `read_config` checks what each holds."""
     history = path(workdir, HISTORY_FILE)
     if not os.path.exists(history):
         return []
-    with open(history) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    changes = [
+        (number, _load_json(history, line, number))
+        for number, line in enumerate(_read_text(history).splitlines(), start=1)
+        if line.strip()
+    ]
+    return changes if numbered else [change for _, change in changes]
 
 
 def flat_config(config: Config) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The embedding lookup's two gradients (transformer/model/embedding.py): equal, and one of them
-compiled without a scatter."""
+"""The embedding lookup's gradients (transformer/model/embedding.py): every variant equals
+autodiff's scatter, the one-hot products compile without a scatter, and 'auto' resolves to the
+measured winner of the backend."""
 
 import re
 
@@ -15,6 +16,7 @@ from transformer.backends import platform
 from transformer.model import embedding
 
 V, D = 50, 16
+CUSTOM = ('one_hot', 'sorted_scatter')
 
 
 def _table_tokens_cotangent(seed: int = 0):
@@ -26,26 +28,26 @@ def _table_tokens_cotangent(seed: int = 0):
     return table, tokens, cotangent
 
 
-def _gradient(lookup, table, tokens, cotangent, dtype):
+def _gradient(grad, table, tokens, cotangent, dtype):
     def loss(t, k, c):
-        return (lookup(t, k, dtype).astype(jnp.float32) * c).sum()
+        return (embedding.lookup(t, k, dtype, grad).astype(jnp.float32) * c).sum()
 
     return jax.grad(loss)(table, tokens, cotangent)
 
 
+@pytest.mark.parametrize('grad', CUSTOM)
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_scatter_free_gradient_equals_scatter_gradient(monkeypatch, dtype):
-    """Same rows forward, same [V, D] gradient (float32, as the table) back, with blocks that
-    do not divide the 21 tokens; the bfloat16 cotangent is summed in float32 by both."""
+def test_every_gradient_equals_the_scatter(monkeypatch, grad, dtype):
+    """Same rows forward, same [V, D] gradient (float32, as the table) back, with one-hot
+    blocks that do not divide the 21 tokens; the bfloat16 cotangent is summed in float32."""
     monkeypatch.setattr(embedding, 'GRAD_BLOCK_TOKENS', 4)
     table, tokens, cotangent = _table_tokens_cotangent()
     np.testing.assert_array_equal(
-        embedding.scatter_free_lookup(table, tokens, dtype),
-        embedding.take_lookup(table, tokens, dtype),
+        embedding.lookup(table, tokens, dtype, grad), embedding.take_lookup(table, tokens, dtype)
     )
-    assert embedding.take_lookup(table, tokens, dtype).dtype == dtype
-    want = _gradient(embedding.take_lookup, table, tokens, cotangent, dtype)
-    got = _gradient(embedding.scatter_free_lookup, table, tokens, cotangent, dtype)
+    assert embedding.lookup(table, tokens, dtype, grad).dtype == dtype
+    want = _gradient('scatter', table, tokens, cotangent, dtype)
+    got = _gradient(grad, table, tokens, cotangent, dtype)
     assert got.dtype == want.dtype == jnp.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     manual = np.zeros((V, D), np.float32)
@@ -54,50 +56,64 @@ def test_scatter_free_gradient_equals_scatter_gradient(monkeypatch, dtype):
     assert np.abs(manual[:6]).min() > 0 and not manual[6:].any()
 
 
-def test_scatter_free_gradient_compiles_without_scatter():
-    """XLA's program for the gather's gradient holds a scatter; the one-hot product's none."""
+def test_an_unknown_gradient_is_refused():
+    table, tokens, _ = _table_tokens_cotangent()
+    with pytest.raises(ValueError, match="model.embedding_grad='dense' must be one of"):
+        embedding.lookup(table, tokens, jnp.float32, 'dense')
+
+
+def _scatters(grad) -> list[str]:
     table, tokens, cotangent = _table_tokens_cotangent()
 
-    def scatters(lookup) -> list[str]:
-        def loss(t, k, c):
-            return (lookup(t, k, jnp.float32) * c).sum()
+    def loss(t, k, c):
+        return (embedding.lookup(t, k, jnp.float32, grad) * c).sum()
 
-        text = jax.jit(jax.grad(loss)).lower(table, tokens, cotangent).compile().as_text()
-        return re.findall(r'\sscatter\(', text)  # the op, not a name in the metadata
-
-    assert scatters(embedding.take_lookup)
-    assert not scatters(embedding.scatter_free_lookup)
+    text = jax.jit(jax.grad(loss)).lower(table, tokens, cotangent).compile().as_text()
+    return re.findall(r'\sscatter\(', text)  # the op, not a name in the metadata
 
 
-def test_gpu_takes_the_scatter_free_gradient_and_cpu_the_scatter(monkeypatch):
-    for backend, scatter_free in (('cpu', False), ('tpu', False), ('gpu', True)):
+def test_the_one_hot_gradient_compiles_without_scatter():
+    """XLA's program for the gather's gradient holds a scatter; the one-hot product's none."""
+    assert _scatters('scatter')
+    assert not _scatters('one_hot')
+
+
+def test_auto_is_the_measured_winner_of_each_backend(monkeypatch):
+    """'auto' resolves through `platform.WINNERS` (the scatter on every backend measured so
+    far); a named variant is taken as named on every backend."""
+    for backend in ('cpu', 'gpu', 'tpu'):
         monkeypatch.setattr(platform.jax, 'default_backend', lambda b=backend: b)
-        assert platform.scatter_free_embedding_grad() is scatter_free, backend
+        table = platform.WINNERS['embedding_grad']
+        assert platform.embedding_grad('auto') == table.get(backend, table['*']), backend
+        assert platform.embedding_grad('one_hot') == 'one_hot'
+    assert platform.embedding_grad('auto') in embedding.EMBEDDING_GRADS
 
 
-def test_transformer_gradients_equal_with_either_lookup(monkeypatch):
-    """The whole model's gradients, with the scatter-free lookup forced on this CPU, equal
-    those of the scatter (the shared matrix adds source, target and projection uses), and its
-    compiled gradient has no scatter left."""
-    model = tiny_model()
+@pytest.mark.parametrize('grad', CUSTOM)
+def test_transformer_gradients_equal_with_every_lookup(grad):
+    """The whole model's gradients with ``model.embedding_grad=grad`` equal those of the
+    scatter (the shared matrix adds source, target and projection uses); the one-hot
+    products leave no scatter in the compiled gradient."""
     batch = packed_batch(3)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), batch['inputs'], batch['targets'])
-    params = fill_random(nn.unbox(shapes['params']), seed=4)
     weights = np.random.default_rng(5).standard_normal((*batch['targets'].shape, 32))
 
-    def loss(p):
-        return (model.apply({'params': p}, batch['inputs'], batch['targets']) * weights).sum()
+    def compiled(name):
+        model = tiny_model(embedding_grad=name)
+        shapes = jax.eval_shape(model.init, jax.random.key(0), batch['inputs'], batch['targets'])
+        params = fill_random(nn.unbox(shapes['params']), seed=4)
 
-    def compiled():
-        return jax.jit(jax.grad(loss)).lower(params).compile()
+        def loss(p):
+            return (model.apply({'params': p}, batch['inputs'], batch['targets']) * weights).sum()
 
-    want = compiled()(params)
-    monkeypatch.setattr(platform, 'scatter_free_embedding_grad', lambda: True)
-    scatter_free = compiled()
-    assert not re.findall(r'\sscatter\(', scatter_free.as_text())
+        return jax.jit(jax.grad(loss)).lower(params).compile(), params
+
+    reference, params = compiled('scatter')
+    variant, _ = compiled(grad)
+    if grad == 'one_hot':
+        assert not re.findall(r'\sscatter\(', variant.as_text())
     for (path, g), w in zip(
-        jax.tree_util.tree_leaves_with_path(scatter_free(params)),
-        jax.tree_util.tree_leaves(want),
+        jax.tree_util.tree_leaves_with_path(variant(params)),
+        jax.tree_util.tree_leaves(reference(params)),
         strict=True,
     ):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max(), err_msg=str(path))

@@ -1,5 +1,10 @@
-"""The choices that depend on the accelerator, made here once, each where it was measured to
-help (benchmarks/README.md); everywhere else the plain computation runs.
+"""The choices that depend on the accelerator, made here once: a config value 'auto' becomes the
+measured winner of `WINNERS` for the backend the program is traced for; everywhere else the
+plain computation runs.
+
+`WINNERS` holds only measured choices: each entry names the benchmark that decided it, with
+its device, command and figures in benchmarks/README.md ("Step variants"). A choice changes
+here only with a figure from the device it is for.
 
 Asked at trace time, never on import: ``import transformer`` starts no jax backend.
 """
@@ -8,28 +13,40 @@ from __future__ import annotations
 
 import jax
 
+# choice -> {backend: the value 'auto' resolves to}; '*' is every backend not listed.
+WINNERS: dict[str, dict[str, str]] = {
+    # H100, base config, bfloat16: fused (cuDNN flash) 45.3 ms/step, einsum slower
+    # (H200: 40.8 vs 47.0); on a CPU einsum, which also sows the weights for visualize.
+    'attention_impl': {'gpu': 'fused', '*': 'einsum'},
+    # H100, base config, bfloat16: the scatter-add 45.3 ms/step, the one-hot products 49.6;
+    # CPU: the scatter 0.56 ms against the products' 48 ms (products_speed --embedding_grad).
+    'embedding_grad': {'*': 'scatter'},
+}
+
 
 def on_cpu() -> bool:
     """Whether the default jax backend is the host CPU."""
     return jax.default_backend() == 'cpu'
 
 
+def resolve(choice: str, value: str) -> str:
+    """``value`` of the config field ``choice``; 'auto' is this backend's measured winner."""
+    if value != 'auto':
+        return value
+    table = WINNERS[choice]
+    return table.get(jax.default_backend(), table['*'])
+
+
 def attention_impl(name: str) -> str:
-    """The attention implementation a config's ``model.attention_impl`` names: 'auto' is
-    'fused' (cuDNN's flash attention through `jax.nn.dot_product_attention`) on a GPU, where
-    it is the faster one, and 'einsum' elsewhere, where it is (and where visualize can read its
-    weights)."""
-    if name != 'auto':
-        return name
-    return 'fused' if jax.default_backend() == 'gpu' else 'einsum'
+    """The attention implementation a config's ``model.attention_impl`` names ('auto': the
+    winner of `WINNERS`: cuDNN's flash attention on a GPU, einsum elsewhere)."""
+    return resolve('attention_impl', name)
 
 
-def scatter_free_embedding_grad() -> bool:
-    """Whether the embedding lookup's gradient is a one-hot product instead of a scatter-add
-    (transformer/model/embedding.py): on a GPU, where the scatter was 9% of the base step's
-    kernel time in a profile on an H200 and the product runs on the matrix units; on a CPU the
-    product costs ~80x the scatter (benchmarks/README.md, products_speed.py)."""
-    return jax.default_backend() == 'gpu'
+def embedding_grad(name: str) -> str:
+    """The embedding gradient a config's ``model.embedding_grad`` names
+    (transformer/model/embedding.py; 'auto': the winner of `WINNERS`)."""
+    return resolve('embedding_grad', name)
 
 
 def cache_chunks() -> int:

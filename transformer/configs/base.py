@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.pre_layer_norm = False  # post-LN as in the paper; True = pre-LN (t2t's later default)
     model.layer_norm_epsilon = 1e-6
     model.attention_impl = 'auto'  # cuDNN's fused attention on a GPU, 'einsum' elsewhere
+    model.embedding_grad = 'auto'  # the embedding's gradient: 'scatter', 'one_hot', ... (measured)
     model.dtype = 'float32'  # computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs
     model.param_dtype = 'float32'
 

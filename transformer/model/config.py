@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 import jax.numpy as jnp
 
 from transformer.model.attention import ATTENTION_IMPLS
+from transformer.model.embedding import EMBEDDING_GRADS
 
 ShareEmbeddings = Literal['all', 'target', 'none']
 
@@ -47,6 +48,10 @@ class TransformerConfig:
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
     # 'auto': 'fused' on a GPU, 'einsum' elsewhere.
     attention_impl: Literal[ATTENTION_IMPLS] = 'einsum'
+    # The embedding table's gradient (transformer/model/embedding.py): 'scatter' (autodiff's
+    # scatter-add), 'one_hot' (blocked one-hot products), 'sorted_scatter' (a segment sum over
+    # sorted tokens); 'auto': the measured winner for the backend (backends/platform.py).
+    embedding_grad: Literal[EMBEDDING_GRADS] = 'auto'
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
 
@@ -78,6 +83,11 @@ class TransformerConfig:
             raise ValueError(
                 f'model.attention_impl={self.attention_impl!r} must be one of '
                 + ', '.join(map(repr, ATTENTION_IMPLS))
+            )
+        if self.embedding_grad not in EMBEDDING_GRADS:
+            raise ValueError(
+                f'model.embedding_grad={self.embedding_grad!r} must be one of '
+                + ', '.join(map(repr, EMBEDDING_GRADS))
             )
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(

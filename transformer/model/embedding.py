@@ -1,15 +1,20 @@
-"""The token embedding lookup, and a gradient for it that needs no scatter.
+"""The token embedding lookup and the ways to compute its gradient (``model.embedding_grad``).
 
-The lookup is a gather of rows of the [V, D] embedding (Sec. 3.4). Its gradient, by autodiff,
-is a scatter-add of the [B, T, D] cotangent into a [V, D] zero matrix, which GPUs run with
-atomic adds that collide on frequent tokens (EOS, 'the'); in a profile of the base step on an
-H200 it was 9% of the kernel time. `scatter_free_lookup` writes the same gradient as
-one-hot(tokens)^T @ cotangent, a matrix product over blocks of tokens so that the one-hot
-[tokens, V] block stays small: the same sums in another order, and no scatter in the compiled
-HLO. It costs 2 N V D multiply-adds, which a GPU's matrix units absorb and a CPU does not
-(`platform.scatter_free_embedding_grad` chooses). In float32 the product follows jax's default
-matmul precision, as every other product of the model does (TensorFloat-32 on recent NVIDIA
-GPUs); a bfloat16 cotangent times the exact one-hot, accumulated in float32, loses nothing.
+The lookup is a gather of rows of the [V, D] embedding (Sec. 3.4); every variant gathers the
+same rows forward and differs only in how the [B, T, D] cotangent is summed into the [V, D]
+gradient, the same sums in another order:
+
+- 'scatter': autodiff's scatter-add. GPUs run it with atomic adds that collide on frequent
+  tokens (EOS, 'the').
+- 'one_hot': one-hot(tokens)^T @ cotangent, a matrix product over blocks of tokens so that the
+  one-hot [tokens, V] block stays small; no scatter in the compiled HLO, 2 N V D multiply-adds
+  on the matrix units.
+- 'sorted_scatter': the tokens sorted first, then a segment sum told its indices are sorted, so
+  that equal tokens are neighbours and no two threads add into one row at once.
+- 'auto': the measured winner for the backend (`backends.platform.WINNERS`).
+
+The sums run in float32 (a bfloat16 cotangent times the exact one-hot, accumulated in float32,
+loses nothing); benchmarks/README.md ("Step variants") has the timings that chose 'auto'.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import jax.numpy as jnp
 from transformer.backends import platform
 
 Array = jax.Array
-# Tokens per one-hot block of the scatter-free gradient: its one-hot block is
+# Tokens per one-hot block of the 'one_hot' gradient: its one-hot block is
 # GRAD_BLOCK_TOKENS x V (2048 x 37k bfloat16 = 150 MB at the WMT vocabulary).
 GRAD_BLOCK_TOKENS = 2048
+EMBEDDING_GRADS = ('auto', 'scatter', 'one_hot', 'sorted_scatter')
 
 
 def take_lookup(embedding: Array, tokens: Array, dtype) -> Array:
@@ -36,22 +42,8 @@ def take_lookup(embedding: Array, tokens: Array, dtype) -> Array:
     return jnp.take(embedding, tokens, axis=0).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def scatter_free_lookup(embedding: Array, tokens: Array, dtype) -> Array:
-    """`take_lookup` whose gradient is a blocked one-hot matrix product (module docstring)."""
-    return take_lookup(embedding, tokens, dtype)
-
-
-def _scatter_free_fwd(embedding: Array, tokens: Array, dtype):
-    # The table is a parameter, alive anyway: keeping it costs nothing and gives V and dtype.
-    return take_lookup(embedding, tokens, dtype), (embedding, tokens)
-
-
-def _scatter_free_bwd(dtype, residuals, g: Array):
-    embedding, tokens = residuals
-    vocab = embedding.shape[0]
-    g = g.reshape(-1, g.shape[-1])
-    ids = tokens.reshape(-1)
+def _one_hot_sum(ids: Array, g: Array, vocab: int) -> Array:
+    """sum_i one_hot(ids_i) g_i as [V, D] float32, in blocks of GRAD_BLOCK_TOKENS tokens."""
     block = min(GRAD_BLOCK_TOKENS, ids.shape[0])
     pad = -ids.shape[0] % block
     # Padding ids equal V: their one-hot rows are all zero.
@@ -66,16 +58,47 @@ def _scatter_free_bwd(dtype, residuals, g: Array):
         ), None
 
     zeros = jnp.zeros((vocab, g.shape[-1]), jnp.float32)
-    total, _ = jax.lax.scan(add_block, zeros, (ids, g))
+    return jax.lax.scan(add_block, zeros, (ids, g))[0]
+
+
+def _sorted_sum(ids: Array, g: Array, vocab: int) -> Array:
+    """sum_i one_hot(ids_i) g_i as [V, D] float32 by a segment sum over sorted ids."""
+    order = jnp.argsort(ids)
+    return jax.ops.segment_sum(
+        g[order].astype(jnp.float32), ids[order], num_segments=vocab, indices_are_sorted=True
+    )
+
+
+_SUMS = {'one_hot': _one_hot_sum, 'sorted_scatter': _sorted_sum}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def custom_grad_lookup(embedding: Array, tokens: Array, dtype, grad: str) -> Array:
+    """`take_lookup` whose gradient is summed by ``grad`` ('one_hot' or 'sorted_scatter')."""
+    return take_lookup(embedding, tokens, dtype)
+
+
+def _custom_fwd(embedding: Array, tokens: Array, dtype, grad: str):
+    # The table is a parameter, alive anyway: keeping it costs nothing and gives V and dtype.
+    return take_lookup(embedding, tokens, dtype), (embedding, tokens)
+
+
+def _custom_bwd(dtype, grad: str, residuals, g: Array):
+    embedding, tokens = residuals
+    ids = jnp.asarray(tokens).reshape(-1)
+    total = _SUMS[grad](ids, g.reshape(-1, g.shape[-1]), embedding.shape[0])
     return total.astype(embedding.dtype), None
 
 
-scatter_free_lookup.defvjp(_scatter_free_fwd, _scatter_free_bwd)
+custom_grad_lookup.defvjp(_custom_fwd, _custom_bwd)
 
 
-# The one place the implementation is chosen; backends not listed use `take_lookup`.
-def lookup(embedding: Array, tokens: Array, dtype) -> Array:
+def lookup(embedding: Array, tokens: Array, dtype, grad: str = 'auto') -> Array:
     """Embedding rows [..., D] of ``tokens`` [...] in ``dtype``: the same gather forward, and
-    a scatter-add or a scatter-free gradient as `platform.scatter_free_embedding_grad` says."""
-    scatter_free = platform.scatter_free_embedding_grad()
-    return (scatter_free_lookup if scatter_free else take_lookup)(embedding, tokens, dtype)
+    the gradient ``grad`` names (one of EMBEDDING_GRADS; module docstring)."""
+    grad = platform.embedding_grad(grad)
+    if grad == 'scatter':
+        return take_lookup(embedding, tokens, dtype)
+    if grad not in _SUMS:
+        raise ValueError(f'model.embedding_grad={grad!r} must be one of {EMBEDDING_GRADS}')
+    return custom_grad_lookup(embedding, tokens, dtype, grad)

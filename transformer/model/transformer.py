@@ -93,7 +93,7 @@ class Transformer(nn.Module):
         cfg = self.config
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
         # the sum is dropped out (Sec. 5.4).
-        rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype)
+        rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
         x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
         x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
         return self.embed_dropout(x, deterministic=not train)
