@@ -16,10 +16,18 @@ next one needs it), each skipped with ``--skip_PART``:
    ``python -m transformer.evaluate --split validation`` on it (the config's checkpoint
    averaging, beam and alpha): validation BLEU. train.py and the evaluate command import
    sacremoses (tokenized BLEU): without it this part is skipped, saying so.
-4. ``tests``: pytest on ``--tests`` (tests/model tests/training, the fast tier).
+4. ``tests``: the whole test suite (``--tests``, default every test, slow ones included) in
+   ``--test_workers`` pytest-xdist processes; the summary names every failed test.
 
-Writes to ``--out`` six files: summary.json (every figure), summary.md (the tables),
-train_speed.log, multi30k_train.log, multi30k_evaluate.log and tests.log. Besides sacremoses,
+``--variants`` runs instead benchmarks/step_variants.py on ``--train_speed_config`` in
+``--dtype``: the default step and each accelerator-dependent choice alone, timed in rounds on
+the same batches, profiled, in one table (variants.md, ~4 minutes on an H100):
+
+  python benchmarks/gpu_check.py --out gpu_variants --variants
+
+Writes to ``--out`` at most seven files: summary.json (every figure), summary.md (the tables),
+train_speed.log, multi30k_train.log, multi30k_evaluate.log and tests.log, or with
+``--variants`` variants.log, variants.json and variants.md. Besides sacremoses,
 the processes import jax, flax, optax, orbax, numpy, sentencepiece, sacrebleu, absl,
 ml_collections and the project's einops and tensorboard, never TensorFlow (Multi30k is read
 from its files). On CPU, in a minute or two:
@@ -27,6 +35,8 @@ from its files). On CPU, in a minute or two:
   python benchmarks/gpu_check.py --out /tmp/gpu_check --train_speed_config configs/tiny.py \
       --train_speed_steps 2 --profile_steps 2 --multi30k_config configs/tiny.py \
       --multi30k_steps 20 --eval_flags=--max_examples=8 --tests tests/model/test_masks.py
+  python benchmarks/gpu_check.py --out /tmp/gpu_variants --variants \
+      --train_speed_config configs/tiny.py --dtype float32 --variant_flags='--steps 3 --rounds 2'
 """
 
 from __future__ import annotations
@@ -176,7 +186,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add('--multi30k_set', action='append', default=[], help='KEY=VALUE config override')
     add('--multi30k_workdir', default=None, help='run directory (default: a temporary one)')
     add('--eval_flags', default='', help='more flags for transformer.evaluate')
-    add('--tests', default='tests/model tests/training -m "not slow"', help='pytest arguments')
+    add('--tests', default='', help='pytest arguments (default: the whole suite)')
+    add('--test_workers', type=int, default=min(8, os.cpu_count() or 1), help='pytest -n')
+    add('--variants', action='store_true', help='only the step variants table')
+    add('--variant_flags', default='', help='more flags for benchmarks/step_variants.py')
     add('--timeout_s', type=int, default=540, help='limit of each process, seconds')
     return parser.parse_args(argv)
 
@@ -289,15 +302,48 @@ def multi30k(args, runner: Runner, workdir: str) -> dict:
     return result | {'evaluate_s': eval_s, 'validation': scores}
 
 
+def failures(log: str) -> list[str]:
+    """The tests pytest's short summary (``-rfE``) names as failed or in error."""
+    found = re.findall(r'^(?:FAILED|ERROR) (\S+)', log, flags=re.MULTILINE)
+    return list(dict.fromkeys(found))
+
+
 def tests(args, runner: Runner) -> dict:
     """Part 4: pytest; each test process allocates GPU memory as it needs it."""
-    cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider']
+    cmd = [sys.executable, '-m', 'pytest', '-q', '-rfE', '-p', 'no:cacheprovider']
+    if args.test_workers > 1:
+        cmd += ['-n', str(args.test_workers)]
     cmd += shlex.split(args.tests)
-    runner.say(f'tests: pytest {args.tests} ...')
+    runner.say(f'tests: {shlex.join(cmd[1:])} ...')
     code, seconds = runner.run(cmd, 'tests.log', env={'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'})
     line = runner.tail('tests.log')
-    runner.say(f'tests: exit code {code}: {line}')
-    return {'args': args.tests, 'exit_code': code, 'summary': line, 'seconds': seconds}
+    failed = failures((runner.out / 'tests.log').read_text())
+    runner.say(f'tests: exit code {code} in {seconds:.0f} s: {line}')
+    for name in failed:
+        runner.say(f'  failed: {name}')
+    return {
+        'args': args.tests or '(the whole suite)',
+        'exit_code': code,
+        'summary': line,
+        'seconds': seconds,
+        'failed': failed,
+    }
+
+
+def variants(args, runner: Runner) -> dict:
+    """The step variants table (benchmarks/step_variants.py) in a process of its own."""
+    cmd = [sys.executable, 'benchmarks/step_variants.py', f'--config={args.train_speed_config}']
+    cmd += [f'--set=model.dtype={args.dtype}', f'--out={runner.out}']
+    cmd += [f'--set={setting}' for setting in args.train_speed_set]
+    cmd += shlex.split(args.variant_flags)
+    runner.say('variants: building, compiling and timing every variant ...')
+    code, seconds = runner.run(cmd, 'variants.log')
+    if code:
+        runner.say(f'variants failed ({code}): see variants.log')
+        return {'exit_code': code, 'error': runner.tail('variants.log'), 'seconds': seconds}
+    runner.say(f'variants: done in {seconds:.0f} s')
+    report = json.loads((runner.out / 'variants.json').read_text())
+    return {'seconds': seconds, 'table': (runner.out / 'variants.md').read_text()} | report
 
 
 def markdown(summary: dict) -> str:
@@ -354,6 +400,10 @@ def markdown(summary: dict) -> str:
     t = summary.get('tests')
     if t:
         lines += [f'Tests `pytest {t["args"]}`: exit code {t["exit_code"]}, {t["summary"]}', '']
+        lines += [f'- failed: `{name}`' for name in t.get('failed', [])]
+    v = summary.get('variants')
+    if v:
+        lines += [v.get('table') or f'Variants: failed: {v.get("error")}', '']
     return '\n'.join(lines)
 
 
@@ -367,6 +417,17 @@ def _device() -> tuple[str, str]:
     return tuple(said[-1].split('|')) if done.returncode == 0 and said else ('unknown', 'unknown')
 
 
+def run_parts(args, runner: Runner, scratch: str, summary: dict) -> None:
+    """Parts 1-4, each unless skipped, their figures added to ``summary``."""
+    if not (args.skip_train_speed and args.skip_profile):
+        summary |= train_speed(args, runner, scratch)
+    if not args.skip_multi30k:
+        workdir = args.multi30k_workdir or os.path.join(scratch, 'multi30k')
+        summary['multi30k'] = multi30k(args, runner, workdir)
+    if not args.skip_tests:
+        summary['tests'] = tests(args, runner)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     out = pathlib.Path(args.out).resolve()
@@ -377,13 +438,10 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {'device': device, 'jax': jax_version, 'argv': sys.argv[1:] if argv is None else argv}
     scratch = tempfile.mkdtemp(prefix='gpu-check-')
     try:
-        if not (args.skip_train_speed and args.skip_profile):
-            summary |= train_speed(args, runner, scratch)
-        if not args.skip_multi30k:
-            workdir = args.multi30k_workdir or os.path.join(scratch, 'multi30k')
-            summary['multi30k'] = multi30k(args, runner, workdir)
-        if not args.skip_tests:
-            summary['tests'] = tests(args, runner)
+        if args.variants:
+            summary['variants'] = variants(args, runner)
+        else:
+            run_parts(args, runner, scratch, summary)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         summary['wall_s'] = time.time() - runner.start
