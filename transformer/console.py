@@ -41,6 +41,9 @@ NOISE = (
     'If you insist your data is detokenized',
     # asyncio, at exit, for the tasks of a failed Orbax save whose error was already reported.
     'exception was never retrieved',
+    # ml_collections, for a config file whose get_config() returns None: the train command's
+    # own line names the file.
+    'did you forget a return statement?',
 )
 _NOISE_RE = re.compile('|'.join(re.escape(line) for line in NOISE))
 # ml_collections loads config files with the deprecated loader.load_module().

@@ -276,12 +276,12 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def _plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = '') -> dict:
+def plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = '') -> dict:
     """The plain dict of a config or of its section ``name``; ConfigError for anything else
     (a config.json holding ``[]``, a section that is ``null``)."""
     if isinstance(config, ml_collections.ConfigDict):
         return config.to_dict()
-    if not isinstance(config, Mapping):
+    if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
         what = f'config section {name}' if name else 'the config'
         raise ConfigError(f'{what} is {config!r:.60}, not a mapping of keys to values.')
     return dict(config)
@@ -290,7 +290,7 @@ def _plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = ''
 def _frozen(value: Any) -> Any:
     """A nested section of a source (``synthetic``) as a read-only ConfigDict."""
     if isinstance(value, Mapping):
-        return ml_collections.FrozenConfigDict(_plain(value))
+        return ml_collections.FrozenConfigDict(plain(value))
     return value
 
 
@@ -316,12 +316,12 @@ def to_dict(experiment: Experiment) -> dict[str, Any]:
 def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
     """The typed `Experiment` of a config; `ConfigError` (one line) for the first value that
     cannot work."""
-    values = _plain(config)
+    values = plain(config)
     for section in ('model', *SECTIONS):
         if section not in values:
             raise ConfigError(f'config section {section} is missing.')
-    sections = {name: _section(cls, _plain(values[name], name)) for name, cls in SECTIONS.items()}
-    model = _plain(values['model'], 'model')
+    sections = {name: _section(cls, plain(values[name], name)) for name, cls in SECTIONS.items()}
+    model = plain(values['model'], 'model')
     model = {k: v for k, v in model.items() if f'model.{k}' not in RETIRED_KEYS}
     try:
         model_config = config_from_dict(model, sections['data'].vocab_size)
@@ -333,7 +333,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``config`` with the fields it predates set to their defaults and retired keys removed
     (for a run directory's config.json written by an earlier version)."""
-    values = _plain(config)
+    values = plain(config)
     for name, cls in SECTIONS.items():
         section = values.setdefault(name, {})
         if not isinstance(section, Mapping):

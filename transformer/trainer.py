@@ -54,12 +54,13 @@ def cli(argv: list[str] | None = None) -> None:
     console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
 
     def main(_):
-        console.require('config', 'workdir')
+        if not flags.FLAGS['config'].present:  # (a file whose get_config() returned None is)
+            console.require('config')
+        console.require('workdir')
         try:  # the config file's values, typed and checked once (transformer/schema.py)
-            loaded = configs.checked(
-                flags.FLAGS.config, config_flags.get_config_filename(flags.FLAGS['config'])
-            )
-            config = config_checks.check(schema.complete(loaded))
+            file = config_flags.get_config_filename(flags.FLAGS['config'])
+            config = configs.checked(flags.FLAGS.config, file)
+            config = config_checks.check(schema.complete(config))
         except (config_checks.ConfigError, ValueError) as e:
             console.usage_exit(str(e))
         try:

@@ -405,6 +405,10 @@ def check(data_config: Any) -> None:
     for key in ('train_split', 'eval_split', 'test_split'):
         check_split(data_config, getattr(data_config, key), f'data.{key}')
     cfg = data_config.synthetic
+    if not hasattr(cfg, 'get'):
+        raise DataError(
+            f'data.synthetic={cfg!r:.60} must be a section of keys (seed, num_train, ...).'
+        )
     least = {'num_train': 1, 'num_validation': 1, 'num_test': 1, 'max_words': MIN_WORDS}
     for name, low in {'seed': 0, **least}.items():
         value = cfg.get(name)

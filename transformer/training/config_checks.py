@@ -116,6 +116,12 @@ def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
         name = error.flagname
         if name.split('.')[0] in ('model', 'data', 'opt', 'train', 'eval'):
             return f"Unknown command line flag '{name}'; did you mean --config.{name}?"
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    # ml_collections wraps a TypeError or ValueError of get_config() around its traceback,
+    # whose last line is the error itself.
+    wrapped = 'Error whilst parsing config file:'
+    if wrapped in lines[0]:
+        return lines[0].replace(wrapped, lines[-1].strip())
     if isinstance(error, flags.Error):
         return None  # absl's own message names the flag and the bad value
     config_arg = next(
@@ -129,7 +135,6 @@ def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
     try:
         config = flags.FLAGS['config'].parser.parse(file)
     except Exception:  # noqa: BLE001 - the config file's own error, in one line naming it
-        line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        file = file.split(':')[0]
+        line, file = lines[0], file.split(':')[0]
         return line if os.path.basename(file) in line else f'{file}: {line}'
     return unknown_key_message(config, argv)

@@ -224,10 +224,20 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
 
 def _settings_changed(workdir: str, config: schema.Experiment) -> list:
     """The settings ``config`` changes in a run that has trained (a one-line `WorkdirError`
-    for a changed model or data: see `rundir.resume_changes`)."""
-    has_config = os.path.exists(rundir.path(workdir, rundir.CONFIG_FILE))
-    if not (has_config and rundir.has_checkpoints(workdir)):
+    for a changed model or data, `rundir.resume_changes`, or for a missing config.json or
+    vocabulary, which training would otherwise write anew, unlike the checkpoints')."""
+    if not rundir.has_checkpoints(workdir):
         return []
+    # What the checkpoints were made with: a new one would not fit them.
+    for needed, what in (
+        (rundir.path(workdir, rundir.CONFIG_FILE), 'the settings they were trained with'),
+        (rundir.vocab_path(config, workdir), 'the vocabulary they were trained with'),
+    ):
+        if not os.path.exists(needed):
+            raise rundir.WorkdirError(
+                f'{workdir} holds checkpoints but no {needed}, {what}: restore it to resume, '
+                'or train in a new --workdir.'
+            )
     return rundir.resume_changes(workdir, config)
 
 
