@@ -60,3 +60,21 @@ def run_dir(tmp_path_factory):
     workdir = tmp_path_factory.mktemp('run')
     trainer.train_and_evaluate(config, str(workdir))
     return workdir
+
+
+def _named_backend(monkeypatch, name: str) -> None:
+    import jax
+
+    jax.clear_caches()  # nothing traced with another backend's choices is reused
+    monkeypatch.setattr(jax, 'default_backend', lambda: name)
+
+
+@pytest.fixture
+def cpu_choices(monkeypatch):
+    """The CPU's trace-time choices (`transformer.backends.platform`) on any machine: for a
+    test of what the code does on a CPU; the computations still run on the default device."""
+    import jax
+
+    _named_backend(monkeypatch, 'cpu')
+    yield
+    jax.clear_caches()

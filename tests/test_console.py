@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from tests.subprocess_env import repo_env
 from transformer import configs, console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +25,7 @@ NOISE_FRAGMENTS = (
 
 
 def _python(code, cwd, *args):
-    env = {**os.environ, 'PYTHONPATH': REPO, 'JAX_PLATFORMS': ''}
+    env = repo_env(JAX_PLATFORMS='')
     env.pop('XLA_FLAGS', None)  # one CPU device is enough, and faster to start
     return subprocess.run(
         [sys.executable, '-c', textwrap.dedent(code), *args],
@@ -325,7 +326,7 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130(tmp_path):
         console.run(main, ['command'])
         """
     )
-    env = {**os.environ, 'PYTHONPATH': REPO}
+    env = repo_env()
     proc = subprocess.Popen(
         [sys.executable, '-c', code],
         env=env,

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.subprocess_env import repo_env
 from tests.tiny_run import tiny_run_config
 from transformer import lock, trainer
 
@@ -37,8 +38,7 @@ def test_the_lock_of_a_killed_process_does_not_block(tmp_path):
         'import sys, time; from transformer import lock; '
         'held = lock.acquire(sys.argv[1]); print("held", flush=True); time.sleep(600)'
     )
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, 'PYTHONPATH': repo}
+    env = repo_env()
     env.pop('XLA_FLAGS', None)
     proc = subprocess.Popen(
         [sys.executable, '-c', code, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
@@ -63,6 +63,7 @@ def test_a_run_that_stops_in_set_up_leaves_no_workdir_it_made(tmp_path, existed)
         workdir.mkdir()
     config = tiny_run_config(2)
     config.data.dataset = 'multi30k'
+    config.data.test_split = 'test2016'  # a split multi30k has (checked when parsed)
     config.data.manual_dir = str(tmp_path / 'no_such_data')
     with pytest.raises(Exception, match='no_such_data'):
         trainer.train_and_evaluate(config, str(workdir))

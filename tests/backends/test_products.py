@@ -1,4 +1,8 @@
-"""Matrix products: float32 untouched, bfloat16 products on CPU with float32 results."""
+"""Matrix products: float32 untouched, bfloat16 products on CPU with float32 results.
+
+The CPU's branch is what these tests check, on any machine: the backend is named 'cpu' for
+each of them (`on_a_cpu`); the last test checks that a GPU's is plain `jnp.einsum`.
+"""
 
 import jax
 import jax.extend
@@ -7,7 +11,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformer.backends import products
+from transformer.backends import platform, products
 
 EQUATIONS = {  # every product shape the model uses, with operand shapes
     'BTD,DNH->BTNH': ((2, 3, 8), (8, 2, 4)),
@@ -15,6 +19,11 @@ EQUATIONS = {  # every product shape the model uses, with operand shapes
     'BTD,VD->BTV': ((2, 3, 8), (11, 8)),
     'BTD,BTV->DV': ((2, 3, 8), (2, 3, 11)),
 }
+
+
+@pytest.fixture(autouse=True)
+def on_a_cpu(monkeypatch):
+    monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'cpu')
 
 
 def _operands(shapes, dtype, seed=0):
@@ -109,3 +118,13 @@ def test_dense_dot_general_equals_flax_dense(dtype):
     assert got.dtype == want.dtype == dtype
     tol = 0 if dtype == jnp.float32 else 1e-2
     np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize('equation', sorted(EQUATIONS))
+def test_other_backends_take_plain_bfloat16_products(monkeypatch, equation):
+    monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')
+    a, b = _operands(EQUATIONS[equation], jnp.bfloat16)
+    np.testing.assert_array_equal(products.einsum(equation, a, b), jnp.einsum(equation, a, b))
+    assert _dots(lambda a, b: products.einsum(equation, a, b), a, b) == [
+        (('bfloat16', 'bfloat16'), 'bfloat16')
+    ]

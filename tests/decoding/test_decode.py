@@ -259,10 +259,10 @@ def _equations(jaxpr, in_loop: bool = False):
             yield from _equations(sub, in_loop or eqn.primitive.name == 'while')
 
 
-def test_ensemble_members_run_the_single_models_step():
+def test_ensemble_members_run_the_single_models_step(cpu_choices):
     """Every member of an ensemble runs the single model's step: the self-attention's switch
-    over cache chunks stays one switch per member. Stacked and mapped with vmap,
-    it became a select that runs every branch (the whole cache, every step)."""
+    over cache chunks (a CPU's choice) stays one switch per member. Stacked and mapped with
+    vmap, it became a select that runs every branch (the whole cache, every step)."""
     params = random_params()
     both = decode.ensemble_params([params, params])
     searches = {
@@ -394,9 +394,10 @@ def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
 
 
 @pytest.mark.slow
-def test_accelerator_choices_change_the_work_not_the_result(monkeypatch):
+def test_accelerator_choices_change_the_work_not_the_result(cpu_choices, monkeypatch):
     """Where the backend is not a CPU, the searches neither narrow their batch nor read the
-    cache in chunks (`backends.platform`): one loop, one branch, the same outputs."""
+    cache in chunks (`backends.platform`): one loop, one branch, the same outputs as a CPU's
+    choices give (each set of choices under its backend's name, on any machine)."""
     from transformer.backends import platform
     from transformer.decoding import next_token
     from transformer.model import cache

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.subprocess_env import repo_env
 from tests.tiny_run import LEN, packed_batch, tiny_model
 from transformer.configs import base
 from transformer.training import optim, parallel, steps
@@ -135,13 +136,15 @@ def test_layouts_the_model_cannot_take_fail_before_compiling():
     tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
     kwargs = dict(model=tiny_model(), tx=tx, schedule=schedule, label_smoothing=0.1)
     with pytest.raises(ValueError, match=r'model_parallelism=8 does not divide model.num_heads=4'):
-        parallel.Parallel('sharding', accum_steps=1, model_parallelism=8, **kwargs)
+        parallel.Parallel(
+            'sharding', accum_steps=1, model_parallelism=8, devices=jax.devices('cpu'), **kwargs
+        )
     with pytest.raises(ValueError, match='fsdp shards model.d_model=32 over 6'):
         parallel.Parallel(
             'sharding', accum_steps=1, fsdp=True, devices=jax.devices('cpu')[:6], **kwargs
         )
     with pytest.raises(ValueError, match="need train.parallelism='sharding'"):
-        parallel.Parallel('pmap', accum_steps=1, fsdp=True, **kwargs)
+        parallel.Parallel('pmap', accum_steps=1, fsdp=True, devices=jax.devices('cpu'), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -244,9 +247,8 @@ def test_every_parameter_declares_its_logical_axes(overrides):
 def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
     """`fetch` of an output whose computation failed for want of memory raises that
     error; ``jax.device_get`` / ``int()`` of it wait for ever on jaxlib's CPU client (in a
-    subprocess, so that a regression fails on the timeout instead of hanging the suite)."""
-    import os
-    import pathlib
+    subprocess on the CPU, so that a regression fails on the timeout instead of hanging the
+    suite)."""
     import subprocess
     import sys
     import textwrap
@@ -264,7 +266,7 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
             print('raised:', str(e).splitlines()[0])
         """
     )
-    env = {**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).resolve().parents[2])}
+    env = repo_env(JAX_PLATFORMS='cpu')
     env.pop('XLA_FLAGS', None)
     done = subprocess.run(
         [sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120
