@@ -52,6 +52,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,21 +206,25 @@ class Runner:
         print(f'[gpu_check {time.time() - self.start:6.0f} s] {line}', flush=True)
 
     def run(self, cmd: list[str], log: str, env: dict | None = None) -> tuple[int, float]:
-        """(exit code, seconds) of ``cmd``; 124 when it ran past the time limit."""
+        """(exit code, seconds) of ``cmd``; 124 when it ran past the time limit, after which
+        it and every process it started are killed (none holds the GPU on into the next)."""
         start = time.time()
         with open(self.out / log, 'a') as f:
             f.write(f'$ {shlex.join(cmd)}\n')
             f.flush()
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
             try:
-                code = subprocess.run(
-                    cmd,
-                    cwd=REPO,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **(env or {})},
-                    timeout=self.timeout_s,
-                ).returncode
+                code = proc.wait(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 code = 124
             f.write(f'# exit code {code} after {time.time() - start:.1f} s\n\n')
         return code, time.time() - start

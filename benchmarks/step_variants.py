@@ -35,12 +35,15 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common, gpu_check, train_speed  # noqa: E402
 from transformer import configs  # noqa: E402
 from transformer.backends import platform  # noqa: E402
 from transformer.model import flops as flops_lib  # noqa: E402
+from transformer.training import optim, steps  # noqa: E402
+from transformer.training.parallel import Parallel  # noqa: E402
 
 # name -> the one setting it changes (KEY=VALUE, as --config.KEY=VALUE). 'default' is the
 # config as given.
@@ -104,13 +107,23 @@ def variant_configs(config_name: str, settings: list[str], names: list[str] | No
 
 
 class Variant:
-    """One variant's model, state, placed batches and compiled step."""
+    """One variant's model, state, placed batches and compiled step. Every variant starts
+    from a copy of the same initial state (the variants change no parameter's shape), so the
+    model is initialised once."""
 
-    def __init__(self, name: str, config, batches: list[dict]):
+    def __init__(self, name: str, config, batches: list[dict], state=None):
         self.name, self.config = name, config
-        self.model, self.parallel, self.state, _, self.rng, self.num_params = (
-            train_speed._random_setup(config)
-        )
+        tc = config.train
+        self.model = steps.build_model(config, config.data.vocab_size)
+        tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
+        self.parallel = Parallel.from_config(config, self.model, tx, schedule)
+        if state is None:
+            init_rng = jax.random.split(jax.random.key(tc.seed))[0]
+            state = steps.init_state(self.model, tx, init_rng, config.data.max_len)
+        self.initial = state
+        self.state = self.parallel.put_state(jax.tree.map(jnp.copy, state))
+        self.num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        self.rng = steps.dropout_key(tc.seed, tc.dropout_prng)
         self.batches = [self.parallel.put_batch(b) for b in batches]
         self.times: list[float] = []
 
@@ -155,7 +168,10 @@ def measure(args: argparse.Namespace) -> dict:
     gen = train_speed.random_packed_batches(rows, length, default.data.vocab_size)
     batches = [next(gen) for _ in range(args.batches)]
     print(f'building {len(variants_configs)} variants ...', flush=True)
-    variants = [Variant(n, c, batches) for n, c in variants_configs.items()]
+    first = Variant('default', default, batches)
+    variants = [first] + [
+        Variant(n, c, batches, first.initial) for n, c in variants_configs.items() if n != 'default'
+    ]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:
         for v in pool.map(Variant.compile, variants):
