@@ -308,14 +308,16 @@ def multi30k(args, runner: Runner, workdir: str) -> dict:
 
 
 def failures(log: str) -> list[str]:
-    """The tests pytest's short summary (``-rfE``) names as failed or in error."""
-    found = re.findall(r'^(?:FAILED|ERROR) (\S+)', log, flags=re.MULTILINE)
+    """The tests a pytest log names as failed or in error: its short summary (``-rfE``), or,
+    for a run stopped before its end, the line ``-v`` gives each test as it ends
+    (``[gw3] [ 12%] FAILED tests/...``)."""
+    found = re.findall(r'(?:^|\] )(?:FAILED|ERROR) (tests/\S+)', log, flags=re.MULTILINE)
     return list(dict.fromkeys(found))
 
 
 def tests(args, runner: Runner) -> dict:
     """Part 4: pytest; each test process allocates GPU memory as it needs it."""
-    cmd = [sys.executable, '-m', 'pytest', '-q', '-rfE', '-p', 'no:cacheprovider']
+    cmd = [sys.executable, '-m', 'pytest', '-v', '-rfE', '-p', 'no:cacheprovider']
     if args.test_workers > 1:
         cmd += ['-n', str(args.test_workers)]
     cmd += shlex.split(args.tests)

@@ -154,6 +154,15 @@ def test_failures_names_every_failed_test_once():
         'tests/test_api.py::test_load',
     ]
     assert gpu_check.failures('5 passed in 1.0s\n') == []
+    stopped = (
+        '[gw0] [ 10%] PASSED tests/test_a.py::test_one \n'
+        '[gw1] [ 20%] FAILED tests/test_a.py::test_two[x] \n'
+        '[gw0] [ 30%] ERROR tests/test_b.py::test_three \n'
+    )
+    assert gpu_check.failures(stopped) == [
+        'tests/test_a.py::test_two[x]',
+        'tests/test_b.py::test_three',
+    ]
 
 
 def test_variants_leave_out_what_is_the_default_on_this_backend():

@@ -96,7 +96,9 @@ def _train_speed(tmp_path, *args, pythonpath=()):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([*map(str, pythonpath), str(repo)])}
+    path = [*map(str, pythonpath), str(repo), os.environ.get('PYTHONPATH', '')]
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, path))}
+    env['JAX_PLATFORMS'] = 'cpu'  # also on a machine with a GPU
     env.pop('XLA_FLAGS', None)  # one CPU device
     script = repo / 'benchmarks' / 'train_speed.py'
     out = f'--out={tmp_path / "speed.json"}'

@@ -15,11 +15,12 @@ import jax
 
 # choice -> {backend: the value 'auto' resolves to}; '*' is every backend not listed.
 WINNERS: dict[str, dict[str, str]] = {
-    # H100, base config, bfloat16: fused (cuDNN flash) 45.3 ms/step, einsum slower
-    # (H200: 40.8 vs 47.0); on a CPU einsum, which also sows the weights for visualize.
+    # H200, base config, bfloat16: fused (cuDNN flash) 40.8 ms/step, einsum 47.0; on a CPU
+    # einsum, which also sows the weights for visualize.
     'attention_impl': {'gpu': 'fused', '*': 'einsum'},
-    # H100, base config, bfloat16: the scatter-add 45.3 ms/step, the one-hot products 49.6;
-    # CPU: the scatter 0.56 ms against the products' 48 ms (products_speed --embedding_grad).
+    # H100, base config, bfloat16, fused attention: 45.3 ms/step with the scatter-add, 49.6
+    # with the one-hot products (their kernels ~6 ms a step where the scatter took 3.5); CPU:
+    # the scatter 0.56 ms against the products' 48 ms (products_speed.py --embedding_grad).
     'embedding_grad': {'*': 'scatter'},
 }
 
