@@ -187,3 +187,31 @@ def test_a_resume_without_the_vocabulary_stops(run_dir, tmp_path, monkeypatch, c
     workdir = _damaged(run_dir, tmp_path, _remove(rundir.VOCAB_FILE))
     line = _one_line('train', workdir, tmp_path, monkeypatch, capsys)
     assert f'holds checkpoints but no {workdir}/{rundir.VOCAB_FILE}' in line, line
+
+
+@pytest.mark.parametrize('ask', [{}, {'average_last': 2}, {'step': 4}])
+def test_a_checkpoint_removed_while_being_read_is_named_and_the_reader_moves_on(
+    ask, run_dir, tmp_path, monkeypatch
+):
+    """A run training in the directory deletes its oldest step between the reader's choice and
+    its read: the reader chooses again among the steps that exist; a step asked for by number
+    stops in one line that says what happened (it said the checkpoint did not fit the model)."""
+    from transformer.checkpoint import store
+
+    workdir = _damaged(run_dir, tmp_path, lambda w: None)
+    real = store.verify_step
+    removed = []
+
+    def verify_after_removal(w, step, *args, **kwargs):
+        if not removed:  # the trainer's retention, right under the first read
+            removed.append(step)
+            shutil.rmtree(rundir.step_dir(w, step))
+        return real(w, step, *args, **kwargs)
+
+    monkeypatch.setattr(store, 'verify_step', verify_after_removal)
+    if 'step' in ask:
+        with pytest.raises(store.CheckpointRemoved, match='step 4 .* was removed while being read'):
+            store.load_model(str(workdir), **ask)
+        return
+    steps = store.load_model(str(workdir), **ask)[4]
+    assert removed and removed[0] not in steps and steps

@@ -24,6 +24,7 @@ LAYERS = {
     'tokens': 0,
     'multihost': 0,
     'lock': 0,
+    'files': 0,
     'backends': 0,
     'model': 1,
     'data': 1,

@@ -52,12 +52,16 @@ def _comments(path: str) -> dict[str, str]:
     return found
 
 
-def _config_lines(config_path: str, title: str, sections: Sequence[str] = ()) -> list[str]:
+def _config_lines(
+    config_path: str, title: str, sections: Sequence[str] = (), config=None
+) -> list[str]:
+    """``title`` and a line per field of the config file (or of ``config``, a run's)."""
     comments = {}
     for path in (*_COMMENTED, config_path):
         comments |= _comments(path)
     lines = [title]
-    for key, value in rundir.flat_config(configs.load(config_path)).items():
+    config = configs.load(config_path) if config is None else config
+    for key, value in rundir.flat_config(config).items():
         if sections and key.split('.')[0] not in sections:
             continue
         comment = f'  # {comments[key]}' if key in comments else ''
@@ -82,9 +86,33 @@ def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
         title = f'config fields (override with --config.FIELD=VALUE), from {path}:'
         lines += ['', *_config_lines(path, title)]
     elif 'workdir' in flag_names:
-        title = (
-            "the run's config.json settings this command uses (the flags above override "
-            'them); the defaults of configs/base.py:'
-        )
-        lines += ['', *_config_lines(_COMMENTED[0], title, sections=('eval',))]
+        lines += ['', *_run_lines(_flag_value(argv, 'workdir'))]
     return '\n'.join(lines)
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name=V`` or ``--name V`` in ``argv`` (None: not given)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg.startswith(f'--{name}='):
+            return arg.split('=', 1)[1]
+        if arg == f'--{name}' and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def _run_lines(workdir: str | None) -> list[str]:
+    """The eval settings of the run in ``workdir`` (given with --help), else configs/base.py's
+    defaults, with a line saying which."""
+    uses = "the run's config.json settings this command uses (the flags above override them)"
+    if workdir:
+        try:
+            config = rundir.read_config(workdir)
+        except rundir.WorkdirError as e:
+            note = f'{uses}; {workdir} cannot be read ({e}), so the defaults of configs/base.py:'
+        else:
+            title = f'{uses}, from {rundir.path(workdir, rundir.CONFIG_FILE)}:'
+            return _config_lines(_COMMENTED[0], title, ('eval',), config)
+    else:
+        note = f'{uses}; the defaults of configs/base.py (--workdir RUN --help shows its own):'
+    return _config_lines(_COMMENTED[0], note, sections=('eval',))

@@ -26,7 +26,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from transformer import command_help
+from transformer import command_help, files
 from transformer.backends import compile_cache, host_memory
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -298,8 +298,9 @@ def check_paths(
             usage_exit(f'--{name}={file} is a directory; give a file path.')
         if not os.path.isdir(directory):
             usage_exit(f'--{name}={file}: the directory {directory} does not exist.')
-        if not os.access(directory, os.W_OK):
-            usage_exit(f'--{name}={file}: the directory {directory} is not writable.')
+        problem = files.unwritable(directory)
+        if problem:
+            usage_exit(f'--{name}={file}: the directory {directory} is not writable ({problem}).')
 
 
 def _parse_flags(
@@ -381,6 +382,8 @@ def run(
             if line is None:
                 raise
             raise SystemExit(f'error: {line}') from None
+        except OSError as e:  # a full disk, a read-only directory, a file that went away
+            raise SystemExit(f'error: {files.os_error_line(e)}') from None
 
     # Every command starts from the flags' defaults, not the values an earlier command of the
     # same process (tests) parsed.

@@ -18,7 +18,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer import console, rundir
+from transformer import console, files, rundir
 from transformer import data as data_lib
 from transformer.checkpoint import store
 from transformer.decoding import ensemble as ensemble_lib
@@ -102,6 +102,36 @@ def make_eval_set(
     )
 
 
+def _eval_output(run_dir: str, stem: str) -> str:
+    """``WORKDIR/eval/<stem>.txt``, once the directory is known to take files."""
+    directory = rundir.path(run_dir, rundir.EVAL_DIR)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        problem = files.unwritable(directory)
+    except OSError as e:
+        problem = e.strerror or str(e)
+    if problem:
+        raise rundir.WorkdirError(
+            f'Cannot write the hypotheses and scores to {directory} ({problem}); --output FILE '
+            'writes them elsewhere.'
+        )
+    return os.path.join(directory, f'{stem}.txt')
+
+
+def _write_outputs(output: str, hypotheses: Sequence[str], scores: dict[str, Any]) -> None:
+    """The hypotheses to ``output`` and the scores beside it (``.json``); an OSError names
+    the file (a full disk says it on close, without one)."""
+    for file, write in (
+        (output, lambda f: f.writelines(h + '\n' for h in hypotheses)),
+        (os.path.splitext(output)[0] + '.json', lambda f: json.dump(scores, f, indent=2)),
+    ):
+        try:
+            with open(file, 'w') as f:
+                write(f)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, e.filename or file) from None
+
+
 def run(
     run_dir: str,
     *,
@@ -138,6 +168,11 @@ def run(
         beam_size,
         alpha,
     )
+    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
+    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
+    data_lib.check_split(config.data, split)
+    output = output or _eval_output(run_dir, stem)  # before the decode it would hold
     eval_set = make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
     scores, hypotheses = score_eval_set(
         config,
@@ -160,19 +195,12 @@ def run(
     )
     if ensemble:
         scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
-    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
-    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
-    stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
-    if output is None:
-        os.makedirs(rundir.path(run_dir, rundir.EVAL_DIR), exist_ok=True)
-        output = rundir.path(run_dir, rundir.EVAL_DIR, f'{stem}.txt')
-    with open(output, 'w') as f:
-        f.writelines(h + '\n' for h in hypotheses)
-    with open(os.path.splitext(output)[0] + '.json', 'w') as f:
-        json.dump(scores, f, indent=2)
+    # The scores first, so that a disk that fills up while the files are written loses nothing
+    # of the decode but the files.
     print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')
     print(f'tokenized BLEU {scores["tokenized_bleu"]:.2f}  ({scores["tokenized_bleu_convention"]})')
-    print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}')
+    print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}', flush=True)
+    _write_outputs(output, hypotheses, scores)
     print(f'hypotheses: {output}')
     if scores['order'] != 'original':
         print(f'order: {scores["order"]}')

@@ -21,6 +21,7 @@ measured in the README ("Using a trained model elsewhere").
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer import console, rundir
+from transformer import console, files, rundir
 from transformer.checkpoint import store
 from transformer.data import DataError, Tokenizer
 from transformer.model import TransformerConfig
@@ -288,10 +289,9 @@ def export(
         raise ExportError(f'{out} is a file; --out names the directory to export into.')
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise ExportError(f'{out} exists and is not empty; pass --overwrite to replace it.')
+    parent = check_can_export(format, out)
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
     check_expressible(model.config)
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out)}.tmp-')
     try:
         hf_directory = os.path.join(staging, 'hf')
@@ -319,6 +319,31 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
     logging.info('Exported %s (checkpoints %s) as %s to %s.', workdir, steps, format, out)
     return steps
+
+
+# The modules each format imports, all from the ``export`` extra (pyproject.toml).
+EXTRA_MODULES = {
+    'hf': ('safetensors',),
+    'ctranslate2': ('safetensors', 'transformers', 'ctranslate2'),
+}
+
+
+def check_can_export(format: str, out: str) -> str:
+    """What an export needs before the run is loaded: the ``export`` extra's modules (an
+    `ExportError` with the pip command) and a parent directory of ``out`` that takes files;
+    returns that directory."""
+    for module in EXTRA_MODULES[format]:
+        if importlib.util.find_spec(module) is None:
+            raise ExportError(
+                f'--format={format} needs the export extra ({module} is not installed): '
+                "pip install 'transformer[export]' (from a checkout: pip install -e '.[export]')."
+            )
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    problem = files.unwritable(parent)
+    if problem:
+        raise ExportError(f'Cannot write into {parent} ({problem}); --out names another place.')
+    return parent
 
 
 def _write_json(path: str, value: Any) -> None:

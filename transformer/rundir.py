@@ -230,8 +230,18 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     Raises:
       WorkdirError: a change of the model or the data (what the checkpoints and the
         vocabulary were made with), named in one line. Paths to the same files and the
-        attention implementation (`RESUME_FREE`) may change.
+        attention implementation (`RESUME_FREE`) may change. Also a missing config.json or
+        vocabulary: training would write new ones that do not fit the checkpoints.
     """
+    for needed, what in (
+        (path(workdir, CONFIG_FILE), 'the settings they were trained with'),
+        (vocab_path(config, workdir), 'the vocabulary they were trained with'),
+    ):
+        if not os.path.exists(needed):
+            raise WorkdirError(
+                f'{workdir} holds checkpoints but no {needed}, {what}: restore it to resume, '
+                'or train in a new --workdir.'
+            )
     saved, new = flat_config(read_config(workdir)), flat_config(config)
     changes = [
         (key, saved[key], new[key])

@@ -210,7 +210,8 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     changed = tiny_run_config(4)
     changed.model.d_ff = 48
     saved_config = (broken / 'config.json').read_bytes()
-    (broken / 'config.json').unlink()  # else the changed model is refused from it at once
+    # The changed model as the run's own, else it is refused from config.json at once.
+    rundir.write_config(str(broken), changed)
     with pytest.raises(rundir.WorkdirError, match='does not fit this config'):
         trainer.train_and_evaluate(changed, str(broken))
     assert not (broken / 'corrupt_checkpoints').exists() and data_file.exists()
@@ -393,13 +394,22 @@ def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path,
         assert store.load_model(str(tmp_path))[4] == [6, 8]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Averaging')]
     assert lines == [
-        'Averaging steps [6, 8] of the last 4 saved [2, 4, 6, 8] (eval.average_last): the '
-        'others are in the warm-up (opt.warmup_steps=4) or the first half of training; '
-        '--average_last 4 takes them all.'
+        'Averaging steps [6, 8] of the last 4 saved [2, 4, 6, 8] (eval.average_last=4); the '
+        'others are in the warm-up (opt.warmup_steps=4) or the first half of training '
+        '(--average_last 4 takes them all).'
     ]
     assert store.load_model(str(tmp_path), average_last=4)[4] == [2, 4, 6, 8]
     scores = evaluate.run(str(tmp_path), max_examples=2, output=str(tmp_path / 'h.txt'))
     assert scores['steps'] == [6, 8]
     shutil.rmtree(tmp_path / 'checkpoints' / '6')
     shutil.rmtree(tmp_path / 'checkpoints' / '8')
-    assert store.load_model(str(tmp_path))[4] == [4]
+    caplog.clear()
+    with caplog.at_level('INFO'):
+        assert store.load_model(str(tmp_path))[4] == [4]
+    # Fewer steps than eval.average_last: one line that agrees with what is averaged.
+    lines = [r.getMessage() for r in caplog.records if 'verag' in r.getMessage()]
+    assert lines == [
+        'Averaging steps [4] of the 2 saved [2, 4] (eval.average_last=4); the others are in '
+        'the warm-up (opt.warmup_steps=4) or the first half of training (--average_last 2 '
+        'takes them all).'
+    ]

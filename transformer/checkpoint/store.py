@@ -58,6 +58,8 @@ PyTree = Any
 
 
 _ITEMS = ('params', 'opt_state', 'meta')
+# Times `load_model` chooses its steps again when one is removed while being read.
+_READ_ATTEMPTS = 3
 
 
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree
@@ -68,6 +70,21 @@ RESTORE_ERRORS = (Exception,)
 
 class CorruptCheckpoint(WorkdirError):
     """A checkpoint step whose files differ from its manifest."""
+
+
+class CheckpointRemoved(WorkdirError):
+    """A checkpoint step deleted while it was read (a training run keeps only its last K)."""
+
+
+def _removed(workdir: str, step: int, best: bool) -> CheckpointRemoved | None:
+    """The error to raise instead of a read's when the step's directory is gone."""
+    if os.path.isdir(step_dir(workdir, step, best=best)):
+        return None
+    where = BEST if best else CHECKPOINTS
+    return CheckpointRemoved(
+        f'Checkpoint step {step} in {workdir}/{where} was removed while being read (a run '
+        'still training there keeps only its last train.keep_checkpoints steps).'
+    )
 
 
 def checkpoint_manager(
@@ -194,7 +211,9 @@ def verify_step(
     return sealed
 
 
-def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 1) -> list[int]:
+def checkpoint_steps(
+    workdir: str, step: int | None = None, average_last: int = 1, *, warn: bool = True
+) -> list[int]:
     """The steps to load: the last ``average_last`` saved ones, ending at ``step`` if given.
 
     ``step`` alone (``average_last`` 1) is that checkpoint; with ``average_last`` K it is the
@@ -208,7 +227,7 @@ def checkpoint_steps(workdir: str, step: int | None = None, average_last: int = 
         if step not in steps:
             raise WorkdirError(f'No checkpoint for step {step} in {workdir}; saved: {steps}.')
         steps = steps[: steps.index(step) + 1]
-    if average_last > len(steps):
+    if average_last > len(steps) and warn:
         logging.warning(
             'Asked to average the last %d checkpoints but only %d exist%s; averaging those.',
             average_last,
@@ -223,15 +242,21 @@ def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int
     steps, those after the warm-up (``opt.warmup_steps``) and in the second half of the
     training so far (step >= newest / 2); the newest step always. Parameters from the
     warm-up or from far earlier pull the average away from where training arrived."""
-    last = checkpoint_steps(workdir, average_last=config.eval.average_last)
+    wanted = config.eval.average_last
+    last = checkpoint_steps(workdir, average_last=wanted, warn=False)  # said once, below
     newest, warmup = last[-1], config.opt.warmup_steps
     steps = [s for s in last if s > warmup and 2 * s >= newest] or [newest]
-    if steps != last:
+    if steps != last or len(last) < wanted:
+        saved = f'the last {len(last)} saved' if len(last) == wanted else f'the {len(last)} saved'
+        left_out = (
+            ''
+            if steps == last
+            else f'; the others are in the warm-up (opt.warmup_steps={warmup}) or the first '
+            f'half of training (--average_last {len(last)} takes them all)'
+        )
         logging.info(
-            'Averaging steps %s of the last %d saved %s (eval.average_last): the others are '
-            'in the warm-up (opt.warmup_steps=%d) or the first half of training; '
-            '--average_last %d takes them all.',
-            *(steps, len(last), last, warmup, len(last)),
+            'Averaging steps %s of %s %s (eval.average_last=%d)%s.',
+            *(steps, saved, last, wanted, left_out),
         )
     return steps
 
@@ -259,13 +284,18 @@ def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = 
     step's manifest (when it has one), checked against the model's shapes, on one local
     device whatever the saving run's device count."""
     target = abstract_params(model)
-    verify_step(workdir, step, items=('params',), best=best)
     try:
+        verify_step(workdir, step, items=('params',), best=best)
         check_params_fit(workdir, step, target, best=best)
         restored = checkpoint_manager(workdir, best=best).restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
         )
     except RESTORE_ERRORS as e:
+        removed = _removed(workdir, step, best)
+        if removed is not None:
+            raise removed from None
+        if isinstance(e, WorkdirError):
+            raise
         raise restore_error(workdir, step, e, 'the model of its config.json') from None
     params = restored['params']
     if jax.tree.map(np.shape, params) != jax.tree.map(lambda x: x.shape, target):
@@ -301,17 +331,24 @@ def load_model(
     config = read_config(workdir)
     tokenizer = load_tokenizer(config, workdir)
     model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
-    if best:
-        if step is not None or average_last is not None:
-            raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
-        steps = [best_step(workdir)]
-        trees = [restore_params(workdir, steps[0], model, best=True)]
-    elif step is None and average_last is None:
-        steps = default_average(workdir, config)
-        trees = [restore_params(workdir, s, model) for s in steps]
-    else:
-        steps = checkpoint_steps(workdir, step, average_last or 1)
-        trees = [restore_params(workdir, s, model) for s in steps]
+    if best and (step is not None or average_last is not None):
+        raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
+    for attempt in range(_READ_ATTEMPTS):
+        if best:
+            steps = [best_step(workdir)]
+        elif step is None and average_last is None:
+            steps = default_average(workdir, config)
+        else:
+            steps = checkpoint_steps(workdir, step, average_last or 1)
+        try:
+            trees = [restore_params(workdir, s, model, best=best) for s in steps]
+            break
+        except CheckpointRemoved as e:
+            # A run training there saved a newer step and removed an old one: choose again,
+            # unless the step was asked for by number or this keeps happening.
+            if step is not None or attempt == _READ_ATTEMPTS - 1:
+                raise
+            logging.info('%s Choosing the steps again.', e)
     params = trees[0] if len(trees) == 1 else average_params(trees)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     return config, tokenizer, model, params, steps

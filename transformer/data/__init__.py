@@ -3,7 +3,8 @@
 - ``load_text``: raw parallel text of a split, from the source ``data.dataset`` names
   (registry in sources.py: synthetic, multi30k, folder, any TFDS translation dataset);
   failures raise ``DataError``; ``order_note``: why a split cannot come in its original
-  order (TFDS datasets stored shuffled), or None.
+  order (TFDS datasets stored shuffled), or None; ``check_split``: a split the source does
+  not have, before anything is read.
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
@@ -22,7 +23,7 @@ from transformer.data.eval_batches import (
     restore_order,
 )
 from transformer.data.packing import TrainIterator, make_train_iterator, pack_examples
-from transformer.data.sources import load_text, order_note
+from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import Tokenizer, get_tokenizer
@@ -38,6 +39,7 @@ __all__ = [
     'Tokenizer',
     'TrainIterator',
     'batch_examples',
+    'check_split',
     'bucket_length',
     'decode_lines',
     'default_config',

@@ -49,161 +49,55 @@ measure generalisation to new sentences.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import random
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import ml_collections
 
 from transformer.data.errors import DataError
+from transformer.data.synthetic_lexicon import (
+    ADJECTIVE_ENDING,
+    NOUN_PLURAL,
+    SOURCE_DETERMINERS,
+    TARGET_DETERMINERS,
+    VERB_ENDING,
+    Lexicon,
+    make_lexicon,
+    pick,
+)
 
 SPLITS = ('train', 'validation', 'test')
-T = TypeVar('T')
-
-_NUM_NOUNS = 60
-_NUM_ADJECTIVES = 30
-_NUM_VERBS = 30
-_NUM_ADVERBS = 10
-_NUM_PREPOSITIONS = 8
-_NUM_CONJUNCTIONS = 3
-_GENDERS = ('m', 'f', 'n')
-
-_SOURCE_DETERMINERS = {'def': 'ze', 'indef': 'ka', 'indef_plural': 'sum'}
-_TARGET_DETERMINERS = {
-    ('def', 'm'): 'lo',
-    ('def', 'f'): 'la',
-    ('def', 'n'): 'le',
-    ('def', 'plural'): 'li',
-    ('indef', 'm'): 'un',
-    ('indef', 'f'): 'una',
-    ('indef', 'n'): 'une',
-    ('indef', 'plural'): 'uni',
-}
-_NOUN_PLURAL = {'m': 'en', 'f': 'a', 'n': 'i'}
-_ADJECTIVE_ENDING = {'m': 'o', 'f': 'a', 'n': 'e', 'plural': 'i'}
-_VERB_ENDING = {False: 'et', True: 'unt'}  # keyed by "subject is plural"
-
-# Distinct sound patterns keep the two languages apart (no shared word forms). Source words end
-# in a vowel or one of these codas, never in 's', so a final 's' always marks a plural noun;
-# target stems end in a consonant so that every inflected form is a different word.
-_SOURCE_SOUNDS = (
-    ('b', 'd', 'f', 'g', 'k', 'p', 'r', 's', 't', 'v', 'z', 'bl', 'dr', 'gr', 'st'),
-    ('a', 'e', 'i', 'o', 'u'),
-    ('', 'd', 'g', 'k', 'p', 'x', 'ft', 'nd'),
-)
-_TARGET_SOUNDS = (
-    ('h', 'j', 'l', 'm', 'n', 'q', 'w', 'y', 'ch', 'sh', 'th'),
-    ('a', 'e', 'i', 'o', 'u', 'ai', 'au'),
-    ('l', 'm', 'n', 'r', 'sh'),
-)
-
-
-def _pick(rng: random.Random, items: Sequence[T], weights: Sequence[float] | None = None) -> T:
-    """One of ``items`` (uniform, or with ``weights``).
-
-    Only ``Random.random()`` is used, whose stream Python keeps stable across versions, so a
-    seed gives the same data everywhere.
-    """
-    u = rng.random()
-    if weights is None:
-        return items[int(u * len(items))]
-    for item, weight in zip(items, weights, strict=True):
-        if u < weight:
-            return item
-        u -= weight
-    return items[-1]
-
-
-@dataclasses.dataclass(frozen=True)
-class Lexicon:
-    """The word lists of one seed; entries are (source lemma, target lemma) pairs."""
-
-    nouns: tuple[tuple[str, str, str], ...]  # (source, target stem, gender)
-    adjectives: tuple[tuple[str, str], ...]
-    verbs: tuple[tuple[str, str], ...]
-    adverbs: tuple[tuple[str, str], ...]
-    prepositions: tuple[tuple[str, str], ...]
-    conjunctions: tuple[tuple[str, str], ...]
-
-
-def _invent(
-    rng: random.Random,
-    count: int,
-    sounds: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
-    endings: tuple[str, ...],
-    taken: set[str],
-) -> list[str]:
-    """``count`` new words of one or two syllables (onset + vowel) and a final coda.
-
-    A word is accepted only if none of its forms (word + each ending) is already taken, so
-    every inflected form of every word is unique in the joint vocabulary.
-    """
-    onsets, vowels, codas = sounds
-    words = []
-    while len(words) < count:
-        syllables = [_pick(rng, onsets) + _pick(rng, vowels) for _ in range(_pick(rng, (1, 2)))]
-        word = ''.join(syllables) + _pick(rng, codas)
-        forms = {word + ending for ending in endings}
-        if forms & taken:
-            continue
-        taken.update(forms)
-        words.append(word)
-    return words
-
-
-@functools.lru_cache(maxsize=8)
-def make_lexicon(seed: int) -> Lexicon:
-    """The lexicon of ``seed`` (word lists and noun genders)."""
-    rng = random.Random(f'{seed}/lexicon')
-    taken = set(_SOURCE_DETERMINERS.values()) | set(_TARGET_DETERMINERS.values())
-
-    def pairs(count, target_endings=('',), source_endings=('',)):
-        source = _invent(rng, count, _SOURCE_SOUNDS, source_endings, taken)
-        target = _invent(rng, count, _TARGET_SOUNDS, target_endings, taken)
-        return tuple(zip(source, target, strict=True))
-
-    noun_pairs = pairs(_NUM_NOUNS, ('', *_NOUN_PLURAL.values()), source_endings=('', 's'))
-    genders = [_pick(rng, _GENDERS) for _ in range(_NUM_NOUNS)]
-    return Lexicon(
-        nouns=tuple((s, t, g) for (s, t), g in zip(noun_pairs, genders, strict=True)),
-        adjectives=pairs(_NUM_ADJECTIVES, tuple(_ADJECTIVE_ENDING.values())),
-        verbs=pairs(_NUM_VERBS, tuple(_VERB_ENDING.values())),
-        adverbs=pairs(_NUM_ADVERBS),
-        prepositions=pairs(_NUM_PREPOSITIONS),
-        conjunctions=pairs(_NUM_CONJUNCTIONS),
-    )
 
 
 def _noun_phrase(rng: random.Random, lex: Lexicon) -> tuple[list[str], list[str], bool]:
     """One noun phrase in both languages, and whether it is plural."""
-    source_noun, target_noun, gender = _pick(rng, lex.nouns)
+    source_noun, target_noun, gender = pick(rng, lex.nouns)
     plural = rng.random() < 0.35
     if plural:
-        kind = _pick(rng, ('def', 'indef', 'bare'), (0.4, 0.3, 0.3))
+        kind = pick(rng, ('def', 'indef', 'bare'), (0.4, 0.3, 0.3))
     else:
-        kind = _pick(rng, ('def', 'indef'), (0.6, 0.4))
-    num_adjectives = _pick(rng, (0, 1, 2), (0.6, 0.3, 0.1))
-    adjectives = [_pick(rng, lex.adjectives) for _ in range(num_adjectives)]
+        kind = pick(rng, ('def', 'indef'), (0.6, 0.4))
+    num_adjectives = pick(rng, (0, 1, 2), (0.6, 0.3, 0.1))
+    adjectives = [pick(rng, lex.adjectives) for _ in range(num_adjectives)]
     agreement = 'plural' if plural else gender
 
     source, target = [], []
     if kind != 'bare':
-        source.append(_SOURCE_DETERMINERS['indef_plural' if plural and kind == 'indef' else kind])
-        target.append(_TARGET_DETERMINERS[(kind, agreement)])
+        source.append(SOURCE_DETERMINERS['indef_plural' if plural and kind == 'indef' else kind])
+        target.append(TARGET_DETERMINERS[(kind, agreement)])
     source += [s for s, _ in adjectives]
     source.append(source_noun + 's' if plural else source_noun)
-    target.append(target_noun + _NOUN_PLURAL[gender] if plural else target_noun)
-    target += [t + _ADJECTIVE_ENDING[agreement] for _, t in adjectives]
+    target.append(target_noun + NOUN_PLURAL[gender] if plural else target_noun)
+    target += [t + ADJECTIVE_ENDING[agreement] for _, t in adjectives]
     return source, target, plural
 
 
 def _clause(rng: random.Random, lex: Lexicon) -> tuple[list[str], list[str]]:
     """One clause: S V [O] [P NP] [Adv] in the source, S [O] [P NP] [Adv] V in the target."""
     source, target, plural_subject = _noun_phrase(rng, lex)
-    source_verb, target_verb = _pick(rng, lex.verbs)
+    source_verb, target_verb = pick(rng, lex.verbs)
     source.append(source_verb)
     if rng.random() < 0.6:
         s, t, _ = _noun_phrase(rng, lex)
@@ -211,22 +105,22 @@ def _clause(rng: random.Random, lex: Lexicon) -> tuple[list[str], list[str]]:
         target += t
     if rng.random() < 0.4:
         s, t, _ = _noun_phrase(rng, lex)
-        prep = _pick(rng, lex.prepositions)
+        prep = pick(rng, lex.prepositions)
         source += [prep[0], *s]
         target += [prep[1], *t]
     if rng.random() < 0.3:
-        adverb = _pick(rng, lex.adverbs)
+        adverb = pick(rng, lex.adverbs)
         source.append(adverb[0])
         target.append(adverb[1])
-    target.append(target_verb + _VERB_ENDING[plural_subject])
+    target.append(target_verb + VERB_ENDING[plural_subject])
     return source, target
 
 
 def _sentence(rng: random.Random, lex: Lexicon) -> tuple[str, str]:
-    num_clauses = _pick(rng, (1, 2, 3), (0.55, 0.3, 0.15))
+    num_clauses = pick(rng, (1, 2, 3), (0.55, 0.3, 0.15))
     source, target = _clause(rng, lex)
     for _ in range(num_clauses - 1):
-        conj = _pick(rng, lex.conjunctions)
+        conj = pick(rng, lex.conjunctions)
         s, t = _clause(rng, lex)
         source += [conj[0], *s]
         target += [conj[1], *t]
@@ -295,7 +189,7 @@ def translate(source: str, seed: int = 0) -> str:
     adverbs = dict(lex.adverbs)
     prepositions = dict(lex.prepositions)
     conjunctions = dict(lex.conjunctions)
-    determiners = {v: k for k, v in _SOURCE_DETERMINERS.items()}
+    determiners = {v: k for k, v in SOURCE_DETERMINERS.items()}
     words = source.split(' ')
     if not words or words[-1] != '.':
         raise ValueError(f'Not a sentence of the synthetic language: {source!r}')
@@ -323,11 +217,9 @@ def translate(source: str, seed: int = 0) -> str:
         agreement = 'plural' if plural else gender
         out = []
         if kind != 'bare':
-            out.append(
-                _TARGET_DETERMINERS[('indef' if kind == 'indef_plural' else kind, agreement)]
-            )
-        out.append(stem + _NOUN_PLURAL[gender] if plural else stem)
-        out += [a + _ADJECTIVE_ENDING[agreement] for a in adjs]
+            out.append(TARGET_DETERMINERS[('indef' if kind == 'indef_plural' else kind, agreement)])
+        out.append(stem + NOUN_PLURAL[gender] if plural else stem)
+        out += [a + ADJECTIVE_ENDING[agreement] for a in adjs]
         return out, plural
 
     def at_noun_phrase():
@@ -343,7 +235,7 @@ def translate(source: str, seed: int = 0) -> str:
         subject, plural = noun_phrase()
         if pos >= len(words) or words[pos] not in verbs:
             raise ValueError(f'Verb expected in {source!r}')
-        verb = verbs[words[pos]] + _VERB_ENDING[plural]
+        verb = verbs[words[pos]] + VERB_ENDING[plural]
         pos += 1
         clause = subject
         if at_noun_phrase():
@@ -368,17 +260,17 @@ def translate(source: str, seed: int = 0) -> str:
 def vocabulary(seed: int = 0) -> tuple[list[str], list[str]]:
     """Every word form of the source and of the target language of ``seed``."""
     lex = make_lexicon(seed)
-    source = list(_SOURCE_DETERMINERS.values()) + ['.']
-    target = list(_TARGET_DETERMINERS.values()) + ['.']
+    source = list(SOURCE_DETERMINERS.values()) + ['.']
+    target = list(TARGET_DETERMINERS.values()) + ['.']
     for s, t, g in lex.nouns:
         source += [s, s + 's']
-        target += [t, t + _NOUN_PLURAL[g]]
+        target += [t, t + NOUN_PLURAL[g]]
     for s, t in lex.adjectives:
         source.append(s)
-        target += [t + e for e in _ADJECTIVE_ENDING.values()]
+        target += [t + e for e in ADJECTIVE_ENDING.values()]
     for s, t in lex.verbs:
         source.append(s)
-        target += [t + e for e in _VERB_ENDING.values()]
+        target += [t + e for e in VERB_ENDING.values()]
     for s, t in itertools.chain(lex.adverbs, lex.prepositions, lex.conjunctions):
         source.append(s)
         target.append(t)

@@ -163,7 +163,8 @@ def setup(
 
 def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     tc = config.train
-    changes = _settings_changed(workdir, config)  # before anything is written
+    # Before anything is written: a changed model or data, a missing config.json or vocabulary
+    changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
     tokenizer = rundir.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
@@ -222,25 +223,6 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     )
 
 
-def _settings_changed(workdir: str, config: schema.Experiment) -> list:
-    """The settings ``config`` changes in a run that has trained (a one-line `WorkdirError`
-    for a changed model or data, `rundir.resume_changes`, or for a missing config.json or
-    vocabulary, which training would otherwise write anew, unlike the checkpoints')."""
-    if not rundir.has_checkpoints(workdir):
-        return []
-    # What the checkpoints were made with: a new one would not fit them.
-    for needed, what in (
-        (rundir.path(workdir, rundir.CONFIG_FILE), 'the settings they were trained with'),
-        (rundir.vocab_path(config, workdir), 'the vocabulary they were trained with'),
-    ):
-        if not os.path.exists(needed):
-            raise rundir.WorkdirError(
-                f'{workdir} holds checkpoints but no {needed}, {what}: restore it to resume, '
-                'or train in a new --workdir.'
-            )
-    return rundir.resume_changes(workdir, config)
-
-
 def _keep_record(workdir: str, config: schema.Experiment, latest, changes) -> None:
     """config.json describes what the run started with: written when it starts (no step
     restored); a resume adds the settings it changes, one line each on the console and in
@@ -293,6 +275,19 @@ def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
     raise TrainingError(message)
 
 
+def _interrupted(workdir: str, step: int, newest: int | None) -> Interrupted:
+    """What Ctrl-C at ``step`` leaves: the step the same command resumes from, or none."""
+    where = f'{workdir}/{rundir.CHECKPOINTS}'
+    if newest is None:
+        return Interrupted(
+            f'Interrupted at step {step}, before any checkpoint in {where}: the same command '
+            'starts this run over from step 0.'
+        )
+    return Interrupted(
+        f'Interrupted at step {step}; the same command resumes from step {newest} in {where}.'
+    )
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict | schema.Experiment,
     workdir: str,
@@ -339,6 +334,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         rundir.path(workdir, rundir.METRICS_FILE),
         rundir.path(workdir, rundir.TENSORBOARD),
         enabled=run.is_main,
+        start_step=step,
     )
     log, final = metrics_lib.TrainLog(run, step), {}
     stopped_early = run.best.should_stop  # a restarted run that had already stopped early
@@ -381,13 +377,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         # Whatever stops the loop (an error, Ctrl-C), the save in flight is finished first.
         newest = run.checkpoints.finish()
         if isinstance(e, KeyboardInterrupt):
-            where = f'{workdir}/{rundir.CHECKPOINTS}'
-            raise Interrupted(
-                f'Interrupted at step {step}; the same command resumes from step {newest} in '
-                f'{where}.'
-                if newest is not None
-                else f'Interrupted at step {step}, before any checkpoint in {where}.'
-            ) from None
+            raise _interrupted(workdir, step, newest) from None
         raise
     finally:
         batches.close()

@@ -69,11 +69,15 @@ def read_scalars(path: str) -> list[tuple[int, str, float]]:
 class MetricWriter:
     """Metrics to ``metrics.jsonl`` and TensorBoard event files (process 0 only)."""
 
-    def __init__(self, jsonl_path: str, tensorboard_dir: str, enabled: bool):
+    def __init__(self, jsonl_path: str, tensorboard_dir: str, enabled: bool, start_step: int = 0):
+        """``start_step``: the step this run starts from; the records of later steps, which
+        an interrupted run wrote and this one trains again, are dropped from the jsonl file
+        (else a replayed step was in it twice)."""
         self.enabled = enabled
         if not enabled:
             return
         os.makedirs(os.path.dirname(jsonl_path) or '.', exist_ok=True)
+        _drop_after(jsonl_path, start_step)
         self._jsonl = open(jsonl_path, 'a')  # noqa: SIM115
         self._events = EventWriter(tensorboard_dir)
 
@@ -89,6 +93,26 @@ class MetricWriter:
         if self.enabled:
             self._jsonl.close()
             self._events.close()
+
+
+def _drop_after(jsonl_path: str, step: int) -> None:
+    """Keeps the records of ``jsonl_path`` up to ``step`` (and any line that is no record)."""
+    if not os.path.exists(jsonl_path):
+        return
+    with open(jsonl_path) as f:
+        lines = f.readlines()
+
+    def later(line: str) -> bool:
+        try:
+            return json.loads(line).get('step', 0) > step
+        except (ValueError, AttributeError, TypeError):
+            return False
+
+    kept = [line for line in lines if not later(line)]
+    if len(kept) < len(lines):
+        with open(jsonl_path + '.tmp', 'w') as f:
+            f.writelines(kept)
+        os.replace(jsonl_path + '.tmp', jsonl_path)
 
 
 def _format_duration(seconds: float) -> str:
