@@ -6,7 +6,8 @@ r"""The training step's accelerator-dependent choices, each timed against the de
       --out /tmp/variants                                     # the same, end to end, on a CPU
 
 Every variant is the default config with one setting changed (`VARIANTS`: the embedding
-gradient, the loss chunking, the attention implementation, the dropout PRNG); a variant that
+gradient, the loss chunking, the attention implementation (cuDNN, einsum, and Pallas with
+segment ids for packed self-attention), the dropout PRNG); a variant that
 resolves to the default's own value on this backend (``'auto'``, `backends.platform.WINNERS`) is
 left out. All of them are built and compiled first (in threads: XLA compiles outside the
 GIL), on the same random packed batches of the config's shape (`train_speed.random_packed_batches`),
@@ -50,6 +51,7 @@ from transformer.training.parallel import Parallel  # noqa: E402
 VARIANTS = {
     'attention=einsum': 'model.attention_impl=einsum',
     'attention=fused': 'model.attention_impl=fused',
+    'attention=pallas': 'model.attention_impl=pallas',
     'embedding_grad=scatter': 'model.embedding_grad=scatter',
     'embedding_grad=one_hot': 'model.embedding_grad=one_hot',
     'embedding_grad=sorted_scatter': 'model.embedding_grad=sorted_scatter',

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.backends import platform, products
+from transformer.backends import platform, products, segment_attention
 from transformer.model import cache as cache_layout
 from transformer.model import masks
 from transformer.model.dropout import Dropout
@@ -152,8 +152,8 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     return jax.nn.softmax(logits, axis=-1) * mask
 
 
-# 'auto': 'fused' on a GPU, 'einsum' elsewhere (`platform.attention_impl`, at trace time).
-ATTENTION_IMPLS = ('auto', 'einsum', 'fused')
+# 'auto': the measured winner (`platform.attention_impl`); 'pallas': see MultiHeadAttention.
+ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
@@ -164,16 +164,8 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | 
     reference implementation. Unpacked rows reach it as sequence lengths and a causal flag,
     packed rows as the dense mask (`masks.fused_arguments`). Queries with no valid key get
     zeros, as in `masked_softmax` (both implementations would otherwise average or return
-    garbage there).
-
-    Args:
-      q: queries [B, T, N, H] (not yet scaled).
-      k: keys [B, S, N, H].
-      v: values [B, S, N, H].
-      mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may attend.
-
-    Returns:
-      [B, T, N, H].
+    garbage there). q [B, T, N, H] (not yet scaled), k and v [B, S, N, H]; ``mask`` an
+    `AttentionMask`, or boolean broadcastable to [B, N, T, S] (True = may attend).
     """
     arguments, attends = masks.fused_arguments(mask, q.shape[0], q.shape[1], k.shape[1])
     out = None
@@ -229,8 +221,9 @@ class MultiHeadAttention(nn.Module):
       use_bias: add biases to the four projections (the paper's equations have none).
       attention_impl: 'einsum' (explicit logits and masked softmax; sows the weights),
         'fused' (`fused_attention`: cuDNN flash attention on NVIDIA GPUs, XLA elsewhere; no
-        weights are sown, and attention dropout falls back to 'einsum'), or 'auto' (the
-        faster of the two on this backend: `platform.attention_impl`).
+        weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
+        packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
+        'auto' (the measured winner on this backend: `platform.attention_impl`).
     """
 
     num_heads: int
@@ -314,7 +307,12 @@ class MultiHeadAttention(nn.Module):
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        if platform.attention_impl(self.attention_impl) == 'fused' and not (dropout or one_query):
+        impl = platform.attention_impl(self.attention_impl)
+        if impl == 'pallas' and inputs_q is inputs_kv and not (decode or dropout):
+            by_segments = segment_attention.packed_self_attention(q, k, v, mask)
+            if by_segments is not None:
+                return out(by_segments)
+        if impl in ('fused', 'pallas') and not (dropout or one_query):
             return out(fused_attention(q, k, v, mask))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)

@@ -46,7 +46,8 @@ class TransformerConfig:
     layer_norm_epsilon: float = 1e-6
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
-    # 'auto': 'fused' on a GPU, 'einsum' elsewhere.
+    # 'pallas': 'fused', with packed self-attention by Pallas's segment-id kernel on a GPU;
+    # 'auto': the measured winner of the backend (backends/platform.py).
     attention_impl: Literal[ATTENTION_IMPLS] = 'einsum'
     # The embedding table's gradient (transformer/model/embedding.py): 'scatter' (autodiff's
     # scatter-add), 'one_hot' (blocked one-hot products), 'sorted_scatter' (a segment sum over
