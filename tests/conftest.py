@@ -17,6 +17,10 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
 - **Platform behaviour is checked where it runs.** A test of what one platform does reads
   ``jax.default_backend()``, and covers the other branch by monkeypatching the backend's name;
   a test of a GPU kernel (tests/backends/test_gpu.py) is skipped, with its reason, without one.
+- **The same program gives the same bits.** A resumed run is asserted equal to an uninterrupted
+  one, bit for bit; on a GPU that holds only with XLA's deterministic ops
+  (``--xla_gpu_deterministic_ops=true``: no atomic adds in scatters and reductions), which a CPU
+  needs no flag for.
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.
@@ -36,7 +40,12 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# Added to any XLA_FLAGS already set (pytest-xdist workers inherit the controller's).
+_flags = os.environ.get('XLA_FLAGS', '').split()
+for _flag in ('--xla_force_host_platform_device_count=8', '--xla_gpu_deterministic_ops=true'):
+    if not any(f.split('=')[0] == _flag.split('=')[0] for f in _flags):
+        _flags.append(_flag)
+os.environ['XLA_FLAGS'] = ' '.join(_flags)
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
