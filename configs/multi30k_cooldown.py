@@ -1,4 +1,4 @@
-"""`python train.py --config configs/multi30k_cooldown.py`: the config ships inside the package,
-in transformer/configs/multi30k_cooldown.py (also found by name: `--config multi30k_cooldown`)."""
+"""`python train.py --config configs/multi30k_cooldown.py`: an earlier name of
+`configs/multi30k.py:cooldown` (transformer/configs/multi30k.py), the same settings."""
 
 from transformer.configs.multi30k_cooldown import get_config  # noqa: F401

@@ -1,4 +1,4 @@
-"""`python train.py --config configs/multi30k_lowercase.py`: the config ships inside the package,
-in transformer/configs/multi30k_lowercase.py (also found by name: `--config multi30k_lowercase`)."""
+"""`python train.py --config configs/multi30k_lowercase.py`: an earlier name of
+`configs/multi30k.py:lowercase` (transformer/configs/multi30k.py), the same settings."""
 
 from transformer.configs.multi30k_lowercase import get_config  # noqa: F401

@@ -1,4 +1,4 @@
-"""`python train.py --config configs/multi30k_tiny.py`: the config ships inside the package,
-in transformer/configs/multi30k_tiny.py (also found by name: `--config multi30k_tiny`)."""
+"""`python train.py --config configs/multi30k_tiny.py`: an earlier name of
+`configs/multi30k.py:tiny_cpu` (transformer/configs/multi30k.py), the same settings."""
 
 from transformer.configs.multi30k_tiny import get_config  # noqa: F401

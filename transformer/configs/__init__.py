@@ -24,12 +24,15 @@ def path(name: str) -> str:
 
 
 def load(name_or_path: str) -> Any:
-    """``get_config()`` of a config file, or of the packaged config of that name.
+    """``get_config()`` of a config file, or of the packaged config of that name; with
+    ``:VARIANT`` after either (``multi30k:tiny``, ``configs/multi30k.py:tiny``),
+    ``get_config('VARIANT')``, as ``--config`` passes it.
 
     Raises:
       ValueError: no such config, or a file that does not load, has no ``get_config``, raises
         in it or returns something else than a ConfigDict; one line that names the file.
     """
+    name_or_path, colon, variant = name_or_path.partition(':')
     file = name_or_path if os.path.isfile(name_or_path) else path(name_or_path)
     if not os.path.isfile(file):
         raise ValueError(
@@ -39,7 +42,7 @@ def load(name_or_path: str) -> Any:
         spec = importlib.util.spec_from_file_location('loaded_config', file)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        config = module.get_config()
+        config = module.get_config(variant) if colon else module.get_config()
     except Exception as e:  # noqa: BLE001 - whatever the file raised, the line names it
         first = (str(e).strip().splitlines() or [''])[0]
         raise ValueError(f'{file}: {type(e).__name__}: {first}'.rstrip(': ')) from None
