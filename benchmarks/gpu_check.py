@@ -180,7 +180,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add('--train_speed_set', action='append', default=[], help='KEY=VALUE config override')
     add('--profile_impl', default='fused', help='the implementation whose run is traced')
     add('--profile_steps', type=int, default=4, help='steps traced after the timing')
-    add('--multi30k_config', default='configs/multi30k_dropout02.py')
+    add('--multi30k_config', default='configs/multi30k.py:dropout02')
     add('--multi30k_steps', type=int, default=12000, help='train.num_steps')
     add('--multi30k_dir', default=None, help='data.manual_dir: the Multi30k files')
     add('--multi30k_eval_every', type=int, default=2000, help='train.eval_every (loss only)')

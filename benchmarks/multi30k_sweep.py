@@ -1,8 +1,8 @@
 r"""Several recipes trained side by side on one machine, then each scored on validation.
 
   python benchmarks/multi30k_sweep.py --out runs/sweep \
-      --recipe tiny=configs/multi30k_tiny.py \
-      --recipe d03=configs/multi30k_dropout02.py,--config.model.dropout_rate=0.3 \
+      --recipe tiny=configs/multi30k.py:tiny \
+      --recipe d03=configs/multi30k.py:dropout02,--config.model.dropout_rate=0.3 \
       --set data.manual_dir=../shared/data/multi30k --set train.num_steps=12000 \
       --average_last 1 10 --beam_size 5 --alpha 0.6 1.0 1.4
 
