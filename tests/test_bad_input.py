@@ -10,6 +10,7 @@ installed entry point the same way.
 import dataclasses
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +88,7 @@ BAD_OVERRIDES = [
     ('data.synthetic.num_validation=0', 'data.synthetic.num_validation=0 must be >= 1.'),
     ('data.synthetic.num_test=-5', 'data.synthetic.num_test=-5 must be >= 1.'),
     ('data.synthetic.seed=-1', 'data.synthetic.seed=-1 must be >= 0.'),
+    (f'data.synthetic.num_train={HUGE}', f'data.synthetic.num_train={HUGE} must be <= 100_000_000'),
     ('data.dataset=folder', "dataset='folder' needs data.folder"),
     ('data.dataset=folder data.folder={tmp}', "Missing file for split 'train' (en)"),
     ('data.dataset=multi30k data.eval_split=val', "multi30k has no split 'val' (data.eval_split)"),
@@ -186,3 +188,53 @@ def test_a_bad_override_through_the_installed_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ['error: opt.lr_scale=inf must be a finite number.']
     assert not workdir.exists()
+
+
+# (command, flags, what the one line must say): decoding flags against a trained run.
+BAD_DECODING_FLAGS = [
+    ('evaluate', '--alpha=inf', 'flag --alpha=inf: not finite'),
+    ('evaluate', '--alpha=nan', 'flag --alpha=nan: not finite'),
+    ('translate', '--alpha=-inf', 'flag --alpha=-inf'),
+    ('evaluate', '--beam_size=1000000', '--beam_size=1000000 exceeds the vocabulary of'),
+    ('translate', '--beam_size=1000000', '--beam_size=1000000 exceeds the vocabulary of'),
+    ('evaluate', f'--batch_size={HUGE}', f'--batch_size={HUGE} sentences x --beam_size=4'),
+    ('translate', f'--batch_size={HUGE}', 'the decoder cache alone needs at least'),
+    ('evaluate', '--split=nosuch', "The synthetic dataset has no split 'nosuch'"),
+    ('evaluate', '--step=999', 'No checkpoint for step 999'),
+]
+
+
+@pytest.mark.parametrize('command, flag, message', BAD_DECODING_FLAGS)
+def test_a_bad_decoding_flag_is_one_line_before_the_decode(
+    command, flag, message, run_dir, tmp_path, monkeypatch, capsys
+):
+    from transformer import evaluate, translate
+
+    workdir = tmp_path / 'run'
+    shutil.copytree(run_dir, workdir)
+    if command == 'evaluate':
+        cli, argv = evaluate.cli, ['evaluate', f'--workdir={workdir}', flag]
+    else:
+        (tmp_path / 'in.txt').write_text('dinds bap koft .\n')
+        cli, argv = translate.cli, ['translate', f'--workdir={workdir}', flag]
+        argv += [f'--input={tmp_path}/in.txt', f'--output={tmp_path}/out.txt']
+    monkeypatch.setattr(sys, 'argv', argv)
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as info:
+        cli(argv)
+    code = info.value.code
+    err = capsys.readouterr().err.strip().splitlines() + ([code] if isinstance(code, str) else [])
+    assert code not in (0, None)
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+    assert not (workdir / 'eval').exists() and not (tmp_path / 'out.txt').exists()
+    assert time.perf_counter() - start < 10
+
+
+def test_numpy_out_of_memory_is_one_line_with_the_hint():
+    from transformer import console
+
+    error = MemoryError('Unable to allocate 58.2 TiB for an array with shape (10, 16)')
+    assert console.out_of_memory_line(error, 'Lower --batch_size.') == (
+        'out of memory: Unable to allocate 58.2 TiB for an array with shape (10, 16). '
+        'Lower --batch_size.'
+    )

@@ -17,6 +17,7 @@ import contextlib
 import difflib
 import functools
 import logging as std_logging
+import math
 import os
 import re
 import sys
@@ -244,6 +245,8 @@ def define_decoding_flags() -> None:
         'Length penalty alpha (default: eval.alpha).',
         lower_bound=0.0,
     )
+    if 'not finite' not in [v.message for v in flags.FLAGS['alpha'].validators]:  # inf, nan
+        flags.register_validator('alpha', lambda v: v is None or math.isfinite(v), 'not finite')
     define_flag(
         'batch_size',
         flags.DEFINE_integer,
@@ -324,6 +327,8 @@ def out_of_memory_line(error: BaseException, hint: str) -> str | None:
     """One line for XLA's out-of-memory error (``RESOURCE_EXHAUSTED``), ending with ``hint``
     (what to lower); None for any other error."""
     text = str(error)
+    if isinstance(error, MemoryError):  # numpy's: "Unable to allocate 58.2 TiB for an array ..."
+        return f'out of memory: {text.rstrip(".")}. {hint}'.strip()
     found = re.search(r'Out of memory([^\n]*)', text, re.IGNORECASE)
     if found is None and not ('RESOURCE_EXHAUSTED' in text and 'memory' in text.lower()):
         return None
@@ -377,7 +382,7 @@ def run(
         except KeyboardInterrupt:
             print('Interrupted.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None
-        except RuntimeError as e:  # jax.errors.JaxRuntimeError
+        except (RuntimeError, MemoryError) as e:  # jax.errors.JaxRuntimeError, numpy's
             line = out_of_memory_line(e, out_of_memory_hint)
             if line is None:
                 raise

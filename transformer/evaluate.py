@@ -24,6 +24,7 @@ from transformer.checkpoint import store
 from transformer.decoding import ensemble as ensemble_lib
 from transformer.evaluation.score import score_eval_set
 from transformer.model import Transformer
+from transformer.training import footprint
 
 PyTree = Any
 
@@ -62,7 +63,7 @@ def cli(argv: list[str] | None = None) -> None:
                 output=FLAGS.output,
                 ensemble=FLAGS.ensemble,
             )
-        except (rundir.WorkdirError, data_lib.DataError) as e:
+        except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
@@ -160,6 +161,8 @@ def run(
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
+    sentences = batch_size or config.eval.batch_size
+    footprint.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
     logging.info(
         'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f.',
         ' + '.join([run_dir, *ensemble]),

@@ -12,6 +12,7 @@ columns) is in transformer/decoding/translation.py's docstring.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from absl import logging
 
@@ -23,6 +24,7 @@ from transformer.decoding.translation import (
     format_nbest,
     translate_lines,
 )
+from transformer.training import footprint
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -54,17 +56,7 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.check_paths({'input': FLAGS.input}, {'output': FLAGS.output})
-        try:
-            if FLAGS.ensemble:
-                config, tokenizer, model, params, steps = ensemble_lib.load_ensemble(
-                    [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
-                )
-            else:
-                config, tokenizer, model, params, steps = store.load_model(
-                    FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
-                )
-        except (rundir.WorkdirError, data_lib.DataError) as e:
-            raise SystemExit(f'error: {e}') from None
+        config, tokenizer, model, params, steps = _load(FLAGS)
         if FLAGS.input:
             with open(FLAGS.input, 'rb') as f:
                 lines = data_lib.decode_lines(f.read(), FLAGS.input)
@@ -95,6 +87,28 @@ def cli(argv: list[str] | None = None) -> None:
             sys.stdout.flush()
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
+
+
+def _load(FLAGS: Any) -> tuple:
+    """The run (or the ensemble) the flags name, once the search they ask for is known to
+    fit (`footprint.check_decoding`); one ``error:`` line otherwise."""
+    try:
+        if FLAGS.ensemble:
+            loaded = ensemble_lib.load_ensemble(
+                [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
+            )
+        else:
+            loaded = store.load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
+        config, tokenizer = loaded[:2]
+        footprint.check_decoding(
+            config,
+            FLAGS.batch_size or config.eval.batch_size,
+            config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
+            tokenizer.vocab_size,
+        )
+    except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
+        raise SystemExit(f'error: {e}') from None
+    return loaded
 
 
 if __name__ == '__main__':

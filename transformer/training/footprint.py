@@ -59,7 +59,8 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
         params //= max(1, model_parallel * (data_parallel if tc.fsdp else 1))
     layers = m.num_encoder_layers + m.num_decoder_layers
     ev = experiment.eval
-    cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, length + ev.extra_length)
+    # A search runs for the source's length + extra_length steps, and a source has a token.
+    cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, 1 + ev.extra_length)
     return {
         "the parameters with their gradient and Adam's moments": (
             params,
@@ -80,7 +81,7 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
         'the decoder cache': (
             cache,
             f'eval.batch_size={ev.batch_size} sentences x eval.beam_size={ev.beam_size} x '
-            f'(data.max_len={length} + eval.extra_length={ev.extra_length}) tokens',
+            f'(1 + eval.extra_length={ev.extra_length}) tokens',
         ),
     }
 
@@ -124,4 +125,35 @@ def check(experiment: Experiment, devices: Sequence[Any]) -> None:
         raise ConfigError(
             f'{settings}: {part} alone need at least {size / GiB:,.1f} GiB{share}, more than '
             f'the {limit / GiB:,.1f} GiB of {what}{share}; lower them.'
+        )
+
+
+def check_decoding(
+    experiment: Experiment,
+    sentences: int,
+    beam: int,
+    vocab_size: int,
+    devices: Sequence[Any] | None = None,
+) -> None:
+    """`ConfigError` naming ``--beam_size`` / ``--batch_size`` for a search that cannot work
+    (evaluate, translate): a beam wider than the vocabulary, or a decoder cache of
+    ``sentences`` x ``beam`` hypotheses that alone exceeds the memory of the device that
+    decodes (default: this process's first)."""
+    if devices is None:
+        import jax
+
+        devices = jax.local_devices()[:1]
+    if beam > vocab_size:
+        raise ConfigError(
+            f'--beam_size={beam} exceeds the vocabulary of {vocab_size} pieces: a beam cannot '
+            'hold more hypotheses than the first step has words.'
+        )
+    length = 1 + experiment.eval.extra_length
+    size = decode_cache_bytes(experiment, sentences, beam, length)
+    limit, where = device_bytes(devices)
+    if limit is not None and size > limit:
+        raise ConfigError(
+            f'--batch_size={sentences} sentences x --beam_size={beam} x (1 + eval.extra_length='
+            f'{experiment.eval.extra_length}) tokens: the decoder cache alone needs at least '
+            f'{size / GiB:,.1f} GiB, more than the {limit / GiB:,.1f} GiB of {where}; lower them.'
         )
