@@ -1,5 +1,6 @@
 """A damaged run directory gets one line naming the file (and the line and key), from every
-command that reads it, and nothing is written into it.
+command that reads it (train resuming, evaluate, translate, visualize, export), and nothing
+is written into it.
 
 `DAMAGES` is a table anyone can extend: a damage done to a copy of the shared tiny run
 (`run_dir`, tests/conftest.py) and a piece of the line each command must then give.
@@ -14,7 +15,7 @@ import pytest
 from absl import flags
 
 from tests.tiny_run import SMALL, command_line
-from transformer import evaluate, rundir, trainer, translate
+from transformer import evaluate, export, rundir, trainer, translate, visualize
 
 HISTORY = rundir.HISTORY_FILE
 CONFIG = rundir.CONFIG_FILE
@@ -100,6 +101,8 @@ MISSING_CONFIG = {
     'evaluate': f'{CONFIG} not found',
     'translate': f'{CONFIG} not found',
     'train': f'/{CONFIG}, the settings they were trained with: restore it to resume',
+    'visualize': f'{CONFIG} not found',
+    'export': f'{CONFIG} not found',
 }
 
 
@@ -111,6 +114,11 @@ def fresh_overrides(monkeypatch):
 
 
 def _argv(command: str, workdir, tmp_path) -> tuple:
+    if command == 'visualize':
+        out = f'--out={tmp_path}/attention.png'
+        return visualize.cli, ['visualize', f'--workdir={workdir}', '--text=dinds bap .', out]
+    if command == 'export':
+        return export.cli, ['export', f'--workdir={workdir}', f'--out={tmp_path}/hf']
     if command == 'evaluate':
         return evaluate.cli, ['evaluate', f'--workdir={workdir}', '--max_examples=2']
     if command == 'translate':
@@ -165,7 +173,10 @@ def _one_line(command, workdir, tmp_path, monkeypatch, capsys) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize('command', ['evaluate', 'translate', 'train'])
+COMMANDS = ['evaluate', 'translate', 'train', 'visualize', 'export']
+
+
+@pytest.mark.parametrize('command', COMMANDS)
 @pytest.mark.parametrize('name, damage, message', DAMAGES, ids=[d[0] for d in DAMAGES])
 def test_a_damaged_run_directory_is_one_line_naming_the_file(
     name, damage, message, command, run_dir, tmp_path, monkeypatch, capsys
