@@ -46,8 +46,7 @@ class Validation:
             data = config.data
             raise data_lib.DataError(
                 f'The {data.eval_split!r} split (data.eval_split) of {data.dataset} has no '
-                'examples; validation needs some (for the synthetic task: '
-                'data.synthetic.num_validation >= 1).'
+                'examples; validation needs some.'
             )
         limit = config.eval.bleu_max_examples
         full = limit <= 0 or limit >= len(self.loss_set.references)
