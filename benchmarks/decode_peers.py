@@ -4,7 +4,7 @@ r"""Decoding speed beside flax examples/wmt: beam 4 and greedy, same sizes, same
 
 flax-wmt's ``models.py`` and ``greedy.py`` are loaded at run time from ``$FLAX_WMT_DIR``
 (never copied here) and run as its ``train.predict_step`` does: encode, expand to the beam,
-``greedy.beam_search`` over its cache. Greedy there is its beam search with beam 1. Both
+``decoding.beam_search`` over its cache. Greedy there is its beam search with beam 1. Both
 models have random parameters of the same sizes (the Multi30k model by default: d 256,
 4 heads, d_ff 1024, 3 + 3 layers, 8000 tokens; flax-wmt is pre-LN, ours post-LN: the same
 matmuls) and decode the same 64 sources. To time the same number of steps, both run exactly
@@ -35,7 +35,7 @@ from benchmarks.decode_speed import (  # noqa: E402
     model_config,
     save_report,
 )
-from transformer.decoding import greedy
+from transformer import decoding
 from transformer.model import Transformer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -115,10 +115,10 @@ def ours_search(args, inputs, beam_size: int):
     model = Transformer(model_config(args, attention_impl=args.attention_impl))
     params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
     if beam_size == 1:
-        return lambda: greedy.greedy_search(
+        return lambda: decoding.greedy_search(
             model, params, inputs, max_decode_len=args.max_decode_len
         )
-    return lambda: greedy.beam_search(
+    return lambda: decoding.beam_search(
         model,
         params,
         inputs,

@@ -30,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
-from transformer.decoding import greedy  # noqa: E402
+from transformer import decoding  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.tokens import EOS_ID, PAD_ID  # noqa: E402
 
@@ -120,12 +120,12 @@ def main() -> None:
         for m in range(args.ensemble)
     ]
     ensemble = args.ensemble > 1
-    params = greedy.ensemble_params(members) if ensemble else members[0]
+    params = decoding.ensemble_params(members) if ensemble else members[0]
     searches = {
-        'greedy': lambda: greedy.greedy_search(
+        'greedy': lambda: decoding.greedy_search(
             model, params, inputs, max_decode_len=args.max_decode_len
         ),
-        f'beam_{args.beam_size}': lambda: greedy.beam_search(
+        f'beam_{args.beam_size}': lambda: decoding.beam_search(
             model,
             params,
             inputs,

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer import console, rundir
+from transformer import console, decoding, rundir
 from transformer.checkpoint import store
-from transformer.decoding import greedy as decode_lib
 from transformer.model.attention_maps import KINDS, attention_maps
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -116,9 +115,7 @@ def cli(argv: list[str] | None = None) -> None:
             logging.warning(warning)
         inputs = np.array(source_ids + [EOS_ID], np.int32)
         if FLAGS.target is None:
-            tokens = np.asarray(
-                decode_lib.greedy_search(model, params, jnp.asarray(inputs)[None])[0]
-            )
+            tokens = np.asarray(decoding.greedy_search(model, params, jnp.asarray(inputs)[None])[0])
             length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else len(tokens)
             targets = tokens[:length]
         else:

@@ -22,8 +22,8 @@ from tests.decoding import test_decode
 from tests.model import test_masks
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_model, tiny_run_config
+from transformer import decoding as decode
 from transformer import trainer
-from transformer.decoding import greedy as decode
 from transformer.model import embedding
 from transformer.model.attention import MultiHeadAttention
 from transformer.training import steps

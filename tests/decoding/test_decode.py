@@ -1,5 +1,5 @@
-"""Tests of transformer/decoding/greedy.py and the beam search it exports: scores, exhaustive
-search, cache, padding, output limits.
+"""Tests of the searches (transformer/decoding/: greedy.py, beam.py, search.py) through the
+package's face: scores, exhaustive search, cache, padding, output limits.
 
 A tiny model with random parameters (drawn in numpy on the real parameter tree, as in
 tests/model/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the
@@ -19,7 +19,7 @@ import pytest
 from flax import linen as nn
 
 from tests.random_params import fill_random
-from transformer.decoding import greedy as decode
+from transformer import decoding as decode
 from transformer.model import EOS_ID, PAD_ID, Transformer, TransformerConfig
 
 V = 6

@@ -49,7 +49,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     import jax.numpy as jnp
     import numpy as np
 
-    from transformer.decoding import greedy
+    from transformer import decoding
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     _, tokenizer, model, params, _ = store.load_model(str(run_dir))
@@ -72,7 +72,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
             log_probs = jax.nn.log_softmax(model.apply({'params': params}, inputs, target))
             forward = float(jnp.take_along_axis(log_probs, target[..., None], -1).sum())
             np.testing.assert_allclose(h.log_prob, forward, rtol=1e-4, atol=1e-4)
-            penalty = float(greedy.length_penalty(target.shape[1], 0.6))
+            penalty = float(decoding.length_penalty(target.shape[1], 0.6))
             np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
 
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'

@@ -1,3 +1,55 @@
-"""Decoding a trained model: the next-token step (next_token.py), greedy search (greedy.py),
-beam search (beam.py), ensembles (ensemble.py), and lines of text in, lines out
-(translation.py)."""
+"""Decoding a trained model: greedy and beam search over the decoder's key/value cache.
+
+Modules: next_token.py (the step both searches share; `Ensemble`), greedy.py (greedy search),
+beam.py (beam search), search.py (`translate_batch`: which search, by the beam size),
+ensemble.py (several runs as one model), translation.py (lines of text in, lines out).
+Callers import this face: ``from transformer import decoding``.
+
+Conventions shared by both searches:
+
+* Output length. The paper decodes up to "input length + 50" tokens (Sec. 6.1). An example's
+  limit is its own input length (its non-pad tokens, EOS included, so inputs must be
+  right-padded and unpacked) plus ``extra_length``, counting the output's EOS and not the
+  start token. Shapes must be static under jit, so the loop length is taken from the padded
+  width S: T = S + extra_length, or ``max_decode_len`` when given; an example stops at
+  min(limit, T) by allowing only EOS at its last position. Output arrays are [.., T] and only
+  the number of real tokens depends on the data, so equal shapes never recompile.
+* EOS is kept in the output and everything after it is 0. The pad/start token 0 is never
+  generated: a 0 inside a hypothesis would read as padding to the teacher-forced model.
+* Scores are sum of log-probabilities (EOS included) / length_penalty(length), the length
+  counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
+  renormalised after forbidding 0 or forcing EOS, so a score is always the model's
+  log-probability of exactly that sequence.
+* Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
+  (`ensemble_params`): the next-token distribution is then the mean of the members'
+  probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of
+  the sequence over the length penalty.
+"""
+
+from transformer.decoding.beam import beam_search
+from transformer.decoding.ensemble import load_ensemble
+from transformer.decoding.greedy import greedy_search
+from transformer.decoding.next_token import Ensemble, ensemble_params, length_penalty
+from transformer.decoding.search import translate_batch
+from transformer.decoding.translation import (
+    Hypothesis,
+    format_nbest,
+    nbest_batches,
+    translate_batches,
+    translate_lines,
+)
+
+__all__ = [
+    'Ensemble',
+    'Hypothesis',
+    'beam_search',
+    'ensemble_params',
+    'format_nbest',
+    'greedy_search',
+    'length_penalty',
+    'load_ensemble',
+    'nbest_batches',
+    'translate_batch',
+    'translate_batches',
+    'translate_lines',
+]

@@ -1,4 +1,4 @@
-"""Greedy and beam search over the decoder's key/value cache.
+"""Greedy search over the decoder's key/value cache.
 
 Shape legend (as in transformer/model/transformer.py, plus K):
 
@@ -11,25 +11,8 @@ encoder output's keys and values for encoder-decoder attention are projected onc
 `init_cache` before the loop, and only read by the steps. The first step feeds the start
 token 0, later steps the previous token.
 
-Conventions shared by both searches:
-
-* Output length. The paper decodes up to "input length + 50" tokens (Sec. 6.1). An example's
-  limit is its own input length (its non-pad tokens, EOS included, so inputs must be
-  right-padded and unpacked) plus ``extra_length``, counting the output's EOS and not the
-  start token. Shapes must be static under jit, so the loop length is taken from the padded
-  width S: T = S + extra_length, or ``max_decode_len`` when given; an example stops at
-  min(limit, T) by allowing only EOS at its last position. Output arrays are [.., T] and only
-  the number of real tokens depends on the data, so equal shapes never recompile.
-* EOS is kept in the output and everything after it is 0. The pad/start token 0 is never
-  generated: a 0 inside a hypothesis would read as padding to the teacher-forced model.
-* Scores are sum of log-probabilities (EOS included) / length_penalty(length), the length
-  counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
-  renormalised after forbidding 0 or forcing EOS, so a score is always the model's
-  log-probability of exactly that sequence.
-* Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
-  (`ensemble_params`): the next-token distribution is then the mean of the members'
-  probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of
-  the sequence over the length penalty.
+The conventions both searches share (output length, EOS, scores, ensembles) are written in
+the package's face, transformer/decoding/__init__.py.
 """
 
 from __future__ import annotations
@@ -40,31 +23,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer.decoding.beam import beam_search
 from transformer.decoding.next_token import (
-    Ensemble,
     decode_length,
     encode_and_cache,
-    ensemble_params,
     forbid,
-    length_penalty,
     next_scores,
     output_limits,
     shrinking_loop,
     stage_sizes,
 )
 from transformer.model import EOS_ID, PAD_ID, Transformer
-
-# The decoding API in one place: beam search lives in transformer/decoding/beam.py, the step both
-# searches share in transformer/decoding/next_token.py.
-__all__ = [
-    'Ensemble',
-    'beam_search',
-    'ensemble_params',
-    'greedy_search',
-    'length_penalty',
-    'translate_batch',
-]
 
 Array = jax.Array
 Params = Any
@@ -152,38 +120,3 @@ def greedy_search(
         outputs=lambda state: state.tokens,
     )
     return tokens
-
-
-def translate_batch(
-    model: Transformer,
-    params: Params,
-    inputs: Array,
-    *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_decode_len: int | None = None,
-    extra_length: int = 50,
-) -> Array:
-    """Best output tokens [B, T]: greedy search for ``beam_size == 1``, else beam search.
-
-    Greedy is not beam search with one beam: that one would still weigh every EOS on its
-    path by the length penalty, and here beam 1 means the cheaper plain greedy decode.
-    """
-    if beam_size == 1:
-        return greedy_search(
-            model,
-            params,
-            inputs,
-            max_decode_len=max_decode_len,
-            extra_length=extra_length,
-        )
-    sequences, _ = beam_search(
-        model,
-        params,
-        inputs,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_decode_len=max_decode_len,
-        extra_length=extra_length,
-    )
-    return sequences[:, 0]

@@ -2,7 +2,7 @@
 
 The step feeds one token per sequence and returns next-token logits; an ensemble's step
 mixes its members' distributions; the output-length limits, forbidden tokens and the length
-penalty follow the conventions written in `transformer.decoding.greedy`'s docstring.
+penalty follow the conventions written in `transformer.decoding`'s docstring.
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer.backends.fetch import fetch
-from transformer.decoding import greedy as decode_lib
+from transformer.decoding.beam import beam_search
+from transformer.decoding.next_token import length_penalty
+from transformer.decoding.search import translate_batch
 from transformer.model import Transformer
 from transformer.tokens import EOS_ID
 
@@ -49,7 +51,7 @@ def translate_batches(
     (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`)."""
     outputs = []
     for i, batch in enumerate(batches):
-        tokens = decode_lib.translate_batch(
+        tokens = translate_batch(
             model,
             params,
             jnp.asarray(batch['inputs']),
@@ -76,7 +78,7 @@ def sequence_log_probs(sequences: np.ndarray, scores: np.ndarray, alpha: float) 
     """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
     times the length penalty of |y| (EOS included); -inf where the score is -inf."""
     lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
-    penalty = np.asarray(decode_lib.length_penalty(lengths, alpha))
+    penalty = np.asarray(length_penalty(lengths, alpha))
     with np.errstate(invalid='ignore'):
         return np.where(np.isfinite(scores), scores * penalty, -np.inf)
 
@@ -96,7 +98,7 @@ def nbest_batches(
     first, in the original example order."""
     outputs = []
     for batch in batches:
-        sequences, scores = decode_lib.beam_search(
+        sequences, scores = beam_search(
             model,
             params,
             jnp.asarray(batch['inputs']),
