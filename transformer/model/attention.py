@@ -307,13 +307,8 @@ class MultiHeadAttention(nn.Module):
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        impl = platform.attention_impl(self.attention_impl)
-        if impl == 'pallas' and inputs_q is inputs_kv and not (decode or dropout):
-            by_segments = segment_attention.packed_self_attention(q, k, v, mask)
-            if by_segments is not None:
-                return out(by_segments)
-        if impl in ('fused', 'pallas') and not (dropout or one_query):
-            return out(fused_attention(q, k, v, mask))
+        if platform.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
+            return out(self._fused(q, k, v, mask, inputs_q is inputs_kv and not decode))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
         if one_query and not static_kv:
@@ -340,6 +335,14 @@ class MultiHeadAttention(nn.Module):
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
         heads = products.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
         return out(heads)
+
+    def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
+        """`fused_attention`; with 'pallas', packed self-attention by segment ids first."""
+        if self_attention and platform.attention_impl(self.attention_impl) == 'pallas':
+            by_segments = segment_attention.packed_self_attention(q, k, v, mask)
+            if by_segments is not None:
+                return by_segments
+        return fused_attention(q, k, v, mask)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
         """Writes this step's key/value into the head-major cache and masks the keys not yet
