@@ -75,7 +75,7 @@ BAD_OVERRIDES = [
     (f'train.batch_size={8 * HUGE}', f'train.batch_size={8 * HUGE}'),
     (f'model.d_model={HUGE}', f'model.d_model={HUGE}'),
     (f'model.d_ff={HUGE}', f'model.d_ff={HUGE}'),
-    (f'data.vocab_size={HUGE}', f'data.vocab_size={HUGE}'),
+    (f'data.vocab_size={HUGE}', f'data.vocab_size={HUGE} must be <= 2147483647'),
     (f'eval.extra_length={HUGE}', f'eval.extra_length={HUGE}'),
     (f'eval.batch_size={HUGE}', f'eval.batch_size={HUGE}'),
     ('eval.beam_size=100000', 'eval.beam_size=100000 exceeds data.vocab_size=300'),

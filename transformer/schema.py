@@ -79,6 +79,7 @@ def _field(
 # jax makes a PRNG key of a seed that fits in 64 signed bits; the data order takes it too.
 MAX_SEED = (2**63 - 1, "jax's PRNG keys take a signed 64-bit seed")
 MAX_STEP = (2**31 - 1, 'the step counter is a 32-bit integer')
+MAX_VOCAB = (2**31 - 1, "SentencePiece's vocabulary size is a 32-bit integer")
 
 
 def _matches(value: Any, want: Any) -> bool:
@@ -144,7 +145,7 @@ class DataSection(_Section):
     train_split: str
     eval_split: str
     test_split: str
-    vocab_size: int = _field(rule=_rule(lambda v: v >= 4, 'an integer >= 4'))
+    vocab_size: int = _field(rule=_rule(lambda v: v >= 4, 'an integer >= 4'), most=MAX_VOCAB)
     vocab_model_type: VocabModelType = 'bpe'
     vocab_normalization: VocabNormalization = 'nmt_nfkc'
     vocab_sample_size: int = _field(rule=POSITIVE)

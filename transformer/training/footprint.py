@@ -4,7 +4,7 @@ A length or a batch far beyond what the machine holds (``data.max_len=1000000000
 fail after the run directory was written, in numpy's or XLA's allocator ("Unable to allocate
 119. GiB"). `check` refuses it first, in one line naming the settings. The figures are
 lower bounds, not a model of XLA's temporaries: only what a step cannot do without (the
-parameters with their gradient and Adam's two moments, the residual stream of every layer
+layers' weights with their gradient and Adam's two moments, the residual stream of every layer
 kept for the backward pass, the host's batch arrays, a decoder's key/value cache), so a
 config refused here can never run, and one that passes may still run out of memory (that
 ends in the commands' own one-line error).
@@ -27,16 +27,15 @@ _PARAM_COPIES = 4
 HOST = 'the batch arrays'  # the part that lives in host memory
 
 
-def num_params(experiment: Experiment) -> int:
-    """The model's parameter count from its config (the vocabulary at data.vocab_size)."""
+def layer_params(experiment: Experiment) -> int:
+    """The weight matrices of the model's layers (attention and feed-forward). The embeddings
+    are left out: the vocabulary may end up smaller than data.vocab_size."""
     m = experiment.model
     d, f = m.d_model, m.d_ff
     inner = m.num_heads * (m.head_dim or d // m.num_heads)
     attention = 4 * d * inner
     ffn = 2 * d * f
-    embeddings = {'all': 1, 'target': 2, 'none': 3}[m.share_embeddings]
-    layers = m.num_encoder_layers * (attention + ffn) + m.num_decoder_layers * (2 * attention + ffn)
-    return embeddings * experiment.data.vocab_size * d + layers
+    return m.num_encoder_layers * (attention + ffn) + m.num_decoder_layers * (2 * attention + ffn)
 
 
 def _itemsize(dtype: Any) -> int:
@@ -54,7 +53,7 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
     data_parallel = max(1, num_devices // model_parallel)
     rows = max(1, tc.batch_size // (data_parallel * tc.grad_accum_steps))
     size = _itemsize(m.dtype)
-    params = _PARAM_COPIES * num_params(experiment) * _itemsize(m.param_dtype)
+    params = _PARAM_COPIES * layer_params(experiment) * _itemsize(m.param_dtype)
     if tc.fsdp or model_parallel > 1:
         params //= max(1, model_parallel * (data_parallel if tc.fsdp else 1))
     layers = m.num_encoder_layers + m.num_decoder_layers
@@ -62,10 +61,9 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
     # A search runs for the source's length + extra_length steps, and a source has a token.
     cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, 1 + ev.extra_length)
     return {
-        "the parameters with their gradient and Adam's moments": (
+        "the layers' weights with their gradient and Adam's moments": (
             params,
-            f'model.d_model={m.d_model}, model.d_ff={m.d_ff}, {layers} layers and '
-            f'data.vocab_size={experiment.data.vocab_size}',
+            f'model.d_model={m.d_model}, model.d_ff={m.d_ff} and {layers} layers',
         ),
         "the layers' activations": (
             rows * length * m.d_model * size * layers,
