@@ -159,7 +159,7 @@ def read_config(workdir: str) -> schema.Experiment:
             _apply(config, change)
             experiment = schema.parse(config)
         except (schema.ConfigError, KeyError, TypeError) as e:
-            raise WorkdirError(f'{where}: {str(e).strip(chr(39))}') from None
+            raise WorkdirError(f'{where}: {e.args[0] if e.args else e}') from None
     return experiment
 
 
