@@ -148,6 +148,7 @@ def test_a_full_disk_while_writing_the_vocabulary_is_one_line(tmp_path, monkeypa
     assert line.startswith('error: cannot write ') and 'No space left on device' in line, line
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_the_hypotheses_is_one_line(
     run_dir, tmp_path, monkeypatch, capsys
 ):
