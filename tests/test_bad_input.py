@@ -238,3 +238,31 @@ def test_numpy_out_of_memory_is_one_line_with_the_hint():
         'out of memory: Unable to allocate 58.2 TiB for an array with shape (10, 16). '
         'Lower --batch_size.'
     )
+
+
+class _Device:
+    """A device as jax describes one, with the memory statistics it gives (or fails to)."""
+
+    platform, device_kind = 'gpu', 'NVIDIA H100'
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def memory_stats(self):
+        if isinstance(self._stats, Exception):
+            raise self._stats
+        return self._stats
+
+
+def test_the_memory_check_reads_an_accelerators_limit_and_skips_without_one():
+    from transformer.training import footprint
+
+    config = schema.parse(configs.load('tiny'))
+    big = dataclasses.replace(config.data, max_len=10**9)
+    huge = dataclasses.replace(config, data=big)
+    devices = [_Device({'bytes_limit': 80 * 2**30})]
+    with pytest.raises(schema.ConfigError, match=r'more than the 80.0 GiB of NVIDIA H100 memory'):
+        footprint.check(huge, devices)
+    footprint.check(config, devices)
+    for stats in (None, {}, RuntimeError('no statistics')):  # no figure: no refusal
+        assert footprint.device_bytes([_Device(stats)])[0] is None
