@@ -15,7 +15,7 @@ placed on the device once; then ``--rounds`` rounds time ``--steps`` steps of ea
 turn, so that drift of the machine shows as spread in every row alike rather than as a
 difference between rows. ``--profile_steps`` more steps of each are traced with
 `jax.profiler`, for the share of kernel time outside the matrix products and the attention
-kernels (`gpu_check.kernel_table`: reductions, elementwise fusions, scatters, copies).
+kernels (`kernel_time.kernel_table`: reductions, elementwise fusions, scatters, copies).
 
 Writes ``--out``/variants.json and variants.md: variant | ms/step (median of the rounds, min and
 max) | MFU | change vs default | XLA temporaries | non-GEMM share | compile s.
@@ -39,7 +39,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import common, gpu_check, train_speed  # noqa: E402
+from benchmarks import common, kernel_time, train_speed  # noqa: E402
 from transformer import configs  # noqa: E402
 from transformer.backends import platform  # noqa: E402
 from transformer.model import flops as flops_lib  # noqa: E402
@@ -154,7 +154,7 @@ class Variant:
         directory = tempfile.mkdtemp(prefix=f'variants-{self.name.replace("=", "-")}-')
         with jax.profiler.trace(directory, create_perfetto_trace=True):
             self.run(steps)
-        return gpu_check.kernel_table(gpu_check.load_trace(directory), steps)
+        return kernel_time.kernel_table(kernel_time.load_trace(directory), steps)
 
 
 def non_gemm_share(kernels: dict) -> float:
