@@ -113,7 +113,14 @@ def fresh_overrides(monkeypatch):
         delattr(flags.FLAGS, name)
 
 
-def _argv(command: str, workdir, tmp_path) -> tuple:
+# Damages a finished run meets when its command runs again (train.num_steps reached).
+FINISHED_DAMAGES = [
+    ('final metrics garbage', _replace(rundir.FINAL_METRICS_FILE, 'garbage'), 'is not valid JSON'),
+    ('final metrics list', _replace(rundir.FINAL_METRICS_FILE, '[]'), 'holds [], not the metrics'),
+]
+
+
+def _argv(command: str, workdir, tmp_path, num_steps: int = 6) -> tuple:
     if command == 'visualize':
         out = f'--out={tmp_path}/attention.png'
         return visualize.cli, ['visualize', f'--workdir={workdir}', '--text=dinds bap .', out]
@@ -131,7 +138,7 @@ def _argv(command: str, workdir, tmp_path) -> tuple:
             out,
         ]
     # The run's own settings (tests/conftest.py's run_dir), two steps further.
-    settings = {**SMALL, 'train.num_steps': 6, 'train.checkpoint_every': 2}
+    settings = {**SMALL, 'train.num_steps': num_steps, 'train.checkpoint_every': 2}
     settings |= {'train.log_every': 1, 'train.eval_every': 0, 'model.dropout_rate': 0.1}
     settings |= {'train.async_checkpointing': False}
     flags_ = command_line(settings)
@@ -157,8 +164,8 @@ def _damaged(run_dir, tmp_path, damage):
     return workdir
 
 
-def _one_line(command, workdir, tmp_path, monkeypatch, capsys) -> str:
-    cli, argv = _argv(command, workdir, tmp_path)
+def _one_line(command, workdir, tmp_path, monkeypatch, capsys, **settings) -> str:
+    cli, argv = _argv(command, workdir, tmp_path, **settings)
     monkeypatch.setattr(sys, 'argv', argv)
     before = _files(workdir)
     with pytest.raises(SystemExit) as info:
@@ -184,6 +191,17 @@ def test_a_damaged_run_directory_is_one_line_naming_the_file(
     workdir = _damaged(run_dir, tmp_path, damage)
     line = _one_line(command, workdir, tmp_path, monkeypatch, capsys)
     assert str(workdir) in line and message in line, line
+
+
+@pytest.mark.parametrize(
+    'name, damage, message', FINISHED_DAMAGES, ids=[d[0] for d in FINISHED_DAMAGES]
+)
+def test_a_finished_run_with_damaged_final_metrics_is_one_line(
+    name, damage, message, run_dir, tmp_path, monkeypatch, capsys
+):
+    workdir = _damaged(run_dir, tmp_path, damage)
+    line = _one_line('train', workdir, tmp_path, monkeypatch, capsys, num_steps=4)
+    assert f'{workdir}/{rundir.FINAL_METRICS_FILE}' in line and message in line, line
 
 
 @pytest.mark.parametrize('command', sorted(MISSING_CONFIG))

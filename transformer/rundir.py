@@ -211,6 +211,16 @@ def read_history(workdir: str, *, numbered: bool = False) -> list[Any]:
     return changes if numbered else [change for _, change in changes]
 
 
+def read_final_metrics(workdir: str) -> dict[str, Any]:
+    """``final_metrics.json`` of a finished run; a one-line `WorkdirError` naming the file
+    when it is not a JSON object."""
+    file = path(workdir, FINAL_METRICS_FILE)
+    final = _load_json(file, _read_text(file))
+    if not isinstance(final, dict):
+        raise WorkdirError(f'{file} holds {final!r:.60}, not the metrics of a run; restore it.')
+    return final
+
+
 def flat_config(config: Config) -> dict[str, Any]:
     """Dotted key -> value as JSON holds it (so a fresh config compares with a saved one)."""
 

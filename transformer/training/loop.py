@@ -327,8 +327,8 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
             'metrics stay in %s.',
             *(workdir, step, tc.num_steps, ', stopped early' * run.best.should_stop, done),
         )
-        with open(done) as f:
-            return {**json.load(f), 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
+        final = rundir.read_final_metrics(workdir)
+        return {**final, 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
     validation = validation_lib.Validation(config, run.tokenizer, run.model, parallel, workdir)
     writer = metrics_lib.MetricWriter(
         rundir.path(workdir, rundir.METRICS_FILE),
