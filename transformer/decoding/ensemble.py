@@ -6,10 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import ml_collections
-
 from transformer import data as data_lib
-from transformer import rundir
+from transformer import rundir, schema
 from transformer.checkpoint import store
 from transformer.decoding.next_token import Ensemble, ensemble_params
 from transformer.model import Transformer
@@ -27,7 +25,7 @@ def load_ensemble(
     step: int | None = None,
     average_last: int | None = None,
     best: bool = False,
-) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, Ensemble, list[list[int]]]:
+) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, Ensemble, list[list[int]]]:
     """Runs decoded together as one `Ensemble`.
 
     Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-
 from transformer import data as data_lib
+from transformer import schema
 from transformer.decoding import translation
 from transformer.evaluation import bleu
 from transformer.model import Transformer
@@ -21,7 +20,7 @@ PyTree = Any
 
 
 def score_eval_set(
-    config: ml_collections.ConfigDict,
+    config: schema.Experiment,
     tokenizer: data_lib.Tokenizer,
     model: Transformer,
     params: PyTree,

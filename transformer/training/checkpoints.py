@@ -14,11 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer import multihost
+from transformer import multihost, schema
 from transformer.checkpoint.store import (
     RESTORE_ERRORS,
     CorruptCheckpoint,
@@ -110,7 +109,7 @@ class Checkpoints:
     writes the manifests and chooses the step to resume from; the others follow.
     """
 
-    def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+    def __init__(self, workdir: str, config: schema.Experiment):
         self.workdir = workdir
         self.config = config
         self.manager = checkpoint_manager(workdir, config)

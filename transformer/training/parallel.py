@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import jax_utils
@@ -39,6 +38,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformer import schema
 from transformer.model import Transformer
 from transformer.schema import PARALLELISMS
 from transformer.training import steps
@@ -220,7 +220,7 @@ class Parallel:
     @classmethod
     def from_config(
         cls,
-        config: ml_collections.ConfigDict,
+        config: schema.Experiment,
         model: Transformer,
         tx: optax.GradientTransformation,
         schedule: optax.Schedule,

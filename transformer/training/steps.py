@@ -15,11 +15,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import linen as nn
 from flax import struct
 
+from transformer import schema
 from transformer.model import Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
@@ -47,7 +47,7 @@ class TrainState:
     opt_state: PyTree
 
 
-def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+def build_model(config: schema.Experiment, vocab_size: int) -> Transformer:
     """The Transformer of ``config.model`` with the tokenizer's vocabulary size."""
     return Transformer(config_from_dict(config.model, vocab_size))
 

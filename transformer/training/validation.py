@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import multihost, rundir
+from transformer import multihost, rundir, schema
 from transformer.backends.fetch import fetch
 from transformer.checkpoint import store
 from transformer.evaluation import score
@@ -33,7 +32,7 @@ class Validation:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        config: schema.Experiment,
         tokenizer: data_lib.Tokenizer,
         model: Transformer,
         parallel: parallel.Parallel,
