@@ -46,8 +46,12 @@ def fresh_overrides(monkeypatch):
 
 
 def _train(argv, monkeypatch, capsys) -> tuple[int, list[str], float]:
-    """Runs the train command in-process: (exit code, stderr lines, seconds)."""
+    """Runs the train command in-process: (exit code, stderr lines, seconds). The command
+    checks batches and memory against all devices: the 8 CPU ones, on every machine (a GPU
+    machine's default backend is its one GPU, which divides any batch)."""
     monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    cpu_devices = jax.devices('cpu')
+    monkeypatch.setattr(jax, 'devices', lambda backend=None: cpu_devices)
     start = time.perf_counter()
     with pytest.raises(SystemExit) as info:
         trainer.cli(argv)
@@ -211,7 +215,8 @@ def test_a_bad_decoding_flag_is_one_line_before_the_decode(
     from transformer import evaluate, translate
 
     workdir = tmp_path / 'run'
-    shutil.copytree(run_dir, workdir)
+    shutil.copytree(run_dir, workdir)  # the shared run, with what earlier tests wrote into it
+    before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob('*'))
     if command == 'evaluate':
         cli, argv = evaluate.cli, ['evaluate', f'--workdir={workdir}', flag]
     else:
@@ -226,7 +231,8 @@ def test_a_bad_decoding_flag_is_one_line_before_the_decode(
     err = capsys.readouterr().err.strip().splitlines() + ([code] if isinstance(code, str) else [])
     assert code not in (0, None)
     assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
-    assert not (workdir / 'eval').exists() and not (tmp_path / 'out.txt').exists()
+    assert sorted(str(p.relative_to(workdir)) for p in workdir.rglob('*')) == before
+    assert not (tmp_path / 'out.txt').exists()
     assert time.perf_counter() - start < 10
 
 
