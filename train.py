@@ -8,7 +8,7 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow is imported
 
-from transformer import trainer  # noqa: E402
+from transformer.commands import train  # noqa: E402
 
 if __name__ == '__main__':
-    trainer.cli()
+    train.cli()

@@ -4,7 +4,7 @@ r"""Decoding settings of a finished run, scored on the validation split (never t
       --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
       --out benchmarks/results/multi30k_dropout03_validation.json
 
-Scores, as transformer/evaluate.py does, every combination of checkpoint averaging (the last K
+Scores, as the evaluate command does, every combination of checkpoint averaging (the last K
 checkpoints, up to ``--step`` if given; each average loaded once), beam size and length
 penalty, on ``--split`` (default: the config's eval_split), and prints a markdown table of
 sacreBLEU, tokenized BLEU (the run's convention) and chrF. Picking settings on the test split

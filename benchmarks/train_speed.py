@@ -36,8 +36,8 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from transformer import console  # noqa: E402
 from transformer.backends import host_memory
+from transformer.commands import console  # noqa: E402
 from transformer.model import flops as flops_lib
 from transformer.training import config_checks, optim, steps
 from transformer.training.parallel import Parallel  # noqa: E402

@@ -237,7 +237,7 @@ def test_a_bad_decoding_flag_is_one_line_before_the_decode(
 
 
 def test_numpy_out_of_memory_is_one_line_with_the_hint():
-    from transformer import console
+    from transformer.commands import console
 
     error = MemoryError('Unable to allocate 58.2 TiB for an array with shape (10, 16)')
     assert console.out_of_memory_line(error, 'Lower --batch_size.') == (

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from tests.subprocess_env import repo_env
-from transformer import configs, console
+from transformer import configs
+from transformer.commands import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the quiet console must keep off the terminal (one fragment of each line in NOISE).
@@ -317,7 +318,7 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130(tmp_path):
         """
         import os, signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
-        from transformer import console
+        from transformer.commands import console
 
         def main(argv):
             print('in main', flush=True)

@@ -28,8 +28,9 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from transformer import configs, console, data
+from transformer import configs, data
 from transformer.checkpoint import store
+from transformer.commands import console
 from transformer.decoding import translation
 from transformer.model import Transformer, config_from_dict
 from transformer.model import attention as attention_lib

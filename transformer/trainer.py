@@ -1,87 +1,11 @@
-"""The train command: ``python train.py --config configs/X.py --workdir DIR`` (also
-``transformer-train --config X``): flags, the config's checks, one-line errors and exit
-codes. The loop itself is transformer/training/loop.py (`train_and_evaluate`, importable
-from here for Python use).
-"""
+"""`python -m transformer.trainer` and `from transformer import trainer`: the command lives in
+transformer/commands/train.py; this name is that module."""
 
-from __future__ import annotations
+import sys
 
-from absl import logging
+from transformer.commands import train
 
-from transformer import configs, console, multihost, rundir, schema
-from transformer import lock as lock_lib
-from transformer.training import config_checks
-from transformer.training.loop import (
-    Interrupted,
-    TrainingError,
-    train_and_evaluate,
-)
-
-
-def summary(final: dict, workdir: str) -> str:
-    """One line of a finished run's figures; all of them are in final_metrics.json."""
-    parts = [f'step {final.get("step")}']
-    if 'train' in final:
-        parts.append(f'train loss {final["train"]["loss"]:.4f}')
-    if 'validation' in final:
-        parts.append(f'validation loss {final["validation"]["loss"]:.4f}')
-    best = final.get('best') or {}
-    if best.get('score') is not None:
-        parts.append(f'best validation BLEU {best["score"]:.2f} at step {best["step"]}')
-    if final.get('stopped_early'):
-        parts.append('stopped early')
-    parts.append(f'{final.get("wall_time_s", 0):.0f} s')
-    where = rundir.path(workdir, rundir.FINAL_METRICS_FILE)
-    return ', '.join(parts) + f'; every figure in {where}.'
-
-
-def cli(argv: list[str] | None = None) -> None:
-    """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``;
-    ``--config X`` names a packaged config, transformer/configs/X.py)."""
-    import sys
-
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    console.define_flag(
-        'config',
-        config_flags.DEFINE_config_file,
-        None,
-        f'Experiment config: a packaged one by name ({", ".join(configs.names())}) or a file '
-        'path, e.g. configs/base.py.',
-        lock_config=True,
-    )
-    console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
-
-    def main(_):
-        if not flags.FLAGS['config'].present:  # (a file whose get_config() returned None is)
-            console.require('config')
-        console.require('workdir')
-        try:  # the config file's values, typed and checked once (transformer/schema.py)
-            file = config_flags.get_config_filename(flags.FLAGS['config'])
-            config = configs.checked(flags.FLAGS.config, file)
-            config = config_checks.check(schema.complete(config))
-        except (config_checks.ConfigError, ValueError) as e:
-            console.usage_exit(str(e))
-        try:
-            final = train_and_evaluate(config, flags.FLAGS.workdir)
-        except (Interrupted, KeyboardInterrupt) as e:
-            print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
-            raise SystemExit(130) from None
-        except config_checks.ConfigError as e:  # found once the devices are known
-            console.usage_exit(str(e))
-        except (
-            TrainingError,
-            rundir.WorkdirError,
-            lock_lib.WorkdirBusy,
-            multihost.OtherProcessFailed,
-            ValueError,
-        ) as e:
-            raise SystemExit(f'error: {e}') from None
-        logging.info('Done: %s', summary(final, flags.FLAGS.workdir))
-
-    try:
-        argv = console.resolve_config_arg(sys.argv if argv is None else argv)
-    except app.UsageError as e:
-        console.usage_exit(str(e))
-    console.run(main, argv, config_checks.explain_flag_error, config_checks.TRAINING_OUT_OF_MEMORY)
+if __name__ == '__main__':
+    train.cli()
+else:
+    sys.modules[__name__] = train

@@ -105,7 +105,7 @@ def test_importing_the_package_changes_nothing_and_the_commands_opt_in(monkeypat
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, False]
 
-    from transformer import console
+    from transformer.commands import console
 
     order = []
     monkeypatch.setattr(host_memory, 'configure', lambda: order.append('malloc'))

@@ -7,7 +7,8 @@ import os
 import jax
 import pytest
 
-from transformer import configs, console
+from transformer import configs
+from transformer.commands import console
 from transformer.configs import multi30k
 from transformer.training import config_checks
 

@@ -13,7 +13,7 @@ them, runs alternated on a 2-core AMD EPYC; peak RSS 1.2 -> 1.7-2.3 GB).
 serves large blocks from the heap instead of ``mmap`` (``M_MMAP_MAX`` 0) and keeps freed
 memory instead of returning it to the system (``M_TRIM_THRESHOLD``), so that the next step
 reuses the same, already mapped pages. Every command calls `configure` when it starts
-(transformer/console.py), which applies them on Linux with glibc and where jax will run on
+(transformer/commands/console.py), which applies them on Linux with glibc and where jax will run on
 the CPU (JAX_PLATFORMS is 'cpu', or unset with no GPU/TPU plugin installed); set
 ``TRANSFORMER_MALLOC=system`` to keep glibc's defaults. They apply to the whole process (a
 torch model in the same process gains alike) and take full effect before jax's first

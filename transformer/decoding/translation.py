@@ -1,5 +1,5 @@
 """Lines of text in, translations out (or n-best lists): what the translate command
-(transformer/translate.py) and evaluation decode with.
+(transformer/commands/translate.py) and evaluation decode with.
 
 Output line i is the translation of input line i: empty (or blank) lines stay empty, and a line
 longer than ``--max_input_tokens`` tokens is cut to that length (with a warning on stderr)

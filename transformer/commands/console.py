@@ -7,8 +7,7 @@ the read-only checkpoint managers that evaluate / translate use, sacreBLEU's gue
 tokenized-looking text (the synthetic task, Moses-style references) was not detokenized,
 asyncio's and tensorstore's reports at exit on the tasks of a failed Orbax save or restore
 ('... exception was never retrieved', 'Event loop is closed'), and ml_collections'
-``load_module`` DeprecationWarning. ``--verbosity=1`` (or ``-v 1``) shows everything,
-library INFO and DEBUG lines included.
+``load_module`` DeprecationWarning. ``--verbosity=1`` (``-v 1``) shows everything.
 """
 
 from __future__ import annotations
@@ -27,10 +26,11 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from transformer import command_help, files
+from transformer import files
 from transformer.backends import compile_cache, host_memory
+from transformer.commands import help as command_help
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Library lines that are dropped at the default verbosity (matched anywhere in the message).
 NOISE = (
     "Unable to initialize backend 'tpu'",

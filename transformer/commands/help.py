@@ -13,7 +13,7 @@ from absl import flags
 from transformer import configs, rundir
 
 HELP_ARGS = ('-h', '--help')
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # transformer/
 # Files whose comments describe config fields, after the chosen config file itself.
 _COMMENTED = (
     configs.path('base'),

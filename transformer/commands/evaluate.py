@@ -1,0 +1,215 @@
+"""The evaluate command: decode a split of a trained run and score it.
+
+``python -m transformer.evaluate --workdir DIR [--step N | --average_last K | --best]
+[--split test]``
+
+Checkpoints are loaded (and averaged) by transformer/checkpoint/store.py, and the split is
+decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
+of the scores to ``WORKDIR/eval/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import logging
+
+from transformer import data as data_lib
+from transformer import files, rundir
+from transformer.checkpoint import store
+from transformer.commands import console
+from transformer.decoding import ensemble as ensemble_lib
+from transformer.evaluation.score import score_eval_set
+from transformer.model import Transformer
+from transformer.training import footprint
+
+PyTree = Any
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.evaluate --workdir DIR ...`` (also ``transformer-evaluate``)."""
+    from absl import flags
+
+    console.define_decoding_flags()
+    define = console.define_flag
+    define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
+    define(
+        'max_examples',
+        flags.DEFINE_integer,
+        0,
+        'Decode only the first N sentences (0 = all).',
+        lower_bound=0,
+    )
+    define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
+    FLAGS = flags.FLAGS
+
+    def main(_):
+        console.require('workdir')
+        console.check_paths(outputs={'output': FLAGS.output})
+        try:
+            run(
+                FLAGS.workdir,
+                step=FLAGS.step,
+                average_last=FLAGS.average_last,
+                best=FLAGS.best,
+                split=FLAGS.split,
+                beam_size=FLAGS.beam_size,
+                alpha=FLAGS.alpha,
+                batch_size=FLAGS.batch_size,
+                max_examples=FLAGS.max_examples,
+                output=FLAGS.output,
+                ensemble=FLAGS.ensemble,
+            )
+        except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
+            raise SystemExit(f'error: {e}') from None
+
+    console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
+
+
+def load(
+    run_dir: str,
+    step: int | None,
+    average_last: int | None,
+    best: bool,
+    ensemble: Sequence[str] = (),
+) -> tuple[Any, data_lib.Tokenizer, Transformer, PyTree, list[list[int]]]:
+    """(config, tokenizer, model, params, the steps loaded of each run) of ``run_dir``, or of it
+    and the ``ensemble`` runs decoded together (`ensemble.load_ensemble`)."""
+    if ensemble:
+        return ensemble_lib.load_ensemble([run_dir, *ensemble], step, average_last, best)
+    config, tokenizer, model, params, steps = store.load_model(run_dir, step, average_last, best)
+    return config, tokenizer, model, params, [steps]
+
+
+def make_eval_set(
+    config: Any,
+    tokenizer: data_lib.Tokenizer,
+    run_dir: str,
+    split: str,
+    batch_size: int | None = None,
+    max_examples: int = 0,
+) -> data_lib.EvalSet:
+    """Every sentence of ``split`` (or its first ``max_examples``), batched for decoding."""
+    return data_lib.make_eval_set(
+        config.data,
+        tokenizer,
+        split,
+        batch_size=batch_size or config.eval.batch_size,
+        cache_dir=rundir.data_cache_dir(config, run_dir),
+        max_examples=max_examples or None,
+    )
+
+
+def _eval_output(run_dir: str, stem: str) -> str:
+    """``WORKDIR/eval/<stem>.txt``, once the directory is known to take files."""
+    directory = rundir.path(run_dir, rundir.EVAL_DIR)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        problem = files.unwritable(directory)
+    except OSError as e:
+        problem = e.strerror or str(e)
+    if problem:
+        raise rundir.WorkdirError(
+            f'Cannot write the hypotheses and scores to {directory} ({problem}); --output FILE '
+            'writes them elsewhere.'
+        )
+    return os.path.join(directory, f'{stem}.txt')
+
+
+def _write_outputs(output: str, hypotheses: Sequence[str], scores: dict[str, Any]) -> None:
+    """The hypotheses to ``output`` and the scores beside it (``.json``); an OSError names
+    the file (a full disk says it on close, without one)."""
+    for file, write in (
+        (output, lambda f: f.writelines(h + '\n' for h in hypotheses)),
+        (os.path.splitext(output)[0] + '.json', lambda f: json.dump(scores, f, indent=2)),
+    ):
+        try:
+            with open(file, 'w') as f:
+                write(f)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, e.filename or file) from None
+
+
+def run(
+    run_dir: str,
+    *,
+    step: int | None = None,
+    average_last: int | None = None,
+    best: bool = False,
+    split: str | None = None,
+    beam_size: int | None = None,
+    alpha: float | None = None,
+    batch_size: int | None = None,
+    max_examples: int = 0,
+    output: str | None = None,
+    ensemble: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
+
+    ``ensemble``: other runs decoded together with ``run_dir`` (`ensemble.load_ensemble`): the
+    next-token distribution is the mean of the runs' probabilities.
+    """
+    start = time.time()
+    ensemble = [os.fspath(other) for other in ensemble]
+    config, tokenizer, model, params, member_steps = load(
+        run_dir, step, average_last, best, ensemble
+    )
+    steps = member_steps[0]
+    split = split or config.data.test_split
+    beam_size = config.eval.beam_size if beam_size is None else beam_size
+    alpha = config.eval.alpha if alpha is None else alpha
+    sentences = batch_size or config.eval.batch_size
+    footprint.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
+    logging.info(
+        'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f.',
+        ' + '.join([run_dir, *ensemble]),
+        split,
+        steps,
+        beam_size,
+        alpha,
+    )
+    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
+    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
+    data_lib.check_split(config.data, split)
+    output = output or _eval_output(run_dir, stem)  # before the decode it would hold
+    eval_set = make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
+    scores, hypotheses = score_eval_set(
+        config,
+        tokenizer,
+        model,
+        params,
+        eval_set,
+        beam_size=beam_size,
+        alpha=alpha,
+    )
+    scores.update(
+        split=split,
+        steps=steps,
+        beam_size=beam_size,
+        alpha=alpha,
+        direction=f'{config.data.source_lang}->{config.data.target_lang}',
+        # Whether line i of the hypotheses is sentence i of the official test set.
+        order=data_lib.order_note(config.data, split) or 'original',
+        wall_time_s=time.time() - start,
+    )
+    if ensemble:
+        scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
+    # The scores first, so that a disk that fills up while the files are written loses nothing
+    # of the decode but the files.
+    print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')
+    print(f'tokenized BLEU {scores["tokenized_bleu"]:.2f}  ({scores["tokenized_bleu_convention"]})')
+    print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}', flush=True)
+    _write_outputs(output, hypotheses, scores)
+    print(f'hypotheses: {output}')
+    if scores['order'] != 'original':
+        print(f'order: {scores["order"]}')
+    return scores
+
+
+if __name__ == '__main__':
+    cli()
