@@ -36,15 +36,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common, kernel_time, train_speed  # noqa: E402
 from transformer import configs  # noqa: E402
 from transformer.backends import platform  # noqa: E402
 from transformer.model import flops as flops_lib  # noqa: E402
-from transformer.training import optim, steps  # noqa: E402
-from transformer.training.parallel import Parallel  # noqa: E402
 
 # name -> the one setting it changes (KEY=VALUE, as --config.KEY=VALUE). 'default' is the
 # config as given.
@@ -79,11 +76,6 @@ def _get(config, key: str):
     return node
 
 
-def _set(config, key: str, value) -> None:
-    section, name = key.rsplit('.', 1)
-    _get(config, section)[name] = value
-
-
 def _resolved(key: str, value):
     """The value ``key=value`` takes on this backend ('auto' resolved)."""
     return platform.resolve(RESOLVED[key], value) if key in RESOLVED else value
@@ -95,7 +87,7 @@ def variant_configs(config_name: str, settings: list[str], names: list[str] | No
     default = configs.load(config_name)
     for setting in settings:
         key, value = setting.split('=', 1)
-        _set(default, key, _parse_value(value))
+        default.update_from_flattened_dict({key: _parse_value(value)})
     out = {'default': default}
     for name in names or list(VARIANTS):
         key, value = VARIANTS[name].split('=', 1)
@@ -103,29 +95,21 @@ def variant_configs(config_name: str, settings: list[str], names: list[str] | No
             print(f'{name}: the default on {jax.default_backend()}; not timed again', flush=True)
             continue
         config = default.copy_and_resolve_references()
-        _set(config, key, _parse_value(value))
+        config.update_from_flattened_dict({key: _parse_value(value)})
         out[name] = config
     return out
 
 
 class Variant:
-    """One variant's model, state, placed batches and compiled step. Every variant starts
-    from a copy of the same initial state (the variants change no parameter's shape), so the
-    model is initialised once."""
+    """One variant's model, state, placed batches and compiled step; a copy of ``initial``'s
+    parameters and optimizer state where given (the variants change no parameter's shape),
+    so that the model is initialised once."""
 
-    def __init__(self, name: str, config, batches: list[dict], state=None):
+    def __init__(self, name: str, config, batches: list[dict], initial=None):
         self.name, self.config = name, config
-        tc = config.train
-        self.model = steps.build_model(config, config.data.vocab_size)
-        tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
-        self.parallel = Parallel.from_config(config, self.model, tx, schedule)
-        if state is None:
-            init_rng = jax.random.split(jax.random.key(tc.seed))[0]
-            state = steps.init_state(self.model, tx, init_rng, config.data.max_len)
-        self.initial = state
-        self.state = self.parallel.put_state(jax.tree.map(jnp.copy, state))
-        self.num_params = sum(x.size for x in jax.tree.leaves(state.params))
-        self.rng = steps.dropout_key(tc.seed, tc.dropout_prng)
+        self.model, self.parallel, self.state, _, self.rng, self.num_params = (
+            train_speed._random_setup(config, initial)
+        )
         self.batches = [self.parallel.put_batch(b) for b in batches]
         self.times: list[float] = []
 
@@ -172,7 +156,7 @@ def measure(args: argparse.Namespace) -> dict:
     print(f'building {len(variants_configs)} variants ...', flush=True)
     first = Variant('default', default, batches)
     variants = [first] + [
-        Variant(n, c, batches, first.initial) for n, c in variants_configs.items() if n != 'default'
+        Variant(n, c, batches, first.state) for n, c in variants_configs.items() if n != 'default'
     ]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:

@@ -31,6 +31,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -81,14 +82,19 @@ def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0
         }
 
 
-def _random_setup(config):
-    """Model, Parallel, state, batches and dropout key without the data pipeline."""
+def _random_setup(config, initial=None):
+    """Model, Parallel, state, batches and dropout key without the data pipeline. The state
+    is a fresh one, or a copy of ``initial`` (the step donates its state: the copy keeps
+    ``initial`` for another step of the same parameters)."""
     tc = config.train
     model = steps.build_model(config, config.data.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
     parallel = Parallel.from_config(config, model, tx, schedule)
-    init_rng = jax.random.split(jax.random.key(tc.seed))[0]
-    state = steps.init_state(model, tx, init_rng, config.data.max_len)
+    if initial is None:
+        init_rng = jax.random.split(jax.random.key(tc.seed))[0]
+        state = steps.init_state(model, tx, init_rng, config.data.max_len)
+    else:
+        state = jax.tree.map(jnp.copy, initial)
     batches = random_packed_batches(tc.batch_size, config.data.max_len, config.data.vocab_size)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))

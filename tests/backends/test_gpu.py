@@ -45,16 +45,7 @@ def _assert_bf16_close(got, want, name: str) -> None:
         np.testing.assert_allclose(a, b, rtol=0, atol=BF16_REL * scale, err_msg=name)
 
 
-@pytest.mark.parametrize(
-    'name',
-    [
-        'encoder self-attention, padded',
-        'decoder self-attention, padded, causal',
-        'cross-attention, padded',
-        'decoder self-attention, packed, causal',
-        'cross-attention, packed',
-    ],
-)
+@pytest.mark.parametrize('name', test_masks.CASES)
 def test_cudnn_attention_equals_einsum(name):
     """bfloat16 outputs and gradients of cuDNN's attention (unpacked rows: lengths and
     is_causal; packed rows: the dense mask) within `BF16_REL` of the float32 einsum; the

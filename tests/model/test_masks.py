@@ -65,6 +65,15 @@ def test_unpacked_rows_go_as_lengths_and_packed_rows_as_the_dense_mask():
     assert fused_arguments(None, 2, 4, 4) == ({}, None)
 
 
+CASES = (  # the kinds of attention `_case` makes
+    'encoder self-attention, padded',
+    'decoder self-attention, padded, causal',
+    'cross-attention, padded',
+    'decoder self-attention, packed, causal',
+    'cross-attention, packed',
+)
+
+
 def _case(name: str):
     """(T, S, mask) of one kind of attention, rows of 3 with padding, one row empty."""
     t_lengths, s_lengths = [6, 2, 0], [5, 7, 3]
@@ -82,16 +91,7 @@ def _case(name: str):
     return 6, 7, AttentionMask(t_seg > 0, s_seg > 0, t_seg, s_seg)  # packed cross-attention
 
 
-@pytest.mark.parametrize(
-    'name',
-    [
-        'encoder self-attention, padded',
-        'decoder self-attention, padded, causal',
-        'cross-attention, padded',
-        'decoder self-attention, packed, causal',
-        'cross-attention, packed',
-    ],
-)
+@pytest.mark.parametrize('name', CASES)
 def test_fused_attention_with_lengths_equals_einsum(name):
     """attention_impl='fused' fed an `AttentionMask` (lengths + is_causal for unpacked rows,
     the dense mask for packed ones) gives the einsum path's output and gradients to 1e-5 in

@@ -168,9 +168,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
         )
     parent, settings = table[variant]
     config = _base() if parent is None else get_config(parent)
-    for key, value in settings.items():
-        section, name = key.split('.')
-        config[section][name] = value
+    config.update_from_flattened_dict(settings)
     return config
 
 
