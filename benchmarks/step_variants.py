@@ -147,7 +147,9 @@ def non_gemm_share(kernels: dict) -> float:
     return 1.0 - shares.get('matmul', 0.0) - shares.get('attention', 0.0)
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args: argparse.Namespace, write=None) -> dict:
+    """The report; ``write(report)`` is called once the rounds are timed (no profiles yet) and
+    again after each variant's profile, so that a time limit still leaves the figures."""
     variants_configs = variant_configs(args.config, args.set, args.variants)
     default = variants_configs['default']
     rows, length = default.train.batch_size, default.data.max_len
@@ -177,25 +179,22 @@ def measure(args: argparse.Namespace) -> dict:
     for v in variants:
         ms = statistics.median(v.times)
         step_flops = flops_lib.train_flops(v.model.config, rows, length, length)
-        result = {
-            'variant': v.name,
-            'setting': VARIANTS.get(v.name, ''),
-            'ms_per_step': ms,
-            'ms_min': min(v.times),
-            'ms_max': max(v.times),
-            'ms_rounds': v.times,
-            'mfu': step_flops / (ms / 1e3) / peak,
-            'change_vs_default': ms / base_ms - 1.0,
-            'temp_bytes': v.temp_bytes,
-            'compile_s': v.compile_s,
-            'loss_after': v.loss,
-        }
-        if args.profile_steps:
-            kernels = v.profile(args.profile_steps)
-            result['kernels'] = kernels
-            result['non_gemm_share'] = non_gemm_share(kernels)
-        results.append(result)
-    return common.host() | {
+        results.append(
+            {
+                'variant': v.name,
+                'setting': VARIANTS.get(v.name, ''),
+                'ms_per_step': ms,
+                'ms_min': min(v.times),
+                'ms_max': max(v.times),
+                'ms_rounds': v.times,
+                'mfu': step_flops / (ms / 1e3) / peak,
+                'change_vs_default': ms / base_ms - 1.0,
+                'temp_bytes': v.temp_bytes,
+                'compile_s': v.compile_s,
+                'loss_after': v.loss,
+            }
+        )
+    report = common.host() | {
         'config': args.config,
         'settings': args.set,
         'dtype': dtype,
@@ -210,6 +209,14 @@ def measure(args: argparse.Namespace) -> dict:
         'default_resolves': {k: _resolved(k, _get(default, k)) for k in RESOLVED},
         'variants': results,
     }
+    write = write or (lambda report: None)
+    write(report)
+    for v, result in zip(variants, results, strict=True):
+        if args.profile_steps:
+            result['kernels'] = v.profile(args.profile_steps)
+            result['non_gemm_share'] = non_gemm_share(result['kernels'])
+            write(report)
+    return report
 
 
 def markdown(report: dict) -> str:
@@ -253,12 +260,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    report = measure(args)
     out = pathlib.Path(args.out)
-    common.write_report(out / 'variants.json', report)
-    table = markdown(report)
-    (out / 'variants.md').write_text(table)
-    print(table)
+
+    def write(report: dict) -> None:
+        common.write_report(out / 'variants.json', report)
+        (out / 'variants.md').write_text(markdown(report))
+
+    report = measure(args, write)
+    print(markdown(report))
     return report
 
 
