@@ -149,6 +149,10 @@ def _data_mode(config) -> str:
 
 
 def main(argv):
+    try:  # what cannot work, in one line before anything is built (training/footprint.py)
+        config_checks.check(FLAGS.config, jax.devices())
+    except config_checks.ConfigError as e:
+        raise SystemExit(f'error: {e}') from None
     try:
         measure(FLAGS.config)
     except RuntimeError as e:  # jax.errors.JaxRuntimeError

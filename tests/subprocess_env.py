@@ -3,6 +3,7 @@ PYTHONPATH (and what was there kept: packages may be installed through it)."""
 
 import os
 import pathlib
+import sys
 
 REPO = str(pathlib.Path(__file__).resolve().parents[1])
 
@@ -11,3 +12,17 @@ def repo_env(**overrides: str) -> dict[str, str]:
     """os.environ with REPO prepended to PYTHONPATH, then ``overrides``."""
     path = [REPO, *filter(None, os.environ.get('PYTHONPATH', '').split(os.pathsep))]
     return {**os.environ, 'PYTHONPATH': os.pathsep.join(path), **overrides}
+
+
+def memory_capped(command: list[str], gib: int) -> list[str]:
+    """``command`` run with its address space capped at ``gib`` GiB: an allocation past it
+    fails in the child (jax's RESOURCE_EXHAUSTED) on every machine, where without it a machine
+    that overcommits memory grants it and the kernel kills the child once it is touched. The
+    cap is set by a Python that then becomes ``command`` (limits survive exec), not by a
+    ``preexec_fn`` (forking a multithreaded jax process can deadlock)."""
+    cap = (
+        'import os, resource, sys; limit = int(sys.argv[1]); '
+        'resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); '
+        'os.execv(sys.argv[2], sys.argv[2:])'
+    )
+    return [sys.executable, '-c', cap, str(gib * 2**30), *command]

@@ -57,8 +57,14 @@ def test_installed_train_command_finds_config_by_name(tmp_path):
     python = venv / 'bin' / 'python'
     _run(*pip, '--python', str(python), 'install', '--no-deps', str(wheel))
     site = _run(str(python), '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    # This interpreter's packages, and those it gets through PYTHONPATH (a checkout of the
+    # project there left out: `transformer` must come from the wheel).
+    through_path = os.environ.get('PYTHONPATH', '').split(os.pathsep)
+    base = [sysconfig.get_path('purelib')] + [
+        p for p in through_path if p and not os.path.isdir(os.path.join(p, 'transformer'))
+    ]
     with open(os.path.join(site.stdout.strip(), 'base_packages.pth'), 'w') as f:
-        f.write(sysconfig.get_path('purelib') + '\n')
+        f.write(''.join(p + '\n' for p in base))
 
     cwd = tmp_path / 'elsewhere'
     cwd.mkdir()

@@ -271,15 +271,16 @@ def test_packed_row_equals_examples_run_separately():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     'pre_layer_norm, dtype, atol',
-    [(False, 'float32', 1e-5), (True, 'float32', 1e-5), (False, 'bfloat16', 2e-2)],
+    [(False, 'float32', 1e-5), (True, 'float32', 1e-5), (False, 'bfloat16', 4)],
 )
 def test_cached_decoding_equals_full_forward(pre_layer_norm, dtype, atol):
     """Decoding one position at a time with the key/value cache (feeding 0, then the previous
     target) reproduces the teacher-forced logits at every real target position. The steps
     are given an all-NaN encoder output, which any use would spread to the logits: they read
     its keys and values only from the cache that `init_cache` filled. In bfloat16 (the CPU's
-    16-bit products of transformer/backends/products.py, one-row products included) the two agree to
-    bfloat16 rounding."""
+    16-bit products of transformer/backends/products.py, one-row products included; a GPU's
+    fused kernels) the two agree to bfloat16 rounding: ``atol`` bfloat16 steps at the logits'
+    largest magnitude (an H100 showed 3)."""
     cfg = tiny_config(pre_layer_norm=pre_layer_norm, num_decoder_layers=2, dtype=dtype)
     model = Transformer(cfg)
     params = random_params(cfg)
@@ -311,6 +312,9 @@ def test_cached_decoding_equals_full_forward(pre_layer_norm, dtype, atol):
         previous = targets[:, pos : pos + 1]
     stepwise = np.stack(stepwise, axis=1)
     real = targets != PAD_ID
+    if dtype == 'bfloat16':  # one step of bfloat16's 8 significant bits at that magnitude
+        ulp = 2.0 ** (np.floor(np.log2(np.abs(np.asarray(full, np.float32)).max())) - 7)
+        atol = atol * ulp
     np.testing.assert_allclose(stepwise[real], np.asarray(full)[real], atol=atol)
 
 

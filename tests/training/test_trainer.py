@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.subprocess_env import memory_capped
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import rundir, trainer
 from transformer.checkpoint import store
@@ -304,12 +305,14 @@ def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     seconds with one `error: out of memory` line naming the keys to lower: no traceback, and
     no wait for ever (jaxlib's CPU client never wakes a read of a failed computation's output;
     `backends.fetch.fetch` and `Parallel.init_state` wait with block_until_ready, which raises).
-    On the CPU, whose client this is about, on any machine."""
+    On the CPU, whose client this is about, on any machine: the child's address space capped
+    (`memory_capped`), so that the allocation fails there too where the machine overcommits memory
+    (granted, then the process killed by the kernel: an H100 host did)."""
     run = tmp_path / 'run'
     overrides = {**SMALL, 'data.max_len': 2**17, 'train.num_steps': 2}
     command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={run}']
     done = subprocess.run(
-        command + command_line(overrides),
+        memory_capped(command + command_line(overrides), 32),
         cwd=REPO,
         env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
         capture_output=True,

@@ -63,7 +63,15 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
             raise DataError(f'multi30k has no split {split!r}; splits: {sorted(files)}.')
         columns = read_files(files[split])
         return columns[data_config.source_lang], columns[data_config.target_lang]
-    tfds_translate.import_tfds()  # a one-line DataError when TFDS is not installed
+    where = f'data.manual_dir={manual_dir}' if manual_dir else 'data.manual_dir (unset)'
+    lacks = (
+        f'{where} lacks the raw files {", ".join(expected_files())} (plain or .gz, from '
+        'github.com/multi30k/dataset data/task1/raw): put them there'
+    )
+    try:
+        tfds_translate.import_tfds()
+    except DataError as e:  # without TFDS, the files are the only way
+        raise DataError(f'{lacks}; or, for the TFDS copy: {e}') from None
     from transformer.data.multi30k_tfds import Multi30k
 
     builder = Multi30k(data_dir=data_config.data_dir, file_format='tfrecord')
@@ -72,11 +80,9 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
             logging.info('Downloading multi30k into %s.', builder.data_dir)
             builder.download_and_prepare()
         else:
-            where = f'data.manual_dir={manual_dir}' if manual_dir else 'data.manual_dir (unset)'
             raise DataError(
                 f'Multi30k is not prepared in {builder.data_dir}, there is no network to download '
-                f'it, and {where} lacks the raw files {", ".join(expected_files())} '
-                '(plain or .gz, from github.com/multi30k/dataset data/task1/raw): put them there.'
+                f'it, and {lacks}.'
             )
     return tfds_translate.read_builder(builder, split, data_config)
 
