@@ -16,9 +16,12 @@ import sysconfig
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every process here runs without PYTHONPATH: a checkout on it would stand in for the wheel
+# (the packages it brings reach the new environment through its .pth line instead).
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'XLA_FLAGS')}
 
 
-def _run(*args, cwd=None, env=None, timeout=300):
+def _run(*args, cwd=None, env=CLEAN_ENV, timeout=300):
     done = subprocess.run(
         args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -68,7 +71,6 @@ def test_installed_train_command_finds_config_by_name(tmp_path):
 
     cwd = tmp_path / 'elsewhere'
     cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'XLA_FLAGS')}
     overrides = {
         'model.d_model': 16,
         'model.d_ff': 32,
@@ -93,7 +95,6 @@ def test_installed_train_command_finds_config_by_name(tmp_path):
         'W',
         *(f'--config.{k}={v}' for k, v in overrides.items()),
         cwd=cwd,
-        env=env,
     )
     assert (cwd / 'W' / 'checkpoints' / '2').is_dir()
     where = _run(str(python), '-c', 'import transformer; print(transformer.__file__)', cwd=cwd)
