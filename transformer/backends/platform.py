@@ -15,12 +15,13 @@ import jax
 
 # choice -> {backend: the value 'auto' resolves to}; '*' is every backend not listed.
 WINNERS: dict[str, dict[str, str]] = {
-    # H200, base config, bfloat16: fused (cuDNN flash) 40.8 ms/step, einsum 47.0; on a CPU
-    # einsum, which also sows the weights for visualize.
+    # H100, base config, bfloat16 (step_variants.py): fused (cuDNN flash) 41.35 ms/step,
+    # Pallas with segment ids 42.64, einsum 50.28; on a CPU einsum, which also sows the weights
+    # for visualize.
     'attention_impl': {'gpu': 'fused', '*': 'einsum'},
-    # H100, base config, bfloat16, fused attention: 45.3 ms/step with the scatter-add, 49.6
-    # with the one-hot products (their kernels ~6 ms a step where the scatter took 3.5); CPU:
-    # the scatter 0.56 ms against the products' 48 ms (products_speed.py --embedding_grad).
+    # H100, same run: the scatter-add 41.35 ms/step, sorted scatter 41.52, one-hot products
+    # 49.01; CPU: the scatter 0.56 ms against the products' 48 ms (products_speed.py
+    # --embedding_grad).
     'embedding_grad': {'*': 'scatter'},
 }
 
