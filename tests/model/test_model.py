@@ -20,6 +20,7 @@ from flax import traverse_util
 from tests.random_params import fill_random
 from transformer.model import (
     PAD_ID,
+    Packing,
     Transformer,
     TransformerConfig,
     config_from_dict,
@@ -63,8 +64,9 @@ def random_tokens(seed: int, shape: tuple[int, ...], lengths=None) -> np.ndarray
 
 @functools.partial(jax.jit, static_argnames='cfg')
 def forward(cfg, params, inputs, targets, packing=None):
-    """Teacher-forced logits [B, T, V]; ``packing`` holds the segmentation/position kwargs."""
-    return Transformer(cfg).apply({'params': params}, inputs, targets, **(packing or {}))
+    """Teacher-forced logits [B, T, V]; ``packing``: a dict of `Packing`'s four arrays."""
+    packing = None if packing is None else Packing(**packing)
+    return Transformer(cfg).apply({'params': params}, inputs, targets, packing=packing)
 
 
 @functools.partial(jax.jit, static_argnames='cfg')

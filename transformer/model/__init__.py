@@ -7,12 +7,14 @@ Transformer, TransformerConfig``.
 
 from transformer.model.config import TransformerConfig, config_from_dict
 from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
+from transformer.model.packing import Packing
 from transformer.model.transformer import Transformer, init_cache
 from transformer.tokens import EOS_ID, PAD_ID
 
 __all__ = [
     'EOS_ID',
     'PAD_ID',
+    'Packing',
     'Transformer',
     'TransformerConfig',
     'attention_mask',

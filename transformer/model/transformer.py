@@ -33,6 +33,7 @@ from transformer.model.layers import (
     shift_right,
     sinusoidal_positions,
 )
+from transformer.model.packing import Packing
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -99,19 +100,18 @@ class Transformer(nn.Module):
         return self.embed_dropout(x, deterministic=not train)
 
     def encode(
-        self,
-        inputs: Array,
-        *,
-        train: bool = False,
-        inputs_segmentation: Array | None = None,
-        inputs_positions: Array | None = None,
+        self, inputs: Array, *, packing: Packing | None = None, train: bool = False
     ) -> Array:
-        """Encodes source tokens [B, S] -> [B, S, D]."""
-        if inputs_positions is None:
-            inputs_positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+        """The encoder: source tokens [B, S] -> [B, S, D]. ``packing``: several examples a
+        row (`Packing`), None: one; ``train`` enables dropout."""
+        if packing is None:
+            positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+            segments = None
+        else:
+            positions, segments = packing.inputs_positions, packing.inputs_segmentation
         valid = inputs != PAD_ID
-        mask = attention_mask(valid, valid, inputs_segmentation, inputs_segmentation)
-        x = self._embed(self.source_embedding, inputs, inputs_positions, train)
+        mask = attention_mask(valid, valid, segments, segments)
+        x = self._embed(self.source_embedding, inputs, positions, train)
         for layer in self.encoder_layers:
             x = layer(x, mask, deterministic=not train)
         if self.config.pre_layer_norm:
@@ -124,14 +124,14 @@ class Transformer(nn.Module):
         inputs: Array,
         targets: Array,
         *,
+        packing: Packing | None = None,
         train: bool = False,
-        inputs_segmentation: Array | None = None,
-        targets_segmentation: Array | None = None,
-        targets_positions: Array | None = None,
         decode: bool = False,
         cache_mask: Array | None = None,
+        logits: bool = True,
     ) -> Array:
-        """Decoder logits [B, T, V]; position t predicts ``targets[:, t]``.
+        """The decoder and the pre-softmax projection: logits [B, T, V]; position t predicts
+        ``targets[:, t]``.
 
         Args:
           encoded: encoder output [B, S, D]. With ``decode=True`` only the call that creates
@@ -140,30 +140,55 @@ class Transformer(nn.Module):
           inputs: source tokens [B, S] (for the padding mask of cross-attention).
           targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
             instead the single previous token [B, 1] (0 at the first step), not shifted.
+          packing: several examples a row (`Packing`), None: one.
           train: enables dropout.
-          inputs_segmentation, targets_segmentation, targets_positions: packing, [B, S]/[B, T].
           decode: one step of autoregressive decoding with the key/value cache.
           cache_mask: with ``decode``, boolean [B, 1, 1, S'] over the self-attention cache's
             keys: which of them each row may attend to (beam search's rows sharing cache rows,
             `attention.MultiHeadAttention._update_cache`); None = all written ones.
+          logits: False gives the decoder's last hidden states [B, T, D] instead (after the
+            final LayerNorm of pre-LN), which `output_projection` maps to the logits.
 
         Returns:
-          float32 logits [B, T, V].
+          float32 logits [B, T, V], or the hidden states in the model's dtype.
         """
-        y = self.decode_hidden(
-            encoded,
-            inputs,
-            targets,
-            train=train,
-            inputs_segmentation=inputs_segmentation,
-            targets_segmentation=targets_segmentation,
-            targets_positions=targets_positions,
-            decode=decode,
-            cache_mask=cache_mask,
-        )
-        return self.project(y)
+        if decode:
+            positions = jnp.full(targets.shape, self.decode_position())
+            decoder_inputs = targets
+            self_mask = cache_mask  # the cache itself masks the positions not yet written
+            cross_mask = attention_mask(jnp.ones(targets.shape, bool), inputs != PAD_ID)
+        else:
+            positions, self_mask, cross_mask = self._teacher_forcing_masks(inputs, targets, packing)
+            segments = None if packing is None else packing.targets_segmentation
+            decoder_inputs = shift_right(targets, segments)
+        y = self._embed(self.target_embedding, decoder_inputs, positions, train)
+        for layer in self.decoder_layers:
+            y = layer(y, encoded, self_mask, cross_mask, deterministic=not train, decode=decode)
+        if self.config.pre_layer_norm:
+            y = self.decoder_norm(y)
+        return self._project(y) if logits else y
 
-    def project(self, y: Array) -> Array:
+    def _teacher_forcing_masks(self, inputs: Array, targets: Array, packing: Packing | None):
+        """Target positions, the causal self-attention mask and the cross-attention mask."""
+        if packing is None:
+            positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
+            source_segments = target_segments = None
+        else:
+            positions = packing.targets_positions
+            source_segments = packing.inputs_segmentation
+            target_segments = packing.targets_segmentation
+        # Validity comes from the targets being predicted: the shifted input's leading start
+        # token is id 0 but is a real position.
+        target_valid = targets != PAD_ID
+        self_mask = attention_mask(
+            target_valid, target_valid, target_segments, target_segments, causal=True
+        )
+        cross_mask = attention_mask(
+            target_valid, inputs != PAD_ID, target_segments, source_segments
+        )
+        return positions, self_mask, cross_mask
+
+    def _project(self, y: Array) -> Array:
         """float32 pre-softmax logits [B, T, V] of decoder hidden states y [B, T, D]."""
         cfg = self.config
         if cfg.share_embeddings == 'none':
@@ -173,110 +198,30 @@ class Transformer(nn.Module):
             logits = logits_layout.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
         return logits.astype(jnp.float32)
 
-    def decode_hidden(
-        self,
-        encoded: Array,
-        inputs: Array,
-        targets: Array,
-        *,
-        train: bool = False,
-        inputs_segmentation: Array | None = None,
-        targets_segmentation: Array | None = None,
-        targets_positions: Array | None = None,
-        decode: bool = False,
-        cache_mask: Array | None = None,
-    ) -> Array:
-        """The decoder's last hidden states [B, T, D] (after the final LayerNorm of pre-LN),
-        which `output_projection` maps to the logits; arguments as `decode`."""
-        source_valid = inputs != PAD_ID
-        if decode:
-            position = self.decode_position()
-            decoder_inputs = targets
-            positions = jnp.full(targets.shape, position)
-            self_mask = cache_mask  # the cache itself masks the positions not yet written
-            cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
-        else:
-            if targets_positions is None:
-                targets_positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
-            decoder_inputs = shift_right(targets, targets_segmentation)
-            positions = targets_positions
-            # Validity comes from the targets being predicted: the shifted input's leading
-            # start token is id 0 but is a real position.
-            target_valid = targets != PAD_ID
-            self_mask = attention_mask(
-                target_valid, target_valid, targets_segmentation, targets_segmentation, causal=True
-            )
-            cross_mask = attention_mask(
-                target_valid, source_valid, targets_segmentation, inputs_segmentation
-            )
-        y = self._embed(self.target_embedding, decoder_inputs, positions, train)
-        for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask, deterministic=not train, decode=decode)
-        if self.config.pre_layer_norm:
-            y = self.decoder_norm(y)
-        return y
-
     def output_projection(self) -> tuple[Array, Array | None]:
         """The pre-softmax projection as a [V, D] matrix W and its bias [V] (None without
         one), as stored (param dtype): logits = y W^T + b, what `decode` computes in
         ``cfg.dtype``. Tied embeddings give E itself (Sec. 3.4); ``logits_dense`` gives its
         [D, V] kernel transposed. For losses that never form the [B, T, V] logits
-        (transformer/training/loss.py)."""
+        (transformer/training/loss.py), from ``decode(..., logits=False)``'s hidden states."""
         if self.config.share_embeddings != 'none':
             return self.target_embedding.embedding, None
         dense = self.logits_dense.variables['params']
         return dense['kernel'].T, dense.get('bias')
-
-    def hidden(
-        self,
-        inputs: Array,
-        targets: Array,
-        *,
-        train: bool = False,
-        inputs_segmentation: Array | None = None,
-        targets_segmentation: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
-    ) -> Array:
-        """Teacher-forced decoder hidden states [B, T, D]: `__call__` before the projection."""
-        encoded = self.encode(
-            inputs,
-            train=train,
-            inputs_segmentation=inputs_segmentation,
-            inputs_positions=inputs_positions,
-        )
-        return self.decode_hidden(
-            encoded,
-            inputs,
-            targets,
-            train=train,
-            inputs_segmentation=inputs_segmentation,
-            targets_segmentation=targets_segmentation,
-            targets_positions=targets_positions,
-        )
 
     def __call__(
         self,
         inputs: Array,
         targets: Array,
         *,
+        packing: Packing | None = None,
         train: bool = False,
-        inputs_segmentation: Array | None = None,
-        targets_segmentation: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
+        logits: bool = True,
     ) -> Array:
-        """Teacher-forced logits [B, T, V] for source [B, S] and target [B, T] tokens."""
-        y = self.hidden(
-            inputs,
-            targets,
-            train=train,
-            inputs_segmentation=inputs_segmentation,
-            targets_segmentation=targets_segmentation,
-            inputs_positions=inputs_positions,
-            targets_positions=targets_positions,
-        )
-        return self.project(y)
+        """Teacher-forced logits [B, T, V] for source [B, S] and target [B, T] tokens
+        (`encode`, then `decode`; ``logits=False``: the decoder's hidden states [B, T, D])."""
+        encoded = self.encode(inputs, packing=packing, train=train)
+        return self.decode(encoded, inputs, targets, packing=packing, train=train, logits=logits)
 
 
 def init_cache(

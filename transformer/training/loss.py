@@ -71,7 +71,7 @@ def fused_cross_entropy(
     full logits, without forming them (module docstring).
 
     Args:
-      hidden: [B, T, D] decoder hidden states (`Transformer.hidden`).
+      hidden: [B, T, D] decoder hidden states (`Transformer` called with ``logits=False``).
       weight: [V, D] output projection (`Transformer.output_projection`).
       bias: [V] or None.
       targets: [B, T] token ids.

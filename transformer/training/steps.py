@@ -20,7 +20,7 @@ from flax import linen as nn
 from flax import struct
 
 from transformer import schema
-from transformer.model import Transformer, config_from_dict
+from transformer.model import Packing, Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
 from transformer.training.loss import fused_cross_entropy, smoothing_weights, token_losses
@@ -29,13 +29,6 @@ Array = jax.Array
 PyTree = Any
 Batch = Mapping[str, Array]
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')
-# The batch's packing arrays, handed to the model as keyword arguments of the same names.
-PACKING_KEYS = (
-    'inputs_segmentation',
-    'targets_segmentation',
-    'inputs_positions',
-    'targets_positions',
-)
 
 
 @struct.dataclass
@@ -169,7 +162,7 @@ def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
 
 def _hidden_and_projection(module: Transformer, inputs: Array, targets: Array, **kwargs):
     """What the chunked loss reads instead of the logits: hidden states and projection."""
-    return module.hidden(inputs, targets, **kwargs), module.output_projection()
+    return module(inputs, targets, logits=False, **kwargs), module.output_projection()
 
 
 def loss_sums(
@@ -191,7 +184,7 @@ def loss_sums(
     kwargs = {
         'train': train,
         'rngs': {'dropout': rng} if train else None,
-        **{k: batch.get(k) for k in PACKING_KEYS},
+        'packing': Packing.of(batch),
     }
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
     if loss_chunk_tokens:
