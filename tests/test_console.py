@@ -365,7 +365,24 @@ def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, fla
     else:  # the evaluation settings it reads from the run's config.json
         assert 'config fields' not in out
         assert '  eval.beam_size = 4  # Sec. 6.1' in out
-        assert 'model.d_model' not in out  # the eval section only
+        assert 'model.d_model' not in out  # only with --helpfull
+
+
+@pytest.mark.parametrize('command', ['trainer', 'evaluate', 'translate'])
+def test_helpfull_adds_every_section_with_the_schema_descriptions_and_every_flag(command, capsys):
+    import importlib
+
+    from transformer import schema
+
+    cli = importlib.import_module(f'transformer.{command}').cli
+    with pytest.raises(SystemExit) as info:
+        cli([command, '--helpfull'])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    descriptions = schema.descriptions()
+    for key, value in (('model.d_model', 512), ('train.init_timeout_s', 60), ('eval.alpha', 0.6)):
+        assert f'  {key} = {value!r}  # {descriptions[key]}\n' in out
+    assert '--flagfile' in out and '--verbosity' in out  # absl's flags too
 
 
 def test_help_describes_fields_from_the_schema_not_the_config_files_comments(capsys):

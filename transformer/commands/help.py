@@ -1,7 +1,7 @@
 """``-h`` / ``--help`` for every command: its own flags with their defaults and, for a command
 that takes ``--config``, every config field with its value and its description from the
-schema (transformer/schema/). absl's ``--helpfull`` still lists every flag, the libraries'
-included."""
+schema (transformer/schema/). ``--helpfull`` adds every section of a run's config to the
+commands that read one, and then lists every flag, the libraries' included."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from absl import flags
 from transformer import configs, rundir, schema
 
 HELP_ARGS = ('-h', '--help')
+FULL_HELP = '--helpfull'
 _BASE = configs.path('base')
 
 
 def wanted(argv: Sequence[str]) -> bool:
-    return any(arg in HELP_ARGS for arg in argv[1:])
+    return any(arg in (*HELP_ARGS, FULL_HELP) for arg in argv[1:])
 
 
 def _config_lines(
@@ -36,7 +37,9 @@ def _config_lines(
 
 
 def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
-    """The help of a command: ``doc``'s first paragraph, its flags, its config's fields."""
+    """The help of a command: ``doc``'s first paragraph, its flags, its config's fields; with
+    ``--helpfull`` a run's every section (not only eval) and then every flag."""
+    full = FULL_HELP in argv[1:]
     lines = [(doc or '').strip().split('\n\n')[0], '', 'flags:']
     for name in dict.fromkeys(flag_names):
         flag = flags.FLAGS[name]
@@ -52,7 +55,9 @@ def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
         title = f'config fields (override with --config.FIELD=VALUE), from {path}:'
         lines += ['', *_config_lines(path, title)]
     elif 'workdir' in flag_names:
-        lines += ['', *_run_lines(_flag_value(argv, 'workdir'))]
+        lines += ['', *_run_lines(_flag_value(argv, 'workdir'), () if full else ('eval',))]
+    if full:
+        lines += ['', 'every flag:', flags.FLAGS.get_help()]
     return '\n'.join(lines)
 
 
@@ -67,10 +72,12 @@ def _flag_value(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
-def _run_lines(workdir: str | None) -> list[str]:
-    """The eval settings of the run in ``workdir`` (given with --help), else configs/base.py's
-    defaults, with a line saying which."""
+def _run_lines(workdir: str | None, sections: Sequence[str]) -> list[str]:
+    """The settings of the run in ``workdir`` (given with --help) in ``sections`` (all when
+    empty), else configs/base.py's defaults, with a line saying which."""
     uses = "the run's config.json settings this command uses (the flags above override them)"
+    if not sections:
+        uses = "the run's config.json settings (the flags above override the eval ones)"
     if workdir:
         try:
             config = rundir.read_config(workdir)
@@ -78,7 +85,7 @@ def _run_lines(workdir: str | None) -> list[str]:
             note = f'{uses}; {workdir} cannot be read ({e}), so the defaults of configs/base.py:'
         else:
             title = f'{uses}, from {rundir.path(workdir, rundir.CONFIG_FILE)}:'
-            return _config_lines(_BASE, title, ('eval',), config)
+            return _config_lines(_BASE, title, sections, config)
     else:
         note = f'{uses}; the defaults of configs/base.py (--workdir RUN --help shows its own):'
-    return _config_lines(_BASE, note, ('eval',))
+    return _config_lines(_BASE, note, sections)
