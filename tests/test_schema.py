@@ -260,3 +260,27 @@ def test_only_optional_fields_are_filled_in_for_old_configs():
         completed = schema.complete(ml_collections.ConfigDict(broken))
         with pytest.raises(schema.ConfigError, match=f'config key {key} is missing'):
             schema.parse(completed)
+
+
+def test_init_timeout_has_the_bound_jax_distributed_takes():
+    most, why = schema.MAX_INIT_TIMEOUT
+    values = configs.load('tiny').to_dict()
+    values['train']['init_timeout_s'] = most
+    assert schema.parse(values).train.init_timeout_s == most
+    values['train']['init_timeout_s'] = most + 1
+    with pytest.raises(schema.ConfigError) as info:
+        schema.parse(values)
+    assert str(info.value) == f'train.init_timeout_s={most + 1} must be <= {most} ({why}).'
+
+
+def test_jax_distributed_refuses_a_timeout_over_the_bound():
+    """The bound is where jax's client stops taking the timeout (a client is made, not
+    connected)."""
+    _jax = pytest.importorskip('jax._src.lib')._jax
+    make = getattr(_jax, 'get_distributed_runtime_client', None)
+    if make is None:
+        pytest.skip('this jax has no get_distributed_runtime_client')
+    most = schema.MAX_INIT_TIMEOUT[0]
+    assert make('localhost:1', 0, init_timeout=most) is not None
+    with pytest.raises(TypeError):
+        make('localhost:1', 0, init_timeout=most + 1)

@@ -32,6 +32,7 @@ from transformer.schema.convert import (
     to_dict,
 )
 from transformer.schema.fields import (
+    MAX_INIT_TIMEOUT,
     MAX_SEED,
     MAX_STEP,
     MAX_VOCAB,
@@ -53,6 +54,7 @@ from transformer.schema.sections import (
 
 __all__ = [
     'DROPOUT_PRNGS',
+    'MAX_INIT_TIMEOUT',
     'MAX_SEED',
     'MAX_STEP',
     'MAX_VOCAB',

@@ -33,6 +33,9 @@ AT_LEAST_4 = _rule(lambda v: v >= 4, 'an integer >= 4')
 MAX_SEED = (2**63 - 1, "jax's PRNG keys take a signed 64-bit seed")
 MAX_STEP = (2**31 - 1, 'the step counter is a 32-bit integer')
 MAX_VOCAB = (2**31 - 1, "SentencePiece's vocabulary size is a 32-bit integer")
+# jax.distributed.initialize hands its initialization_timeout to XLA's client, which takes a
+# 32-bit count of seconds (a larger one fails there with a TypeError, after the run started).
+MAX_INIT_TIMEOUT = (2**31 - 1, 'jax.distributed takes a 32-bit count of seconds')
 
 
 def field(

@@ -20,6 +20,7 @@ from transformer.schema.fields import (
     ABOVE_ZERO,
     AT_LEAST_2,
     AT_LEAST_4,
+    MAX_INIT_TIMEOUT,
     MAX_SEED,
     MAX_STEP,
     MAX_VOCAB,
@@ -198,6 +199,7 @@ class TrainSection(Section):
     init_timeout_s: int = field(
         60,
         POSITIVE,
+        MAX_INIT_TIMEOUT,
         optional=True,
         doc='a process that cannot reach the coordinator stops after this many seconds',
     )
