@@ -9,9 +9,10 @@ command in one line before anything is written. config.json holds `to_dict` of i
 whose fields and rules live with the network (transformer/model/config.py).
 
 Each default is written once: here, on its field (sections.py; the model's on
-TransformerConfig's fields), with its type, rule and one-line description (``--help`` prints
-it). Not in configs/base.py, because the schema must know a value for every field added
-after configs were first written anyway: a run directory's config.json written before the
+TransformerConfig's fields; a data source's own keys in its ``add_config``, described in its
+``DESCRIPTIONS``), with its type, rule and one-line description (``--help`` prints it).
+Not in configs/base.py, because the schema must know a value for every field added after
+configs were first written anyway: a run directory's config.json written before the
 field existed lacks it, and `complete` fills it in with the value such a run used (an
 ``optional`` field's default, which therefore never changes). With every default here,
 `default_config` is the whole config at its defaults, configs/base.py is that plus the
