@@ -26,7 +26,7 @@ from absl import logging
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
-from transformer import data  # noqa: E402
+from transformer import data, schema  # noqa: E402
 from transformer.data import packing, tokenized  # noqa: E402
 from transformer.data import tokenizer as tokenizer_lib  # noqa: E402
 
@@ -79,7 +79,7 @@ def main() -> None:
     args = _parse_args()
     logging.set_verbosity(logging.WARNING)
     workdir = args.workdir or tempfile.mkdtemp(prefix='data-pipeline-')
-    config = data.default_config()
+    config = schema.default_config().data
     config.dataset = args.dataset
     config.vocab_size = args.vocab_size
     config.vocab_model_type = args.vocab_model_type

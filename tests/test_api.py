@@ -2,13 +2,15 @@
 runs, in order, against a small trained run in runs/tiny, and loading a run prints none of
 the libraries' routine notes."""
 
+import dataclasses
 import os
 import pathlib
 import re
 
 import pytest
 
-from transformer import api
+from tests.tiny_run import SMALL
+from transformer import api, schema
 
 REPO = pathlib.Path(__file__).parents[1]
 
@@ -41,3 +43,26 @@ def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog):
     assert run.steps == [4]
     assert not [r for r in caplog.records if 'read only' in r.getMessage()]
     assert [list(logging.getLogger(n).filters) for n in ('absl', 'sacrebleu')] == before
+
+
+def test_build_checks_the_config_through_the_schema_as_the_commands_do():
+    config = api.config('tiny')
+    config.train.num_steps = 0  # the model never reads it: only the schema refuses it
+    with pytest.raises(schema.ConfigError) as info:
+        api.build(config)
+    assert str(info.value) == 'train.num_steps=0 must be an integer >= 1.'
+    config = api.config('tiny')
+    config.model.dtype = 'float64'
+    with pytest.raises(schema.ConfigError, match="model.dtype='float64' must be one of"):
+        api.build(config)
+
+
+def test_build_makes_the_model_of_the_parsed_config():
+    config = api.config('tiny')
+    config.update_from_flattened_dict({k: v for k, v in SMALL.items() if k.startswith('model.')})
+    experiment = schema.parse(config)
+    model, params = api.build(config)
+    assert model.config == experiment.model
+    assert params['encoder_layer_0']['self_attention']['query']['kernel'].shape == (32, 4, 8)
+    model, _ = api.build(experiment, vocab_size=40)  # a parsed config, another vocabulary
+    assert model.config == dataclasses.replace(experiment.model, vocab_size=40)

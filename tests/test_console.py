@@ -125,7 +125,7 @@ def test_config_by_name_or_path():
 
 _CORE_RUN = """
 import json, sys
-from transformer import data, evaluate, trainer
+from transformer import data, evaluate, schema, trainer
 from transformer.checkpoint import store
 from transformer.decoding import translation
 from tests.tiny_run import tiny_run_config
@@ -141,9 +141,9 @@ translation.translate_lines(['a b c'], tokenizer, model, params, beam_size=2, al
                             extra_length=5, batch_size=2, max_input_tokens=16, nbest=2)
 for name in ('train.en', 'train.de', 'val.en', 'val.de', 'test2016.en', 'test2016.de'):
     open(name, 'w').write('a b\\n')
-folder = data.default_config()
+folder = schema.default_config().data
 folder.update(dataset='folder', folder='.')
-multi30k = data.default_config()
+multi30k = schema.default_config().data
 multi30k.update(dataset='multi30k', manual_dir='.')
 data.load_text(folder, 'train'), data.load_text(multi30k, 'test2016')
 tf = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets'))
@@ -361,7 +361,37 @@ def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, fla
     assert '--helpfull' in out and '--flagfile' not in out and '--verbosity' not in out
     if command == 'trainer':
         assert '  model.d_model = 512  # D (Table 3, base)' in out
-        assert '  opt.warmup_steps = 4000\n' in out
+        assert "  opt.warmup_steps = 4000  # steps of the schedule's linear warm-up\n" in out
     else:  # the evaluation settings it reads from the run's config.json
         assert 'config fields' not in out
         assert '  eval.beam_size = 4  # Sec. 6.1' in out
+        assert 'model.d_model' not in out  # only with --helpfull
+
+
+@pytest.mark.parametrize('command', ['trainer', 'evaluate', 'translate'])
+def test_helpfull_adds_every_section_with_the_schema_descriptions_and_every_flag(command, capsys):
+    import importlib
+
+    from transformer import schema
+
+    cli = importlib.import_module(f'transformer.{command}').cli
+    with pytest.raises(SystemExit) as info:
+        cli([command, '--helpfull'])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    descriptions = schema.descriptions()
+    for key, value in (('model.d_model', 512), ('train.init_timeout_s', 60), ('eval.alpha', 0.6)):
+        assert f'  {key} = {value!r}  # {descriptions[key]}\n' in out
+    assert '--flagfile' in out and '--verbosity' in out  # absl's flags too
+
+
+def test_help_describes_fields_from_the_schema_not_the_config_files_comments(capsys):
+    from transformer import schema
+    from transformer.commands import train
+
+    with pytest.raises(SystemExit):
+        train.cli(['train', '--config=tiny', '--help'])
+    out = capsys.readouterr().out
+    # tiny.py's comment on this line says why it is 0; the schema says what the field is.
+    line = f'  model.dropout_rate = 0.0  # {schema.descriptions()["model.dropout_rate"]}\n'
+    assert line in out and 'noise-free' not in out

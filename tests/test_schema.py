@@ -2,11 +2,14 @@
 written before a field existed is completed with the value its run used; each rule and
 default is written once."""
 
+import ast
 import dataclasses
 import json
 import pathlib
 import re
+from typing import Any
 
+import jax
 import ml_collections
 import pytest
 
@@ -128,3 +131,156 @@ def test_each_choice_list_is_written_once():
     assert optim.SCHEDULES is schema.SCHEDULES
     assert steps.DROPOUT_PRNGS is schema.DROPOUT_PRNGS
     assert parallel.MODES is schema.PARALLELISMS
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else [*head, node.attr]
+    return None
+
+
+def _assigned(path: pathlib.Path) -> dict[str, Any]:
+    """Dotted config key -> literal value of each ``config.section.key = literal`` (or
+    ``alias.key = literal``, ``alias = config.section``) in a config file."""
+    tree = ast.parse(path.read_text())
+    aliases = {'config': []}
+    assigns = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)]
+    for node in sorted(assigns, key=lambda n: n.lineno):
+        chains = [_dotted(t) for t in node.targets]
+        source = _dotted(node.value)
+        if source and source[0] in aliases:  # model = config.model
+            for chain in chains:
+                if chain and len(chain) == 1:
+                    aliases[chain[0]] = aliases[source[0]] + source[1:]
+        rooted = [c for c in chains if c and len(c) > 1 and c[0] in aliases]
+        for chain in rooted:  # config.model = model = ConfigDict()
+            for other in chains:
+                if other and len(other) == 1:
+                    aliases[other[0]] = aliases[chain[0]] + chain[1:]
+    found = {}
+    for node in assigns:
+        for chain in map(_dotted, node.targets):
+            if chain and len(chain) > 1 and chain[0] in aliases:
+                try:
+                    found['.'.join(aliases[chain[0]] + chain[1:])] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass  # not a literal: a section, a placeholder
+    return found
+
+
+def _field_defaults() -> dict[str, Any]:
+    """Every field's default, from the dataclasses themselves (the schema's sections and the
+    model's TransformerConfig)."""
+    found = {
+        f'model.{f.name}': f.default
+        for f in dataclasses.fields(TransformerConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    for name, cls in schema.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                found[f'{name}.{f.name}'] = f.default
+    return found
+
+
+def test_configs_base_writes_only_the_choices_that_differ_from_the_schema():
+    """Each default is written once, on its field: configs/base.py sets no key to the value
+    the schema (or TransformerConfig, the model section) already gives it, and the configs
+    built on base set no key to base's value."""
+    defaults = _field_defaults()
+    written = _assigned(PACKAGE / 'configs' / 'base.py')
+    assert written, 'configs/base.py sets no field'  # the walk finds its assignments
+    restated = {k: v for k, v in written.items() if k in defaults and defaults[k] == v}
+    assert not restated, f'configs/base.py restates the schema defaults {restated}'
+    base = rundir.flat_config(configs.load('base'))
+    for name in ('tiny', 'big', 'multi30k'):
+        written = _assigned(PACKAGE / 'configs' / f'{name}.py')
+        assert written, name
+        restated = {k: v for k, v in written.items() if k in base and base[k] == v}
+        assert not restated, f'configs/{name}.py restates configs/base.py: {restated}'
+
+
+def test_the_default_config_is_the_fields_defaults_and_nothing_else():
+    """`schema.default_config` is derived from the fields (model: TransformerConfig's), the
+    data sources adding only keys the data section does not have; the data package keeps no
+    defaults of its own."""
+    from transformer import data
+    from transformer.data import sources
+
+    flat = rundir.flat_config(schema.default_config())
+    defaults = _field_defaults()
+    defaults['model.dtype'] = defaults['model.param_dtype'] = 'float32'
+    assert {k: flat[k] for k in defaults} == defaults
+    data_fields = {f.name for f in dataclasses.fields(schema.DataSection)}
+    source_keys = {k.split('.')[1] for k in flat if k.startswith('data.')} - data_fields
+    assert source_keys == {'synthetic', 'data_dir', 'manual_dir', 'folder'}
+    own = ml_collections.ConfigDict()
+    sources.add_config(own)
+    assert not set(own) & data_fields  # no source writes a default of the section's keys
+    assert not hasattr(data, 'default_config')
+
+
+def test_attention_impl_has_one_default_auto_which_resolves_per_platform():
+    from transformer.backends import platform
+
+    assert TransformerConfig(vocab_size=8).attention_impl == 'auto'
+    for name in configs.names():
+        assert schema.parse(configs.load(name)).model.attention_impl == 'auto', name
+    assert platform.attention_impl('auto') == (
+        'fused' if jax.default_backend() == 'gpu' else 'einsum'
+    )
+
+
+def test_every_field_has_a_one_line_description():
+    flat = rundir.flat_config(schema.default_config())
+    descriptions = schema.descriptions()
+    assert set(descriptions) == set(flat)
+    for key, text in descriptions.items():
+        assert text.strip() and '\n' not in text and len(text) <= 100, key
+
+
+def test_only_optional_fields_are_filled_in_for_old_configs():
+    """A field every config has given is required (a missing one is an error, not a silent
+    default); the optional ones, added later, are those `complete` fills in."""
+    values = configs.load('tiny').to_dict()
+    required = [
+        f'{name}.{f.name}'
+        for name, cls in schema.SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if f.name != 'sources' and not f.metadata['optional']
+    ]
+    assert 'train.num_steps' in required and 'train.seed' not in required
+    for key in required:
+        section, name = key.split('.')
+        broken = json.loads(json.dumps(values))
+        del broken[section][name]
+        completed = schema.complete(ml_collections.ConfigDict(broken))
+        with pytest.raises(schema.ConfigError, match=f'config key {key} is missing'):
+            schema.parse(completed)
+
+
+def test_init_timeout_has_the_bound_jax_distributed_takes():
+    most, why = schema.MAX_INIT_TIMEOUT
+    values = configs.load('tiny').to_dict()
+    values['train']['init_timeout_s'] = most
+    assert schema.parse(values).train.init_timeout_s == most
+    values['train']['init_timeout_s'] = most + 1
+    with pytest.raises(schema.ConfigError) as info:
+        schema.parse(values)
+    assert str(info.value) == f'train.init_timeout_s={most + 1} must be <= {most} ({why}).'
+
+
+def test_jax_distributed_refuses_a_timeout_over_the_bound():
+    """The bound is where jax's client stops taking the timeout (a client is made, not
+    connected)."""
+    _jax = pytest.importorskip('jax._src.lib')._jax
+    make = getattr(_jax, 'get_distributed_runtime_client', None)
+    if make is None:
+        pytest.skip('this jax has no get_distributed_runtime_client')
+    most = schema.MAX_INIT_TIMEOUT[0]
+    assert make('localhost:1', 0, init_timeout=most) is not None
+    with pytest.raises(TypeError):
+        make('localhost:1', 0, init_timeout=most + 1)

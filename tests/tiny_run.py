@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from transformer import data
+from transformer import schema
 from transformer.model import Transformer, TransformerConfig
 
 VOCAB = 32
@@ -21,6 +21,7 @@ def tiny_model(**overrides) -> Transformer:
                 'num_encoder_layers': 1,
                 'num_decoder_layers': 1,
                 'dropout_rate': 0.0,
+                'attention_impl': 'einsum',  # the same path on every backend
                 **overrides,
             }
         )
@@ -92,7 +93,7 @@ def tiny_run_config(num_steps: int):
 
 def data_config(**overrides):
     """A small synthetic ``data`` section (600 training pairs, 500-piece vocabulary)."""
-    config = data.default_config()
+    config = schema.default_config().data
     config.synthetic.num_train = 600
     config.synthetic.num_validation = 70
     config.synthetic.num_test = 50

@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from transformer import configs, data
+from transformer import configs, data, schema
 from transformer.checkpoint import store
 from transformer.commands import console
 from transformer.decoding import translation
@@ -47,17 +47,24 @@ def config(name_or_path: str) -> ml_collections.ConfigDict:
 
 
 def build(
-    experiment: str | ml_collections.ConfigDict, vocab_size: int | None = None, seed: int = 0
+    experiment: str | ml_collections.ConfigDict | schema.Experiment,
+    vocab_size: int | None = None,
+    seed: int = 0,
 ) -> tuple[Transformer, Any]:
     """The model of a config and freshly initialised parameters (the training init).
 
     Args:
-      experiment: a config name, a config file, or a config.
+      experiment: a config name, a config file, a config or a parsed one.
       vocab_size: the vocabulary size (default: the config's ``data.vocab_size``).
       seed: the initialisation seed.
+
+    Raises:
+      schema.ConfigError: a config value that cannot work, in one line naming its key (the
+        commands' check, `schema.parse`).
     """
     cfg = config(experiment) if isinstance(experiment, str) else experiment
-    model = Transformer(config_from_dict(cfg.model, vocab_size or cfg.data.vocab_size))
+    typed = cfg if isinstance(cfg, schema.Experiment) else schema.parse(cfg)
+    model = Transformer(config_from_dict(typed.model, vocab_size or typed.data.vocab_size))
     dummy = jnp.ones((1, 8), jnp.int32)
     params = nn.unbox(jax.jit(model.init)(jax.random.key(seed), dummy, dummy)['params'])
     return model, params

@@ -70,7 +70,7 @@ def path(workdir: str, *parts: str) -> str:
     return os.path.join(workdir, *parts)
 
 
-# A config as a file gives it (ml_collections) or typed (transformer/schema.py).
+# A config as a file gives it (ml_collections) or typed (transformer/schema/).
 Config = ml_collections.ConfigDict | schema.Experiment
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from transformer import data
+from transformer import data, schema
 from transformer.data import multi30k, tfds_translate
 
 # Most of these read through TFDS (the `tfds` extra); a machine without it skips them.
@@ -24,7 +24,7 @@ MULTI30K_DIR = pathlib.Path(
 
 
 def _config(**overrides):
-    config = data.default_config()
+    config = schema.default_config().data
     config.update(overrides)
     return config
 

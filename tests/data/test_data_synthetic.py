@@ -5,12 +5,12 @@ import collections
 import numpy as np
 import pytest
 
-from transformer import data
+from transformer import schema
 from transformer.data import synthetic
 
 
 def _config(**overrides):
-    config = data.default_config()
+    config = schema.default_config().data
     config.synthetic.num_train = 2000
     config.synthetic.num_validation = 300
     config.synthetic.num_test = 300

@@ -6,13 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from transformer import data
+from transformer import data, schema
 from transformer.data import tokenized
 
 
 @pytest.fixture(scope='module')
 def tokenizer(tmp_path_factory):
-    config = data.default_config()
+    config = schema.default_config().data
     path = str(tmp_path_factory.mktemp('vocab') / 'spm.model')
     return data.get_tokenizer(config, path)
 
@@ -23,7 +23,7 @@ def _assert_same(a, b):
 
 
 def test_a_truncated_cache_file_is_tokenized_again_and_rewritten(tokenizer, tmp_path, caplog):
-    config = data.default_config()
+    config = schema.default_config().data
     first = data.tokenize_split(config, tokenizer, 'validation', cache_dir=str(tmp_path))
     (cache,) = tmp_path.iterdir()
     cache.write_bytes(cache.read_bytes()[:300])
@@ -36,7 +36,7 @@ def test_a_truncated_cache_file_is_tokenized_again_and_rewritten(tokenizer, tmp_
 
 
 def test_a_cache_that_cannot_be_written_is_a_warning(tokenizer, tmp_path, caplog):
-    config = data.default_config()
+    config = schema.default_config().data
     blocked = tmp_path / 'a_file'
     blocked.write_text('not a directory')
     tokenized.clear_memory_cache()

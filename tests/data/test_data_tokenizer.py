@@ -4,12 +4,12 @@ import os
 
 import pytest
 
-from transformer import data
+from transformer import data, schema
 from transformer.data import tokenizer as tokenizer_lib
 
 
 def _config(**overrides):
-    config = data.default_config()
+    config = schema.default_config().data
     config.synthetic.num_train = 1000
     config.vocab_size = 500
     config.update(overrides)

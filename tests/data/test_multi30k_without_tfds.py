@@ -3,7 +3,7 @@ error says so."""
 
 import pytest
 
-from transformer import data
+from transformer import data, schema
 from transformer.data import multi30k, tfds_translate
 
 
@@ -17,7 +17,7 @@ def test_a_manual_dir_without_the_files_names_them_and_the_extra(tmp_path, monke
     if exists:
         manual.mkdir()
         (manual / 'train.en').write_text('a\n')
-    config = data.default_config()
+    config = schema.default_config().data
     config.update(dataset='multi30k', manual_dir=str(manual))
     with pytest.raises(data.DataError) as error:
         data.load_text(config, 'train')

@@ -41,6 +41,7 @@ def tiny_config(**overrides) -> TransformerConfig:
         num_encoder_layers=1,
         num_decoder_layers=1,
         dropout_rate=0.0,
+        attention_impl='einsum',  # the same path on every backend
     )
     return TransformerConfig(**(kwargs | overrides))
 

@@ -58,7 +58,7 @@ def cli(argv: list[str] | None = None) -> None:
         if not flags.FLAGS['config'].present:  # (a file whose get_config() returned None is)
             console.require('config')
         console.require('workdir')
-        try:  # the config file's values, typed and checked once (transformer/schema.py)
+        try:  # the config file's values, typed and checked once (transformer/schema/)
             file = config_flags.get_config_filename(flags.FLAGS['config'])
             config = configs.checked(flags.FLAGS.config, file)
             config = config_checks.check(schema.complete(config))

@@ -144,10 +144,8 @@ def _base() -> ml_collections.ConfigDict:
     train.log_every = 50
     train.eval_every = 400
     train.checkpoint_every = 100
-    train.keep_checkpoints = 5
 
     ev = config.eval
-    ev.average_last = 5
     ev.bleu_every = 800  # validation BLEU (beam 4) on 300 sentences
     ev.bleu_max_examples = 300
     ev.compound_split = False

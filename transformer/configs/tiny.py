@@ -27,18 +27,15 @@ def get_config() -> ml_collections.ConfigDict:
 
     data = config.data
     data.dataset = 'synthetic'
-    data.test_split = 'test'
     data.vocab_size = 600  # about the number of word forms of the invented pair
     data.vocab_model_type = 'word'
     data.max_len = 64
 
     config.opt.warmup_steps = 200
-    config.opt.lr_scale = 1.0
 
     train = config.train
     train.num_steps = 800
     train.batch_size = 32
-    train.label_smoothing = 0.1
     train.log_every = 50
     train.eval_every = 400
     train.checkpoint_every = 200

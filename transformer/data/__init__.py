@@ -9,10 +9,8 @@
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
-- ``default_config``: the ``data`` config section with its defaults.
 """
 
-from transformer.data.config import default_config
 from transformer.data.errors import DataError
 from transformer.data.eval_batches import (
     EvalSet,
@@ -42,7 +40,6 @@ __all__ = [
     'check_split',
     'bucket_length',
     'decode_lines',
-    'default_config',
     'get_tokenizer',
     'load_text',
     'make_eval_batches',

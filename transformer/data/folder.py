@@ -17,9 +17,11 @@ from etils import epath
 from transformer.data import text
 from transformer.data.errors import DataError
 
+DESCRIPTIONS = {'folder': "the directory of the text files, for dataset='folder'"}
+
 
 def add_config(config: ml_collections.ConfigDict) -> None:
-    config.folder = ml_collections.config_dict.placeholder(str)  # for dataset='folder'
+    config.folder = ml_collections.config_dict.placeholder(str)
 
 
 def files(folder: epath.PathLike, split: str, lang: str) -> list[epath.Path]:

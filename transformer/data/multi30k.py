@@ -34,6 +34,9 @@ from transformer.data.multi30k_files import (
 DOWNLOAD_HOST = 'raw.githubusercontent.com'
 
 
+DESCRIPTIONS: dict[str, str] = {}  # its keys are tfds_translate's
+
+
 def add_config(config: ml_collections.ConfigDict) -> None:
     """Multi30k reads ``data.manual_dir`` and ``data.data_dir`` (see tfds_translate.py)."""
     tfds_translate.add_config(config)

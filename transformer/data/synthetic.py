@@ -277,6 +277,15 @@ def vocabulary(seed: int = 0) -> tuple[list[str], list[str]]:
     return source, target
 
 
+DESCRIPTIONS = {
+    'synthetic.seed': 'the lexicon and every sentence follow from it',
+    'synthetic.num_train': 'sentence pairs of the train split',
+    'synthetic.num_validation': 'sentence pairs of the validation split',
+    'synthetic.num_test': 'sentence pairs of the test split',
+    'synthetic.max_words': "longest sentence, in words, '.' included",
+}
+
+
 def add_config(config: ml_collections.ConfigDict) -> None:
     """The ``data.synthetic`` section: the lexicon and all sentences follow from its seed."""
     config.synthetic = synthetic = ml_collections.ConfigDict()
@@ -284,7 +293,7 @@ def add_config(config: ml_collections.ConfigDict) -> None:
     synthetic.num_train = 10_000
     synthetic.num_validation = 500
     synthetic.num_test = 500
-    synthetic.max_words = 40  # longest sentence, in words, '.' included
+    synthetic.max_words = 40
 
 
 # The shortest sentence of the grammar: a bare plural, a verb and '.'.

@@ -27,9 +27,15 @@ _TFDS_HOSTS = ('storage.googleapis.com', 'www.statmt.org')
 _PROBE_TIMEOUT_S = 3.0
 
 
+DESCRIPTIONS = {
+    'data_dir': "TFDS's data_dir; None = TFDS's default",
+    'manual_dir': "the raw files (multi30k's, or a TFDS dataset's manual download)",
+}
+
+
 def add_config(config: ml_collections.ConfigDict) -> None:
-    config.data_dir = ml_collections.config_dict.placeholder(str)  # TFDS data_dir; None = default
-    config.manual_dir = ml_collections.config_dict.placeholder(str)  # raw files (multi30k)
+    config.data_dir = ml_collections.config_dict.placeholder(str)
+    config.manual_dir = ml_collections.config_dict.placeholder(str)
 
 
 def network_reachable(hosts: tuple[str, ...], timeout: float = _PROBE_TIMEOUT_S) -> bool:

@@ -21,40 +21,59 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _field(default: Any, doc: str) -> Any:
+    """A field with its default and its one-line description (what ``--help`` prints)."""
+    return dataclasses.field(default=default, metadata={'doc': doc})
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Hyper-parameters of the model; defaults are the paper's base model (Table 3)."""
+    """Hyper-parameters of the model: the config's ``model`` section (transformer/schema/).
+    Each default, written only here, is the paper's base model (Table 3). A run's config.json
+    written before a field existed gets its default: each such field's default is the value
+    those runs used, but for attention_impl and embedding_grad, which choose how, not what,
+    is computed (rundir.RESUME_FREE)."""
 
     vocab_size: int
-    d_model: int = 512
-    num_heads: int = 8
-    head_dim: int | None = None  # d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)
-    d_ff: int = 2048
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout_rate: float = 0.1  # residual + embedding dropout, P_drop (Sec. 5.4)
-    attention_dropout_rate: float = 0.0  # on attention probabilities (not in the paper)
-    relu_dropout_rate: float = 0.0  # inside the FFN, after the ReLU (not in the paper)
+    d_model: int = _field(512, "D (Table 3, base): the width of every layer's input and output")
+    num_heads: int = _field(8, 'N, attention heads per layer')
+    head_dim: int | None = _field(None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)')
+    d_ff: int = _field(2048, 'F, inner FFN width')
+    num_encoder_layers: int = _field(6, 'encoder layers (Sec. 3.1)')
+    num_decoder_layers: int = _field(6, 'decoder layers (Sec. 3.1)')
+    dropout_rate: float = _field(0.1, 'P_drop on sub-layer outputs and embedding sums (Sec. 5.4)')
+    attention_dropout_rate: float = _field(0.0, 'on attention probabilities (not in the paper)')
+    relu_dropout_rate: float = _field(0.0, 'after the FFN ReLU (not in the paper)')
     # Accepted and ignored: the network has no length limit (sinusoidal positions, caches
     # sized by the caller); the longest training row is the data's max_len.
     max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;
     # 'none': three separate matrices.
-    share_embeddings: ShareEmbeddings = 'all'
-    pre_layer_norm: bool = False  # False = post-LN as in the paper; True = pre-LN + final LN
-    layer_norm_epsilon: float = 1e-6
+    share_embeddings: ShareEmbeddings = _field(
+        'all', "source, target, pre-softmax share one matrix (Sec. 3.4); 'target', 'none'"
+    )
+    pre_layer_norm: bool = _field(
+        False, "post-LN as in the paper; True = pre-LN (t2t's later default)"
+    )
+    layer_norm_epsilon: float = _field(1e-6, 'added to the variance in layer normalization')
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
     # 'pallas': 'fused', with packed self-attention by Pallas's segment-id kernel on a GPU;
     # 'auto': the measured winner of the backend (backends/platform.py).
-    attention_impl: Literal[ATTENTION_IMPLS] = 'einsum'
+    attention_impl: Literal[ATTENTION_IMPLS] = _field(
+        'auto', "'auto': cuDNN's fused attention on a GPU, 'einsum' elsewhere; 'fused', 'pallas'"
+    )
     # The embedding table's gradient (transformer/model/embedding.py): 'scatter' (autodiff's
     # scatter-add), 'one_hot' (blocked one-hot products), 'sorted_scatter' (a segment sum over
     # sorted tokens); 'auto': the measured winner for the backend (backends/platform.py).
-    embedding_grad: Literal[EMBEDDING_GRADS] = 'auto'
-    dtype: Any = jnp.float32  # computation dtype
-    param_dtype: Any = jnp.float32
+    embedding_grad: Literal[EMBEDDING_GRADS] = _field(
+        'auto', "the embedding's gradient: 'scatter', 'one_hot', ... (measured)"
+    )
+    dtype: Any = _field(
+        jnp.float32, "computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs"
+    )
+    param_dtype: Any = _field(jnp.float32, 'dtype the parameters are stored and updated in')
 
     def __post_init__(self, max_len: int | None):
         del max_len
@@ -105,7 +124,7 @@ def config_from_dict(
     model: Mapping[str, Any] | TransformerConfig, vocab_size: int
 ) -> TransformerConfig:
     """A TransformerConfig from a config file's ``model`` section (one key per field), or a
-    TransformerConfig (the typed section, transformer/schema.py) with this vocabulary.
+    TransformerConfig (the typed section, transformer/schema/) with this vocabulary.
 
     ``dtype`` / ``param_dtype`` may be given by name ('float32', 'bfloat16'); unknown keys fail
     with the nearest valid one.

@@ -1,7 +1,7 @@
 """Config values checked before a run writes anything: one line for the first bad value.
 
 ml_collections already rejects a command-line value that does not parse as the field's type
-(``--config.model.d_model=abc``); the typed schema (transformer/schema.py) catches what parses
+(``--config.model.d_model=abc``); the typed schema (transformer/schema/) catches what parses
 but cannot work (a dropout rate of 1, zero warmup steps, a beam of 0, an infinite learning
 rate, a split the data source does not have) and values of the wrong type set in a config
 file; `check` adds what needs the devices and the disk (a batch they cannot split, a length

@@ -135,7 +135,7 @@ def setup(
 
     Args:
       config: the experiment config (sections model, data, opt, train, eval): from a config
-        file, parsed here once into its typed sections (transformer/schema.py), or typed.
+        file, parsed here once into its typed sections (transformer/schema/), or typed.
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
 

@@ -1,0 +1,79 @@
+"""The experiment config's schema: one frozen, typed dataclass per section.
+
+Configs are written as ml_collections ConfigDicts (transformer/configs/), which give every
+field a ``--config.section.key=value`` override. `parse` turns one into an `Experiment` once,
+at the command line, and the run reads only the typed sections: every field's type, range and
+choices are checked in the sections' ``__post_init__``, so a value that cannot work stops the
+command in one line before anything is written. config.json holds `to_dict` of it, and
+`rundir.read_config` parses it back. The model section is the model's own `TransformerConfig`,
+whose fields and rules live with the network (transformer/model/config.py).
+
+Each default is written once: here, on its field (sections.py; the model's on
+TransformerConfig's fields; a data source's own keys in its ``add_config``, described in its
+``DESCRIPTIONS``), with its type, rule and one-line description (``--help`` prints it).
+Not in configs/base.py, because the schema must know a value for every field added after
+configs were first written anyway: a run directory's config.json written before the
+field existed lacks it, and `complete` fills it in with the value such a run used (an
+``optional`` field's default, which therefore never changes). With every default here,
+`default_config` is the whole config at its defaults, configs/base.py is that plus the
+paper's choices that differ (its WMT14 data), every other config is base plus its own
+changes, and the data section's defaults are nowhere else. The defaults are the paper's
+base model and training; the data default is the built-in synthetic task (offline).
+
+Each choice list is written once, as a ``Literal`` (sections.py); the modules that act on a
+choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
+"""
+
+from transformer.schema.convert import (
+    complete,
+    default_config,
+    descriptions,
+    parse,
+    plain,
+    to_dict,
+)
+from transformer.schema.fields import (
+    MAX_INIT_TIMEOUT,
+    MAX_SEED,
+    MAX_STEP,
+    MAX_VOCAB,
+    ConfigError,
+)
+from transformer.schema.sections import (
+    DROPOUT_PRNGS,
+    METRICS,
+    PARALLELISMS,
+    RETIRED_KEYS,
+    SCHEDULES,
+    SECTIONS,
+    DataSection,
+    EvalSection,
+    Experiment,
+    OptSection,
+    TrainSection,
+)
+
+__all__ = [
+    'DROPOUT_PRNGS',
+    'MAX_INIT_TIMEOUT',
+    'MAX_SEED',
+    'MAX_STEP',
+    'MAX_VOCAB',
+    'METRICS',
+    'PARALLELISMS',
+    'RETIRED_KEYS',
+    'SCHEDULES',
+    'SECTIONS',
+    'ConfigError',
+    'DataSection',
+    'EvalSection',
+    'Experiment',
+    'OptSection',
+    'TrainSection',
+    'complete',
+    'default_config',
+    'descriptions',
+    'parse',
+    'plain',
+    'to_dict',
+]

@@ -1,0 +1,158 @@
+"""Between a config's plain values and its typed `Experiment`: `parse` (with `complete` for a
+run's config.json written by an earlier version) and `to_dict` back; `default_config`, the
+ConfigDict of every field at its default, and `descriptions`, every field's one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import ml_collections
+from ml_collections import config_dict
+
+from transformer.data import sources as data_sources
+from transformer.model.config import TransformerConfig, config_from_dict
+from transformer.schema.fields import ConfigError
+from transformer.schema.sections import RETIRED_KEYS, SECTIONS, DataSection, Experiment
+
+
+def _section(cls: type, values: Mapping[str, Any]) -> Any:
+    fields = {f.name for f in dataclasses.fields(cls)} - {'sources'}
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name != 'sources' and not f.metadata['optional'] and f.name not in values
+    ]
+    if missing:
+        raise ConfigError(f'config key {cls.SECTION}.{missing[0]} is missing.')
+    unknown = sorted(set(values) - fields)
+    if cls is DataSection:
+        known = {k: v for k, v in values.items() if k in fields}
+        sources = {k: _frozen(values[k]) for k in unknown}
+        return cls(**known, sources=types.MappingProxyType(sources))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
+        hint = f'; did you mean {cls.SECTION}.{close[0]}?' if close else ''
+        raise ConfigError(f'unknown config key {cls.SECTION}.{unknown[0]}{hint}')
+    return cls(**values)
+
+
+def plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = '') -> dict:
+    """The plain dict of a config or of its section ``name``; ConfigError for anything else
+    (a config.json holding ``[]``, a section that is ``null``)."""
+    if isinstance(config, ml_collections.ConfigDict):
+        return config.to_dict()
+    if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
+        what = f'config section {name}' if name else 'the config'
+        raise ConfigError(f'{what} is {config!r:.60}, not a mapping of keys to values.')
+    return dict(config)
+
+
+def _frozen(value: Any) -> Any:
+    """A nested section of a source (``synthetic``) as a read-only ConfigDict."""
+    if isinstance(value, Mapping):
+        return ml_collections.FrozenConfigDict(plain(value))
+    return value
+
+
+def to_dict(experiment: Experiment) -> dict[str, Any]:
+    """The plain, JSON-ready values of ``experiment``, as a config file holds them (dtypes by
+    name, the data sources' keys in the data section): what config.json records."""
+    model = {
+        f.name: getattr(experiment.model, f.name)
+        for f in dataclasses.fields(experiment.model)
+        if f.name != 'vocab_size'
+    }
+    for key in ('dtype', 'param_dtype'):
+        model[key] = jnp.dtype(model[key]).name
+    data = {f.name: getattr(experiment.data, f.name) for f in dataclasses.fields(DataSection)}
+    sources = data.pop('sources')
+    data |= {k: v.to_dict() if hasattr(v, 'to_dict') else v for k, v in sources.items()}
+    out = {'model': model, 'data': data}
+    for name in ('opt', 'train', 'eval'):
+        out[name] = dataclasses.asdict(getattr(experiment, name))
+    return out
+
+
+def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
+    """The typed `Experiment` of a config; `ConfigError` (one line) for the first value that
+    cannot work."""
+    values = plain(config)
+    for section in ('model', *SECTIONS):
+        if section not in values:
+            raise ConfigError(f'config section {section} is missing.')
+    sections = {name: _section(cls, plain(values[name], name)) for name, cls in SECTIONS.items()}
+    model = plain(values['model'], 'model')
+    model = {k: v for k, v in model.items() if f'model.{k}' not in RETIRED_KEYS}
+    try:
+        model_config = config_from_dict(model, sections['data'].vocab_size)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    return Experiment(model=model_config, **sections)
+
+
+def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` with the optional fields it predates set to their defaults (the values its
+    run used) and retired keys removed (for a run directory's config.json written by an
+    earlier version)."""
+    values = plain(config)
+    for name, cls in SECTIONS.items():
+        section = values.setdefault(name, {})
+        if not isinstance(section, Mapping):
+            continue  # not a section: `parse` names it
+        for f in dataclasses.fields(cls):
+            if f.name != 'sources' and f.metadata['optional']:
+                section.setdefault(f.name, f.default)
+    for key in RETIRED_KEYS:
+        section, name = key.split('.')
+        if isinstance(values.get(section), Mapping):
+            values[section].pop(name, None)
+    return ml_collections.ConfigDict(values)
+
+
+def _model_fields() -> list[dataclasses.Field]:
+    """The model section's fields: TransformerConfig's, but the vocabulary (data's)."""
+    return [f for f in dataclasses.fields(TransformerConfig) if f.name != 'vocab_size']
+
+
+def _defaults(cls: type, fields: list[dataclasses.Field]) -> ml_collections.ConfigDict:
+    """A ConfigDict of ``fields`` at their defaults; a None default is a placeholder of the
+    field's type, so that ``--config.KEY=VALUE`` can set it."""
+    hints = typing.get_type_hints(cls)
+    section = ml_collections.ConfigDict()
+    for f in fields:
+        value = f.default
+        if value is None:
+            kind = next(t for t in typing.get_args(hints[f.name]) if t is not type(None))
+            value = config_dict.placeholder(kind)
+        elif f.name in ('dtype', 'param_dtype'):
+            value = jnp.dtype(value).name
+        section[f.name] = value
+    return section
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every section with every field at its default, the data sources' own keys included:
+    the config that configs/base.py starts from."""
+    config = ml_collections.ConfigDict()
+    config.model = _defaults(TransformerConfig, _model_fields())
+    for name, cls in SECTIONS.items():
+        fields = [f for f in dataclasses.fields(cls) if f.name != 'sources']
+        config[name] = _defaults(cls, fields)
+    data_sources.add_config(config.data)
+    return config
+
+
+def descriptions() -> dict[str, str]:
+    """Dotted key -> its one-line description, for every field (what ``--help`` prints)."""
+    found = {f'model.{f.name}': f.metadata['doc'] for f in _model_fields()}
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.name != 'sources':
+                found[f'{name}.{f.name}'] = f.metadata['doc']
+    return found | {f'data.{key}': doc for key, doc in data_sources.descriptions().items()}

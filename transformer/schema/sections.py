@@ -1,0 +1,276 @@
+"""The config's sections as frozen, typed dataclasses: each field with its default, rule and
+one-line description (`fields.field`), and the rules between sections (`Experiment`).
+
+The defaults are the paper's base model and its training (Vaswani et al., 2017), on the
+built-in synthetic data (offline and small); configs/base.py adds the paper's WMT14 data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+from transformer.data import sources as data_sources
+from transformer.data.errors import DataError
+from transformer.data.packing import LONG_EXAMPLES
+from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
+from transformer.model.config import TransformerConfig
+from transformer.schema.fields import (
+    ABOVE_ZERO,
+    AT_LEAST_2,
+    AT_LEAST_4,
+    MAX_INIT_TIMEOUT,
+    MAX_SEED,
+    MAX_STEP,
+    MAX_VOCAB,
+    NON_NEGATIVE,
+    POSITIVE,
+    RATE,
+    ConfigError,
+    Section,
+    field,
+)
+
+Schedule = Literal['rsqrt', 'constant']  # the paper's warm-up + inverse square root; a constant
+DropoutPrng = Literal['threefry', 'rbg', 'unsafe_rbg', 'philox4x32']
+Parallelism = Literal['pmap', 'sharding']  # transformer/training/parallel.py
+BestMetric = Literal['sacrebleu', 'tokenized_bleu', 'chrf']  # validation scores, higher = better
+VocabModelType = Literal[MODEL_TYPES]
+VocabNormalization = Literal[NORMALIZATIONS]
+LongExamples = Literal[LONG_EXAMPLES]
+
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+DROPOUT_PRNGS: tuple[str, ...] = get_args(DropoutPrng)
+PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
+METRICS: tuple[str, ...] = get_args(BestMetric)
+
+# Keys of configs written by earlier versions that no longer exist; dropped when read.
+# model.max_len: the longest row is data.max_len (the model has no length limit of its own).
+RETIRED_KEYS = ('model.max_len',)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSection(Section):
+    """The pipeline's common keys. Each source declares and checks its own keys
+    (``manual_dir``, ``folder``, ``synthetic``, ...: its ``add_config``); they are kept in
+    ``sources``, read-only, and read as attributes like the others (``data.manual_dir``,
+    ``data.synthetic.num_train``)."""
+
+    SECTION = 'data'
+    dataset: str = field(
+        'synthetic',
+        doc="'synthetic', 'multi30k', 'folder' or a TFDS name ('wmt14_translate/de-en')",
+    )
+    source_lang: str = field('en', doc='translate from ... (language code: TFDS key, file suffix)')
+    target_lang: str = field('de', doc='... to')
+    train_split: str = field('train', doc='the split trained on')
+    eval_split: str = field('validation', doc='validation split (newstest2013 for wmt14)')
+    test_split: str = field('test', doc="evaluate's default split (newstest2014 for wmt14)")
+    vocab_size: int = field(
+        1000,
+        AT_LEAST_4,
+        MAX_VOCAB,
+        doc='joint SentencePiece vocabulary of both languages (Sec. 5.1)',
+    )
+    vocab_model_type: VocabModelType = field(
+        'bpe', optional=True, doc="SentencePiece model: 'bpe' | 'unigram' | 'word' | 'char'"
+    )
+    vocab_normalization: VocabNormalization = field(
+        'nmt_nfkc',
+        optional=True,
+        doc="kept in the vocabulary: 'nmt_nfkc' keeps the case, 'nmt_nfkc_cf' lowercases",
+    )
+    vocab_sample_size: int = field(
+        1_000_000, POSITIVE, doc='sentences (both languages) sampled to train SentencePiece'
+    )
+    vocab_path: str | None = field(None, optional=True, doc='None = WORKDIR/vocab')
+    max_len: int = field(64, AT_LEAST_2, doc='tokens per packed training row (both sides)')
+    long_examples: LongExamples = field(
+        'drop', optional=True, doc="training pairs over max_len: 'drop' or 'truncate' (keeps EOS)"
+    )
+    cache_dir: str | None = field(
+        None, optional=True, doc='token-id cache; None = WORKDIR/data_cache (none without one)'
+    )
+    sources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:  # the source's own keys and the splits, by the source that owns them
+            data_sources.check(self)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields: a source's own key.
+        sources = self.__dict__.get('sources', {})
+        if name in sources:
+            return sources[name]
+        raise AttributeError(f'data has no key {name!r}')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptSection(Section):
+    SECTION = 'opt'
+    schedule: Schedule = field(
+        'rsqrt', optional=True, doc='d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Sec. 5.3)'
+    )
+    warmup_steps: int = field(4000, POSITIVE, doc="steps of the schedule's linear warm-up")
+    lr_scale: float = field(
+        1.0, ABOVE_ZERO, doc="constant factor on the schedule (the lr itself for 'constant')"
+    )
+    cooldown_steps: int = field(
+        0,
+        NON_NEGATIVE,
+        optional=True,
+        doc='linear decay to 0 over the last N of train.num_steps; 0 = none',
+    )
+    b1: float = field(0.9, RATE, doc='Adam beta1 (Sec. 5.3)')
+    b2: float = field(0.98, RATE, doc='Adam beta2')
+    eps: float = field(1e-9, NON_NEGATIVE, doc='Adam epsilon')
+    clip_grad_norm: float = field(
+        0.0, NON_NEGATIVE, doc='global-norm clipping; 0 = off (the paper does not clip)'
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection(Section):
+    SECTION = 'train'
+    seed: int = field(
+        0, NON_NEGATIVE, MAX_SEED, optional=True, doc='parameters, dropout and data order'
+    )
+    num_steps: int = field(
+        100_000, POSITIVE, MAX_STEP, doc='Sec. 5.2: 100k steps for the base model'
+    )
+    batch_size: int = field(
+        104, POSITIVE, doc='global packed rows per step (~25k target tokens, Sec. 5.1)'
+    )
+    grad_accum_steps: int = field(
+        1, POSITIVE, doc='micro-batches per step, to reach the budget on fewer devices'
+    )
+    label_smoothing: float = field(0.1, RATE, doc='epsilon_ls (Sec. 5.4)')
+    # threefry (jax's default) measured cheapest on CPU (step_overhead.py) and on an H200
+    # (base, bfloat16: 40.8 ms/step, rbg 41.3); it is also what runs before the choice drew.
+    dropout_prng: DropoutPrng = field(
+        DROPOUT_PRNGS[0],
+        optional=True,
+        doc="dropout masks' PRNG ('rbg', 'unsafe_rbg': XLA's); each exact on resume",
+    )
+    parallelism: Parallelism = field(
+        'sharding', doc="'sharding' (jit + NamedSharding) or 'pmap' (replicated)"
+    )
+    model_parallelism: int = field(
+        1, POSITIVE, doc="size of the mesh's 'model' axis in 'sharding' mode"
+    )
+    fsdp: bool = field(
+        False, optional=True, doc="also shard parameters + Adam moments over 'data' (ZeRO-3 style)"
+    )
+    prefetch: int = field(
+        2,
+        NON_NEGATIVE,
+        optional=True,
+        doc='batches packed and placed ahead on a background thread (0 = off)',
+    )
+    log_every: int = field(100, POSITIVE, doc='steps between console / metrics lines')
+    eval_every: int = field(
+        2000, NON_NEGATIVE, doc='steps between validation loss (0 = only at the end)'
+    )
+    checkpoint_every: int = field(
+        1500,
+        POSITIVE,
+        doc='the paper writes one every 10 minutes (Sec. 6.1): 1500 steps at 0.4 s/step',
+    )
+    keep_checkpoints: int = field(5, POSITIVE, doc='kept on disk; >= eval.average_last')
+    async_checkpointing: bool = field(
+        True, optional=True, doc='write checkpoints while training continues'
+    )
+    distributed: bool = field(
+        False, optional=True, doc='join a multi-process run (jax.distributed.initialize)'
+    )
+    coordinator_address: str | None = field(
+        None, optional=True, doc="e.g. 'localhost:12355'; None = the cluster's auto-detection"
+    )
+    num_processes: int | None = field(
+        None, POSITIVE, optional=True, doc="None = the cluster's auto-detection"
+    )
+    process_id: int | None = field(
+        None, NON_NEGATIVE, optional=True, doc="None = the cluster's auto-detection"
+    )
+    init_timeout_s: int = field(
+        60,
+        POSITIVE,
+        MAX_INIT_TIMEOUT,
+        optional=True,
+        doc='a process that cannot reach the coordinator stops after this many seconds',
+    )
+    early_stop_patience: int = field(
+        0,
+        NON_NEGATIVE,
+        optional=True,
+        doc='stop after N validation BLEUs without a new best (0 = off); WORKDIR/best kept',
+    )
+    loss_chunk_tokens: int = field(
+        0,
+        NON_NEGATIVE,
+        optional=True,
+        doc='>0: the loss in chunks of N tokens, no [B, T, V] logits',
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection(Section):
+    SECTION = 'eval'
+    beam_size: int = field(4, POSITIVE, doc='Sec. 6.1')
+    alpha: float = field(
+        0.6, NON_NEGATIVE, doc='GNMT length penalty ((5 + len) / 6)^alpha (Sec. 6.1)'
+    )
+    extra_length: int = field(
+        50, NON_NEGATIVE, doc='maximum output length = input length + 50 (Sec. 6.1)'
+    )
+    average_last: int = field(5, POSITIVE, doc='average the last 5 checkpoints (Sec. 6.1)')
+    batch_size: int = field(64, POSITIVE, doc='sentences per decoding / validation batch')
+    bleu_every: int = field(
+        0, NON_NEGATIVE, doc='steps between validation BLEU during training (0 = off)'
+    )
+    bleu_max_examples: int = field(
+        0, NON_NEGATIVE, optional=True, doc='validation sentences decoded for that BLEU (0 = all)'
+    )
+    best_metric: BestMetric = field(
+        'sacrebleu',
+        optional=True,
+        doc="'sacrebleu' | 'tokenized_bleu' | 'chrf': picks WORKDIR/best",
+    )
+    # Tokenized BLEU's conventions (transformer/evaluation/bleu.py).
+    compound_split: bool = field(
+        True, optional=True, doc="tokenized BLEU with t2t's ##AT## hyphen splitting (WMT14 EN-DE)"
+    )
+    lowercase_tokenized: bool = field(
+        False, optional=True, doc='tokenized BLEU on lowercased, punct-normalised text'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A whole config, typed; the rules between sections are checked here."""
+
+    model: TransformerConfig
+    data: DataSection
+    opt: OptSection
+    train: TrainSection
+    eval: EvalSection
+
+    def __post_init__(self):
+        if self.opt.cooldown_steps > self.train.num_steps:
+            raise ConfigError(
+                f'opt.cooldown_steps={self.opt.cooldown_steps} exceeds train.num_steps='
+                f'{self.train.num_steps}.'
+            )
+        if self.eval.beam_size > self.data.vocab_size:
+            raise ConfigError(
+                f'eval.beam_size={self.eval.beam_size} exceeds data.vocab_size='
+                f'{self.data.vocab_size}: a beam cannot hold more hypotheses than the first '
+                'step has words.'
+            )
+
+
+SECTIONS = {'data': DataSection, 'opt': OptSection, 'train': TrainSection, 'eval': EvalSection}
