@@ -121,6 +121,25 @@ def test_a_bad_override_is_one_line_exit_2_and_writes_nothing(
     assert seconds < 5
 
 
+@pytest.mark.parametrize(
+    'workdir, message',
+    [
+        ('', '--workdir is empty.'),  # it was "No such file or directory", naming nothing
+        ('{tmp}/file', '{tmp}/file is a file, not a directory: give --workdir the directory'),
+    ],
+)
+def test_a_workdir_that_cannot_be_one_is_one_line(workdir, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / 'file').write_text('')
+    workdir, message = (text.replace('{tmp}', str(tmp_path)) for text in (workdir, message))
+    base = command_line({**SMALL, 'train.num_steps': 2})
+    argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *base]
+    code, err, _ = _train(argv, monkeypatch, capsys)
+    assert code not in (0, None)
+    err += [code] if isinstance(code, str) else []  # SystemExit('error: ...')
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['file']
+
+
 def _float_fields() -> list[str]:
     """Every float setting of the schema, the model's included: each must be finite."""
     keys = []

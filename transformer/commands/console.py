@@ -264,10 +264,12 @@ def define_decoding_flags() -> None:
 
 
 def require(*names: str) -> None:
-    """A usage error naming the first missing required flag."""
+    """A usage error naming the first missing (or empty) required flag."""
     for name in names:
         if flags.FLAGS[name].value is None:
             usage_exit(f'--{name} is required.')
+        if flags.FLAGS[name].value == '':
+            usage_exit(f'--{name} is empty.')
 
 
 USAGE_EXIT_CODE = 2  # a command line that cannot run (the argparse convention)

@@ -20,6 +20,7 @@ from absl import logging
 from transformer import decoding, rundir
 from transformer.checkpoint import store
 from transformer.commands import console
+from transformer.data import DataError
 from transformer.model.attention_maps import KINDS, attention_maps
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -109,7 +110,7 @@ def cli(argv: list[str] | None = None) -> None:
             _, tokenizer, model, params, _ = store.load_model(
                 FLAGS.workdir, FLAGS.step, average_last=1
             )
-        except rundir.WorkdirError as e:
+        except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)
         for warning in input_warnings(FLAGS.text, source_ids):
