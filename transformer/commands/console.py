@@ -263,12 +263,12 @@ def define_decoding_flags() -> None:
     )
 
 
-def require(*names: str) -> None:
-    """A usage error naming the first missing (or empty) required flag."""
+def require(*names: str, empty_ok: bool = False) -> None:
+    """A usage error naming the first missing (or, unless ``empty_ok``, empty) required flag."""
     for name in names:
         if flags.FLAGS[name].value is None:
             usage_exit(f'--{name} is required.')
-        if flags.FLAGS[name].value == '':
+        if flags.FLAGS[name].value == '' and not empty_ok:
             usage_exit(f'--{name} is empty.')
 
 
