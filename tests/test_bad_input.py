@@ -121,6 +121,25 @@ def test_a_bad_override_is_one_line_exit_2_and_writes_nothing(
     assert seconds < 5
 
 
+@pytest.mark.parametrize(
+    'workdir, message',
+    [
+        ('', '--workdir is empty.'),  # it was "No such file or directory", naming nothing
+        ('{tmp}/file', '{tmp}/file is a file, not a directory: give --workdir the directory'),
+    ],
+)
+def test_a_workdir_that_cannot_be_one_is_one_line(workdir, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / 'file').write_text('')
+    workdir, message = (text.replace('{tmp}', str(tmp_path)) for text in (workdir, message))
+    base = command_line({**SMALL, 'train.num_steps': 2})
+    argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *base]
+    code, err, _ = _train(argv, monkeypatch, capsys)
+    assert code not in (0, None)
+    err += [code] if isinstance(code, str) else []  # SystemExit('error: ...')
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['file']
+
+
 def _float_fields() -> list[str]:
     """Every float setting of the schema, the model's included: each must be finite."""
     keys = []
@@ -205,6 +224,11 @@ BAD_DECODING_FLAGS = [
     ('translate', f'--batch_size={HUGE}', 'the decoder cache alone needs at least'),
     ('evaluate', '--split=nosuch', "The synthetic dataset has no split 'nosuch'"),
     ('evaluate', '--step=999', 'No checkpoint for step 999'),
+    # The beam of --nbest K is at least K: it went unchecked into an out-of-memory error
+    # that said to lower --batch_size or --beam_size.
+    ('translate', '--nbest=1000000', '--nbest=1000000 exceeds the vocabulary of'),
+    # A format matplotlib cannot write: its traceback came after the model had run.
+    ('visualize', '--out=attention.txt', '--out=attention.txt: cannot write .txt files'),
 ]
 
 
@@ -212,13 +236,15 @@ BAD_DECODING_FLAGS = [
 def test_a_bad_decoding_flag_is_one_line_before_the_decode(
     command, flag, message, run_dir, tmp_path, monkeypatch, capsys
 ):
-    from transformer import evaluate, translate
+    from transformer import evaluate, translate, visualize
 
     workdir = tmp_path / 'run'
     shutil.copytree(run_dir, workdir)  # the shared run, with what earlier tests wrote into it
     before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob('*'))
     if command == 'evaluate':
         cli, argv = evaluate.cli, ['evaluate', f'--workdir={workdir}', flag]
+    elif command == 'visualize':
+        cli, argv = visualize.cli, ['visualize', f'--workdir={workdir}', '--text=dinds .', flag]
     else:
         (tmp_path / 'in.txt').write_text('dinds bap koft .\n')
         cli, argv = translate.cli, ['translate', f'--workdir={workdir}', flag]

@@ -57,6 +57,32 @@ def _remove(name: str):
     return lambda workdir: os.remove(os.path.join(workdir, name))
 
 
+def _swap_kind(name: str):
+    """A file where the run keeps the directory ``name``, or a directory for the file."""
+
+    def damage(workdir):
+        file = os.path.join(workdir, name)
+        if os.path.isdir(file):
+            shutil.rmtree(file)
+            open(file, 'w').close()
+        else:
+            if os.path.exists(file):
+                os.remove(file)
+            os.mkdir(file)
+
+    return damage
+
+
+def _link_to_nothing(name: str):
+    """The directory ``name`` moved to a disk that is not mounted, a link left in its place."""
+
+    def damage(workdir):
+        shutil.rmtree(os.path.join(workdir, name))
+        os.symlink(os.path.join(workdir, 'unmounted', name), os.path.join(workdir, name))
+
+    return damage
+
+
 # (id, damage, what every command's one line must say)
 DAMAGES = [
     ('history garbage', _append(HISTORY, 'garbage\n'), f'{HISTORY}, line 1 is not valid JSON'),
@@ -95,6 +121,16 @@ DAMAGES = [
     ('config synthetic null', _set('data.synthetic', None), f'{CONFIG}: data.synthetic=None'),
     ('config bad split', _set('data.test_split', 'x'), "no split 'x' (data.test_split)"),
     ('config unknown key', _set('train.num_stpes', 4), f'{CONFIG}: unknown config key train.num'),
+    # A train resume took these for "no checkpoints yet" and started the run over.
+    ('checkpoints a file', _swap_kind(rundir.CHECKPOINTS), 'checkpoints is a file, not a dir'),
+    ('checkpoints linked to nothing', _link_to_nothing(rundir.CHECKPOINTS), 'which does not exist'),
+    ('vocabulary empty', _replace(rundir.VOCAB_FILE, b''), 'spm.model is empty; restore the file'),
+]
+# Damages to what training alone writes into: one line before it writes anything.
+TRAIN_DAMAGES = [
+    ('tensorboard a file', _swap_kind(rundir.TENSORBOARD), 'tensorboard is a file, not a dir'),
+    ('metrics a directory', _swap_kind(rundir.METRICS_FILE), 'metrics.jsonl is a directory'),
+    ('history a directory', _swap_kind(HISTORY), 'config_history.jsonl is a directory, not'),
 ]
 # What each command says when config.json is gone: a resume must not start anew.
 MISSING_CONFIG = {
@@ -149,7 +185,7 @@ def _files(workdir) -> dict[str, float]:
     """Each file and its time of change; train.lock aside (the lock is held, and says by whom,
     while the train command reads the run)."""
     found = {
-        os.path.relpath(os.path.join(d, f), workdir): os.path.getmtime(os.path.join(d, f))
+        os.path.relpath(os.path.join(d, f), workdir): os.lstat(os.path.join(d, f)).st_mtime
         for d, _, names in os.walk(workdir)
         for f in names
     }
@@ -190,6 +226,15 @@ def test_a_damaged_run_directory_is_one_line_naming_the_file(
 ):
     workdir = _damaged(run_dir, tmp_path, damage)
     line = _one_line(command, workdir, tmp_path, monkeypatch, capsys)
+    assert str(workdir) in line and message in line, line
+
+
+@pytest.mark.parametrize('name, damage, message', TRAIN_DAMAGES, ids=[d[0] for d in TRAIN_DAMAGES])
+def test_a_damaged_path_that_training_writes_into_is_one_line(
+    name, damage, message, run_dir, tmp_path, monkeypatch, capsys
+):
+    workdir = _damaged(run_dir, tmp_path, damage)
+    line = _one_line('train', workdir, tmp_path, monkeypatch, capsys)
     assert str(workdir) in line and message in line, line
 
 

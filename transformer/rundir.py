@@ -61,8 +61,47 @@ LAUNCH_SETTINGS = (
 )
 
 
+# Paths training writes into, checked before it writes (`create`): one of the wrong kind
+# failed late, after other files were written, and a link to checkpoints on a disk that is
+# not mounted read as "no checkpoints yet".
+_DIRECTORIES = (CHECKPOINTS, BEST, TENSORBOARD)
+_FILES = (CONFIG_FILE, HISTORY_FILE, METRICS_FILE, FINAL_METRICS_FILE)
+
+
 class WorkdirError(RuntimeError):
     """A workdir, checkpoint or vocabulary that cannot be used; the message says why."""
+
+
+def wrong_kind(file: str, directory: bool) -> str | None:
+    """Why ``file`` cannot be the directory (or the file) it should be, or None: a link to
+    nothing, a file where a directory belongs or the other way round. Absent is fine."""
+    if os.path.islink(file) and not os.path.exists(file):
+        return f'{file} is a link to {os.readlink(file)}, which does not exist (not mounted?)'
+    if directory and os.path.exists(file) and not os.path.isdir(file):
+        return f'{file} is a file, not a directory'
+    if not directory and os.path.isdir(file):
+        return f'{file} is a directory, not a file'
+    return None
+
+
+def create(workdir: str) -> bool:
+    """Makes the run directory (True) or finds it (False), its paths of the right kind.
+
+    Raises:
+      WorkdirError: ``workdir`` or a path training writes into is of the wrong kind
+        (`wrong_kind`), in one line, before anything is written.
+    """
+    problem = wrong_kind(workdir, directory=True)
+    if problem:
+        raise WorkdirError(f'{problem}: give --workdir the directory of the run.')
+    for names, directory in ((_DIRECTORIES, True), (_FILES, False)):
+        for name in names:
+            problem = wrong_kind(path(workdir, name), directory)
+            if problem:
+                raise WorkdirError(f'{problem}: restore it, or train in a new --workdir.')
+    created = not os.path.isdir(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    return created
 
 
 def path(workdir: str, *parts: str) -> str:

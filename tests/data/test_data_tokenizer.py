@@ -111,6 +111,24 @@ def test_a_corrupt_vocabulary_file_is_one_line(tokenizer, tmp_path):
     assert message.endswith('restore the file the run was trained with.') and '\n' not in message
 
 
+def test_a_vocabulary_file_that_is_no_model_names_its_setting(tmp_path):
+    """A data.vocab_path that is no SentencePiece model is the setting's fault (the message
+    said to restore a run's file); an empty file is named as such (it loaded as a model with
+    pad/eos/unk ids -1/-1/-1)."""
+    not_a_model = tmp_path / 'v.model'
+    not_a_model.write_text('hello\n')
+    with pytest.raises(data.DataError) as info:
+        data.get_tokenizer(_config(vocab_path=str(not_a_model)), None)
+    message = str(info.value)
+    assert message.startswith(f'data.vocab_path={not_a_model} is not a SentencePiece model ')
+    assert message.endswith('; set data.vocab_path to a .model file written by SentencePiece.')
+    empty = tmp_path / 'spm.model'
+    empty.write_bytes(b'')
+    with pytest.raises(data.DataError) as info:
+        tokenizer_lib.Tokenizer(str(empty))
+    assert str(info.value) == f'{empty} is empty; restore the file the run was trained with.'
+
+
 def test_a_saved_vocabulary_larger_than_the_config_asks_is_one_line(tokenizer):
     """Resuming with a smaller data.vocab_size used to reuse the saved vocabulary silently
     (and write the smaller size into config.json)."""

@@ -52,6 +52,7 @@ from transformer.rundir import (
     path,
     read_config,
     step_dir,
+    wrong_kind,
 )
 
 PyTree = Any
@@ -96,7 +97,8 @@ def checkpoint_manager(
     if config is None:
         if not os.path.isdir(directory):
             what = 'best checkpoint (eval.bleu_every was 0?)' if best else 'checkpoints'
-            raise WorkdirError(f'No {what} in {workdir}: {directory} does not exist.')
+            why = wrong_kind(directory, directory=True) or f'{directory} does not exist'
+            raise WorkdirError(f'No {what} in {workdir}: {why}.')
         options = ocp.CheckpointManagerOptions(read_only=True, create=False)
     else:
         keep = max(config.train.keep_checkpoints, config.eval.average_last)

@@ -263,11 +263,11 @@ def define_decoding_flags() -> None:
     )
 
 
-def require(*names: str) -> None:
-    """A usage error naming the first missing required flag."""
-    for name in names:
-        if flags.FLAGS[name].value is None:
-            usage_exit(f'--{name} is required.')
+def require(*names: str, empty_ok: bool = False) -> None:
+    """A usage error naming the first missing (or, unless ``empty_ok``, empty) required flag."""
+    for name, value in ((name, flags.FLAGS[name].value) for name in names):
+        if value is None or (value == '' and not empty_ok):
+            usage_exit(f'--{name} is {"required" if value is None else "empty"}.')
 
 
 USAGE_EXIT_CODE = 2  # a command line that cannot run (the argparse convention)

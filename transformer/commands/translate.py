@@ -101,11 +101,14 @@ def _load(FLAGS: Any) -> tuple:
         else:
             loaded = store.load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
         config, tokenizer = loaded[:2]
+        beam = config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size
+        flag = '--nbest' if FLAGS.nbest > beam else '--beam_size'  # a beam of max(both)
         footprint.check_decoding(
             config,
             FLAGS.batch_size or config.eval.batch_size,
-            config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
+            max(beam, FLAGS.nbest),
             tokenizer.vocab_size,
+            beam_flag=flag,
         )
     except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
         raise SystemExit(f'error: {e}') from None

@@ -12,6 +12,7 @@ decoder-encoder (cross) attention.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +21,7 @@ from absl import logging
 from transformer import decoding, rundir
 from transformer.checkpoint import store
 from transformer.commands import console
+from transformer.data import DataError
 from transformer.model.attention_maps import KINDS, attention_maps
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -74,6 +76,16 @@ def plot_attention(
     plt.close(fig)
 
 
+def check_out(out: str) -> None:
+    """A usage error for an ``--out`` whose extension matplotlib cannot write (it failed with a
+    traceback at the end, after the model was loaded and run)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    extension = os.path.splitext(out)[1][1:].lower()
+    if extension and extension not in FigureCanvasAgg.get_supported_filetypes():
+        console.usage_exit(f'--out={out}: cannot write .{extension} files; use .png, .pdf or .svg.')
+
+
 def token_labels(tokenizer, ids) -> list[str]:
     """Axis labels: each piece's text, special tokens by name."""
     names = {EOS_ID: '</s>', UNK_ID: '<unk>', PAD_ID: '<pad>'}
@@ -103,13 +115,15 @@ def cli(argv: list[str] | None = None) -> None:
     FLAGS = flags.FLAGS
 
     def main(_):
-        console.require('workdir', 'text')
+        console.require('workdir')
+        console.require('text', empty_ok=True)  # an empty one draws EOS alone, with a warning
         console.check_paths(outputs={'out': FLAGS.out})
+        check_out(FLAGS.out)
         try:
             _, tokenizer, model, params, _ = store.load_model(
                 FLAGS.workdir, FLAGS.step, average_last=1
             )
-        except rundir.WorkdirError as e:
+        except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)
         for warning in input_warnings(FLAGS.text, source_ids):

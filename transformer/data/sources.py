@@ -17,7 +17,10 @@
   is parsed, before a command writes anything;
 - optionally ``check_split(data_config, split)``: the same for one split a command names;
 - optionally ``check_files(data_config, splits)``: whether the files of those splits are
-  there, where that is cheap to know (training asks before it writes anything).
+  there, where that is cheap to know (training asks before it writes anything);
+- optionally ``check_dataset(data_config)``: what ``check`` cannot tell from the values
+  alone, such as the splits and languages of a TFDS dataset (its metadata, which needs
+  TensorFlow: no config parse should import it); training asks before it writes anything.
 
 Registered: ``'synthetic'`` (the built-in invented language pair, transformer/data/
 synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py);
@@ -49,6 +52,7 @@ __all__ = [
     'DataError',
     'add_config',
     'check',
+    'check_dataset',
     'check_files',
     'check_split',
     'descriptions',
@@ -136,3 +140,12 @@ def check_files(data_config: Any, splits: Sequence[str]) -> None:
     checker = getattr(source(data_config.dataset), 'check_files', None)
     if checker is not None:
         checker(data_config, splits)
+
+
+def check_dataset(data_config: Any) -> None:
+    """A one-line `DataError` naming the first split key or language the dataset lacks, where
+    the source can tell without network and without reading an example (a TFDS dataset's
+    metadata); may import TensorFlow, so only commands about to read the data ask."""
+    checker = getattr(source(data_config.dataset), 'check_dataset', None)
+    if checker is not None:
+        checker(data_config)

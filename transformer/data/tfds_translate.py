@@ -185,6 +185,51 @@ def _builder(data_config: Any) -> tfds.core.DatasetBuilder:
         raise DataError(f'Cannot build TFDS dataset {name!r}: {str(e).splitlines()[0]}') from None
 
 
+def known_splits(builder: tfds.core.DatasetBuilder) -> list[str] | None:
+    """The splits of a dataset where they are known without network and without reading an
+    example: those of a prepared builder (its dataset_info.json), else those a builder such as
+    TFDS's WMT ones declares before it is prepared (``subsets``: split -> its test sets);
+    None when neither says (the split is then checked when it is read)."""
+    splits = list(builder.info.splits) if builder.is_prepared() else []
+    subsets = getattr(builder, 'subsets', None)
+    if not splits and isinstance(subsets, dict):
+        splits = list(subsets)
+    return sorted(map(str, splits)) or None
+
+
+def check_split(data_config: Any, split: str, key: str = 'split') -> None:
+    """A split the dataset lacks, in one line naming ``key`` and its splits (`known_splits`).
+
+    Unlike the other sources' checks this imports TensorFlow and reads the dataset's
+    metadata, so commands call it before they read the data (training's config check,
+    evaluate), not when any config is parsed; without tensorflow_datasets it says nothing
+    (reading the split then says how to install it).
+    """
+    check_dataset(data_config, {key: split})
+
+
+def check_dataset(data_config: Any, splits: dict[str, str] | None = None) -> None:
+    """The languages and the split keys (``{key: split}``; default: data.train_split,
+    eval_split and test_split) against what the dataset has, where that is known without
+    network and without reading an example; the first that it lacks is a one-line
+    `DataError`. Training calls it before it writes anything (see `check_split`)."""
+    try:
+        import_tfds()
+    except DataError:
+        return
+    builder = _builder(data_config)
+    name = data_config.dataset
+    languages = tuple(getattr(builder.info.features, 'languages', ()) or builder.info.features)
+    check_languages(name, languages, data_config)
+    if splits is None:
+        keys = ('train_split', 'eval_split', 'test_split')
+        splits = {f'data.{key}': getattr(data_config, key) for key in keys}
+    known = known_splits(builder)
+    for key, split in splits.items():
+        if known is not None and split not in known:
+            raise DataError(f'{name} has no split {split!r} ({key}); splits: {known}.')
+
+
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     """(sources, targets) of a split of the TFDS dataset ``data.dataset``."""
     name = data_config.dataset

@@ -39,21 +39,28 @@ class Tokenizer:
       fingerprint: a hash of the model file, part of the token-cache keys.
     """
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, key: str | None = None):
+        """``key``: the setting that named the file (``'data.vocab_path'``), for the error
+        messages; None: a run's own vocabulary."""
         self.model_path = os.fspath(model_path)
+        where = f'{key}={self.model_path}' if key else self.model_path
+        remedy = 'restore the file the run was trained with'
+        if key:
+            remedy = f'set {key} to a .model file written by SentencePiece'
         with open(self.model_path, 'rb') as f:
             proto = f.read()
+        if not proto:  # it would load as a model without pieces
+            raise DataError(f'{where} is empty; {remedy}.')
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=proto)
         except RuntimeError as e:
             raise DataError(
-                f'{self.model_path} is not a SentencePiece model that loads ({e}); restore the '
-                'file the run was trained with.'
+                f'{where} is not a SentencePiece model that loads ({e}); {remedy}.'
             ) from None
         self.fingerprint = hashlib.sha256(proto).hexdigest()[:16]
         if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
             raise DataError(
-                f'{self.model_path} has pad/eos/unk ids {self._sp.pad_id()}/'
+                f'{where} has pad/eos/unk ids {self._sp.pad_id()}/'
                 f'{self._sp.eos_id()}/{self._sp.unk_id()}; this project needs 0/1/2.'
             )
 
@@ -187,7 +194,7 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
     if data_config.vocab_path:
         if not os.path.isfile(data_config.vocab_path):
             raise DataError(f'data.vocab_path={data_config.vocab_path} does not exist.')
-        return Tokenizer(data_config.vocab_path)
+        return Tokenizer(data_config.vocab_path, key='data.vocab_path')
     normalization = data_config.vocab_normalization
     if normalization not in NORMALIZATIONS:
         raise DataError(

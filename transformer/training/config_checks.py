@@ -5,7 +5,8 @@ ml_collections already rejects a command-line value that does not parse as the f
 but cannot work (a dropout rate of 1, zero warmup steps, a beam of 0, an infinite learning
 rate, a split the data source does not have) and values of the wrong type set in a config
 file; `check` adds what needs the devices and the disk (a batch they cannot split, a length
-or batch whose step cannot fit their memory, a folder without the split's files).
+or batch whose step cannot fit their memory, a folder without the split's files, a split
+or language a TFDS dataset does not have).
 `unknown_key_message` turns an override of a key that does not exist into "unknown config key
 model.d_modle; did you mean model.d_model?".
 """
@@ -75,9 +76,10 @@ def check(
             f'train.grad_accum_steps = {rows}.'
         )
     footprint.check(experiment, devices)
-    try:  # files a folder of text must hold, before the run writes anything
+    try:  # files a folder of text must hold, splits a TFDS dataset has: before any write
         splits = (experiment.data.train_split, experiment.data.eval_split)
         data_sources.check_files(experiment.data, splits)
+        data_sources.check_dataset(experiment.data)
     except data_sources.DataError as e:
         raise ConfigError(str(e)) from None
     return experiment

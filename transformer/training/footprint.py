@@ -134,18 +134,20 @@ def check_decoding(
     beam: int,
     vocab_size: int,
     devices: Sequence[Any] | None = None,
+    beam_flag: str = '--beam_size',
 ) -> None:
     """`ConfigError` naming ``--beam_size`` / ``--batch_size`` for a search that cannot work
     (evaluate, translate): a beam wider than the vocabulary, or a decoder cache of
     ``sentences`` x ``beam`` hypotheses that alone exceeds the memory of the device that
-    decodes (default: this process's first)."""
+    decodes (default: this process's first). ``beam_flag``: the flag that set the beam
+    (translate's ``--nbest`` K searches with a beam of at least K)."""
     if devices is None:
         import jax
 
         devices = jax.local_devices()[:1]
     if beam > vocab_size:
         raise ConfigError(
-            f'--beam_size={beam} exceeds the vocabulary of {vocab_size} pieces: a beam cannot '
+            f'{beam_flag}={beam} exceeds the vocabulary of {vocab_size} pieces: a beam cannot '
             'hold more hypotheses than the first step has words.'
         )
     length = 1 + experiment.eval.extra_length
@@ -153,7 +155,7 @@ def check_decoding(
     limit, where = device_bytes(devices)
     if limit is not None and size > limit:
         raise ConfigError(
-            f'--batch_size={sentences} sentences x --beam_size={beam} x (1 + eval.extra_length='
+            f'--batch_size={sentences} sentences x {beam_flag}={beam} x (1 + eval.extra_length='
             f'{experiment.eval.extra_length}) tokens: the decoder cache alone needs at least '
             f'{size / GiB:,.1f} GiB, more than the {limit / GiB:,.1f} GiB of {where}; lower them.'
         )

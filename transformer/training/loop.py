@@ -149,8 +149,7 @@ def setup(
     # Before anything is written; now that the processes have joined, the batch is checked
     # against the devices of all of them.
     config = config_checks.check(config, jax.devices() if devices is None else devices)
-    created = not os.path.isdir(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    created = rundir.create(workdir)  # or one line on a path of the wrong kind
     lock = lock_lib.acquire(workdir)
     try:
         return _setup(config, workdir, devices, lock)

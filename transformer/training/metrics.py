@@ -6,6 +6,11 @@ The event files are written with the protocol buffers and record writer of the
 and gigabytes) nor flax.metrics.tensorboard (which imports TensorFlow): a record is the
 serialized ``Event`` framed by its length and CRCs, exactly what ``tensorboard --logdir``
 reads.
+
+A run resumed from a checkpoint at step M trains the steps after M again: their records
+(logged before the interruption) are dropped from metrics.jsonl and the earlier event files,
+and the new event file opens with TensorBoard's restart mark (see `MetricWriter`), so that
+TensorBoard shows each step once, with the values of the run that trained it last.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from absl import logging
+from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -26,15 +32,27 @@ from transformer.training import steps
 
 
 class EventWriter:
-    """Scalars to one TensorBoard event file in ``logdir``."""
+    """Scalars to a new TensorBoard event file in ``logdir``, which opens with a restart mark:
+    ``SessionLog(status=START)`` at ``start_step + 1``."""
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, start_step: int = 0):
         os.makedirs(logdir, exist_ok=True)
-        # The name TensorBoard looks for: events.out.tfevents.<time>.<host>[.<pid>].
-        name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}'
+        # The name TensorBoard looks for: events.out.tfevents.<time>.<host>[.<pid>]; a second
+        # writer of this process within the same second must not truncate the first's file.
+        base = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}'
+        name, count = base, 0
+        while os.path.exists(os.path.join(logdir, name)):
+            count += 1
+            name = f'{base}.{count}'
         self.path = os.path.join(logdir, name)
         self._writer = RecordWriter(open(self.path, 'wb'))  # noqa: SIM115
         self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+        # TensorBoard's Python loader drops what it has read at steps >= this mark's step
+        # (event_accumulator._CheckForRestartAndMaybePurge): a TensorBoard left running over
+        # the interruption forgets the steps trained again.
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._write(event_pb2.Event(wall_time=time.time(), step=start_step + 1, session_log=start))
+        self._writer.flush()
 
     def _write(self, event: event_pb2.Event) -> None:
         self._writer.write(event.SerializeToString())
@@ -52,34 +70,81 @@ class EventWriter:
         self._writer.close()
 
 
+def _records(data: bytes) -> Iterator[tuple[bytes, event_pb2.Event]]:
+    """(record bytes, event) of each whole record of an event file (a length, its CRC, the
+    serialized event, its CRC); stops at a record cut short by a killed process."""
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack('<Q', data[offset : offset + 8])
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return
+        try:
+            event = event_pb2.Event.FromString(data[offset + 12 : end - 4])
+        except DecodeError:
+            return
+        yield data[offset:end], event
+        offset = end
+
+
 def read_scalars(path: str) -> list[tuple[int, str, float]]:
     """(step, tag, value) of every scalar in an event file (for tests and quick looks)."""
-    out = []
     with open(path, 'rb') as f:
         data = f.read()
-    offset = 0
-    while offset < len(data):
-        (length,) = struct.unpack('<Q', data[offset : offset + 8])
-        event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-        offset += 12 + length + 4
-        out += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
-    return out
+    return [
+        (event.step, v.tag, v.simple_value)
+        for _, event in _records(data)
+        for v in event.summary.value
+    ]
+
+
+def _drop_events_after(logdir: str, step: int) -> None:
+    """Rewrites each event file in ``logdir`` without its events after ``step`` and without
+    the restart marks of earlier resumes (their files hold no later step any more), keeping
+    the whole records before any that a killed process cut short."""
+    if not os.path.isdir(logdir):
+        return
+    for name in sorted(os.listdir(logdir)):
+        path = os.path.join(logdir, name)
+        if 'tfevents' not in name or not os.path.isfile(path):  # what TensorBoard reads
+            continue
+        with open(path, 'rb') as f:
+            data = f.read()
+        kept = [
+            record
+            for record, event in _records(data)
+            if event.step <= step and not event.HasField('session_log')
+        ]
+        if sum(map(len, kept)) < len(data):
+            temporary = os.path.join(logdir, '.trimmed.tmp')  # no 'tfevents': TensorBoard skips it
+            with open(temporary, 'wb') as f:
+                f.write(b''.join(kept))
+            os.replace(temporary, path)
 
 
 class MetricWriter:
     """Metrics to ``metrics.jsonl`` and TensorBoard event files (process 0 only)."""
 
     def __init__(self, jsonl_path: str, tensorboard_dir: str, enabled: bool, start_step: int = 0):
-        """``start_step``: the step this run starts from; the records of later steps, which
+        """``start_step``: the step this run starts from. The records of later steps, which
         an interrupted run wrote and this one trains again, are dropped from the jsonl file
-        (else a replayed step was in it twice)."""
+        and from the earlier event files (else a replayed step was in them twice).
+
+        Both of TensorBoard's ways to forget replayed steps are used, since each of its
+        loaders honours only one: the earlier event files are rewritten without them, which
+        every reader of the files sees (TensorBoard's Rust data server ignores restart marks;
+        it drops a tag's points from a step on only once that tag is logged at it again), and
+        the new file opens with the restart mark (`EventWriter`) that makes a Python loader
+        which read the old files before the resume (a TensorBoard left running) drop them.
+        """
         self.enabled = enabled
         if not enabled:
             return
         os.makedirs(os.path.dirname(jsonl_path) or '.', exist_ok=True)
         _drop_after(jsonl_path, start_step)
+        _drop_events_after(tensorboard_dir, start_step)
         self._jsonl = open(jsonl_path, 'a')  # noqa: SIM115
-        self._events = EventWriter(tensorboard_dir)
+        self._events = EventWriter(tensorboard_dir, start_step)
 
     def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
