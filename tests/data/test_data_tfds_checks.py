@@ -6,7 +6,7 @@ import pytest
 
 from tests.test_bad_input import _train, fresh_overrides  # noqa: F401 (autouse fixture)
 from tests.tiny_run import SMALL, command_line
-from transformer import data
+from transformer import data, schema
 from transformer.data import sources, tfds_translate
 
 # The `tfds` extra; a machine without it skips these, as tests/data/test_data_sources.py does.
@@ -40,7 +40,7 @@ class SplitCheckToy(tfds.core.GeneratorBasedBuilder):
 
 
 def _config(**overrides):
-    config = data.default_config()
+    config = schema.default_config().data
     config.update(overrides)
     return config
 
