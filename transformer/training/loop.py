@@ -30,7 +30,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import multihost, rundir, schema
-from transformer.backends.fetch import fetch
+from transformer.backends import fetch
 from transformer.checkpoint import store
 from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
