@@ -1,5 +1,7 @@
-"""The package's layout: imports go down the layers, never up or in a circle; modules and
-functions stay short enough to read (the exceptions are listed, with why).
+"""The package's layout: imports go down the layers, never up or in a circle; each subpackage
+names its API in its __init__'s ``__all__`` (its face) and is imported through it from
+elsewhere; modules and functions stay short enough to read (the exceptions are listed, with
+why).
 
 Layers, from the ground up (a module may import its own package and any lower layer):
 

@@ -2,8 +2,8 @@
 Transformer, TransformerConfig``.
 
 Modules: attention.py (multi-head attention, an einsum over an explicit head axis; the
-kernel's two views `per_head` and `fused`), layers.py (the encoder and decoder layers,
-positions, masks of padding), transformer.py (the Transformer), config.py (its config),
+kernel's two views `per_head` and `fused`), layers.py (positions, masks, the FFN, the
+encoder and decoder layers), transformer.py (the Transformer), config.py (its config),
 cache.py (the decoder's key/value cache layout, shared across beams), masks.py (attention
 masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embedding lookup
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
