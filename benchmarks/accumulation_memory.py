@@ -24,7 +24,7 @@ import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer.training import loop  # noqa: E402
+from transformer import training  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=False)
 flags.DEFINE_integer('devices', 2, 'CPU devices (set before jax starts).')
@@ -38,9 +38,9 @@ def main(argv):
     results = []
     for accum in map(int, _ACCUM.value):
         config.train.grad_accum_steps = accum
-        run = loop.setup(config, tempfile.mkdtemp(prefix='accum-memory-'))
+        run = training.setup(config, tempfile.mkdtemp(prefix='accum-memory-'))
         batch = run.parallel.put_batch(next(run.train_iter))
-        compiled = run.parallel._step.lower(run.state, batch, run.dropout_rng).compile()
+        compiled = run.parallel.lower_step(run.state, batch, run.dropout_rng).compile()
         memory = compiled.memory_analysis()
         vocab, length = run.tokenizer.vocab_size, config.data.max_len
         rows = sorted(

@@ -30,12 +30,12 @@ import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
 from benchmarks.decode_speed import (  # noqa: E402
-    _sources,
     add_size_flags,
     model_config,
+    random_sources,
     save_report,
 )
-from transformer.decoding import beam
+from transformer import decoding  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -62,11 +62,11 @@ def main() -> None:
     add_size_flags(parser, repeats=7)
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/beam_revisions.json'))
     args = parser.parse_args()
-    inputs = _sources(args)
+    inputs = random_sources(args)
     model = Transformer(model_config(args))
     params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
     searches = {
-        'present': beam,
+        'present': decoding,
         args.rev: load_revision(args.rev),
     }
 

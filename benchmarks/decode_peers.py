@@ -30,9 +30,9 @@ import jax.numpy as jnp  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
 from benchmarks.decode_speed import (  # noqa: E402
-    _sources,
     add_size_flags,
     model_config,
+    random_sources,
     save_report,
 )
 from transformer import decoding
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument('--attention_impl', default='einsum', choices=('einsum', 'fused'))
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/decode_peers.json'))
     args = parser.parse_args()
-    inputs = _sources(args)
+    inputs = random_sources(args)
     results = {}
     for beam in (args.beam_size, 1):
         label = 'greedy' if beam == 1 else f'beam_{beam}'

@@ -63,7 +63,7 @@ def _parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _sources(args: argparse.Namespace) -> np.ndarray:
+def random_sources(args: argparse.Namespace) -> np.ndarray:
     """[B, S] right-padded random sources ending in EOS."""
     rng = np.random.default_rng(args.seed)
     tokens = rng.integers(2, args.vocab_size, (args.batch_size, args.max_length), np.int32)
@@ -113,7 +113,7 @@ def _output_lengths(tokens: np.ndarray) -> np.ndarray:
 def main() -> None:
     args = _parse_args()
     model = Transformer(model_config(args))
-    inputs = _sources(args)
+    inputs = random_sources(args)
     init = jax.jit(model.init)
     members = [
         nn.unbox(init(jax.random.key(args.seed + m), inputs[:1], inputs[:1])['params'])

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer import evaluate, rundir
 from transformer.checkpoint import store
-from transformer.evaluation.score import score_eval_set
+from transformer.evaluation import score_eval_set
 
 
 def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,8 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
-from transformer import schema  # noqa: E402
-from transformer.decoding import translation  # noqa: E402
+from transformer import decoding, schema  # noqa: E402
 
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 
@@ -57,7 +56,7 @@ def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dic
 
     def run():
         start = time.perf_counter()
-        out = translation.translate_lines(
+        out = decoding.translate_lines(
             lines,
             tokenizer,
             model,
@@ -109,7 +108,7 @@ def _ctranslate2(
 def main() -> None:
     args = _parse_args()
     from transformer import export
-    from transformer.evaluation import bleu
+    from transformer.evaluation import bleu_scores
 
     lines, references = _read_lines(args.source), _read_lines(args.reference)
     config, tokenizer, model, params, steps = export.load_run(
@@ -137,7 +136,7 @@ def main() -> None:
                 args, lines, directory, compute_type, max_output_tokens
             )
     for name, result in results.items():
-        scores = bleu.bleu_scores(
+        scores = bleu_scores(
             hypotheses[name],
             references,
             target_lang=config.data.target_lang,

@@ -24,19 +24,19 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from step_overhead import full_step  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from configs import multi30k  # noqa: E402
+from benchmarks.step_overhead import full_step  # noqa: E402
+from transformer import configs  # noqa: E402
 from transformer.backends import logits_layout  # noqa: E402
-from transformer.training import steps  # noqa: E402
-from transformer.training.loss import fused_cross_entropy  # noqa: E402
-from transformer.training.steps import cross_entropy_with_smoothing  # noqa: E402
+from transformer.training import cross_entropy_with_smoothing, fused_cross_entropy  # noqa: E402
+
+# `train_step_ratio` swaps the step's loss for the autodiff one while a step compiles.
+from transformer.training import steps as step_module  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -54,13 +54,13 @@ def autodiff_sums(logits, targets, weights, eps):
 
 def train_step_ratio(rounds: int) -> dict:
     """Median per-round time of the training step with each loss, interleaved."""
-    config = multi30k.get_config()
+    config = configs.load('multi30k')
     runs = {'ours': full_step(config, 0.1, 'rbg')}
-    steps.cross_entropy_with_smoothing = autodiff_sums  # only while this step compiles
+    step_module.cross_entropy_with_smoothing = autodiff_sums  # only while this step compiles
     try:
         runs['autodiff'] = full_step(config, 0.1, 'rbg')
     finally:
-        steps.cross_entropy_with_smoothing = cross_entropy_with_smoothing
+        step_module.cross_entropy_with_smoothing = cross_entropy_with_smoothing
     for run in runs.values():
         run(), run()
     times = {name: [] for name in runs}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
 from transformer.backends import products  # noqa: E402
-from transformer.model import embedding  # noqa: E402
+from transformer.model import EMBEDDING_GRADS, embedding_lookup  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 B, T, D, N, H, F, V = 64, 32, 256, 4, 64, 1024, 8000
@@ -65,17 +65,17 @@ def _best(fn, args, repeats: int) -> float:
 
 
 def embedding_grad(repeats: int) -> list[dict]:
-    """Milliseconds of the lookup's gradient, each `embedding.EMBEDDING_GRADS` variant."""
+    """Milliseconds of the lookup's gradient, each `EMBEDDING_GRADS` variant."""
     rows = []
     key_t, key_c, key_e = jax.random.split(jax.random.key(0), 3)
     tokens = jax.random.randint(key_t, (B, T), 0, V)
     cotangent = jax.random.normal(key_c, (B, T, D))
     table = jax.random.normal(key_e, (V, D))
     for dtype in (jnp.float32, jnp.bfloat16):
-        for grad in embedding.EMBEDDING_GRADS[1:]:  # not 'auto'
+        for grad in EMBEDDING_GRADS[1:]:  # not 'auto'
 
             def loss(e, grad=grad, dtype=dtype):
-                looked_up = embedding.lookup(e, tokens, dtype, grad)
+                looked_up = embedding_lookup(e, tokens, dtype, grad)
                 return (looked_up.astype(jnp.float32) * cotangent).sum()
 
             seconds = _best(jax.jit(jax.grad(loss)), (table,), repeats)

@@ -24,17 +24,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from train_speed import random_packed_batches  # noqa: E402
 
-from configs import multi30k  # noqa: E402
+from benchmarks.train_speed import random_packed_batches  # noqa: E402
+from transformer import configs, training  # noqa: E402
 from transformer.model import Transformer, config_from_dict  # noqa: E402
-from transformer.training import optim, steps
 
 
 def model_step(cfg, batch, length):
@@ -72,8 +70,8 @@ def flax_dropout():
     """The model built with flax's nn.Dropout in place of transformer.dropout.Dropout."""
     from flax import linen as nn
 
-    from transformer import model as model_lib
     from transformer.model import attention, layers
+    from transformer.model import transformer as model_lib
 
     modules = (attention, layers, model_lib)
     saved = [m.Dropout for m in modules]
@@ -90,10 +88,10 @@ def full_step(config, dropout, prng, masks='16-bit'):
     config = config.copy_and_resolve_references()
     config.model.dropout_rate = dropout
     model = Transformer(config_from_dict(config.model, config.data.vocab_size))
-    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
+    tx, schedule = training.make_optimizer(config.opt, config.model.d_model)
     step = jax.jit(
         functools.partial(
-            steps.train_step,
+            training.train_step,
             model=model,
             tx=tx,
             schedule=schedule,
@@ -102,11 +100,11 @@ def full_step(config, dropout, prng, masks='16-bit'):
         ),
         donate_argnums=0,
     )
-    state = [steps.init_state(model, tx, jax.random.key(0), config.data.max_len)]
+    state = [training.init_state(model, tx, jax.random.key(0), config.data.max_len)]
     batch = next(
         random_packed_batches(config.train.batch_size, config.data.max_len, config.data.vocab_size)
     )
-    rng = steps.dropout_key(0, prng)
+    rng = training.dropout_key(0, prng)
 
     def run():
         state[0], sums = step(state[0], batch, rng)
@@ -121,7 +119,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--steps', type=int, default=10)
     args = parser.parse_args()
-    config = multi30k.get_config()
+    config = configs.load('multi30k')
     cfg = config_from_dict(config.model, config.data.vocab_size)
     tokens = config.train.batch_size * config.data.max_len
     runs = {

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common, kernel_time, train_speed  # noqa: E402
 from transformer import configs  # noqa: E402
 from transformer.backends import platform  # noqa: E402
-from transformer.model import flops as flops_lib  # noqa: E402
+from transformer.model import peak_flops, train_flops  # noqa: E402
 
 # name -> the one setting it changes (KEY=VALUE, as --config.KEY=VALUE). 'default' is the
 # config as given.
@@ -108,17 +108,17 @@ class Variant:
     def __init__(self, name: str, config, batches: list[dict], initial=None):
         self.name, self.config = name, config
         self.model, self.parallel, self.state, _, self.rng, self.num_params = (
-            train_speed._random_setup(config, initial)
+            train_speed.random_setup(config, initial)
         )
         self.batches = [self.parallel.put_batch(b) for b in batches]
         self.times: list[float] = []
 
     def compile(self) -> Variant:
         start = time.perf_counter()
-        lowered = self.parallel._step.lower(self.state, self.batches[0], self.rng)
+        lowered = self.parallel.lower_step(self.state, self.batches[0], self.rng)
         self.compiled = lowered.compile()
         self.compile_s = time.perf_counter() - start
-        self.temp_bytes = train_speed._temp_bytes(self.compiled)
+        self.temp_bytes = train_speed.temp_bytes(self.compiled)
         return self
 
     def run(self, steps: int) -> float:
@@ -173,12 +173,12 @@ def measure(args: argparse.Namespace, write=None) -> dict:
         print(f'round {r + 1}: ' + ', '.join(f'{v.name} {v.times[-1]:.2f}' for v in variants))
     device = jax.devices()[0]
     dtype = str(default.model.dtype)
-    peak, peak_source = flops_lib.peak_flops(device, dtype)
+    peak, peak_source = peak_flops(device, dtype)
     base_ms = statistics.median(variants[0].times)
     results = []
     for v in variants:
         ms = statistics.median(v.times)
-        step_flops = flops_lib.train_flops(v.model.config, rows, length, length)
+        step_flops = train_flops(v.model.config, rows, length, length)
         results.append(
             {
                 'variant': v.name,

@@ -37,11 +37,11 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from transformer import training  # noqa: E402
 from transformer.backends import host_memory
 from transformer.commands import console  # noqa: E402
-from transformer.model import flops as flops_lib
-from transformer.training import config_checks, optim, steps
-from transformer.training.parallel import Parallel  # noqa: E402
+from transformer.model import peak_flops, train_flops  # noqa: E402
+from transformer.schema import ConfigError  # noqa: E402
 
 host_memory.configure()  # as every command does, before jax's first computation
 
@@ -82,31 +82,27 @@ def random_packed_batches(rows: int, length: int, vocab_size: int, seed: int = 0
         }
 
 
-def _random_setup(config, initial=None):
+def random_setup(config, initial=None):
     """Model, Parallel, state, batches and dropout key without the data pipeline. The state
     is a fresh one, or a copy of ``initial`` (the step donates its state: the copy keeps
     ``initial`` for another step of the same parameters)."""
     tc = config.train
-    model = steps.build_model(config, config.data.vocab_size)
-    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model)
-    parallel = Parallel.from_config(config, model, tx, schedule)
+    model = training.build_model(config, config.data.vocab_size)
+    tx, schedule = training.make_optimizer(config.opt, config.model.d_model)
+    parallel = training.Parallel.from_config(config, model, tx, schedule)
     if initial is None:
         init_rng = jax.random.split(jax.random.key(tc.seed))[0]
-        state = steps.init_state(model, tx, init_rng, config.data.max_len)
+        state = training.init_state(model, tx, init_rng, config.data.max_len)
     else:
         state = jax.tree.map(jnp.copy, initial)
     batches = random_packed_batches(tc.batch_size, config.data.max_len, config.data.vocab_size)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    rng = steps.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
+    rng = training.dropout_key(tc.seed, tc.get('dropout_prng', 'threefry'))
     return model, parallel, parallel.put_state(state), batches, rng, num_params
 
 
 def _real_setup(config):
-    # Here, not at the top: the loop brings the data pipeline and validation's BLEU
-    # (sacremoses), which random batches do without.
-    from transformer.training import loop
-
-    run = loop.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
+    run = training.setup(config, tempfile.mkdtemp(prefix='train-speed-'))
     return run.model, run.parallel, run.state, run.train_iter, run.dropout_rng, run.num_params
 
 
@@ -129,7 +125,7 @@ def _xla_flops(compiled) -> float | None:
     return float((cost or {}).get('flops', 0.0)) or None
 
 
-def _temp_bytes(compiled) -> int | None:
+def temp_bytes(compiled) -> int | None:
     """Bytes of temporaries XLA allocates for one step (activations kept for the backward
     pass, workspaces); None where the backend gives no memory analysis."""
     try:
@@ -150,13 +146,13 @@ def _data_mode(config) -> str:
 
 def main(argv):
     try:  # what cannot work, in one line before anything is built (training/footprint.py)
-        config_checks.check(FLAGS.config, jax.devices())
-    except config_checks.ConfigError as e:
+        training.check_config(FLAGS.config, jax.devices())
+    except ConfigError as e:
         raise SystemExit(f'error: {e}') from None
     try:
         measure(FLAGS.config)
     except RuntimeError as e:  # jax.errors.JaxRuntimeError
-        line = console.out_of_memory_line(e, config_checks.OUT_OF_MEMORY)
+        line = console.out_of_memory_line(e, training.OUT_OF_MEMORY)
         if line is None:
             raise
         raise SystemExit(f'error: {line}') from None
@@ -166,17 +162,15 @@ def measure(config) -> None:
     """Times ``--steps`` train steps of ``config``; prints and saves the result JSON."""
     tc = config.train
     mode = _data_mode(config)
-    setup = _real_setup if mode == 'real' else _random_setup
+    setup = _real_setup if mode == 'real' else random_setup
     model, parallel, state, batches, rng, num_params = setup(config)
     device = jax.devices()[0]
-    step_flops = flops_lib.train_flops(
-        model.config, tc.batch_size, config.data.max_len, config.data.max_len
-    )
+    step_flops = train_flops(model.config, tc.batch_size, config.data.max_len, config.data.max_len)
     # The step compiled ahead of time for XLA's own figures; jax keeps the executable, so the
     # first step below runs it without compiling again.
-    compiled = parallel._step.lower(state, parallel.put_batch(next(batches)), rng).compile()
+    compiled = parallel.lower_step(state, parallel.put_batch(next(batches)), rng).compile()
     xla_flops = _xla_flops(compiled) if tc.parallelism == 'sharding' else None
-    temp_bytes = _temp_bytes(compiled)
+    temp = temp_bytes(compiled)
     for _ in range(FLAGS.warmup):
         state, sums = parallel.train_step(state, next(batches), rng)
     jax.block_until_ready(sums)
@@ -193,7 +187,7 @@ def measure(config) -> None:
         profile_dir = FLAGS.profile_dir or tempfile.mkdtemp(prefix='train-speed-trace-')
         trace_steps(parallel, state, batches, rng, FLAGS.profile_steps, profile_dir)
     dtype = str(config.model.dtype)
-    peak, peak_source = flops_lib.peak_flops(device, dtype)
+    peak, peak_source = peak_flops(device, dtype)
     achieved = step_flops * FLAGS.steps / elapsed
     steps_per_s = FLAGS.steps / elapsed
     result = {
@@ -220,7 +214,7 @@ def measure(config) -> None:
         'real_tokens_per_step': tokens / FLAGS.steps,
         'flops_per_step': step_flops,
         'xla_flops_per_step': xla_flops,
-        'temp_bytes': temp_bytes,
+        'temp_bytes': temp,
         'achieved_flops_per_s': achieved,
         'peak_flops_per_s': peak,
         'peak_source': peak_source,
@@ -245,7 +239,7 @@ def measure(config) -> None:
         f'{result["ms_per_step"]:.0f} ms/step, {achieved / 1e12:.3f} TFLOP/s, MFU '
         f'{result["mfu"]:.1%} of {peak / 1e12:.3f} TFLOP/s ({peak_source}); '
         f'{tc.num_steps} steps would take {result["projected_hours_for_num_steps"]:.1f} h; '
-        + ('no memory analysis' if temp_bytes is None else f'{temp_bytes / 2**20:.0f} MiB')
+        + ('no memory analysis' if temp is None else f'{temp / 2**20:.0f} MiB')
         + ' of XLA temporaries'
     )
 

@@ -28,16 +28,13 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from transformer import configs, data, schema
+from transformer import configs, data, decoding, schema
 from transformer.checkpoint import store
 from transformer.commands import console
-from transformer.decoding import translation
-from transformer.model import Transformer, config_from_dict
-from transformer.model import attention as attention_lib
-from transformer.model.attention_maps import attention_maps
+from transformer.model import Transformer, attention_maps, config_from_dict, fused, per_head
 from transformer.tokens import EOS_ID
 
-Hypothesis = translation.Hypothesis
+Hypothesis = decoding.Hypothesis
 __all__ = ['Hypothesis', 'Run', 'attention_maps', 'build', 'config', 'head_views', 'load']
 
 
@@ -74,7 +71,7 @@ def head_views(kernel: jax.Array) -> tuple[jax.Array, jax.Array]:
     """A query, key or value kernel [D, N, H] seen both ways: head i's own ``W_i`` is
     ``per_head[i]`` ([D, H]), and ``fused`` [D, N*H] is the matrix of "one big linear layer".
     Both are views of the same parameter."""
-    return attention_lib.per_head(kernel), attention_lib.fused(kernel)
+    return per_head(kernel), fused(kernel)
 
 
 @dataclasses.dataclass
@@ -99,7 +96,7 @@ class Run:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config."""
         ev = self.config.eval
-        return translation.translate_lines(
+        return decoding.translate_lines(
             list(lines),
             self.tokenizer,
             self.model,

@@ -95,8 +95,8 @@ def test_importing_the_package_changes_nothing_and_the_commands_opt_in(monkeypat
     every command goes through, applies the malloc settings before the command's work."""
     code = (
         'import json, sys, transformer, transformer.model\n'
-        "print(json.dumps([m in sys.modules for m in ('transformer.host_memory', "
-        "'transformer.compile_cache')]))"
+        "print(json.dumps([m in sys.modules for m in ('transformer.backends.host_memory', "
+        "'transformer.backends.compile_cache')]))"
     )
     env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
     done = subprocess.run(

@@ -123,7 +123,7 @@ def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
         devices=jax.devices('cpu')[:2],
     )
     state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
-    compiled = par._step.lower(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
+    compiled = par.lower_step(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
     hlo = compiled.as_text()
     rows = {int(r) for r in re.findall(rf'f32\[(\d+),{LEN},{VOCAB}\]', hlo)}
     assert rows == {ROWS // (2 * accum)}

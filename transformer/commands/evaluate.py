@@ -19,13 +19,12 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import files, rundir
+from transformer import decoding, files, rundir, training
 from transformer.checkpoint import store
 from transformer.commands import console
-from transformer.decoding import ensemble as ensemble_lib
-from transformer.evaluation.score import score_eval_set
+from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
-from transformer.training import footprint
+from transformer.schema import ConfigError
 
 PyTree = Any
 
@@ -64,7 +63,7 @@ def cli(argv: list[str] | None = None) -> None:
                 output=FLAGS.output,
                 ensemble=FLAGS.ensemble,
             )
-        except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
+        except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
@@ -80,7 +79,7 @@ def load(
     """(config, tokenizer, model, params, the steps loaded of each run) of ``run_dir``, or of it
     and the ``ensemble`` runs decoded together (`ensemble.load_ensemble`)."""
     if ensemble:
-        return ensemble_lib.load_ensemble([run_dir, *ensemble], step, average_last, best)
+        return decoding.load_ensemble([run_dir, *ensemble], step, average_last, best)
     config, tokenizer, model, params, steps = store.load_model(run_dir, step, average_last, best)
     return config, tokenizer, model, params, [steps]
 
@@ -163,7 +162,7 @@ def run(
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
     sentences = batch_size or config.eval.batch_size
-    footprint.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
+    training.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
     logging.info(
         'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f.',
         ' + '.join([run_dir, *ensemble]),

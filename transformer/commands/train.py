@@ -11,10 +11,12 @@ from absl import logging
 from transformer import configs, multihost, rundir, schema
 from transformer import lock as lock_lib
 from transformer.commands import console
-from transformer.training import config_checks
-from transformer.training.loop import (
+from transformer.training import (
+    TRAINING_OUT_OF_MEMORY,
     Interrupted,
     TrainingError,
+    check_config,
+    explain_flag_error,
     train_and_evaluate,
 )
 
@@ -61,15 +63,15 @@ def cli(argv: list[str] | None = None) -> None:
         try:  # the config file's values, typed and checked once (transformer/schema/)
             file = config_flags.get_config_filename(flags.FLAGS['config'])
             config = configs.checked(flags.FLAGS.config, file)
-            config = config_checks.check(schema.complete(config))
-        except (config_checks.ConfigError, ValueError) as e:
+            config = check_config(schema.complete(config))
+        except (schema.ConfigError, ValueError) as e:
             console.usage_exit(str(e))
         try:
             final = train_and_evaluate(config, flags.FLAGS.workdir)
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None
-        except config_checks.ConfigError as e:  # found once the devices are known
+        except schema.ConfigError as e:  # found once the devices are known
             console.usage_exit(str(e))
         except (
             TrainingError,
@@ -85,4 +87,4 @@ def cli(argv: list[str] | None = None) -> None:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
     except app.UsageError as e:
         console.usage_exit(str(e))
-    console.run(main, argv, config_checks.explain_flag_error, config_checks.TRAINING_OUT_OF_MEMORY)
+    console.run(main, argv, explain_flag_error, TRAINING_OUT_OF_MEMORY)

@@ -17,15 +17,11 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import rundir
+from transformer import decoding, rundir, training
 from transformer.checkpoint import store
 from transformer.commands import console
-from transformer.decoding import ensemble as ensemble_lib
-from transformer.decoding.translation import (
-    format_nbest,
-    translate_lines,
-)
-from transformer.training import footprint
+from transformer.decoding import format_nbest, translate_lines
+from transformer.schema import ConfigError
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -92,10 +88,10 @@ def cli(argv: list[str] | None = None) -> None:
 
 def _load(FLAGS: Any) -> tuple:
     """The run (or the ensemble) the flags name, once the search they ask for is known to
-    fit (`footprint.check_decoding`); one ``error:`` line otherwise."""
+    fit (`training.check_decoding`); one ``error:`` line otherwise."""
     try:
         if FLAGS.ensemble:
-            loaded = ensemble_lib.load_ensemble(
+            loaded = decoding.load_ensemble(
                 [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
             )
         else:
@@ -103,14 +99,14 @@ def _load(FLAGS: Any) -> tuple:
         config, tokenizer = loaded[:2]
         beam = config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size
         flag = '--nbest' if FLAGS.nbest > beam else '--beam_size'  # a beam of max(both)
-        footprint.check_decoding(
+        training.check_decoding(
             config,
             FLAGS.batch_size or config.eval.batch_size,
             max(beam, FLAGS.nbest),
             tokenizer.vocab_size,
             beam_flag=flag,
         )
-    except (rundir.WorkdirError, data_lib.DataError, footprint.ConfigError) as e:
+    except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
         raise SystemExit(f'error: {e}') from None
     return loaded
 

@@ -22,7 +22,7 @@ from transformer import decoding, rundir
 from transformer.checkpoint import store
 from transformer.commands import console
 from transformer.data import DataError
-from transformer.model.attention_maps import KINDS, attention_maps
+from transformer.model import ATTENTION_MAP_KINDS, attention_maps
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 
@@ -45,7 +45,7 @@ def plot_attention(
 
     rows = [
         (s, i, k, label)
-        for s, k, label in KINDS
+        for s, k, label in ATTENTION_MAP_KINDS
         for (s2, i, k2) in sorted(maps)
         if (s2, k2) == (s, k)
     ]

@@ -11,6 +11,7 @@
   example, sorted and bucketed, with its references, and back in order.
 """
 
+from transformer.data import sources
 from transformer.data.errors import DataError
 from transformer.data.eval_batches import (
     EvalSet,
@@ -20,14 +21,24 @@ from transformer.data.eval_batches import (
     make_eval_set,
     restore_order,
 )
-from transformer.data.packing import TrainIterator, make_train_iterator, pack_examples
+from transformer.data.packing import (
+    LONG_EXAMPLES,
+    TrainIterator,
+    make_train_iterator,
+    pack_examples,
+)
+from transformer.data.prefetch import Prefetcher
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
-from transformer.data.tokenizer import Tokenizer, get_tokenizer
+from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
+    'LONG_EXAMPLES',
+    'MODEL_TYPES',
+    'NORMALIZATIONS',
+    'Prefetcher',
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',
@@ -48,5 +59,6 @@ __all__ = [
     'order_note',
     'pack_examples',
     'restore_order',
+    'sources',
     'tokenize_split',
 ]

@@ -24,8 +24,14 @@ from transformer.decoding.next_token import (
     stage_sizes,
     top_k,
 )
-from transformer.model import EOS_ID, PAD_ID, Transformer
-from transformer.model.cache import beam_mask, padded_length, share_across_beams
+from transformer.model import (
+    EOS_ID,
+    PAD_ID,
+    Transformer,
+    beam_mask,
+    padded_length,
+    share_across_beams,
+)
 
 Array = jax.Array
 Params = Any

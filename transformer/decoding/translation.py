@@ -29,7 +29,7 @@ import numpy as np
 from absl import logging
 
 from transformer import data as data_lib
-from transformer.backends.fetch import fetch
+from transformer.backends import fetch
 from transformer.decoding.beam import beam_search
 from transformer.decoding.next_token import length_penalty
 from transformer.decoding.search import translate_batch

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformer import data as data_lib
-from transformer import schema
-from transformer.decoding import translation
+from transformer import decoding, schema
 from transformer.evaluation import bleu
 from transformer.model import Transformer
 
@@ -35,7 +34,7 @@ def score_eval_set(
     Returns:
       (scores, hypotheses in the split's order).
     """
-    hypotheses = translation.translate_batches(
+    hypotheses = decoding.translate_batches(
         model,
         params,
         tokenizer,

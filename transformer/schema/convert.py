@@ -16,7 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer.data import sources as data_sources
-from transformer.model.config import TransformerConfig, config_from_dict
+from transformer.model import TransformerConfig, config_from_dict
 from transformer.schema.fields import ConfigError
 from transformer.schema.sections import RETIRED_KEYS, SECTIONS, DataSection, Experiment
 

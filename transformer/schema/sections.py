@@ -11,11 +11,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, DataError
 from transformer.data import sources as data_sources
-from transformer.data.errors import DataError
-from transformer.data.packing import LONG_EXAMPLES
-from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
-from transformer.model.config import TransformerConfig
+from transformer.model import TransformerConfig
 from transformer.schema.fields import (
     ABOVE_ZERO,
     AT_LEAST_2,

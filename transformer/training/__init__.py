@@ -1,4 +1,55 @@
-"""Training: the step and its loss (steps.py), the optimizer (optim.py), devices and hosts
-(parallel.py), checkpoints saved and resumed (checkpoints.py), validation, the best
-checkpoint and early stopping (validation.py, best.py), metrics (metrics.py), the config's
-checks (config_checks.py) and the loop (loop.py)."""
+"""Training: the loop and everything it runs. Callers import this face: ``from transformer
+import training``; ``training.train_and_evaluate(config, workdir)``.
+
+Modules:
+
+- loop.py: `setup` (a run built or resumed in a work directory) and `train_and_evaluate`.
+- steps.py: the train state, the label-smoothed loss, gradient accumulation, the steps.
+- loss.py: the cross-entropy fused with the output projection, a chunk of tokens at a time.
+- optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3).
+- parallel.py: `Parallel`, data (and tensor / FSDP) parallelism behind one interface.
+- checkpoints.py: checkpoints saved sealed and resumed.
+- validation.py, best.py: validation loss and BLEU, the best checkpoint, early stopping.
+- metrics.py: console lines, ``metrics.jsonl`` and TensorBoard events.
+- config_checks.py: the config's values checked before a run writes anything.
+- footprint.py: a lower bound on the memory a config needs, for training and decoding.
+"""
+
+from transformer.training.config_checks import (
+    OUT_OF_MEMORY,
+    TRAINING_OUT_OF_MEMORY,
+    explain_flag_error,
+)
+from transformer.training.config_checks import check as check_config
+from transformer.training.footprint import check_decoding
+from transformer.training.loop import Interrupted, TrainingError, setup, train_and_evaluate
+from transformer.training.loss import fused_cross_entropy
+from transformer.training.optim import make_optimizer
+from transformer.training.parallel import Parallel
+from transformer.training.steps import (
+    build_model,
+    cross_entropy_with_smoothing,
+    dropout_key,
+    init_state,
+    train_step,
+)
+
+__all__ = [
+    'OUT_OF_MEMORY',
+    'TRAINING_OUT_OF_MEMORY',
+    'Interrupted',
+    'Parallel',
+    'TrainingError',
+    'build_model',
+    'check_config',
+    'check_decoding',
+    'cross_entropy_with_smoothing',
+    'dropout_key',
+    'explain_flag_error',
+    'fused_cross_entropy',
+    'init_state',
+    'make_optimizer',
+    'setup',
+    'train_and_evaluate',
+    'train_step',
+]

@@ -30,9 +30,8 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import multihost, rundir, schema
-from transformer.backends.fetch import fetch
+from transformer.backends import fetch
 from transformer.checkpoint import store
-from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
 from transformer.training import config_checks, optim, steps
 from transformer.training import metrics as metrics_lib
@@ -340,7 +339,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
     if stopped_early:
         logging.info('Early stopping ended this run at step %d; nothing to train.', step)
     bleu_every = config.eval.bleu_every
-    batches = Prefetcher(run.train_iter, parallel.put_batch, depth=tc.prefetch)
+    batches = data_lib.Prefetcher(run.train_iter, parallel.put_batch, depth=tc.prefetch)
     try:
         while step < tc.num_steps and not stopped_early:
             batch, data_state = next(batches)

@@ -326,6 +326,13 @@ class Parallel:
             sums = {k: v[0] for k, v in sums.items()}  # identical on every device
         return state, sums
 
+    def lower_step(
+        self, state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array
+    ) -> jax.stages.Lowered:
+        """The train step lowered for these arguments (``batch`` placed by `put_batch`), to
+        compile without running (XLA's memory and cost analysis, its HLO)."""
+        return self._step.lower(state, batch, rng)
+
     def eval_step(self, params: PyTree, batch: Batch) -> dict[str, jax.Array]:
         """Summed loss metrics of one batch with `host_params` parameters."""
         return self._eval(params, batch)

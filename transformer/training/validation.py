@@ -14,9 +14,9 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, rundir, schema
-from transformer.backends.fetch import fetch
+from transformer.backends import fetch
 from transformer.checkpoint import store
-from transformer.evaluation import score
+from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
 from transformer.schema import METRICS
 from transformer.training import metrics as metrics_lib
@@ -76,7 +76,7 @@ class Validation:
         """BLEU of the validation split (or its first ``eval.bleu_max_examples`` sentences),
         decoded and scored exactly as ``transformer.evaluate`` does."""
         config = self.config
-        scores, _ = score.score_eval_set(
+        scores, _ = score_eval_set(
             config,
             self.tokenizer,
             self.model,
