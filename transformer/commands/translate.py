@@ -18,7 +18,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.decoding import ensemble as ensemble_lib
 from transformer.decoding.translation import (
@@ -99,7 +99,7 @@ def _load(FLAGS: Any) -> tuple:
                 [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
             )
         else:
-            loaded = store.load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
+            loaded = load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
         config, tokenizer = loaded[:2]
         footprint.check_decoding(
             config,

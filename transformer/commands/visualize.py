@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 
 from transformer import decoding, rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.model.attention_maps import KINDS, attention_maps
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -106,9 +106,7 @@ def cli(argv: list[str] | None = None) -> None:
         console.require('workdir', 'text')
         console.check_paths(outputs={'out': FLAGS.out})
         try:
-            _, tokenizer, model, params, _ = store.load_model(
-                FLAGS.workdir, FLAGS.step, average_last=1
-            )
+            _, tokenizer, model, params, _ = load_model(FLAGS.workdir, FLAGS.step, average_last=1)
         except rundir.WorkdirError as e:
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)

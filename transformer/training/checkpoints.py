@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import multihost, schema
-from transformer.checkpoint.store import (
+from transformer.checkpoint.directory import (
     RESTORE_ERRORS,
     CorruptCheckpoint,
     check_params_fit,

@@ -31,7 +31,7 @@ from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import multihost, rundir, schema
 from transformer.backends.fetch import fetch
-from transformer.checkpoint import store
+from transformer.checkpoint import directory as store
 from transformer.data.prefetch import Prefetcher
 from transformer.model import Transformer
 from transformer.training import config_checks, optim, steps

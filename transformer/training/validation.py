@@ -15,7 +15,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import multihost, rundir, schema
 from transformer.backends.fetch import fetch
-from transformer.checkpoint import store
+from transformer.checkpoint import directory as store
 from transformer.evaluation import score
 from transformer.model import Transformer
 from transformer.schema import METRICS
