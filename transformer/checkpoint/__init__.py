@@ -1,7 +1,13 @@
 """Checkpoints on disk, owned here: saving, sealing, verifying, restoring, averaging and the
-best checkpoint. Callers use the names below; the modules behind them are directory.py (the
-Orbax managers, sealing and verifying a step, the errors), checksums.py (the manifest),
-loading.py (parameters read back for evaluate, translate, visualize and export).
+best checkpoint. Callers use the names below, not the modules behind them:
+
+- the trainer: `Checkpoints` (run.py) saves, seals, resumes (which step: resume.py) and keeps
+  the best checkpoint; `RestoreFailed` when no step restores with the run's config;
+- the readers (evaluate, translate, visualize, export): `load_model` (loading.py) and the
+  steps it would choose (`checkpoint_steps`, `default_average`, `best_step`);
+- anyone: `verify_step` (directory.py, with checksums.py's manifest), `read_meta`,
+  `average_params`, and the errors `CorruptCheckpoint` and `CheckpointRemoved` (both
+  `transformer.rundir.WorkdirError`s, one line each).
 
 Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
 but does not checksum the data, so a flipped or truncated file loads silently. Every step
@@ -38,10 +44,14 @@ from transformer.checkpoint.loading import (
     default_average,
     load_model,
 )
+from transformer.checkpoint.resume import RestoreFailed
+from transformer.checkpoint.run import Checkpoints
 
 __all__ = [
     'CheckpointRemoved',
+    'Checkpoints',
     'CorruptCheckpoint',
+    'RestoreFailed',
     'average_params',
     'best_step',
     'checkpoint_steps',

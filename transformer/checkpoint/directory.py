@@ -6,7 +6,7 @@ a step that cannot be read. The rules these follow are the package docstring's
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -84,26 +84,6 @@ def checkpoint_manager(
             cleanup_tmp_directories=True,
         )
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
-
-
-def save_best(
-    manager: ocp.CheckpointManager, params: PyTree, meta: Mapping[str, Any], workdir: str
-) -> None:
-    """Replaces the best checkpoint (``manager`` of ``WORKDIR/best``) with ``params``, sealed
-    with a manifest like every other step."""
-    step = int(meta['step'])
-    for old in manager.all_steps():
-        if old >= step:  # written by a run that stopped before its next regular checkpoint
-            manager.delete(old)
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(dict(meta))
-        ),
-    )
-    manager.wait_until_finished()  # rare (an improved BLEU): sealing it at once is cheap
-    if jax.process_index() == 0:
-        seal_step(workdir, step, best=True)
 
 
 def read_meta(workdir: str, step: int) -> dict[str, Any]:
