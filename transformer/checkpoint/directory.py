@@ -29,7 +29,7 @@ from transformer.rundir import (
 
 PyTree = Any
 
-ITEMS = ('params', 'opt_state', 'meta')
+_ITEMS = ('params', 'opt_state', 'meta')
 
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree
 # (ValueError, KeyError, TypeError, FileNotFoundError), and for a file TensorStore cannot read
@@ -83,7 +83,7 @@ def checkpoint_manager(
             # A save killed half-way leaves `<step>.orbax-checkpoint-tmp-*`, never read again.
             cleanup_tmp_directories=True,
         )
-    return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
+    return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 
 
 def read_meta(workdir: str, step: int) -> dict[str, Any]:

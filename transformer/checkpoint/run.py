@@ -42,7 +42,7 @@ class Checkpoints:
 
     def __init__(self, workdir: str, config: schema.Experiment):
         self.workdir = workdir
-        self.manager = checkpoint_manager(workdir, config)
+        self._manager = checkpoint_manager(workdir, config)
         self._config = config
         self._best: ocp.CheckpointManager | None = None
         self._writes = multihost.is_main()
@@ -58,14 +58,14 @@ class Checkpoints:
         checkpoint. `resume.restore_latest` says which step that is and what happens to the
         steps that fail their checks. Then ``WORKDIR/best`` is opened (a resume that fails
         leaves it as it was)."""
-        resumed = resume.restore_latest(self.manager, self.workdir, abstract_state, self._writes)
+        resumed = resume.restore_latest(self._manager, self.workdir, abstract_state, self._writes)
         if self._config.eval.bleu_every:
             self._best_manager()
         return resumed
 
     def _save_error(self, step: int | None, error: BaseException) -> WorkdirError:
         first_line = error_line(error)
-        kept = [s for s in self.manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
+        kept = [s for s in self._manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
         return WorkdirError(
             f'Could not write checkpoint step {step} in {self.workdir}/{CHECKPOINTS} '
             f'({first_line}); stopped. Steps saved before are intact: {sorted(kept)}.'
@@ -79,7 +79,7 @@ class Checkpoints:
         self.seal()
         step = int(state.step)
         try:
-            self.manager.save(
+            self._manager.save(
                 step,
                 args=ocp.args.Composite(
                     params=ocp.args.StandardSave(state.params),
@@ -99,7 +99,7 @@ class Checkpoints:
         """The sealing thread: the manifest is written right after the commit, so that no
         later change of the files can be certified. Errors are left to `seal`."""
         try:
-            self.manager.wait_until_finished()
+            self._manager.wait_until_finished()
             if os.path.isdir(step_dir(self.workdir, step)):
                 self._seal_once(step)
         except Exception:  # noqa: BLE001, S110 - seal() raises it with the step's message
@@ -116,10 +116,10 @@ class Checkpoints:
         """Waits for the pending saves and their manifests; raises a save that failed."""
         pending, self._sealers = self._sealers, {}
         try:
-            self.manager.wait_until_finished()
+            self._manager.wait_until_finished()
             # Orbax logs a failed background save and leaves the step uncommitted; this
             # re-raises its error (once per thread) so that the message can name the cause.
-            self.manager.check_for_errors()
+            self._manager.check_for_errors()
             for step, sealer in pending.items():
                 sealer.join()
                 # A save that failed in the background leaves no committed step directory.
@@ -139,12 +139,12 @@ class Checkpoints:
             self.seal()
         except WorkdirError as e:
             logging.warning('%s', e)
-        self.manager.reload()
-        return self.manager.latest_step()
+        self._manager.reload()
+        return self._manager.latest_step()
 
     def newest_verified(self) -> int | None:
         """The newest step whose files match its manifest (None: none)."""
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        for step in sorted(self._manager.all_steps(), reverse=True):
             try:
                 if verify_step(self.workdir, step, warn=False):
                     return step
