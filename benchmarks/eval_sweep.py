@@ -29,7 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer import evaluate, rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import checkpoint_steps
 from transformer.evaluation import score_eval_set
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f'{config.data.eval_split} and score the test split once with transformer.evaluate.'
         )
     try:
-        last = store.checkpoint_steps(args.workdir, args.step)[-1]
+        last = checkpoint_steps(args.workdir, args.step)[-1]
     except rundir.WorkdirError as e:
         raise SystemExit(f'error: {e}') from None
     sweep_dir = rundir.path(args.workdir, rundir.EVAL_DIR, 'sweep')

@@ -126,7 +126,7 @@ def test_config_by_name_or_path():
 _CORE_RUN = """
 import json, sys
 from transformer import data, evaluate, schema, trainer
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.decoding import translation
 from tests.tiny_run import tiny_run_config
 
@@ -136,7 +136,7 @@ config.eval.bleu_max_examples = 3
 config.eval.beam_size = 2
 trainer.train_and_evaluate(config, 'run')
 evaluate.run('run', beam_size=2, max_examples=3, output='hyps.txt')
-_, tokenizer, model, params, _ = store.load_model('run')
+_, tokenizer, model, params, _ = load_model('run')
 translation.translate_lines(['a b c'], tokenizer, model, params, beam_size=2, alpha=0.6,
                             extra_length=5, batch_size=2, max_input_tokens=16, nbest=2)
 for name in ('train.en', 'train.de', 'val.en', 'val.de', 'test2016.en', 'test2016.de'):

@@ -10,7 +10,7 @@ import pytest
 
 from transformer import data as data_lib
 from transformer import export, trainer
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.decoding import translation
 from transformer.model import TransformerConfig, sinusoidal_positions
 from transformer.tokens import EOS_ID
@@ -46,7 +46,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def loaded(run_dir):
-    return store.load_model(str(run_dir))
+    return load_model(str(run_dir))
 
 
 @pytest.fixture(scope='module')

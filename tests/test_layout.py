@@ -170,11 +170,6 @@ def test_modules_and_functions_stay_short():
 
 REPO = PACKAGE.parent
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob('*/__init__.py'))
-# Faces that others are reworking now; each gets its __all__ with that work.
-NO_FACE_YET = {
-    'checkpoint': 'being merged with training/checkpoints.py into one checkpoint owner',
-    'configs': 'the config loader, edited elsewhere now',
-}
 _STAGES = 'times the data pipeline stage by stage: the modules behind the face are what it measures'
 _PATCHES = 'swaps a module global for one measurement: patches a module, uses no API'
 # Imports of a module behind a face, by (importing file, imported module): each with why.
@@ -237,14 +232,7 @@ def _behind_the_face(path: pathlib.Path, faces: dict[str, list[str]]) -> list[tu
         else:
             face = faces[module[1]]
             found += [(rel, f'{node.module}.{a.name}') for a in node.names if a.name not in face]
-    return [
-        (rel, module)
-        for rel, module in found
-        if module.split('.')[1] != own
-        # checkpoint/ and training/checkpoints.py are being merged into one checkpoint
-        # owner; its face and the imports of store/checkpoints come with that work.
-        and module.split('.')[1] != 'checkpoint'
-    ]
+    return [(rel, module) for rel, module in found if module.split('.')[1] != own]
 
 
 def test_every_subpackage_has_a_face():
@@ -252,7 +240,7 @@ def test_every_subpackage_has_a_face():
     faceless = []
     for package in SUBPACKAGES:
         docstring, names, _ = _face(package)
-        if package not in NO_FACE_YET and (not docstring or names is None):
+        if not docstring or names is None:
             faceless.append(package)
     assert not faceless, f'give these an __init__ docstring and __all__: {faceless}'
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from transformer import visualize
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID
 
 
 def test_attention_maps_cover_every_layer_and_head(run_dir, tmp_path):
     """visualize: one [N, T, S] map per (stack, layer, kind), rows summing to 1, and a figure."""
-    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
+    _, tokenizer, model, params, _ = load_model(str(run_dir))
     inputs = np.array(tokenizer.encode('ze bix pud .') + [EOS_ID], np.int32)
     targets = np.array(tokenizer.encode('lo bix pud .') + [EOS_ID], np.int32)
     maps = visualize.attention_maps(model, params, inputs, targets)
@@ -37,7 +37,7 @@ def test_the_command_names_special_tokens_and_warns_on_empty_or_unknown_text(
 ):
     """visualize --text '' and a text of unknown characters draw a figure with a one-line
     warning each; EOS is labelled </s> (it was drawn as <1>) and unknown pieces <unk>."""
-    _, tokenizer, _, _, _ = store.load_model(str(run_dir))
+    _, tokenizer, _, _, _ = load_model(str(run_dir))
     assert visualize.token_labels(tokenizer, [EOS_ID, 2, 0]) == ['</s>', '<unk>', '<pad>']
     cases = [('', '--text is empty'), ('ζζζ ж', 'not in the vocabulary (<unk>)')]
     for text, warning in cases:

@@ -29,7 +29,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformer import configs, data, decoding, schema
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.model import Transformer, attention_maps, config_from_dict, fused, per_head
 from transformer.tokens import EOS_ID
@@ -125,7 +125,7 @@ def load(
     workdir: str, *, step: int | None = None, average_last: int | None = None, best: bool = False
 ) -> Run:
     """A trained run, loaded as the commands load it (by default the average they choose:
-    `store.default_average`); ``step``, ``average_last`` and ``best`` as their flags."""
+    `checkpoint.default_average`); ``step``, ``average_last`` and ``best`` as their flags."""
     with console.quiet_libraries():
-        cfg, tokenizer, model, params, steps = store.load_model(workdir, step, average_last, best)
+        cfg, tokenizer, model, params, steps = load_model(workdir, step, average_last, best)
     return Run(cfg, tokenizer, model, params, steps)

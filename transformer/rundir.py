@@ -12,8 +12,8 @@
     WORKDIR/train.lock           held while a process trains here (transformer/lock.py)
 
 Every path inside a run directory is named here and nowhere else. Checkpoints are written
-and read through transformer/checkpoint/store.py (with their integrity scheme), training's
-save and resume policy is transformer/training/checkpoints.py. In a multi-host run process 0
+and read through transformer/checkpoint/ alone (with their integrity scheme and training's
+save and resume policy). In a multi-host run process 0
 alone trains a new vocabulary (`get_tokenizer`).
 """
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from transformer import evaluate
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.decoding import translation
 
 FIXTURE = pathlib.Path(__file__).parents[1] / 'fixtures' / 'run_before_layers'
@@ -24,7 +24,7 @@ def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
     run = tmp_path / 'run'
     shutil.copytree(FIXTURE, run)
     expected = json.loads((run / 'expected.json').read_text())
-    config, tokenizer, model, params, steps = store.load_model(str(run))
+    config, tokenizer, model, params, steps = load_model(str(run))
     assert steps == expected['steps']
     sums = {
         jax.tree_util.keystr(k): float(np.abs(np.asarray(v, np.float64)).sum())

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from transformer import rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import CorruptCheckpoint, checkpoint_steps, load_model, verify_step
 
 
 def test_average_of_two_checkpoints_is_their_mean(run_dir):
     """--average_last 2 loads the element-wise mean of the step-2 and step-4 parameters."""
-    _, _, _, averaged, steps = store.load_model(str(run_dir), average_last=2)
+    _, _, _, averaged, steps = load_model(str(run_dir), average_last=2)
     assert steps == [2, 4]
-    _, _, _, p2, _ = store.load_model(str(run_dir), step=2)
-    _, _, _, p4, _ = store.load_model(str(run_dir), step=4)
+    _, _, _, p2, _ = load_model(str(run_dir), step=2)
+    _, _, _, p4, _ = load_model(str(run_dir), step=4)
     changed = 0
     for a, x, y in zip(*(jax.tree.leaves(t) for t in (averaged, p2, p4)), strict=True):
         np.testing.assert_allclose(a, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
@@ -28,16 +28,16 @@ def test_average_can_end_at_an_earlier_step(run_dir):
     """--step N with --average_last K averages the K checkpoints up to N (an earlier point
     of the run as a shorter run's average); --step alone is that checkpoint."""
     run = str(run_dir)
-    assert store.checkpoint_steps(run, step=4, average_last=2) == [2, 4]
-    assert store.checkpoint_steps(run, step=2, average_last=2) == [2]  # none saved before 2
-    assert store.checkpoint_steps(run, step=4) == [4]
-    _, _, _, up_to_4, steps = store.load_model(run, step=4, average_last=2)
+    assert checkpoint_steps(run, step=4, average_last=2) == [2, 4]
+    assert checkpoint_steps(run, step=2, average_last=2) == [2]  # none saved before 2
+    assert checkpoint_steps(run, step=4) == [4]
+    _, _, _, up_to_4, steps = load_model(run, step=4, average_last=2)
     assert steps == [2, 4]
-    _, _, _, latest_two, _ = store.load_model(run, average_last=2)
+    _, _, _, latest_two, _ = load_model(run, average_last=2)
     for x, y in zip(jax.tree.leaves(up_to_4), jax.tree.leaves(latest_two), strict=True):
         np.testing.assert_array_equal(x, y)
-    _, _, _, at_2, steps = store.load_model(run, step=2, average_last=2)
-    _, _, _, only_2, _ = store.load_model(run, step=2)
+    _, _, _, at_2, steps = load_model(run, step=2, average_last=2)
+    _, _, _, only_2, _ = load_model(run, step=2)
     assert steps == [2]
     for x, y in zip(jax.tree.leaves(at_2), jax.tree.leaves(only_2), strict=True):
         np.testing.assert_array_equal(x, y)
@@ -47,18 +47,18 @@ def test_missing_workdir_checkpoint_and_vocab_are_one_line_errors(run_dir, tmp_p
     """No config, no checkpoints, an unknown step, no vocabulary: a WorkdirError whose
     single line names what is missing, not a traceback from inside Orbax."""
     with pytest.raises(rundir.WorkdirError, match='config.json not found'):
-        store.load_model(str(tmp_path / 'nowhere'))
+        load_model(str(tmp_path / 'nowhere'))
     broken = tmp_path / 'broken'
     shutil.copytree(run_dir, broken)
     with pytest.raises(rundir.WorkdirError, match=r'No checkpoint for step 3.*\[2, 4\]'):
-        store.load_model(str(broken), step=3)
+        load_model(str(broken), step=3)
     shutil.rmtree(broken / 'vocab')
     with pytest.raises(rundir.WorkdirError, match='No vocabulary'):
-        store.load_model(str(broken))
+        load_model(str(broken))
     shutil.copytree(run_dir / 'vocab', broken / 'vocab')
     shutil.rmtree(broken / 'checkpoints')
     with pytest.raises(rundir.WorkdirError, match='No checkpoints'):
-        store.load_model(str(broken))
+        load_model(str(broken))
 
 
 def test_checkpoint_of_another_model_shape_is_a_clear_error(run_dir, tmp_path):
@@ -69,7 +69,7 @@ def test_checkpoint_of_another_model_shape_is_a_clear_error(run_dir, tmp_path):
     config['model']['d_ff'] = 48
     (other / 'config.json').write_text(json.dumps(config))
     with pytest.raises(rundir.WorkdirError, match='does not fit the model') as info:
-        store.load_model(str(other))
+        load_model(str(other))
     assert '\n' not in str(info.value)
 
 
@@ -83,7 +83,7 @@ def test_partial_checkpoint_is_a_clear_error(run_dir, tmp_path):
         elif path.name != '_METADATA':
             path.unlink()
     with pytest.raises(rundir.WorkdirError) as info:
-        store.load_model(str(partial), step=4)
+        load_model(str(partial), step=4)
     assert '\n' not in str(info.value)
 
 
@@ -105,7 +105,7 @@ def test_every_step_is_sealed_with_a_manifest_that_verifies(run_dir):
     for step in (2, 4):
         manifest = json.loads((run_dir / 'checkpoints' / str(step) / rundir.MANIFEST).read_text())
         assert any(name.startswith('params/') for name in manifest['files'])
-        assert store.verify_step(str(run_dir), step) is True
+        assert verify_step(str(run_dir), step) is True
 
 
 @pytest.mark.parametrize('command', ['evaluate', 'translate', 'visualize'])
@@ -137,13 +137,13 @@ def test_truncated_missing_and_unsealed_checkpoints(run_dir, tmp_path, caplog):
     shutil.copytree(run_dir, broken)
     data_file = _params_file(broken, 4)
     data_file.write_bytes(data_file.read_bytes()[:100])
-    with pytest.raises(store.CorruptCheckpoint, match=rf'step 4 .*{data_file.name} has 100'):
-        store.load_model(str(broken))
+    with pytest.raises(CorruptCheckpoint, match=rf'step 4 .*{data_file.name} has 100'):
+        load_model(str(broken))
     data_file.unlink()
-    with pytest.raises(store.CorruptCheckpoint, match=f'{data_file.name} is missing'):
-        store.load_model(str(broken), average_last=2)
+    with pytest.raises(CorruptCheckpoint, match=f'{data_file.name} is missing'):
+        load_model(str(broken), average_last=2)
     (broken / 'checkpoints' / '2' / rundir.MANIFEST).unlink()
-    _, _, _, _, steps = store.load_model(str(broken), step=2)
+    _, _, _, _, steps = load_model(str(broken), step=2)
     assert steps == [2]
     assert 'step 2' in caplog.text and 'no manifest.json' in caplog.text
 
@@ -163,8 +163,8 @@ def test_resume_skips_a_corrupted_step_and_continues_exactly(run_dir, tmp_path, 
     assert final['steps_this_run'] == 2
     assert 'Resuming from step 2, the newest intact one' in caplog.text
     assert list((broken / 'corrupt_checkpoints').iterdir())
-    _, _, _, expected, _ = store.load_model(str(run_dir), step=4)
-    _, _, _, got, _ = store.load_model(str(broken), step=4)
+    _, _, _, expected, _ = load_model(str(run_dir), step=4)
+    _, _, _, got, _ = load_model(str(broken), step=4)
     for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(x, y)
     for step in (2, 4):
@@ -189,7 +189,7 @@ def test_unsealed_step_resumes_unverified_and_is_never_sealed_afterwards(run_dir
     manifest.unlink()
     final = trainer.train_and_evaluate(config, str(unsealed))
     assert final['steps_this_run'] == 2
-    assert not manifest.exists() and store.verify_step(str(unsealed), 6)
+    assert not manifest.exists() and verify_step(str(unsealed), 6)
 
 
 def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tmp_path, caplog):
@@ -223,8 +223,8 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     assert len(lines) == 1 and 'Checkpoint step 4 (no manifest)' in lines[0]
     assert 'Resuming from step 2' in lines[0] and 'model or optimizer' not in lines[0]
     assert [p.name.split('-')[0] for p in (broken / 'corrupt_checkpoints').iterdir()] == ['4']
-    _, _, _, expected, _ = store.load_model(str(run_dir), step=4)
-    _, _, _, got, _ = store.load_model(str(broken), step=4)
+    _, _, _, expected, _ = load_model(str(run_dir), step=4)
+    _, _, _, got, _ = load_model(str(broken), step=4)
     for x, y in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -254,9 +254,9 @@ def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
 
     trainer.train_and_evaluate(config, str(tmp_path), on_step=corrupt_after_commit)
     assert seen == {'sealed before step 4': True}
-    with pytest.raises(store.CorruptCheckpoint, match='step 2 .*failed verification'):
-        store.verify_step(str(tmp_path), 2)
-    assert store.verify_step(str(tmp_path), 4)
+    with pytest.raises(CorruptCheckpoint, match='step 2 .*failed verification'):
+        verify_step(str(tmp_path), 2)
+    assert verify_step(str(tmp_path), 4)
 
 
 def test_temporary_directories_of_killed_saves_are_removed_on_start(run_dir, tmp_path):
@@ -307,7 +307,7 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
     assert '\n' not in str(info.value) and 'intact: [2, 4]' in str(info.value)
-    assert all(store.verify_step(str(run), s) for s in (2, 4))
+    assert all(verify_step(str(run), s) for s in (2, 4))
     assert not (run / 'checkpoints' / '6').exists()
 
 
@@ -350,7 +350,7 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
     assert last.startswith('error: Could not write checkpoint step 6 ') and 'Permission' in last
     assert last.endswith('Steps saved before are intact: [2, 4].')
     assert 'Traceback' not in done.stderr
-    assert all(store.verify_step(str(run), s) for s in (2, 4))
+    assert all(verify_step(str(run), s) for s in (2, 4))
 
 
 def test_a_config_json_that_is_not_json_is_one_line(tmp_path):
@@ -391,21 +391,21 @@ def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path,
     config.opt.warmup_steps = 4
     trainer.train_and_evaluate(config, str(tmp_path))
     with caplog.at_level('INFO'):
-        assert store.load_model(str(tmp_path))[4] == [6, 8]
+        assert load_model(str(tmp_path))[4] == [6, 8]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Averaging')]
     assert lines == [
         'Averaging steps [6, 8] of the last 4 saved [2, 4, 6, 8] (eval.average_last=4); the '
         'others are in the warm-up (opt.warmup_steps=4) or the first half of training '
         '(--average_last 4 takes them all).'
     ]
-    assert store.load_model(str(tmp_path), average_last=4)[4] == [2, 4, 6, 8]
+    assert load_model(str(tmp_path), average_last=4)[4] == [2, 4, 6, 8]
     scores = evaluate.run(str(tmp_path), max_examples=2, output=str(tmp_path / 'h.txt'))
     assert scores['steps'] == [6, 8]
     shutil.rmtree(tmp_path / 'checkpoints' / '6')
     shutil.rmtree(tmp_path / 'checkpoints' / '8')
     caplog.clear()
     with caplog.at_level('INFO'):
-        assert store.load_model(str(tmp_path))[4] == [4]
+        assert load_model(str(tmp_path))[4] == [4]
     # Fewer steps than eval.average_last: one line that agrees with what is averaged.
     # (Not 'verag' anywhere in a line: Orbax's lines name this test's directory, '..._average_...'.)
     said = [r.getMessage() for r in caplog.records]

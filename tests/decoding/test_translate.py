@@ -6,7 +6,7 @@ import pytest
 
 from transformer import data as data_lib
 from transformer import rundir, translate
-from transformer.checkpoint import store
+from transformer.checkpoint import checkpoint_steps, load_model
 from transformer.decoding import translation
 
 
@@ -25,7 +25,7 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
     out = outfile.read_text().split('\n')
     assert len(out) == len(lines) + 1 and out[-1] == ''  # one line each, newline-terminated
     assert out[1] == '' and out[2] == ''
-    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
+    _, tokenizer, model, params, _ = load_model(str(run_dir))
     alone = translation.translate_lines(
         [sources[1]],
         tokenizer,
@@ -52,7 +52,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     from transformer import decoding
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
-    _, tokenizer, model, params, _ = store.load_model(str(run_dir))
+    _, tokenizer, model, params, _ = load_model(str(run_dir))
     kwargs = dict(alpha=0.6, extra_length=10, batch_size=4, max_input_tokens=32)
     lines = [sources[2], '', sources[3]]
     nbest = translation.translate_lines(
@@ -131,7 +131,7 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     shutil.copytree(
         run_dir, earlier, ignore=lambda d, names: ['4'] if d.endswith('checkpoints') else []
     )
-    assert store.checkpoint_steps(str(earlier)) == [2]
+    assert checkpoint_steps(str(earlier)) == [2]
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
     infile.write_text(f'{sources[5]}\n{sources[6]}\n')
     argv = ['translate', f'--workdir={run_dir}', f'--input={infile}', f'--output={outfile}']
@@ -143,8 +143,8 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     assert not exit_info.value.code
     rows = [row.split('\t') for row in outfile.read_text().splitlines()]
     assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('1', '1'), ('1', '2')]
-    _, tokenizer, model, _, _ = store.load_model(str(run_dir))
-    members = [store.load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
+    _, tokenizer, model, _, _ = load_model(str(run_dir))
+    members = [load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
     for index, _, _, log_prob, text in rows:
         inputs = jnp.asarray([[*tokenizer.encode(sources[5 + int(index)]), 1]])
         target = jnp.asarray([[*tokenizer.encode(text), 1]])

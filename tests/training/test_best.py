@@ -7,7 +7,7 @@ import pytest
 
 from tests.tiny_run import tiny_run_config
 from transformer import evaluate
-from transformer.checkpoint import store
+from transformer.checkpoint import checkpoint_steps, load_model
 from transformer.training import validation
 from transformer.training.best import BestTracker
 
@@ -48,13 +48,13 @@ def test_best_checkpoint_survives_keep_and_early_stop_survives_restarts(tmp_path
     # Steps 1-3: BLEU 5, 7 (best), 6: one evaluation without improvement so far.
     first = _train(tmp_path, monkeypatch, 3, [5.0, 7.0, 6.0])
     assert first['best'] == {'step': 2, 'score': 7.0, 'evals_since_best': 1}
-    _, _, _, at_2, steps = store.load_model(str(tmp_path), best=True)
+    _, _, _, at_2, steps = load_model(str(tmp_path), best=True)
     assert steps == [2]
     # The restart continues the count: one more evaluation without improvement stops it.
     second = _train(tmp_path, monkeypatch, 10, [6.5])
     assert second['stopped_early'] and second['step'] == 4 and second['steps_this_run'] == 1
-    assert store.checkpoint_steps(str(tmp_path), average_last=10) == [3, 4]
-    _, _, _, best, steps = store.load_model(str(tmp_path), best=True)
+    assert checkpoint_steps(str(tmp_path), average_last=10) == [3, 4]
+    _, _, _, best, steps = load_model(str(tmp_path), best=True)
     assert steps == [2]  # step 2 left checkpoints/ (keep 2) but stays in best/
     for x, y in zip(jax.tree.leaves(best), jax.tree.leaves(at_2), strict=True):
         np.testing.assert_array_equal(x, y)

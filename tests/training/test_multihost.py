@@ -19,7 +19,7 @@ import pytest
 
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import trainer
-from transformer.checkpoint import store
+from transformer.checkpoint import best_step, load_model, verify_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,7 +102,7 @@ def _losses(run_dir) -> dict[int, float]:
 
 
 def _params(run_dir, step):
-    return store.load_model(str(run_dir), step=step)[3]
+    return load_model(str(run_dir), step=step)[3]
 
 
 def _assert_close(a, b, atol=1e-5):
@@ -224,7 +224,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
     decided = {'step': 6, 'stopped_early': True}
     decided['best'] = {'step': 2, 'score': 10.0, 'evals_since_best': 2}
     assert _results(outputs) == [decided, decided]
-    assert store.best_step(str(run)) == 2
+    assert best_step(str(run)) == 2
     assert sorted(_losses(run)) == [1, 2, 3, 4, 5, 6]
     assert outputs[0].count('TRAINED VOCABULARY') == 1 and 'TRAINED VOCABULARY' not in outputs[1]
     assert os.listdir(run / 'vocab') == ['spm.model']
@@ -244,7 +244,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
     assert 'Resuming from step 4, the newest intact one' in outputs[0]
     assert _results(outputs) == [decided, decided]
     assert [p.name.split('-')[0] for p in (run / 'corrupt_checkpoints').iterdir()] == ['6']
-    assert store.verify_step(str(run), 6)
+    assert verify_step(str(run), 6)
     _assert_close(_params(run, 6), before)
 
 

@@ -16,13 +16,13 @@ import pytest
 from tests.subprocess_env import memory_capped
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import rundir, trainer
-from transformer.checkpoint import store
+from transformer.checkpoint import checkpoint_steps, load_model, read_meta, verify_step
 
 REPO = pathlib.Path(__file__).parents[2]
 
 
 def _params_at(run_dir, step):
-    _, _, _, params, _ = store.load_model(str(run_dir), step=step)
+    _, _, _, params, _ = load_model(str(run_dir), step=step)
     return params
 
 
@@ -190,7 +190,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
         trainer.train_and_evaluate(config, str(tmp_path))
     assert 'Newest verified checkpoint: step' in str(info.value)
     assert 'may be bad' not in str(info.value)  # a fresh run: the learning rate is the suspect
-    steps = store.checkpoint_steps(str(tmp_path), average_last=100)
+    steps = checkpoint_steps(str(tmp_path), average_last=100)
     assert steps, 'a good checkpoint must survive'
     params = _params_at(tmp_path, steps[-1])
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
@@ -231,10 +231,7 @@ _KILL_OVERRIDES = {
 
 
 def _meta(run_dir, step):
-    import orbax.checkpoint as ocp
-
-    manager = store.checkpoint_manager(str(run_dir))
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    return read_meta(str(run_dir), step)
 
 
 def _train_lines(run_dir):
@@ -288,7 +285,7 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
             assert steps_seen and int(resumed[0]) in steps_seen[-1], log.read_text()[-2000:]
         steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
         for step in steps:
-            store.verify_step(str(killed), step, warn=False)  # complete, or no manifest yet
+            verify_step(str(killed), step, warn=False)  # complete, or no manifest yet
         steps_seen.append(steps)
     assert proc.returncode == 0, log.read_text()[-2000:]
     last = _KILL_OVERRIDES['train.num_steps']
@@ -343,7 +340,7 @@ def test_ctrl_c_seals_the_save_in_flight_and_names_the_step_to_resume_from(tmp_p
         f'Interrupted at step 4; the same command resumes from step 3 in {tmp_path}/checkpoints.'
     )
     assert (tmp_path / 'checkpoints' / '3' / rundir.MANIFEST).exists()
-    assert store.verify_step(str(tmp_path), 3)
+    assert verify_step(str(tmp_path), 3)
 
 
 def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):

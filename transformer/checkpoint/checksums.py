@@ -4,7 +4,7 @@ The manifest is a JSON file inside the directory it describes:
 ``{"format": 1, "files": {"params/d/ab12...": {"size": 81506, "sha256": "..."}, ...}}``, paths
 relative to the directory with ``/`` separators. It is written under a temporary name and
 renamed, so a reader sees the whole manifest or none. When and for which directories it is
-written and checked is transformer/checkpoint/store.py's business.
+written and checked is transformer/checkpoint/directory.py's business.
 """
 
 from __future__ import annotations

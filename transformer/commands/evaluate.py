@@ -3,7 +3,7 @@
 ``python -m transformer.evaluate --workdir DIR [--step N | --average_last K | --best]
 [--split test]``
 
-Checkpoints are loaded (and averaged) by transformer/checkpoint/store.py, and the split is
+Checkpoints are loaded (and averaged) by `transformer.checkpoint.load_model`, and the split is
 decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
 of the scores to ``WORKDIR/eval/``.
 """
@@ -20,7 +20,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import decoding, files, rundir, training
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
@@ -80,7 +80,7 @@ def load(
     and the ``ensemble`` runs decoded together (`ensemble.load_ensemble`)."""
     if ensemble:
         return decoding.load_ensemble([run_dir, *ensemble], step, average_last, best)
-    config, tokenizer, model, params, steps = store.load_model(run_dir, step, average_last, best)
+    config, tokenizer, model, params, steps = load_model(run_dir, step, average_last, best)
     return config, tokenizer, model, params, [steps]
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from absl import logging
 
 from transformer import files, rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.data import DataError, Tokenizer
 from transformer.model import TransformerConfig
@@ -50,7 +50,7 @@ class ExportError(ValueError):
 def load_run(workdir: str, step: int | None, average_last: int | None):
     """(config, tokenizer, model, params, steps): the one call into the run-directory API."""
     try:
-        return store.load_model(workdir, step, average_last)
+        return load_model(workdir, step, average_last)
     except (rundir.WorkdirError, DataError) as e:
         raise ExportError(str(e)) from None
 

@@ -18,7 +18,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import decoding, rundir, training
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.decoding import format_nbest, translate_lines
 from transformer.schema import ConfigError
@@ -95,7 +95,7 @@ def _load(FLAGS: Any) -> tuple:
                 [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
             )
         else:
-            loaded = store.load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
+            loaded = load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
         config, tokenizer = loaded[:2]
         beam = config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size
         flag = '--nbest' if FLAGS.nbest > beam else '--beam_size'  # a beam of max(both)

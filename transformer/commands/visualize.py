@@ -19,7 +19,7 @@ import numpy as np
 from absl import logging
 
 from transformer import decoding, rundir
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.data import DataError
 from transformer.model import ATTENTION_MAP_KINDS, attention_maps
@@ -120,9 +120,7 @@ def cli(argv: list[str] | None = None) -> None:
         console.check_paths(outputs={'out': FLAGS.out})
         check_out(FLAGS.out)
         try:
-            _, tokenizer, model, params, _ = store.load_model(
-                FLAGS.workdir, FLAGS.step, average_last=1
-            )
+            _, tokenizer, model, params, _ = load_model(FLAGS.workdir, FLAGS.step, average_last=1)
         except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)

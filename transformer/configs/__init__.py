@@ -10,6 +10,8 @@ from typing import Any
 
 import ml_collections
 
+__all__ = ['checked', 'load', 'names', 'path']
+
 _DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from transformer import data as data_lib
 from transformer import rundir, schema
-from transformer.checkpoint import store
+from transformer.checkpoint import load_model
 from transformer.decoding.next_token import Ensemble, ensemble_params
 from transformer.model import Transformer
 
@@ -38,7 +38,7 @@ def load_ensemble(
     """
     if not workdirs:
         raise rundir.WorkdirError('An ensemble needs at least one workdir.')
-    loaded = [store.load_model(w, step, average_last, best) for w in workdirs]
+    loaded = [load_model(w, step, average_last, best) for w in workdirs]
     config, tokenizer, model = loaded[0][:3]
     for other, (_, other_tokenizer, other_model, _, _) in zip(
         workdirs[1:], loaded[1:], strict=True

@@ -8,8 +8,8 @@ Modules:
 - loss.py: the cross-entropy fused with the output projection, a chunk of tokens at a time.
 - optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3).
 - parallel.py: `Parallel`, data (and tensor / FSDP) parallelism behind one interface.
-- checkpoints.py: checkpoints saved sealed and resumed.
 - validation.py, best.py: validation loss and BLEU, the best checkpoint, early stopping.
+  Checkpoints themselves are transformer/checkpoint/'s: the loop calls its `Checkpoints`.
 - metrics.py: console lines, ``metrics.jsonl`` and TensorBoard events.
 - config_checks.py: the config's values checked before a run writes anything.
 - footprint.py: a lower bound on the memory a config needs, for training and decoding.

@@ -2,7 +2,7 @@
 
 Every validation BLEU (``eval.bleu_every``) is compared with the best so far
 (``eval.best_metric``, higher is better); an improvement replaces ``WORKDIR/best`` with the
-current parameters (transformer/checkpoint/store.py), and ``train.early_stop_patience``
+current parameters (transformer/checkpoint/run.py), and ``train.early_stop_patience``
 evaluations in a row without one (0 = never) stop the run. The tracker's state travels in
 every regular checkpoint's meta, so a restarted run keeps the best score and the patience
 count, and a run that stopped early stays stopped.

@@ -24,20 +24,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import multihost, rundir, schema
 from transformer.backends import fetch
-from transformer.checkpoint import store
+from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer
 from transformer.training import config_checks, optim, steps
 from transformer.training import metrics as metrics_lib
 from transformer.training import validation as validation_lib
 from transformer.training.best import BestTracker
-from transformer.training.checkpoints import Checkpoints
 from transformer.training.parallel import Parallel
 from transformer.training.steps import TrainState
 
@@ -65,8 +63,7 @@ class Run:
     parallel: Parallel
     state: TrainState  # in the parallel mode's device layout
     train_iter: data_lib.TrainIterator
-    checkpoints: Checkpoints
-    best_manager: ocp.CheckpointManager | None  # WORKDIR/best; None without validation BLEU
+    checkpoints: Checkpoints  # WORKDIR/checkpoints and, with validation BLEU, WORKDIR/best
     best: BestTracker
     dropout_rng: jax.Array
     num_params: int
@@ -182,11 +179,9 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     checkpoints = Checkpoints(workdir, config)
     # Restored straight into this run's global layout, whatever the layout that saved it.
     restored = checkpoints.restore_latest(parallel.abstract_state(init))
-    latest, meta = None, None
-    if restored is None:
-        state = parallel.init_state(init)
-    else:
-        state, meta, latest = restored
+    state, meta, latest = restored or (parallel.init_state(init), None, None)
+    if latest is not None:
+        _warn_on_another_dropout_prng(workdir, config)
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
     _keep_record(workdir, config, latest, changes)
@@ -210,15 +205,19 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
         state=parallel.put_state(state),
         train_iter=train_iter,
         checkpoints=checkpoints,
-        best_manager=(
-            store.checkpoint_manager(workdir, config, best=True) if config.eval.bleu_every else None
-        ),
         best=BestTracker.from_config(config, meta),
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
         lock=lock,
     )
+
+
+def _warn_on_another_dropout_prng(workdir: str, config: schema.Experiment) -> None:
+    """Resuming draws other dropout masks than an uninterrupted run would: say so."""
+    if os.path.exists(rundir.path(workdir, rundir.CONFIG_FILE)):
+        if warning := steps.resumed_prng_warning(rundir.read_config(workdir).train, config.train):
+            logging.warning(warning)
 
 
 def _keep_record(workdir: str, config: schema.Experiment, latest, changes) -> None:
@@ -364,13 +363,14 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
                     validation,
                     run.state,
                     run.best,
-                    run.best_manager,
+                    run.checkpoints,
                     writer,
                     *(step, final, is_loss, is_bleu),
                 )
             if is_ckpt or stopped_early:
                 state = parallel.global_state(run.state)
-                run.checkpoints.save(state, data_state, tc.seed, run.best.state())
+                meta = {'data_state': dict(data_state), 'seed': tc.seed, 'best': run.best.state()}
+                run.checkpoints.save(state, meta)
     except BaseException as e:
         # Whatever stops the loop (an error, Ctrl-C), the save in flight is finished first.
         newest = run.checkpoints.finish()
@@ -379,10 +379,8 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         raise
     finally:
         batches.close()
-    run.checkpoints.seal()
+    run.checkpoints.seal()  # the regular saves and the best checkpoint
     writer.close()
-    if run.best_manager is not None:
-        run.best_manager.wait_until_finished()
     final.update(
         step=step,
         steps_this_run=step - first_step,

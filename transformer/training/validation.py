@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, rundir, schema
 from transformer.backends import fetch
-from transformer.checkpoint import store
+from transformer.checkpoint import Checkpoints
 from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
 from transformer.schema import METRICS
@@ -92,7 +91,7 @@ def validate(
     validation: Validation,
     state: TrainState,
     best: BestTracker,
-    best_manager: ocp.CheckpointManager | None,
+    checkpoints: Checkpoints,
     writer: metrics_lib.MetricWriter,
     step: int,
     final: dict[str, Any],
@@ -129,7 +128,7 @@ def validate(
         # run spans several processes).
         global_params = par.global_state(state).params
         meta = {**best.state(), 'metric': best.metric}
-        store.save_best(best_manager, global_params, meta, workdir)
+        checkpoints.save_best(global_params, meta)
     logging.info(
         'step %d  validation sacreBLEU %.2f  tokenized BLEU %.2f  chrF %.2f  (best %s %.2f at '
         'step %d)',

@@ -1,0 +1,177 @@
+"""Parameters read back from a run directory for evaluate, translate, visualize and export:
+one step, the average of the last K, or the best one, each verified against its manifest
+first. A step that cannot be read raises one line that names it and says what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from flax import linen as nn
+
+from transformer import data as data_lib
+from transformer.checkpoint.directory import (
+    RESTORE_ERRORS,
+    CheckpointRemoved,
+    check_params_fit,
+    checkpoint_manager,
+    removed_error,
+    restore_error,
+    verify_step,
+)
+from transformer.model import Transformer, config_from_dict
+from transformer.rundir import BEST, CHECKPOINTS, WorkdirError, load_tokenizer, read_config
+
+PyTree = Any
+
+# Times `load_model` chooses its steps again when one is removed while being read.
+_READ_ATTEMPTS = 3
+
+
+def checkpoint_steps(
+    workdir: str, step: int | None = None, average_last: int = 1, *, warn: bool = True
+) -> list[int]:
+    """The steps to load: the last ``average_last`` saved ones, ending at ``step`` if given.
+
+    ``step`` alone (``average_last`` 1) is that checkpoint; with ``average_last`` K it is the
+    last of the K averaged, so an earlier point of a run can be scored as a shorter run's
+    average would be (the checkpoints saved up to it are the same).
+    """
+    steps = sorted(checkpoint_manager(workdir).all_steps())
+    if not steps:
+        raise WorkdirError(f'No complete checkpoint in {workdir}/{CHECKPOINTS}.')
+    if step is not None:
+        if step not in steps:
+            raise WorkdirError(f'No checkpoint for step {step} in {workdir}; saved: {steps}.')
+        steps = steps[: steps.index(step) + 1]
+    if average_last > len(steps) and warn:
+        logging.warning(
+            'Asked to average the last %d checkpoints but only %d exist%s; averaging those.',
+            average_last,
+            len(steps),
+            '' if step is None else f' up to step {step}',
+        )
+    return steps[-average_last:]
+
+
+def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int]:
+    """The steps a command averages when told none: of the last ``eval.average_last`` saved
+    steps, those after the warm-up (``opt.warmup_steps``) and in the second half of the
+    training so far (step >= newest / 2); the newest step always. Parameters from the
+    warm-up or from far earlier pull the average away from where training arrived."""
+    wanted = config.eval.average_last
+    last = checkpoint_steps(workdir, average_last=wanted, warn=False)  # said once, below
+    newest, warmup = last[-1], config.opt.warmup_steps
+    steps = [s for s in last if s > warmup and 2 * s >= newest] or [newest]
+    if steps != last or len(last) < wanted:
+        saved = f'the last {len(last)} saved' if len(last) == wanted else f'the {len(last)} saved'
+        left_out = (
+            ''
+            if steps == last
+            else f'; the others are in the warm-up (opt.warmup_steps={warmup}) or the first '
+            f'half of training (--average_last {len(last)} takes them all)'
+        )
+        logging.info(
+            'Averaging steps %s of %s %s (eval.average_last=%d)%s.',
+            *(steps, saved, last, wanted, left_out),
+        )
+    return steps
+
+
+def abstract_params(model: Transformer) -> PyTree:
+    """Shapes and dtypes of the model's parameters on this process's first device, without
+    allocating them. The explicit sharding lets Orbax restore a checkpoint written by any
+    number of devices or processes."""
+    dummy = jnp.ones((1, 8), jnp.int32)
+    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy)['params']))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+
+
+def best_step(workdir: str) -> int:
+    """The step of the best checkpoint (``WORKDIR/best``)."""
+    step = checkpoint_manager(workdir, best=True).latest_step()
+    if step is None:
+        raise WorkdirError(f'No complete best checkpoint in {workdir}/{BEST}.')
+    return step
+
+
+def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = False) -> PyTree:
+    """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), verified against the
+    step's manifest (when it has one), checked against the model's shapes, on one local
+    device whatever the saving run's device count."""
+    target = abstract_params(model)
+    try:
+        verify_step(workdir, step, items=('params',), best=best)
+        check_params_fit(workdir, step, target, best=best)
+        restored = checkpoint_manager(workdir, best=best).restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
+        )
+    except RESTORE_ERRORS as e:
+        removed = removed_error(workdir, step, best)
+        if removed is not None:
+            raise removed from None
+        if isinstance(e, WorkdirError):
+            raise
+        raise restore_error(workdir, step, e, 'the model of its config.json') from None
+    params = restored['params']
+    if jax.tree.map(np.shape, params) != jax.tree.map(lambda x: x.shape, target):
+        raise WorkdirError(
+            f'The checkpoint at step {step} in {workdir}/{CHECKPOINTS} has parameter shapes '
+            'that differ from the model in config.json.'
+        )
+    return params
+
+
+def average_params(trees: Sequence[PyTree]) -> PyTree:
+    """The element-wise mean of parameter trees (the paper averages checkpoints, Sec. 6.1)."""
+    if not trees:
+        raise ValueError('No parameter trees to average.')
+    return jax.tree.map(lambda *xs: sum(np.asarray(x, np.float64) for x in xs) / len(xs), *trees)
+
+
+def load_model(
+    workdir: str, step: int | None = None, average_last: int | None = None, best: bool = False
+) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
+    """Config, tokenizer, model and parameters of a training run.
+
+    Args:
+      workdir: the run's directory.
+      step: load this checkpoint alone, or with ``average_last`` the last of those averaged.
+      average_last: average the last K checkpoints (default without ``step``: the run's
+        ``eval.average_last``, without the warm-up's and the first half's: `default_average`).
+      best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
+
+    Returns:
+      (config, tokenizer, model, params, the steps loaded).
+    """
+    config = read_config(workdir)
+    tokenizer = load_tokenizer(config, workdir)
+    model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
+    if best and (step is not None or average_last is not None):
+        raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
+    for attempt in range(_READ_ATTEMPTS):
+        if best:
+            steps = [best_step(workdir)]
+        elif step is None and average_last is None:
+            steps = default_average(workdir, config)
+        else:
+            steps = checkpoint_steps(workdir, step, average_last or 1)
+        try:
+            trees = [restore_params(workdir, s, model, best=best) for s in steps]
+            break
+        except CheckpointRemoved as e:
+            # A run training there saved a newer step and removed an old one: choose again,
+            # unless the step was asked for by number or this keeps happening.
+            if step is not None or attempt == _READ_ATTEMPTS - 1:
+                raise
+            logging.info('%s Choosing the steps again.', e)
+    params = trees[0] if len(trees) == 1 else average_params(trees)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return config, tokenizer, model, params, steps

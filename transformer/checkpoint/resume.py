@@ -1,0 +1,181 @@
+"""Which step a training run resumes from, and the restore into its train state: the newest
+step that passes its checks; newer ones that fail are moved to ``WORKDIR/corrupt_checkpoints/``
+(transformer/checkpoint/__init__.py, "Integrity", says why)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from absl import logging
+
+from transformer import multihost
+from transformer.checkpoint.directory import (
+    RESTORE_ERRORS,
+    CorruptCheckpoint,
+    check_params_fit,
+    is_sealed,
+    restore_error,
+    verify_step,
+)
+from transformer.rundir import (
+    CORRUPT_CHECKPOINTS,
+    MANIFEST,
+    WorkdirError,
+    error_line,
+    path,
+    step_dir,
+)
+
+PyTree = Any
+
+
+class TrainState(Protocol):
+    """What a training checkpoint holds of the train state (a dataclass with these fields,
+    transformer/training/steps.py's `TrainState`)."""
+
+    step: jax.Array
+    params: PyTree
+    opt_state: PyTree
+
+
+State = TypeVar('State', bound=TrainState)
+
+
+class RestoreFailed(WorkdirError):
+    """A step that could not be restored into the train state; ``reason``: the first line of
+    what Orbax raised."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def restore_state(
+    manager: ocp.CheckpointManager, step: int, abstract_state: State, workdir: str
+) -> tuple[State, dict[str, Any]]:
+    """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
+    `restore_latest` verifies the step first."""
+    try:
+        check_params_fit(workdir, step, abstract_state.params)
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_state.params),
+                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+    except RESTORE_ERRORS as e:
+        raise RestoreFailed(
+            f'{restore_error(workdir, step, e, "this config (model or optimizer changed?)")}. '
+            'Resume with the config the run was started with, or use a new --workdir.',
+            reason=error_line(e),
+        ) from None
+    state = dataclasses.replace(
+        abstract_state,
+        step=jnp.array(restored['meta']['step'], jnp.int32),
+        params=restored['params'],
+        opt_state=restored['opt_state'],
+    )
+    return state, restored['meta']
+
+
+def restore_latest(
+    manager: ocp.CheckpointManager, workdir: str, abstract_state: State, writes: bool
+) -> tuple[State, dict, int] | None:
+    """(state, meta, step) of the newest intact step; None when there is no checkpoint.
+
+    Process 0 (``writes``) chooses the step: the newest whose files match its manifest; newer
+    steps that do not are moved to ``WORKDIR/corrupt_checkpoints/`` (their step numbers will
+    be saved again) with a one-line warning. Every process then restores it. A step without
+    manifest that cannot be restored is moved there too, once an older step has restored
+    with this config (so that its files, not the config, are at fault); a config that fits
+    no step stops the run and moves nothing.
+    """
+    unreadable: list[tuple[int, RestoreFailed]] = []
+    below = None
+    while True:
+        choose = functools.partial(newest_intact, manager, workdir, below, writes)
+        step = multihost.on_main(choose, 'verify the checkpoints')
+        manager.reload()  # process 0 may have moved steps away (on_main waited)
+        if step is None:
+            if unreadable:
+                raise unreadable[0][1]
+            return None
+        sealed = is_sealed(workdir, step)
+        error = None
+        try:
+            state, meta = restore_state(manager, step, abstract_state, workdir)
+        except RestoreFailed as e:
+            error = e
+        if multihost.all_ok(error is None):
+            break
+        error = error or RestoreFailed(
+            f'Another process could not restore checkpoint step {step}; its log says why.',
+            reason='read on another process',
+        )
+        if sealed:  # its files are as they were written: the config does not fit them
+            raise error
+        unreadable.append((step, error))
+        below = step
+    if unreadable:
+        quarantine(workdir, [s for s, _ in unreadable], writes)
+        multihost.barrier('checkpoints-quarantined')
+        manager.reload()
+        for bad, error in unreadable:
+            logging.warning(
+                'Checkpoint step %d (no manifest) could not be read (%s); moved to %s/. '
+                'Resuming from step %d, which restores with this config.',
+                *(bad, error.reason, CORRUPT_CHECKPOINTS, step),
+            )
+    if not sealed:
+        logging.warning(
+            'Checkpoint step %d has no %s (saved before checksums were kept, or its run '
+            'was killed before sealing it): it restored completely but stays unverified.',
+            *(step, MANIFEST),
+        )
+    return state, meta, step
+
+
+def newest_intact(
+    manager: ocp.CheckpointManager, workdir: str, below: int | None, writes: bool
+) -> int | None:
+    """Process 0: the newest step (below ``below``) that matches its manifest or has none;
+    newer ones that fail verification are quarantined."""
+    steps = sorted(manager.all_steps(), reverse=True)
+    steps = [s for s in steps if below is None or s < below]
+    failed: list[CorruptCheckpoint] = []
+    for step in steps:
+        try:
+            verify_step(workdir, step, warn=False)
+            break
+        except CorruptCheckpoint as e:
+            failed.append(e)
+    else:
+        if not steps:
+            return None
+        raise WorkdirError(f'{failed[0]} No intact checkpoint to resume from: {steps}.')
+    if failed:
+        quarantine(workdir, steps[: len(failed)], writes)
+        logging.warning('%s Resuming from step %d, the newest intact one.', failed[0], step)
+    return step
+
+
+def quarantine(workdir: str, steps: Sequence[int], writes: bool) -> None:
+    """Moves ``steps`` to ``WORKDIR/corrupt_checkpoints/`` (process 0, ``writes``; every
+    process then reloads its step list once all have reached this point)."""
+    if writes:
+        target = path(workdir, CORRUPT_CHECKPOINTS)
+        os.makedirs(target, exist_ok=True)
+        for step in steps:
+            destination = tempfile.mkdtemp(prefix=f'{step}-', dir=target)
+            shutil.move(step_dir(workdir, step), destination)
