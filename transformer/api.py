@@ -44,7 +44,7 @@ def config(name_or_path: str) -> ml_collections.ConfigDict:
 
 
 def build(
-    experiment: str | ml_collections.ConfigDict | schema.Experiment,
+    experiment: str | schema.Config,
     vocab_size: int | None = None,
     seed: int = 0,
 ) -> tuple[Transformer, Any]:
@@ -78,7 +78,7 @@ def head_views(kernel: jax.Array) -> tuple[jax.Array, jax.Array]:
 class Run:
     """A trained run loaded for use: its config, vocabulary, model and parameters."""
 
-    config: ml_collections.ConfigDict
+    config: schema.Experiment
     tokenizer: data.Tokenizer
     model: Transformer
     params: Any

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 
 from transformer import data as data_lib
 from transformer import multihost, schema
@@ -109,8 +108,7 @@ def path(workdir: str, *parts: str) -> str:
     return os.path.join(workdir, *parts)
 
 
-# A config as a file gives it (ml_collections) or typed (transformer/schema/).
-Config = ml_collections.ConfigDict | schema.Experiment
+Config = schema.Config  # as a file gives it, as config.json holds it, or typed
 
 
 def vocab_path(config: Config, workdir: str | None) -> str | None:
@@ -187,7 +185,7 @@ def read_config(workdir: str) -> schema.Experiment:
         )
     values = _load_json(config_path, _read_text(config_path))
     try:
-        config = schema.complete(schema.plain(values))  # fields it predates, as its run used
+        config = schema.plain(schema.complete(schema.plain(values)))  # fields it predates
         experiment = schema.parse(config)
     except schema.ConfigError as e:
         raise WorkdirError(f'{config_path}: {e}') from None
@@ -220,19 +218,18 @@ def _load_json(file: str, text: str, line: int | None = None) -> Any:
         raise WorkdirError(f'{where} is not valid JSON ({e}); restore it.') from None
 
 
-def _apply(config: ml_collections.ConfigDict, change: Any) -> None:
-    """Sets one recorded change (``{'step', 'key', 'old', 'new'}``) in ``config``."""
+def _apply(config: dict[str, Any], change: Any) -> None:
+    """Sets one recorded change (``{'step', 'key', 'old', 'new'}``) in the plain ``config``."""
     if not (isinstance(change, dict) and isinstance(change.get('key'), str) and 'new' in change):
         raise TypeError(f'{change!r:.80} is not a change {{"step", "key", "old", "new"}}')
     *parents, name = change['key'].split('.')
     node = config
     for part in parents:
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        if not isinstance(node, dict) or part not in node:
             raise KeyError(f'key {change["key"]} names no config setting')
         node = node[part]
-    if isinstance(node, ml_collections.ConfigDict) and name in node:
-        with node.ignore_type():
-            node[name] = change['new']
+    if isinstance(node, dict) and name in node:
+        node[name] = change['new']
 
 
 def read_history(workdir: str, *, numbered: bool = False) -> list[Any]:

@@ -231,14 +231,14 @@ def test_real_multi30k(tmp_path, offline):
 
 
 def test_a_new_source_is_one_module_and_one_registry_line(monkeypatch):
-    """A module with read / identity / add_config, registered under a name, is a dataset:
+    """A module with read / identity / KEYS, registered under a name, is a dataset:
     its text loads, its config keys exist, and its identity keys the token cache."""
     import types
 
     from transformer.data import sources, tokenized
 
     fake = types.ModuleType('fake_source')
-    fake.add_config = lambda config: config.update({'fake_size': 3})
+    fake.KEYS = {'fake_size': (3, int, 'sentences of each split')}
     fake.read = lambda cfg, split: ([f'{split} {i}' for i in range(cfg.fake_size)],) * 2
     fake.identity = lambda cfg, split: {'size': cfg.fake_size}
     monkeypatch.setitem(sources.SOURCES, 'fake', fake)

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
@@ -59,7 +58,7 @@ def removed_error(workdir: str, step: int, best: bool) -> CheckpointRemoved | No
 
 def checkpoint_manager(
     workdir: str,
-    config: ml_collections.ConfigDict | schema.Experiment | None = None,
+    config: schema.Experiment | None = None,
     *,
     best: bool = False,
 ) -> ocp.CheckpointManager:

@@ -9,13 +9,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import linen as nn
 
 from transformer import data as data_lib
+from transformer import schema
 from transformer.checkpoint.directory import (
     RESTORE_ERRORS,
     CheckpointRemoved,
@@ -60,7 +60,7 @@ def checkpoint_steps(
     return steps[-average_last:]
 
 
-def default_average(workdir: str, config: ml_collections.ConfigDict) -> list[int]:
+def default_average(workdir: str, config: schema.Experiment) -> list[int]:
     """The steps a command averages when told none: of the last ``eval.average_last`` saved
     steps, those after the warm-up (``opt.warmup_steps``) and in the second half of the
     training so far (step >= newest / 2); the newest step always. Parameters from the
@@ -138,7 +138,7 @@ def average_params(trees: Sequence[PyTree]) -> PyTree:
 
 def load_model(
     workdir: str, step: int | None = None, average_last: int | None = None, best: bool = False
-) -> tuple[ml_collections.ConfigDict, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
+) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
     """Config, tokenizer, model and parameters of a training run.
 
     Args:

@@ -3,10 +3,11 @@
 train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py,
 visualize.py and export.py (``python -m transformer.NAME``, ``transformer-NAME``), each a
 ``cli()``; console.py, what every command shares (its console, errors, exit codes, the
-process-wide settings it opts in to); help.py, ``-h`` / ``--help``.
+process-wide settings it opts in to); help.py, ``-h`` / ``--help``; config_flag.py, the
+``--config`` flag's errors in one line.
 
 The modules are this face's names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
 """
 
-__all__ = ['console', 'evaluate', 'export', 'train', 'translate', 'visualize']
+__all__ = ['config_flag', 'console', 'evaluate', 'export', 'train', 'translate', 'visualize']

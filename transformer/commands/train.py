@@ -11,12 +11,12 @@ from absl import logging
 from transformer import configs, multihost, rundir, schema
 from transformer import lock as lock_lib
 from transformer.commands import console
+from transformer.commands.config_flag import explain_flag_error
 from transformer.training import (
     TRAINING_OUT_OF_MEMORY,
     Interrupted,
     TrainingError,
     check_config,
-    explain_flag_error,
     train_and_evaluate,
 )
 

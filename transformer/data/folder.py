@@ -11,17 +11,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 from etils import epath
 
 from transformer.data import text
 from transformer.data.errors import DataError
 
-DESCRIPTIONS = {'folder': "the directory of the text files, for dataset='folder'"}
-
-
-def add_config(config: ml_collections.ConfigDict) -> None:
-    config.folder = ml_collections.config_dict.placeholder(str)
+# Its key in the ``data`` section: (default, type, one-line description).
+KEYS = {'folder': (None, str, "the directory of the text files, for dataset='folder'")}
 
 
 def files(folder: epath.PathLike, split: str, lang: str) -> list[epath.Path]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
 from absl import logging
 
 from transformer.data import tfds_translate
@@ -34,12 +33,7 @@ from transformer.data.multi30k_files import (
 DOWNLOAD_HOST = 'raw.githubusercontent.com'
 
 
-DESCRIPTIONS: dict[str, str] = {}  # its keys are tfds_translate's
-
-
-def add_config(config: ml_collections.ConfigDict) -> None:
-    """Multi30k reads ``data.manual_dir`` and ``data.data_dir`` (see tfds_translate.py)."""
-    tfds_translate.add_config(config)
+KEYS: dict = {}  # it reads tfds_translate's: data.manual_dir and data.data_dir
 
 
 def check(data_config: Any) -> None:

@@ -6,9 +6,9 @@
   in the dataset's order, or a one-line `DataError` saying how to provide them;
 - ``identity(data_config, split) -> dict``: what besides the name, languages and split
   decides its content (part of the token-cache key);
-- ``add_config(config)``: the keys it reads, added to the ``data`` config section at their
-  defaults, and ``DESCRIPTIONS``: each of those keys (dotted below ``data``) -> its one-line
-  description, what ``--help`` prints;
+- ``KEYS``: the keys of the ``data`` config section it alone reads (dotted below ``data``)
+  -> (default, type, one-line description): the schema adds them to the config, ``--help``
+  prints the descriptions;
 - optionally ``order_note(data_config, split) -> str | None``: why ``read`` cannot give the
   dataset's original order (TFDS datasets stored shuffled), None when it does;
 - optionally ``check(data_config)``: a one-line `DataError` naming the key whose value this
@@ -50,15 +50,14 @@ TFDS = tfds_translate  # every other ``data.dataset`` name
 __all__ = [
     'SOURCES',
     'DataError',
-    'add_config',
     'check',
     'check_dataset',
     'check_files',
     'check_split',
-    'descriptions',
     'identity',
     'load_text',
     'order_note',
+    'own_keys',
     'source',
 ]
 
@@ -68,17 +67,11 @@ def source(name: str) -> ModuleType:
     return SOURCES.get(name, TFDS)
 
 
-def add_config(config: Any) -> None:
-    """Every source's own keys, at their defaults, added to the ``data`` section ``config``."""
-    for module in (*SOURCES.values(), TFDS):
-        module.add_config(config)
-
-
-def descriptions() -> dict[str, str]:
-    """Every source's own keys (dotted below ``data``) -> its one-line description."""
+def own_keys() -> dict[str, tuple[Any, type, str]]:
+    """Every source's own keys (dotted below ``data``) -> (default, type, description)."""
     found = {}
     for module in (*SOURCES.values(), TFDS):
-        found |= module.DESCRIPTIONS
+        found |= module.KEYS
     return found
 
 

@@ -54,8 +54,6 @@ import itertools
 import random
 from typing import Any
 
-import ml_collections
-
 from transformer.data.errors import DataError
 from transformer.data.synthetic_lexicon import (
     ADJECTIVE_ENDING,
@@ -277,23 +275,14 @@ def vocabulary(seed: int = 0) -> tuple[list[str], list[str]]:
     return source, target
 
 
-DESCRIPTIONS = {
-    'synthetic.seed': 'the lexicon and every sentence follow from it',
-    'synthetic.num_train': 'sentence pairs of the train split',
-    'synthetic.num_validation': 'sentence pairs of the validation split',
-    'synthetic.num_test': 'sentence pairs of the test split',
-    'synthetic.max_words': "longest sentence, in words, '.' included",
+# The ``data.synthetic`` section: (default, type, one-line description) of each key.
+KEYS = {
+    'synthetic.seed': (0, int, 'the lexicon and every sentence follow from it'),
+    'synthetic.num_train': (10_000, int, 'sentence pairs of the train split'),
+    'synthetic.num_validation': (500, int, 'sentence pairs of the validation split'),
+    'synthetic.num_test': (500, int, 'sentence pairs of the test split'),
+    'synthetic.max_words': (40, int, "longest sentence, in words, '.' included"),
 }
-
-
-def add_config(config: ml_collections.ConfigDict) -> None:
-    """The ``data.synthetic`` section: the lexicon and all sentences follow from its seed."""
-    config.synthetic = synthetic = ml_collections.ConfigDict()
-    synthetic.seed = 0
-    synthetic.num_train = 10_000
-    synthetic.num_validation = 500
-    synthetic.num_test = 500
-    synthetic.max_words = 40
 
 
 # The shortest sentence of the grammar: a bare plural, a verb and '.'.

@@ -14,7 +14,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import ml_collections
 from absl import logging
 
 from transformer.data.errors import DataError
@@ -27,15 +26,11 @@ _TFDS_HOSTS = ('storage.googleapis.com', 'www.statmt.org')
 _PROBE_TIMEOUT_S = 3.0
 
 
-DESCRIPTIONS = {
-    'data_dir': "TFDS's data_dir; None = TFDS's default",
-    'manual_dir': "the raw files (multi30k's, or a TFDS dataset's manual download)",
+# Its keys in the ``data`` section: (default, type, one-line description).
+KEYS = {
+    'data_dir': (None, str, "TFDS's data_dir; None = TFDS's default"),
+    'manual_dir': (None, str, "the raw files (multi30k's, or a TFDS dataset's manual download)"),
 }
-
-
-def add_config(config: ml_collections.ConfigDict) -> None:
-    config.data_dir = ml_collections.config_dict.placeholder(str)
-    config.manual_dir = ml_collections.config_dict.placeholder(str)
 
 
 def network_reachable(hosts: tuple[str, ...], timeout: float = _PROBE_TIMEOUT_S) -> bool:

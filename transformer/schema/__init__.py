@@ -9,8 +9,8 @@ command in one line before anything is written. config.json holds `to_dict` of i
 whose fields and rules live with the network (transformer/model/config.py).
 
 Each default is written once: here, on its field (sections.py; the model's on
-TransformerConfig's fields; a data source's own keys in its ``add_config``, described in its
-``DESCRIPTIONS``), with its type, rule and one-line description (``--help`` prints it).
+TransformerConfig's fields; a data source's own keys in its ``KEYS`` table, with their types
+and descriptions), with its type, rule and one-line description (``--help`` prints it).
 Not in configs/base.py, because the schema must know a value for every field added after
 configs were first written anyway: a run directory's config.json written before the
 field existed lacks it, and `complete` fills it in with the value such a run used (an
@@ -25,6 +25,7 @@ choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
 """
 
 from transformer.schema.convert import (
+    Config,
     complete,
     default_config,
     descriptions,
@@ -64,6 +65,7 @@ __all__ = [
     'RETIRED_KEYS',
     'SCHEDULES',
     'SECTIONS',
+    'Config',
     'ConfigError',
     'DataSection',
     'EvalSection',

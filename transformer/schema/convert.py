@@ -42,6 +42,11 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
+# What `parse` takes: a config file's ConfigDict, its plain dict (config.json), or typed
+# already. Functions below the commands that take a config take this and parse it once.
+Config = ml_collections.ConfigDict | Mapping[str, Any] | Experiment
+
+
 def plain(config: ml_collections.ConfigDict | Mapping[str, Any], name: str = '') -> dict:
     """The plain dict of a config or of its section ``name``; ConfigError for anything else
     (a config.json holding ``[]``, a section that is ``null``)."""
@@ -144,7 +149,14 @@ def default_config() -> ml_collections.ConfigDict:
     for name, cls in SECTIONS.items():
         fields = [f for f in dataclasses.fields(cls) if f.name != 'sources']
         config[name] = _defaults(cls, fields)
-    data_sources.add_config(config.data)
+    for key, (default, kind, _) in data_sources.own_keys().items():  # the sources' own keys
+        *parents, name = key.split('.')
+        node = config.data
+        for part in parents:
+            if part not in node:
+                node[part] = ml_collections.ConfigDict()
+            node = node[part]
+        node[name] = config_dict.placeholder(kind) if default is None else default
     return config
 
 
@@ -155,4 +167,4 @@ def descriptions() -> dict[str, str]:
         for f in dataclasses.fields(cls):
             if f.name != 'sources':
                 found[f'{name}.{f.name}'] = f.metadata['doc']
-    return found | {f'data.{key}': doc for key, doc in data_sources.descriptions().items()}
+    return found | {f'data.{key}': doc for key, (_, _, doc) in data_sources.own_keys().items()}

@@ -51,7 +51,7 @@ RETIRED_KEYS = ('model.max_len',)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSection(Section):
     """The pipeline's common keys. Each source declares and checks its own keys
-    (``manual_dir``, ``folder``, ``synthetic``, ...: its ``add_config``); they are kept in
+    (``manual_dir``, ``folder``, ``synthetic``, ...: its ``KEYS``); they are kept in
     ``sources``, read-only, and read as attributes like the others (``data.manual_dir``,
     ``data.synthetic.num_train``)."""
 

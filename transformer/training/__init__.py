@@ -18,7 +18,6 @@ Modules:
 from transformer.training.config_checks import (
     OUT_OF_MEMORY,
     TRAINING_OUT_OF_MEMORY,
-    explain_flag_error,
 )
 from transformer.training.config_checks import check as check_config
 from transformer.training.footprint import check_decoding
@@ -45,7 +44,6 @@ __all__ = [
     'check_decoding',
     'cross_entropy_with_smoothing',
     'dropout_key',
-    'explain_flag_error',
     'fused_cross_entropy',
     'init_state',
     'make_optimizer',

@@ -7,23 +7,19 @@ rate, a split the data source does not have) and values of the wrong type set in
 file; `check` adds what needs the devices and the disk (a batch they cannot split, a length
 or batch whose step cannot fit their memory, a folder without the split's files, a split
 or language a TFDS dataset does not have).
-`unknown_key_message` turns an override of a key that does not exist into "unknown config key
-model.d_modle; did you mean model.d_model?".
+The command line's own errors (an unknown ``--config.KEY``) are the commands' (commands/
+config_flag.py).
 """
 
 from __future__ import annotations
 
-import difflib
-import os
 from collections.abc import Sequence
 from typing import Any
-
-import ml_collections
 
 from transformer import schema
 from transformer.schema import ConfigError
 
-__all__ = ['ConfigError', 'check', 'explain_flag_error', 'unknown_key_message']
+__all__ = ['OUT_OF_MEMORY', 'TRAINING_OUT_OF_MEMORY', 'ConfigError', 'check']
 
 # The end of the one line that a train step out of memory stops with (train.py adds
 # `TRAINING_OUT_OF_MEMORY`'s sentences; benchmarks/train_speed.py uses this alone).
@@ -37,9 +33,7 @@ TRAINING_OUT_OF_MEMORY = (
 )
 
 
-def check(
-    config: ml_collections.ConfigDict | schema.Experiment, devices: Sequence[Any] | None = None
-) -> schema.Experiment:
+def check(config: schema.Config, devices: Sequence[Any] | None = None) -> schema.Experiment:
     """The typed config; raises `ConfigError` for the first value that cannot work.
 
     Args:
@@ -83,60 +77,3 @@ def check(
     except data_sources.DataError as e:
         raise ConfigError(str(e)) from None
     return experiment
-
-
-def _keys(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
-    keys = []
-    for name, value in config.items():
-        keys.append(prefix + name)
-        if isinstance(value, ml_collections.ConfigDict):
-            keys += _keys(value, f'{prefix}{name}.')
-    return keys
-
-
-def unknown_key_message(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:
-    """ "unknown config key K; did you mean M?" for the first ``--config.K`` override in
-    ``argv`` that ``config`` does not have (None: every override names a key)."""
-    known = _keys(config)
-    for arg in argv:
-        if not arg.startswith('--config.'):
-            continue
-        key = arg[len('--config.') :].split('=', 1)[0]
-        if key in known:
-            continue
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f'; did you mean {close[0]}?' if close else ''
-        return f'unknown config key {key}{hint}'
-    return None
-
-
-def explain_flag_error(error: Exception, argv: list[str]) -> str | None:
-    """Names an unknown ``--config.KEY`` override and the nearest valid key."""
-    from absl import flags
-
-    if isinstance(error, flags.UnrecognizedFlagError):
-        name = error.flagname
-        if name.split('.')[0] in ('model', 'data', 'opt', 'train', 'eval'):
-            return f"Unknown command line flag '{name}'; did you mean --config.{name}?"
-    lines = str(error).strip().splitlines() or [type(error).__name__]
-    # ml_collections wraps a TypeError or ValueError of get_config() around its traceback,
-    # whose last line is the error itself.
-    wrapped = 'Error whilst parsing config file:'
-    if wrapped in lines[0]:
-        return lines[0].replace(wrapped, lines[-1].strip())
-    if isinstance(error, flags.Error):
-        return None  # absl's own message names the flag and the bad value
-    config_arg = next(
-        (a for a in argv if a.startswith('--config=') and '.' not in a.split('=')[0]), None
-    )
-    if config_arg is None and '--config' in argv[:-1]:
-        config_arg = '--config=' + argv[argv.index('--config') + 1]
-    if config_arg is None:
-        return None
-    file = config_arg.split('=', 1)[1]
-    try:
-        config = flags.FLAGS['config'].parser.parse(file)
-    except Exception:  # noqa: BLE001 - the config file's own error, in one line naming it
-        line, file = lines[0], file.split(':')[0]
-        return line if os.path.basename(file) in line else f'{file}: {line}'
-    return unknown_key_message(config, argv)

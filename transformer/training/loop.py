@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -124,9 +123,7 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-def setup(
-    config: ml_collections.ConfigDict | schema.Experiment, workdir: str, *, devices=None
-) -> Run:
+def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
     """Builds a run in ``workdir``, restored from its latest checkpoint if there is one.
 
     Args:
@@ -286,7 +283,7 @@ def _interrupted(workdir: str, step: int, newest: int | None) -> Interrupted:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict | schema.Experiment,
+    config: schema.Config,
     workdir: str,
     *,
     devices=None,
