@@ -66,7 +66,7 @@ LONG_FUNCTIONS = {
     # Command flows: load, decode or train, write; the steps are the sentences of the story.
     ('decoding/translation.py', 'translate_lines'): 67,
     ('commands/evaluate.py', 'run'): 88,
-    ('training/loop.py', '_setup'): 61,
+    ('training/run_setup.py', '_setup'): 61,
     ('training/loop.py', '_train'): 87,
     ('commands/translate.py', 'cli'): 71,
 }
