@@ -146,7 +146,7 @@ def _data_mode(config) -> str:
 
 def main(argv):
     try:  # what cannot work, in one line before anything is built (training/footprint.py)
-        training.check_config(FLAGS.config, jax.devices())
+        training.check_config(FLAGS.config, jax.devices(), data=_data_mode(FLAGS.config) == 'real')
     except ConfigError as e:
         raise SystemExit(f'error: {e}') from None
     try:

@@ -33,7 +33,9 @@ TRAINING_OUT_OF_MEMORY = (
 )
 
 
-def check(config: schema.Config, devices: Sequence[Any] | None = None) -> schema.Experiment:
+def check(
+    config: schema.Config, devices: Sequence[Any] | None = None, *, data: bool = True
+) -> schema.Experiment:
     """The typed config; raises `ConfigError` for the first value that cannot work.
 
     Args:
@@ -42,6 +44,8 @@ def check(config: schema.Config, devices: Sequence[Any] | None = None) -> schema
         batch must split over them, and what a step needs at least must fit their memory
         (transformer/training/footprint.py). Skipped for a multi-host run before
         jax.distributed joins.
+      data: also check the data source's files and splits (a TFDS dataset's metadata imports
+        TensorFlow): False where no data is read (benchmarks on random batches).
     """
     experiment = config if isinstance(config, schema.Experiment) else schema.parse(config)
     tc = experiment.train
@@ -70,6 +74,8 @@ def check(config: schema.Config, devices: Sequence[Any] | None = None) -> schema
             f'train.grad_accum_steps = {rows}.'
         )
     footprint.check(experiment, devices)
+    if not data:
+        return experiment
     try:  # files a folder of text must hold, splits a TFDS dataset has: before any write
         splits = (experiment.data.train_split, experiment.data.eval_split)
         data_sources.check_files(experiment.data, splits)
