@@ -395,3 +395,18 @@ def test_help_describes_fields_from_the_schema_not_the_config_files_comments(cap
     # tiny.py's comment on this line says why it is 0; the schema says what the field is.
     line = f'  model.dropout_rate = 0.0  # {schema.descriptions()["model.dropout_rate"]}\n'
     assert line in out and 'noise-free' not in out
+
+
+def test_a_shared_flag_takes_the_default_of_the_command_that_defines_it_again():
+    """Commands of one process share flags: export's --out (None) then visualize's
+    ('attention.png'); the second command gets its own default, not the first one's."""
+    from absl import flags
+
+    try:
+        console.define_flag('shared_probe', flags.DEFINE_string, None, 'the first command')
+        console.define_flag('shared_probe', flags.DEFINE_string, 'a.png', 'the second')
+        assert flags.FLAGS['shared_probe'].default == 'a.png'
+        assert flags.FLAGS['shared_probe'].value == 'a.png'
+    finally:
+        delattr(flags.FLAGS, 'shared_probe')
+        console._COMMAND_FLAGS.clear()

@@ -149,13 +149,13 @@ def argv_verbosity(argv: Sequence[str]) -> int:
 
 
 def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Defines the absl flag ``name`` unless this process already has it.
-
-    The commands (train, evaluate, translate, visualize) share flag names such as
-    ``--workdir``; defining each once lets several of them run in one process (tests).
-    """
+    """Defines the absl flag ``name`` (default ``args[0]``) unless this process has it, else
+    gives it this command's default: the commands share flag names (``--workdir``, ``--out``
+    of export and visualize) and several may run in one process (tests, the Python API)."""
     if name not in flags.FLAGS:
         define(name, *args, **kwargs)
+    elif flags.FLAGS[name].default != args[0]:
+        flags.FLAGS.set_default(name, args[0])
     _COMMAND_FLAGS.append(name)
 
 

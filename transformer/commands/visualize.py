@@ -117,10 +117,8 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.require('text', empty_ok=True)  # an empty one draws EOS alone, with a warning
-        # Another command of this process may have defined --out first, without a default.
-        out = FLAGS.out or 'attention.png'
-        console.check_paths(outputs={'out': out})
-        check_out(out)
+        console.check_paths(outputs={'out': FLAGS.out})
+        check_out(FLAGS.out)
         try:
             _, tokenizer, model, params, _ = load_model(FLAGS.workdir, FLAGS.step, average_last=1)
         except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
@@ -137,9 +135,9 @@ def cli(argv: list[str] | None = None) -> None:
             targets = np.array(tokenizer.encode(FLAGS.target) + [EOS_ID], np.int32)
         maps = attention_maps(model, params, inputs, targets)
         labels = functools.partial(token_labels, tokenizer)
-        plot_attention(maps, labels(inputs), labels(targets), out)
+        plot_attention(maps, labels(inputs), labels(targets), FLAGS.out)
         print(f'translation: {tokenizer.decode(targets.tolist())}')
-        print(f'wrote {out} ({len(maps)} attention layers)')
+        print(f'wrote {FLAGS.out} ({len(maps)} attention layers)')
 
     console.run(main, argv)
 
