@@ -52,13 +52,14 @@ def test_a_config_written_before_a_field_is_completed_with_the_value_its_run_use
     )
     values = old.to_dict()
     values['model']['max_len'] = 64  # a key earlier versions wrote
-    completed = schema.complete(ml_collections.ConfigDict(values))
-    assert completed.eval.compound_split is True  # as configs/base.py; was False in evaluate
-    assert completed.eval.lowercase_tokenized is False
-    assert completed.train.dropout_prng == 'threefry'
-    assert completed.opt.cooldown_steps == 0
-    assert completed.eval.best_metric == 'sacrebleu'
-    assert 'max_len' not in completed.model
+    completed = schema.complete(values)
+    assert completed['eval']['compound_split'] is True  # as configs/base.py; was False before
+    assert completed['eval']['lowercase_tokenized'] is False
+    assert completed['train']['dropout_prng'] == 'threefry'
+    assert completed['opt']['cooldown_steps'] == 0
+    assert completed['eval']['best_metric'] == 'sacrebleu'
+    assert 'max_len' not in completed['model']
+    assert 'max_len' in values['model']  # the config given is left as it is
     schema.parse(completed)  # and it is a whole config
 
 

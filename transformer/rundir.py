@@ -185,7 +185,7 @@ def read_config(workdir: str) -> schema.Experiment:
         )
     values = _load_json(config_path, _read_text(config_path))
     try:
-        config = schema.plain(schema.complete(schema.plain(values)))  # fields it predates
+        config = schema.complete(values)  # the fields it predates, as its run used them
         experiment = schema.parse(config)
     except schema.ConfigError as e:
         raise WorkdirError(f'{config_path}: {e}') from None

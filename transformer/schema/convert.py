@@ -4,6 +4,7 @@ ConfigDict of every field at its default, and `descriptions`, every field's one 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -101,11 +102,11 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
     return Experiment(model=model_config, **sections)
 
 
-def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` with the optional fields it predates set to their defaults (the values its
-    run used) and retired keys removed (for a run directory's config.json written by an
-    earlier version)."""
-    values = plain(config)
+def complete(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict:
+    """The plain dict of ``config`` with the optional fields it predates set to their defaults
+    (the values its run used) and retired keys removed (for a run directory's config.json
+    written by an earlier version); ``config`` itself is left as it is."""
+    values = copy.deepcopy(plain(config))
     for name, cls in SECTIONS.items():
         section = values.setdefault(name, {})
         if not isinstance(section, Mapping):
@@ -117,7 +118,7 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         section, name = key.split('.')
         if isinstance(values.get(section), Mapping):
             values[section].pop(name, None)
-    return ml_collections.ConfigDict(values)
+    return values
 
 
 def _model_fields() -> list[dataclasses.Field]:

@@ -121,7 +121,7 @@ def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
     back (`train_and_evaluate` does when it returns).
     """
     if not isinstance(config, schema.Experiment):
-        config = schema.complete(config)  # a config file written before a field existed
+        config = schema.parse(schema.complete(config))  # a file written before a field existed
     init_distributed(config.train)
     # Before anything is written; now that the processes have joined, the batch is checked
     # against the devices of all of them.
