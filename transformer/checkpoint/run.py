@@ -11,7 +11,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -172,5 +171,5 @@ class Checkpoints:
             ),
         )
         manager.wait_until_finished()  # rare (an improved BLEU): sealing it at once is cheap
-        if jax.process_index() == 0:
+        if self._writes:
             seal_step(self.workdir, step, best=True)
