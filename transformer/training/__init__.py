@@ -5,6 +5,7 @@ Modules:
 
 - run_setup.py: `setup`, a run built or resumed in its work directory.
 - loop.py: `train_and_evaluate`, the loop over a run's steps.
+- stops.py: why a run stops before its last step (non-finite values, Ctrl-C) and what it says.
 - steps.py: the train state, the label-smoothed loss, gradient accumulation, the steps.
 - loss.py: the cross-entropy fused with the output projection, a chunk of tokens at a time.
 - optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3).
@@ -22,11 +23,11 @@ from transformer.training.config_checks import (
 )
 from transformer.training.config_checks import check as check_config
 from transformer.training.footprint import check_decoding
-from transformer.training.loop import Interrupted, train_and_evaluate
+from transformer.training.loop import train_and_evaluate
 from transformer.training.loss import fused_cross_entropy
 from transformer.training.optim import make_optimizer
 from transformer.training.parallel import Parallel
-from transformer.training.run_setup import TrainingError, setup
+from transformer.training.run_setup import setup
 from transformer.training.steps import (
     build_model,
     cross_entropy_with_smoothing,
@@ -34,6 +35,7 @@ from transformer.training.steps import (
     init_state,
     train_step,
 )
+from transformer.training.stops import Interrupted, TrainingError
 
 __all__ = [
     'OUT_OF_MEMORY',

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from absl import logging
 
 from transformer import data as data_lib
@@ -24,66 +23,11 @@ from transformer import lock as lock_lib
 from transformer import rundir, schema
 from transformer.backends import fetch
 from transformer.training import metrics as metrics_lib
+from transformer.training import stops
 from transformer.training import validation as validation_lib
-from transformer.training.run_setup import Run, TrainingError, setup
-from transformer.training.steps import TrainState
+from transformer.training.run_setup import Run, setup
 
 PyTree = Any
-
-
-class Interrupted(TrainingError):
-    """Ctrl-C stopped the loop; the message names the checkpoint to resume from."""
-
-
-def _train_step(run: Run, batch, compiling: bool) -> tuple[TrainState, dict]:
-    """One step; the first of a process compiles it (jit dispatch waits for the compiler),
-    which takes a while on a big model and is said."""
-    if compiling:
-        logging.info('Compiling the training step ...')
-        start = time.perf_counter()
-    state, sums = run.parallel.train_step(run.state, batch, run.dropout_rng)
-    if compiling:
-        logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
-    return state, sums
-
-
-def _check_finite(run: Run, step: int, sums: Mapping[str, Any]) -> None:
-    """Stops on a non-finite loss or gradient, naming the newest checkpoint that verifies;
-    right after a resume it says that this checkpoint itself may be the cause."""
-    if np.isfinite(sums['loss']) and np.isfinite(sums['grad_norm']):
-        return
-    run.checkpoints.seal()
-    good = run.checkpoints.newest_verified()
-    where = f'{run.workdir}/{rundir.CHECKPOINTS}'
-    kept = f'step {good} in {where}' if good is not None else f'none in {where}'
-    message = (
-        f'Non-finite loss or gradient at step {step} (loss={sums["loss"]}, '
-        f'grad_norm={sums["grad_norm"]}); stopped. Newest verified checkpoint: {kept}. '
-    )
-    since = None if run.restored_step is None else step - run.restored_step
-    if since is not None and since <= run.config.train.log_every:
-        message += (
-            f'The run resumed from step {run.restored_step} only {since} step(s) before, so '
-            'that checkpoint itself may be bad (its values, not only the learning rate): move '
-            f'checkpoints/{run.restored_step} away to resume from an earlier step, or lower '
-            'opt.lr_scale / raise opt.warmup_steps.'
-        )
-    else:
-        message += 'Lower opt.lr_scale or raise opt.warmup_steps.'
-    raise TrainingError(message)
-
-
-def _interrupted(workdir: str, step: int, newest: int | None) -> Interrupted:
-    """What Ctrl-C at ``step`` leaves: the step the same command resumes from, or none."""
-    where = f'{workdir}/{rundir.CHECKPOINTS}'
-    if newest is None:
-        return Interrupted(
-            f'Interrupted at step {step}, before any checkpoint in {where}: the same command '
-            'starts this run over from step 0.'
-        )
-    return Interrupted(
-        f'Interrupted at step {step}; the same command resumes from step {newest} in {where}.'
-    )
 
 
 def train_and_evaluate(
@@ -143,14 +87,19 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
     try:
         while step < tc.num_steps and not stopped_early:
             batch, data_state = next(batches)
-            run.state, sums = _train_step(run, batch, compiling=step == first_step)
+            run.state, sums = parallel.train_step(run.state, batch, run.dropout_rng)
             step += 1
             is_last = step == tc.num_steps
             is_log = step % tc.log_every == 0 or is_last
             is_ckpt = step % tc.checkpoint_every == 0 or is_last
             if is_log or is_ckpt:
                 sums = fetch(sums)
-                _check_finite(run, step, sums)
+                stops.check_finite(
+                    run.checkpoints,
+                    *(step, sums),
+                    restored_step=run.restored_step,
+                    log_every=tc.log_every,
+                )
             log.add(sums)
             if is_log:
                 final['train'] = log.flush(step, sums, batches.wait_s)
@@ -176,7 +125,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         # Whatever stops the loop (an error, Ctrl-C), the save in flight is finished first.
         newest = run.checkpoints.finish()
         if isinstance(e, KeyboardInterrupt):
-            raise _interrupted(workdir, step, newest) from None
+            raise stops.interrupted(workdir, step, newest) from None
         raise
     finally:
         batches.close()

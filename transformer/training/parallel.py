@@ -25,6 +25,7 @@ number of devices or processes) with `Parallel.global_state`.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from flax import jax_utils
 from flax import linen as nn
 from jax.experimental import multihost_utils
@@ -191,6 +193,7 @@ class Parallel:
         ]
         self.batch_size = batch_size  # global rows; None: this process's rows x data_groups
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
+        self._compiled = False  # whether train_step has run (compiled) once
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
@@ -318,10 +321,17 @@ class Parallel:
         self, state: TrainState, batch: Mapping[str, Any], rng: jax.Array
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         """One step on a batch (host rows, or already placed by `put_batch`); the metric sums
-        come back global and unreplicated in both modes."""
+        come back global and unreplicated in both modes. The first call compiles the step (jit
+        dispatch waits for the compiler), which takes a while on a big model and is said."""
         if not isinstance(next(iter(batch.values())), jax.Array):
             batch = self.put_batch(batch)
+        compiling, start = not self._compiled, time.perf_counter()
+        if compiling:
+            logging.info('Compiling the training step ...')
         state, sums = self._step(state, batch, rng)
+        if compiling:
+            logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
+            self._compiled = True
         if self.mode == 'pmap':
             sums = {k: v[0] for k, v in sums.items()}  # identical on every device
         return state, sums

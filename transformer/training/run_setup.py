@@ -27,10 +27,7 @@ from transformer.training import config_checks, optim, steps
 from transformer.training.best import BestTracker
 from transformer.training.parallel import Parallel
 from transformer.training.steps import TrainState
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. a non-finite loss); the message says why and what was kept."""
+from transformer.training.stops import TrainingError
 
 
 @dataclasses.dataclass
