@@ -1,28 +1,46 @@
-"""Device- and host-specific settings, one file each, named for what it does. The model and
-the commands call them; nothing here knows the model.
+"""Device- and host-specific settings, one file each, named for what it does. Every choice
+that depends on the accelerator is made here; the model, the training step and the searches
+ask for it through this face (``from transformer import backends``; ``backends.einsum``), and
+nothing here knows the model.
 
-Modules (each a public name of this face: ``from transformer.backends import products``):
+Modules:
 
-- platform.py: the accelerator-dependent choices, 'auto' resolved to the measured winner.
-- products.py: the model's matrix products, bfloat16 at bfloat16 speed on CPUs.
-- logits_layout.py: the tied logits with their embedding gradient laid out for a CPU.
+- platform.py: the choices, 'auto' resolved to the backend's measured winner.
+- products.py: the matrix products, bfloat16 at bfloat16 speed on CPUs.
+- logits_layout.py: the tied logits, their embedding gradient laid out for a CPU.
 - segment_attention.py: Pallas's GPU flash attention over packed rows (segment ids).
-- host_memory.py: glibc's malloc settings for CPU training steps (``configure()``).
-- compile_cache.py: jax's persistent compilation cache (``configure()``).
-- fetch.py: ``fetch``, host reads that raise a failed computation's error instead of waiting.
-
-The modules are imported when a caller names them, not by importing this package: importing
-the model brings neither host_memory nor compile_cache.
+- fetch.py: host reads that raise a failed computation's error instead of waiting.
+- host_memory.py, compile_cache.py: glibc's malloc settings, jax's compilation cache; imported
+  when named (``from transformer.backends import host_memory``), not with the model.
 """
 
 from transformer.backends.fetch import fetch
+from transformer.backends.logits_layout import tied_logits
+from transformer.backends.platform import (
+    attention_impl,
+    cache_chunks,
+    embedding_grad,
+    on_cpu,
+    staged_search,
+)
+from transformer.backends.products import dense_dot_general, einsum
+from transformer.backends.segment_attention import packed_self_attention
 
 __all__ = [
+    'attention_impl',
+    'cache_chunks',
     'compile_cache',
+    'dense_dot_general',
+    'einsum',
+    'embedding_grad',
     'fetch',
     'host_memory',
     'logits_layout',
+    'on_cpu',
+    'packed_self_attention',
     'platform',
     'products',
     'segment_attention',
+    'staged_search',
+    'tied_logits',
 ]

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from transformer.backends import platform
+from transformer import backends
 from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
 
 Array = jax.Array
@@ -183,9 +183,9 @@ def forbid(scores: Array, at_limit: Array) -> Array:
 def stage_sizes(batch: int, min_stage_batch: int) -> list[int]:
     """Batch sizes a search with early stopping runs at (`shrinking_loop`): B, then B/2 and B/4
     while those are whole and at least ``min_stage_batch``; B alone where staging does not
-    pay (`platform.staged_search`)."""
+    pay (`backends.staged_search`)."""
     sizes = [batch]
-    if not platform.staged_search():
+    if not backends.staged_search():
         return sizes
     while len(sizes) < 3 and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= min_stage_batch:
         sizes.append(sizes[-1] // 2)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.backends import platform, products, segment_attention
+from transformer import backends
 from transformer.model import cache as cache_layout
 from transformer.model import masks
 from transformer.model.dropout import Dropout
@@ -116,7 +116,7 @@ class _Projection(nn.Module):
             self.bias = self.param('bias', bias_init, self.bias_shape, self.param_dtype)
 
     def __call__(self, x: Array) -> Array:
-        y = products.einsum(self.equation, x.astype(self.dtype), self.kernel.astype(self.dtype))
+        y = backends.einsum(self.equation, x.astype(self.dtype), self.kernel.astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias.astype(self.dtype)
         return y
@@ -131,7 +131,7 @@ def fused_projections(x: Array, projections: tuple[_Projection, ...]) -> tuple[A
     """
     first = projections[0]
     kernel = jnp.concatenate([p.kernel for p in projections], axis=1).astype(first.dtype)
-    y = products.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
+    y = backends.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
     if first.bias is not None:
         y = y + jnp.concatenate([p.bias for p in projections], axis=0).astype(first.dtype)
     return tuple(jnp.split(y, len(projections), axis=2))
@@ -152,7 +152,7 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     return jax.nn.softmax(logits, axis=-1) * mask
 
 
-# 'auto': the measured winner (`platform.attention_impl`); 'pallas': see MultiHeadAttention.
+# 'auto': the measured winner (`backends.attention_impl`); 'pallas': see MultiHeadAttention.
 ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
 
 
@@ -223,7 +223,7 @@ class MultiHeadAttention(nn.Module):
         'fused' (`fused_attention`: cuDNN flash attention on NVIDIA GPUs, XLA elsewhere; no
         weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
         packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
-        'auto' (the measured winner on this backend: `platform.attention_impl`).
+        'auto' (the measured winner on this backend: `backends.attention_impl`).
     """
 
     num_heads: int
@@ -307,7 +307,7 @@ class MultiHeadAttention(nn.Module):
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        if platform.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
+        if backends.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
             return out(self._fused(q, k, v, mask, inputs_q is inputs_kv and not decode))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
@@ -328,18 +328,18 @@ class MultiHeadAttention(nn.Module):
             return out(jax.lax.switch(index, branches, q, k, v, mask))
         if one_query:
             return out(_one_query(q, k, v, mask))
-        logits = products.einsum('BTNH,BSNH->BNTS', q, k)
+        logits = backends.einsum('BTNH,BSNH->BNTS', q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        heads = products.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
+        heads = backends.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
         return out(heads)
 
     def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
         """`fused_attention`; with 'pallas', packed self-attention by segment ids first."""
-        if self_attention and platform.attention_impl(self.attention_impl) == 'pallas':
-            by_segments = segment_attention.packed_self_attention(q, k, v, mask)
+        if self_attention and backends.attention_impl(self.attention_impl) == 'pallas':
+            by_segments = backends.packed_self_attention(q, k, v, mask)
             if by_segments is not None:
                 return by_segments
         return fused_attention(q, k, v, mask)

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer.backends import platform
+from transformer import backends
 
 Cache = Any
 
@@ -30,7 +30,7 @@ INDEX = 'cache_index'
 STATIC_ENTRIES = ('cached_static_key', 'cached_static_value')
 
 # A decoding step's self-attention reads the cache only up to the end of the chunk (of
-# `platform.cache_chunks()` equal chunks) that holds the position written: the cache is sized
+# `backends.cache_chunks()` equal chunks) that holds the position written: the cache is sized
 # for the longest output, most outputs end far earlier, and positions not yet written are
 # masked anyway.
 
@@ -38,7 +38,7 @@ STATIC_ENTRIES = ('cached_static_key', 'cached_static_value')
 def chunk_ends(length: int) -> list[int]:
     """The key lengths a step may read in a self-attention cache of ``length`` keys: the
     ends of its chunks."""
-    chunks = platform.cache_chunks()
+    chunks = backends.cache_chunks()
     return sorted({-(-length * (c + 1) // chunks) for c in range(chunks)})
 
 
@@ -46,7 +46,7 @@ def padded_length(positions: int) -> int:
     """Cache positions for ``positions`` decoding steps: a multiple of the chunk count, so
     that each chunk holds whole positions (all K slots of each, in a cache shared by K
     beams)."""
-    chunks = platform.cache_chunks()
+    chunks = backends.cache_chunks()
     return -(-positions // chunks) * chunks
 
 

@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from transformer.backends import platform
+from transformer import backends
 
 Array = jax.Array
 # Tokens per one-hot block of the 'one_hot' gradient: its one-hot block is
@@ -96,7 +96,7 @@ custom_grad_lookup.defvjp(_custom_fwd, _custom_bwd)
 def lookup(embedding: Array, tokens: Array, dtype, grad: str = 'auto') -> Array:
     """Embedding rows [..., D] of ``tokens`` [...] in ``dtype``: the same gather forward, and
     the gradient ``grad`` names (one of EMBEDDING_GRADS; module docstring)."""
-    grad = platform.embedding_grad(grad)
+    grad = backends.embedding_grad(grad)
     if grad == 'scatter':
         return take_lookup(embedding, tokens, dtype)
     if grad not in _SUMS:

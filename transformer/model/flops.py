@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer.backends import products
+from transformer import backends
 from transformer.model.config import TransformerConfig
 
 # Dense peak FLOP/s per chip (vendor data sheets; SXM parts for NVIDIA), by dtype. Matched
@@ -69,11 +69,11 @@ def accelerator_peak(device: jax.Device, dtype: str) -> float | None:
 def measured_matmul_peak(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
     """Best-of-``repeats`` FLOP/s of a jitted n x n @ n x n matmul on the default device.
 
-    The product is `products.einsum`, the model's own: in bfloat16 on a CPU that is the
+    The product is `backends.einsum`, the model's own: in bfloat16 on a CPU that is the
     bfloat16 kernel with float32 results, about twice the float32 rate.
     """
     x = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
-    matmul = jax.jit(lambda a, b: products.einsum('ij,jk->ik', a, b))
+    matmul = jax.jit(lambda a, b: backends.einsum('ij,jk->ik', a, b))
     matmul(x, x).block_until_ready()
     best = float('inf')
     for _ in range(repeats):

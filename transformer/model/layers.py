@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer.backends import products
+from transformer import backends
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
@@ -97,7 +97,7 @@ class FeedForward(nn.Module):
                 param_dtype=cfg.param_dtype,
                 kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
                 bias_init=partitioned(nn.initializers.zeros, axes[1:]),
-                dot_general=products.dense_dot_general,
+                dot_general=backends.dense_dot_general,
                 name=name,
             )
 

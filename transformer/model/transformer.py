@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.backends import logits_layout, products
+from transformer import backends
 from transformer.model import embedding as embedding_lib
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
@@ -74,7 +74,7 @@ class Transformer(nn.Module):
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 kernel_init=partitioned(nn.initializers.lecun_normal(), ('embed', 'vocab')),
-                dot_general=products.dense_dot_general,
+                dot_general=backends.dense_dot_general,
                 name='logits_dense',
             )
         self.encoder_layers = [
@@ -195,7 +195,7 @@ class Transformer(nn.Module):
             logits = self.logits_dense(y)
         else:
             embedding = self.target_embedding.embedding.astype(cfg.dtype)
-            logits = logits_layout.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
+            logits = backends.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
         return logits.astype(jnp.float32)
 
     def output_projection(self) -> tuple[Array, Array | None]:

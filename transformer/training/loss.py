@@ -29,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from transformer.backends import products
+from transformer import backends
 
 Array = jax.Array
 
@@ -111,7 +111,7 @@ def _chunks(x: Array, size: int) -> Array:
 
 def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
     """float32 [C, V] logits of one chunk, the product in the operands' dtype as in decode."""
-    z = products.einsum('CD,VD->CV', y, weight)
+    z = backends.einsum('CD,VD->CV', y, weight)
     if bias is not None:
         z = z + bias
     return z.astype(jnp.float32)
@@ -137,7 +137,7 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
         is_target = t_c[:, None] == jnp.arange(z.shape[-1], dtype=t_c.dtype)
         dz = jnp.exp(z - lse[:, None]) - low - jnp.where(is_target, on_target, 0.0)
         dz = (dz * wt_c[:, None]).astype(dtype)
-        dy_c = products.einsum('CV,VD->CD', dz, w)
+        dy_c = backends.einsum('CV,VD->CD', dz, w)
         # dW^T = y^T dz keeps the [C, V] block in place (see backends/logits_layout.py).
         dwt = jnp.einsum('CD,CV->DV', y_c, dz, preferred_element_type=jnp.float32)
         db = None if b is None else dz.astype(jnp.float32).sum(0)
