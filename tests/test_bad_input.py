@@ -71,7 +71,7 @@ BAD_OVERRIDES = [
     ('opt.eps=inf', 'opt.eps=inf must be a finite number.'),
     ('opt.clip_grad_norm=-inf', 'opt.clip_grad_norm=-inf must be a finite number.'),
     ('train.label_smoothing=nan', 'train.label_smoothing=nan must be a finite number.'),
-    ('model.dropout_rate=nan', 'model.dropout_rate=nan must be in [0, 1).'),
+    ('model.dropout_rate=nan', 'model.dropout_rate=nan must be a finite number.'),
     # Integers beyond what jax or the machine can take.
     ('train.seed=18446744073709551616', 'train.seed=18446744073709551616 must be <= 9223372'),
     ('train.num_steps=10000000000', 'train.num_steps=10000000000 must be <= 2147483647'),

@@ -5,7 +5,9 @@ why).
 
 Layers, from the ground up (a module may import its own package and any lower layer):
 
-    0  tokens, multihost, lock, backends/       leaves: ids, process-0 decisions, devices
+    0  tokens, multihost, lock, files, fields,  leaves: ids, process-0 decisions, the lock,
+       backends/                                disk errors, config fields and their rules,
+                                                devices
     1  model/, data/                            the network; text to batches
     2  schema                                   the config's typed sections and their rules
     3  configs/, rundir                         experiments; the run directory
@@ -29,6 +31,7 @@ LAYERS = {
     'multihost': 0,
     'lock': 0,
     'files': 0,
+    'fields': 0,
     'backends': 0,
     'model': 1,
     'data': 1,

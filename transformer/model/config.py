@@ -7,45 +7,62 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import jax.numpy as jnp
 
+from transformer.fields import (
+    ABOVE_ZERO,
+    POSITIVE,
+    POSITIVE_OR_NONE,
+    RATE,
+    ConfigError,
+    Section,
+    field,
+)
 from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
 
 ShareEmbeddings = Literal['all', 'target', 'none']
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _field(default: Any, doc: str) -> Any:
-    """A field with its default and its one-line description (what ``--help`` prints)."""
-    return dataclasses.field(default=default, metadata={'doc': doc})
+def _field(default: Any, doc: str, rule: dict[str, Any] | None = None) -> Any:
+    # Every model field may be left out of a config (config.json of an earlier run).
+    return field(default, rule, doc=doc, optional=True)
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(Section):
     """Hyper-parameters of the model: the config's ``model`` section (transformer/schema/).
     Each default, written only here, is the paper's base model (Table 3). A run's config.json
     written before a field existed gets its default: each such field's default is the value
     those runs used, but for attention_impl and embedding_grad, which choose how, not what,
-    is computed (rundir.RESUME_FREE)."""
+    is computed (rundir.RESUME_FREE). Each field is checked against its type and rule as the
+    schema's sections are (`transformer.fields.Section`); the rule between fields is
+    `__post_init__`'s."""
 
-    vocab_size: int
-    d_model: int = _field(512, "D (Table 3, base): the width of every layer's input and output")
-    num_heads: int = _field(8, 'N, attention heads per layer')
-    head_dim: int | None = _field(None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)')
-    d_ff: int = _field(2048, 'F, inner FFN width')
-    num_encoder_layers: int = _field(6, 'encoder layers (Sec. 3.1)')
-    num_decoder_layers: int = _field(6, 'decoder layers (Sec. 3.1)')
-    dropout_rate: float = _field(0.1, 'P_drop on sub-layer outputs and embedding sums (Sec. 5.4)')
-    attention_dropout_rate: float = _field(0.0, 'on attention probabilities (not in the paper)')
-    relu_dropout_rate: float = _field(0.0, 'after the FFN ReLU (not in the paper)')
-    # Accepted and ignored: the network has no length limit (sinusoidal positions, caches
-    # sized by the caller); the longest training row is the data's max_len.
+    SECTION = 'model'
+    vocab_size: int = dataclasses.field(metadata={**POSITIVE, 'doc': 'the joint vocabulary'})
+    d_model: int = _field(
+        512, "D (Table 3, base): the width of every layer's input and output", POSITIVE
+    )
+    num_heads: int = _field(8, 'N, attention heads per layer', POSITIVE)
+    head_dim: int | None = _field(
+        None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)', POSITIVE_OR_NONE
+    )
+    d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
+    num_encoder_layers: int = _field(6, 'encoder layers (Sec. 3.1)', POSITIVE)
+    num_decoder_layers: int = _field(6, 'decoder layers (Sec. 3.1)', POSITIVE)
+    dropout_rate: float = _field(
+        0.1, 'P_drop on sub-layer outputs and embedding sums (Sec. 5.4)', RATE
+    )
+    attention_dropout_rate: float = _field(
+        0.0, 'on attention probabilities (not in the paper)', RATE
+    )
+    relu_dropout_rate: float = _field(0.0, 'after the FFN ReLU (not in the paper)', RATE)
+    # Accepted from Python callers and ignored: the network has no length limit (sinusoidal
+    # positions, caches sized by the caller); the longest training row is the data's max_len.
+    # A config file's model.max_len is dropped when it is read (schema.RETIRED_KEYS).
     max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;
@@ -56,7 +73,9 @@ class TransformerConfig:
     pre_layer_norm: bool = _field(
         False, "post-LN as in the paper; True = pre-LN (t2t's later default)"
     )
-    layer_norm_epsilon: float = _field(1e-6, 'added to the variance in layer normalization')
+    layer_norm_epsilon: float = _field(
+        1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
+    )
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
     # 'pallas': 'fused', with packed self-attention by Pallas's segment-id kernel on a GPU;
@@ -77,40 +96,9 @@ class TransformerConfig:
 
     def __post_init__(self, max_len: int | None):
         del max_len
-        for name in ('d_model', 'num_heads', 'd_ff', 'num_encoder_layers', 'num_decoder_layers'):
-            if not _positive_int(getattr(self, name)):
-                raise ValueError(f'model.{name}={getattr(self, name)!r} must be an integer >= 1.')
-        if self.head_dim is not None and not _positive_int(self.head_dim):
-            raise ValueError(f'model.head_dim={self.head_dim!r} must be an integer >= 1 (or None).')
-        for name in ('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate'):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise ValueError(f'model.{name}={value!r} must be in [0, 1).')
-        if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
-            raise ValueError(f'model.layer_norm_epsilon={self.layer_norm_epsilon!r} must be > 0.')
-        if not self.layer_norm_epsilon < float('inf'):  # nan compares false to every bound
-            raise ValueError(
-                f'model.layer_norm_epsilon={self.layer_norm_epsilon!r} must be a finite number.'
-            )
-        if not isinstance(self.pre_layer_norm, bool):
-            raise ValueError(f'model.pre_layer_norm={self.pre_layer_norm!r} must be a bool.')
-        if self.share_embeddings not in get_args(ShareEmbeddings):
-            raise ValueError(
-                f'model.share_embeddings={self.share_embeddings!r} must be one of '
-                + ', '.join(map(repr, get_args(ShareEmbeddings)))
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f'model.attention_impl={self.attention_impl!r} must be one of '
-                + ', '.join(map(repr, ATTENTION_IMPLS))
-            )
-        if self.embedding_grad not in EMBEDDING_GRADS:
-            raise ValueError(
-                f'model.embedding_grad={self.embedding_grad!r} must be one of '
-                + ', '.join(map(repr, EMBEDDING_GRADS))
-            )
+        super().__post_init__()
         if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(
+            raise ConfigError(
                 f'model.d_model={self.d_model} must be a multiple of model.num_heads='
                 f'{self.num_heads} (or set model.head_dim).'
             )
@@ -137,11 +125,11 @@ def config_from_dict(
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
         hint = f'; did you mean model.{close[0]}?' if close else f'; valid keys: {sorted(fields)}'
-        raise ValueError(f'unknown config key model.{unknown[0]}{hint}')
+        raise ConfigError(f'unknown config key model.{unknown[0]}{hint}')
     for key in ('dtype', 'param_dtype'):
         if isinstance(kwargs.get(key), str):
             if kwargs[key] not in DTYPES:
-                raise ValueError(
+                raise ConfigError(
                     f'model.{key}={kwargs[key]!r} must be one of ' + ', '.join(map(repr, DTYPES))
                 )
             kwargs[key] = DTYPES[kwargs[key]]

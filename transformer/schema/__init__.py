@@ -6,7 +6,8 @@ at the command line, and the run reads only the typed sections: every field's ty
 choices are checked in the sections' ``__post_init__``, so a value that cannot work stops the
 command in one line before anything is written. config.json holds `to_dict` of it, and
 `rundir.read_config` parses it back. The model section is the model's own `TransformerConfig`,
-whose fields and rules live with the network (transformer/model/config.py).
+whose fields and rules live with the network (transformer/model/config.py) and are checked as
+the other sections' are (transformer/fields.py: one way to validate).
 
 Each default is written once: here, on its field (sections.py; the model's on
 TransformerConfig's fields; a data source's own keys in its ``KEYS`` table, with their types
@@ -24,6 +25,13 @@ Each choice list is written once, as a ``Literal`` (sections.py); the modules th
 choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
 """
 
+from transformer.fields import (
+    MAX_INIT_TIMEOUT,
+    MAX_SEED,
+    MAX_STEP,
+    MAX_VOCAB,
+    ConfigError,
+)
 from transformer.schema.convert import (
     Config,
     complete,
@@ -32,13 +40,6 @@ from transformer.schema.convert import (
     parse,
     plain,
     to_dict,
-)
-from transformer.schema.fields import (
-    MAX_INIT_TIMEOUT,
-    MAX_SEED,
-    MAX_STEP,
-    MAX_VOCAB,
-    ConfigError,
 )
 from transformer.schema.sections import (
     DROPOUT_PRNGS,

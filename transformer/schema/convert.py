@@ -17,8 +17,8 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer.data import sources as data_sources
+from transformer.fields import ConfigError
 from transformer.model import TransformerConfig, config_from_dict
-from transformer.schema.fields import ConfigError
 from transformer.schema.sections import RETIRED_KEYS, SECTIONS, DataSection, Experiment
 
 

@@ -13,8 +13,7 @@ from typing import Any, Literal, get_args
 
 from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, DataError
 from transformer.data import sources as data_sources
-from transformer.model import TransformerConfig
-from transformer.schema.fields import (
+from transformer.fields import (
     ABOVE_ZERO,
     AT_LEAST_2,
     AT_LEAST_4,
@@ -29,6 +28,7 @@ from transformer.schema.fields import (
     Section,
     field,
 )
+from transformer.model import TransformerConfig
 
 Schedule = Literal['rsqrt', 'constant']  # the paper's warm-up + inverse square root; a constant
 DropoutPrng = Literal['threefry', 'rbg', 'unsafe_rbg', 'philox4x32']

@@ -1,6 +1,7 @@
 """A config field's parts kept together: its type (the annotation), default, rule, upper
 bound (``most``, with why) and one-line description (``doc``, what ``--help`` prints), and
-the check every section runs on its fields."""
+the check every section runs on its fields: the model's `TransformerConfig` and the
+schema's sections (transformer/schema/) validate one way."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def _rule(ok: Callable[[Any], bool], wanted: str) -> dict[str, Any]:
 
 POSITIVE = _rule(lambda v: v >= 1, 'an integer >= 1')
 NON_NEGATIVE = _rule(lambda v: v >= 0, '>= 0')
+POSITIVE_OR_NONE = _rule(lambda v: v >= 1, 'an integer >= 1 (or None)')
 RATE = _rule(lambda v: 0 <= v < 1, 'in [0, 1)')
 ABOVE_ZERO = _rule(lambda v: v > 0, '> 0')
 AT_LEAST_2 = _rule(lambda v: v >= 2, 'an integer >= 2')
@@ -60,7 +62,9 @@ def field(
 
 def matches(value: Any, want: Any) -> bool:
     """Whether ``value`` fits the annotation ``want`` (int for a float field, never a bool
-    for a number)."""
+    for a number; `Any` takes every value)."""
+    if want is Any:
+        return True
     origin = typing.get_origin(want)
     if origin is Literal:
         return value in get_args(want)
