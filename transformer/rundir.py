@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, schema
@@ -46,7 +47,7 @@ FINAL_METRICS_FILE = 'final_metrics.json'
 EVAL_DIR = 'eval'
 MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
-HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`record_changes`)
+HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
 # Settings a resumed run may change in its model or data section: paths to the same files,
 # and another way to compute the same attention or the same embedding gradient.
 RESUME_FREE = (
@@ -162,7 +163,7 @@ def _values(config: Config) -> dict[str, Any]:
 
 
 def write_config(workdir: str, config: Config) -> None:
-    """Writes ``config.json``: the settings a run starts with (later changes: `record_changes`)."""
+    """Writes ``config.json``: the settings a run starts with (later changes: `keep_record`)."""
     with open(path(workdir, CONFIG_FILE), 'w') as f:
         f.write(json.dumps(_values(config), indent=2))
 
@@ -303,11 +304,22 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     return changes
 
 
-def record_changes(workdir: str, step: int, changes: Sequence[tuple[str, Any, Any]]) -> None:
-    """Appends the changes a resume at ``step`` applies to ``config_history.jsonl``."""
-    with open(path(workdir, HISTORY_FILE), 'a') as f:
-        for key, old, new in changes:
-            f.write(json.dumps({'step': step, 'key': key, 'old': old, 'new': new}) + '\n')
+def keep_record(
+    workdir: str, config: Config, step: int | None, changes: Sequence[tuple[str, Any, Any]]
+) -> None:
+    """config.json describes what the run started with: written when it starts (``step``
+    None: nothing restored); a resume at ``step`` adds the settings it changes (`resume_changes`),
+    one line each on the console and in config_history.jsonl. Process 0 writes."""
+    if step is None:
+        if multihost.is_main():
+            write_config(workdir, config)
+        return
+    for key, old, new in changes:
+        logging.info('Resuming at step %d with %s=%r (was %r).', step, key, new, old)
+    if changes and multihost.is_main():
+        with open(path(workdir, HISTORY_FILE), 'a') as f:
+            for key, old, new in changes:
+                f.write(json.dumps({'step': step, 'key': key, 'old': old, 'new': new}) + '\n')
 
 
 def has_checkpoints(workdir: str) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import socket
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
-from transformer import multihost, rundir, schema
+from transformer import rundir, schema
 from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer
 from transformer.training import config_checks, optim, steps
@@ -159,10 +158,11 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     restored = checkpoints.restore_latest(parallel.abstract_state(init))
     state, meta, latest = restored or (parallel.init_state(init), None, None)
     if latest is not None:
-        _warn_on_another_dropout_prng(workdir, config)
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
-    _keep_record(workdir, config, latest, changes)
+    rundir.keep_record(workdir, config, latest, changes)
+    if latest is not None and (warning := steps.resumed_prng_warning(changes)):
+        logging.warning(warning)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     cfg = model.config
     logging.info(
@@ -189,24 +189,3 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
         restored_step=latest,
         lock=lock,
     )
-
-
-def _warn_on_another_dropout_prng(workdir: str, config: schema.Experiment) -> None:
-    """Resuming draws other dropout masks than an uninterrupted run would: say so."""
-    if os.path.exists(rundir.path(workdir, rundir.CONFIG_FILE)):
-        if warning := steps.resumed_prng_warning(rundir.read_config(workdir).train, config.train):
-            logging.warning(warning)
-
-
-def _keep_record(workdir: str, config: schema.Experiment, latest, changes) -> None:
-    """config.json describes what the run started with: written when it starts (no step
-    restored); a resume adds the settings it changes, one line each on the console and in
-    config_history.jsonl (written once the config is known to fit the checkpoints)."""
-    if latest is None:
-        if multihost.is_main():
-            rundir.write_config(workdir, config)
-        return
-    for key, old, new in changes:
-        logging.info('Resuming at step %d with %s=%r (was %r).', latest, key, new, old)
-    if changes and multihost.is_main():
-        rundir.record_changes(workdir, latest, changes)

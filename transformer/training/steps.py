@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -80,20 +80,19 @@ def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
     return jax.random.fold_in(jax.random.key(seed, impl=prng), 1)
 
 
-def resumed_prng_warning(saved_train: Any, train: Any) -> str | None:
-    """One line for a run that resumes with another dropout PRNG than it was started with.
-
-    ``saved_train`` is the ``train`` section of the run's config.json (a run saved before the
-    field existed drew its masks with threefry); None when the generators agree.
-    """
-    saved, now = saved_train.dropout_prng, train.dropout_prng
-    if saved == now:
-        return None
-    return (
-        f'This run was started with train.dropout_prng={saved!r} and resumes with {now!r}: '
-        'its dropout masks from here on differ from an uninterrupted run '
-        f'(--config.train.dropout_prng={saved} keeps them).'
-    )
+def resumed_prng_warning(changes: Sequence[tuple[str, Any, Any]]) -> str | None:
+    """One line for a resume whose ``changes`` (`rundir.resume_changes`: key, old, new) switch
+    the dropout PRNG: the masks from there on differ from an uninterrupted run's. None when
+    the generator stays (a config.json written before the field existed reads as threefry,
+    the generator such runs used)."""
+    for key, saved, now in changes:
+        if key == 'train.dropout_prng':
+            return (
+                f'This run was started with train.dropout_prng={saved!r} and resumes with '
+                f'{now!r}: its dropout masks from here on differ from an uninterrupted run '
+                f'(--config.train.dropout_prng={saved} keeps them).'
+            )
+    return None
 
 
 def cross_entropy_with_smoothing(
