@@ -52,3 +52,20 @@ def test_the_model_rejects_what_the_sections_reject():
             assert str(info.value) == f'{cls.SECTION}.{name}={bad!r} must be {wanted}.'
     with pytest.raises(fields.ConfigError, match=r'model.pre_layer_norm=1 must be of type bool'):
         _section(TransformerConfig, pre_layer_norm=1)
+
+
+def test_an_unknown_key_is_named_with_the_nearest_known_one_in_every_section():
+    """The model section (`config_from_dict`) and the schema's sections share the check."""
+    from transformer import configs
+    from transformer.model import config_from_dict
+
+    with pytest.raises(fields.ConfigError) as info:
+        config_from_dict({'d_modle': 8}, vocab_size=8)
+    assert str(info.value) == 'unknown config key model.d_modle; did you mean model.d_model?'
+    values = configs.load('tiny').to_dict()
+    values['opt']['warmup_stesp'] = 5
+    with pytest.raises(fields.ConfigError) as info:
+        schema.parse(values)
+    assert str(info.value) == 'unknown config key opt.warmup_stesp; did you mean opt.warmup_steps?'
+    with pytest.raises(fields.ConfigError, match=r'^unknown config key model\.zzz$'):
+        config_from_dict({'zzz': 1}, vocab_size=8)

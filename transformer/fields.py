@@ -6,10 +6,11 @@ schema's sections (transformer/schema/) validate one way."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args
 
 
@@ -58,6 +59,17 @@ def field(
     """
     metadata = {**(rule or {}), 'most': most, 'doc': doc, 'optional': optional}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_keys(section: str, names: Iterable[str], known: Iterable[str]) -> None:
+    """`ConfigError` for the first of ``names`` (a section's keys as a config gives them) that
+    is not one of ``known``, with the nearest known key."""
+    known = sorted(known)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f'; did you mean {section}.{close[0]}?' if close else ''
+        raise ConfigError(f'unknown config key {section}.{unknown[0]}{hint}')
 
 
 def matches(value: Any, want: Any) -> bool:

@@ -5,7 +5,6 @@ config without importing the network built from them."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ from transformer.fields import (
     RATE,
     ConfigError,
     Section,
+    check_keys,
     field,
 )
 from transformer.model.attention import ATTENTION_IMPLS
@@ -119,13 +119,9 @@ def config_from_dict(
     """
     if isinstance(model, TransformerConfig):
         return dataclasses.replace(model, vocab_size=vocab_size)
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {'vocab_size'}
     kwargs = dict(model)
-    unknown = sorted(set(kwargs) - fields)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
-        hint = f'; did you mean model.{close[0]}?' if close else f'; valid keys: {sorted(fields)}'
-        raise ConfigError(f'unknown config key model.{unknown[0]}{hint}')
+    fields = [f.name for f in dataclasses.fields(TransformerConfig) if f.name != 'vocab_size']
+    check_keys('model', kwargs, fields)
     for key in ('dtype', 'param_dtype'):
         if isinstance(kwargs.get(key), str):
             if kwargs[key] not in DTYPES:

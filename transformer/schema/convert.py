@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer.data import sources as data_sources
-from transformer.fields import ConfigError
+from transformer.fields import ConfigError, check_keys
 from transformer.model import TransformerConfig, config_from_dict
 from transformer.schema.sections import RETIRED_KEYS, SECTIONS, DataSection, Experiment
 
@@ -36,10 +35,7 @@ def _section(cls: type, values: Mapping[str, Any]) -> Any:
         known = {k: v for k, v in values.items() if k in fields}
         sources = {k: _frozen(values[k]) for k in unknown}
         return cls(**known, sources=types.MappingProxyType(sources))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
-        hint = f'; did you mean {cls.SECTION}.{close[0]}?' if close else ''
-        raise ConfigError(f'unknown config key {cls.SECTION}.{unknown[0]}{hint}')
+    check_keys(cls.SECTION, values, fields)
     return cls(**values)
 
 

@@ -160,9 +160,9 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     if latest is not None:
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)
+        if warning := steps.resumed_prng_warning(changes):
+            logging.warning(warning)
     rundir.keep_record(workdir, config, latest, changes)
-    if latest is not None and (warning := steps.resumed_prng_warning(changes)):
-        logging.warning(warning)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     cfg = model.config
     logging.info(
