@@ -62,14 +62,16 @@ def field(
 
 
 def check_keys(section: str, names: Iterable[str], known: Iterable[str]) -> None:
-    """`ConfigError` for the first of ``names`` (a section's keys as a config gives them) that
-    is not one of ``known``, with the nearest known key."""
+    """`ConfigError` for the first of ``names`` (keys as a config or a command line gives them,
+    below ``section``; '' for dotted keys of the whole config) that is not one of ``known``,
+    with the nearest known key."""
     known = sorted(known)
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f'; did you mean {section}.{close[0]}?' if close else ''
-        raise ConfigError(f'unknown config key {section}.{unknown[0]}{hint}')
+    allowed, prefix = set(known), f'{section}.' if section else ''
+    for name in names:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f'; did you mean {prefix}{close[0]}?' if close else ''
+            raise ConfigError(f'unknown config key {prefix}{name}{hint}')
 
 
 def matches(value: Any, want: Any) -> bool:

@@ -4,11 +4,12 @@ a section named without ``--config.``."""
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Sequence
 
 import ml_collections
+
+from transformer.fields import ConfigError, check_keys
 
 __all__ = ['explain_flag_error', 'unknown_key_message']
 
@@ -25,16 +26,13 @@ def _keys(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
 def unknown_key_message(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:
     """ "unknown config key K; did you mean M?" for the first ``--config.K`` override in
     ``argv`` that ``config`` does not have (None: every override names a key)."""
-    known = _keys(config)
-    for arg in argv:
-        if not arg.startswith('--config.'):
-            continue
-        key = arg[len('--config.') :].split('=', 1)[0]
-        if key in known:
-            continue
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f'; did you mean {close[0]}?' if close else ''
-        return f'unknown config key {key}{hint}'
+    overrides = [
+        arg[len('--config.') :].split('=', 1)[0] for arg in argv if arg.startswith('--config.')
+    ]
+    try:
+        check_keys('', overrides, _keys(config))
+    except ConfigError as e:
+        return str(e)
     return None
 
 
