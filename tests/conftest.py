@@ -62,7 +62,7 @@ import pytest  # noqa: E402
 def run_dir(tmp_path_factory):
     """A tiny synthetic training run with checkpoints at steps 2 and 4."""
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(4)
     config.train.checkpoint_every = 2

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import trainer  # noqa: E402
+from transformer.commands import train as trainer  # noqa: E402
 from transformer.data import tokenizer  # noqa: E402
 from transformer.training import validation
 

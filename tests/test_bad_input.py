@@ -21,7 +21,8 @@ import pytest
 from absl import flags
 
 from tests.tiny_run import SMALL, command_line
-from transformer import configs, schema, trainer
+from transformer import configs, schema
+from transformer.commands import train as trainer
 from transformer.model import TransformerConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,8 +18,8 @@ Layers, from the ground up (a module may import its own package and any lower la
     8  commands/                                train, evaluate, translate, visualize, export;
                                                 their console and help
     9  api                                      the commands' work from Python
-    The names trainer, evaluate, translate, visualize and export at the top are the commands'
-    modules under their earlier paths (``python -m transformer.evaluate``).
+    The names evaluate, translate, visualize and export at the top are the commands' modules
+    under their earlier paths (``python -m transformer.evaluate``).
 """
 
 import ast
@@ -43,7 +43,6 @@ LAYERS = {
     'evaluation': 6,
     'training': 7,
     'commands': 8,
-    'trainer': 9,
     'evaluate': 9,
     'translate': 9,
     'visualize': 9,
@@ -174,16 +173,11 @@ def test_modules_and_functions_stay_short():
 REPO = PACKAGE.parent
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob('*/__init__.py'))
 _STAGES = 'times the data pipeline stage by stage: the modules behind the face are what it measures'
-_PATCHES = 'swaps a module global for one measurement: patches a module, uses no API'
 # Imports of a module behind a face, by (importing file, imported module): each with why.
 BEHIND_THE_FACE = {
     ('benchmarks/data_pipeline.py', 'transformer.data.packing'): _STAGES,
     ('benchmarks/data_pipeline.py', 'transformer.data.tokenized'): _STAGES,
     ('benchmarks/data_pipeline.py', 'transformer.data.tokenizer'): _STAGES,
-    ('benchmarks/loss_speed.py', 'transformer.training.steps'): _PATCHES,
-    ('benchmarks/step_overhead.py', 'transformer.model.attention'): _PATCHES,
-    ('benchmarks/step_overhead.py', 'transformer.model.layers'): _PATCHES,
-    ('benchmarks/step_overhead.py', 'transformer.model.transformer'): _PATCHES,
 }
 
 

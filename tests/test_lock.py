@@ -9,7 +9,8 @@ import pytest
 
 from tests.subprocess_env import repo_env
 from tests.tiny_run import tiny_run_config
-from transformer import lock, trainer
+from transformer import lock
+from transformer.commands import train as trainer
 
 
 @pytest.mark.slow

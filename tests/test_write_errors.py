@@ -19,7 +19,8 @@ import sys
 import pytest
 
 from tests.tiny_run import SMALL, command_line
-from transformer import evaluate, export, files, trainer, translate
+from transformer import evaluate, export, files, translate
+from transformer.commands import train as trainer
 
 
 def _mount(directory, *options: str) -> str | None:

@@ -152,7 +152,7 @@ def test_resume_skips_a_corrupted_step_and_continues_exactly(run_dir, tmp_path, 
     """Training resumes from the newest intact step (with a warning), moves the corrupt
     step aside, and re-trains to the same parameters; with no intact step it stops."""
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(4)
     config.train.checkpoint_every = 2
@@ -179,7 +179,7 @@ def test_unsealed_step_resumes_unverified_and_is_never_sealed_afterwards(run_dir
     one-line warning and leaves it unsealed (hashing bytes nobody saw written would certify
     them); the steps this run saves are sealed."""
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(6)
     config.train.checkpoint_every = 2
@@ -198,7 +198,7 @@ def test_unreadable_unsealed_step_falls_back_once_an_older_step_fits(run_dir, tm
     read error, and re-trains to the same parameters. With a config that fits no step the
     run stops on the config and moves nothing."""
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(4)
     config.train.checkpoint_every = 2
@@ -236,7 +236,7 @@ def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
     import time
 
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(4)
     config.train.checkpoint_every = 2
@@ -263,7 +263,7 @@ def test_temporary_directories_of_killed_saves_are_removed_on_start(run_dir, tmp
     """Orbax's `<step>.orbax-checkpoint-tmp-*` directories of a save killed half-way are
     never read; the next training run removes them (they would leak disk)."""
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     run = tmp_path / 'run'
     shutil.copytree(run_dir, run)
@@ -290,7 +290,7 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     import signal
 
     from tests.tiny_run import tiny_run_config
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     run = tmp_path / 'run'
     shutil.copytree(run_dir, run)
@@ -382,7 +382,8 @@ def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path,
     6 and 8 by default and say which steps they left out; --average_last 4 takes all four;
     with nothing after the warm-up the newest step alone is loaded."""
     from tests.tiny_run import tiny_run_config
-    from transformer import evaluate, trainer
+    from transformer import evaluate
+    from transformer.commands import train as trainer
 
     config = tiny_run_config(8)
     config.train.checkpoint_every = 2

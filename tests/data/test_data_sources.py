@@ -84,7 +84,7 @@ def test_folder_trains_end_to_end(tmp_path):
 
 def test_unknown_dataset_fails_fast():
     start = time.perf_counter()
-    with pytest.raises(data.DataError, match=r"Unknown dataset .*de-en'\.$"):
+    with pytest.raises(data.DataError, match=r"nor a TFDS dataset: .*'wmt14_translate/de-en'\.$"):
         data.load_text(_config(dataset='no_such_dataset'), 'train')
     with pytest.raises(data.DataError, match="did you mean 'multi30k'"):
         data.load_text(_config(dataset='multi31k'), 'train')

@@ -38,7 +38,7 @@ def _train(tmp_path, monkeypatch, num_steps, scores):
         'bleu',
         lambda self, params: dict.fromkeys(('sacrebleu', 'tokenized_bleu', 'chrf'), next(values)),
     )
-    from transformer import trainer
+    from transformer.commands import train as trainer
 
     return trainer.train_and_evaluate(config, str(tmp_path))
 

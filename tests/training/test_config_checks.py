@@ -8,7 +8,8 @@ import pytest
 from absl import flags
 
 from configs import tiny
-from transformer import configs, trainer
+from transformer import configs
+from transformer.commands import train as trainer
 from transformer.training import config_checks
 
 
@@ -53,7 +54,10 @@ def test_shipped_configs_pass(name):
         ),
         ('data.vocab_model_type=foo', "data.vocab_model_type='foo' must be one of 'bpe'"),
         ('data.synthetic.num_train=0', 'data.synthetic.num_train=0 must be >= 1.'),
-        ('opt.schedule=cosine', "opt.schedule='cosine' must be one of 'rsqrt', 'constant'."),
+        (
+            'opt.schedule=cosine',
+            "opt.schedule='cosine' must be one of 'rsqrt', 'constant', 'inverse_sqrt'.",
+        ),
         ('train.seed=-1', 'train.seed=-1 must be >= 0.'),
         ('train.prefetch=-1', 'train.prefetch=-1 must be >= 0.'),
         ('train.early_stop_patience=-1', 'train.early_stop_patience=-1 must be >= 0.'),

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from tests.tiny_run import SMALL, command_line, tiny_run_config
-from transformer import trainer
 from transformer.checkpoint import best_step, load_model, verify_step
+from transformer.commands import train as trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

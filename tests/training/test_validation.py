@@ -3,7 +3,8 @@
 import pytest
 
 from tests.tiny_run import tiny_run_config
-from transformer import data, trainer
+from transformer import data
+from transformer.commands import train as trainer
 
 
 def test_an_empty_validation_split_is_one_line_before_any_step(tmp_path):

@@ -20,8 +20,8 @@ WINNERS: dict[str, dict[str, str]] = {
     # for visualize.
     'attention_impl': {'gpu': 'fused', '*': 'einsum'},
     # H100, same run: the scatter-add 41.35 ms/step, sorted scatter 41.52, one-hot products
-    # 49.01; CPU: the scatter 0.56 ms against the products' 48 ms (products_speed.py
-    # --embedding_grad).
+    # 49.01; CPU: the scatter 0.56 ms against the products' 48 ms (docs/experiments.md,
+    # products_speed.py --embedding_grad).
     'embedding_grad': {'*': 'scatter'},
 }
 

@@ -4,7 +4,7 @@ XLA's CPU backend computes a product of two bfloat16 arrays whose result is bflo
 upcasting both to float32: it runs at float32 speed. The same product asked for with a
 float32 result (`preferred_element_type`) runs on the CPU's bfloat16 dot-product
 instructions (AVX512-BF16 and the like): 1.5x (the tied logits) to ~2x (the other products of a
-Multi30k step) the float32 rate on a 2-core AMD EPYC (`benchmarks/products_speed.py`). Both
+Multi30k step) the float32 rate on a 2-core AMD EPYC (docs/experiments.md: products_speed.py). Both
 accumulate in float32 and round the result to bfloat16, so the numbers agree; only the speed
 differs.
 

@@ -1,6 +1,8 @@
 """The experiment configs, shipped inside the package so that an installed command finds them
 from any directory: ``transformer-train --config base`` (a name) or ``--config
-path/to/file.py`` (a path, as ``python train.py --config configs/base.py``)."""
+path/to/file.py`` (a path, as ``python train.py --config configs/base.py``). An earlier
+config file's name (`RENAMED`) stops in one line that names the variant holding its settings
+(`moved`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,20 @@ from typing import Any
 
 import ml_collections
 
-__all__ = ['checked', 'load', 'names', 'path']
+__all__ = ['checked', 'load', 'moved', 'names', 'path']
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
+# Earlier config files -> the variant of multi30k.py with the same settings.
+RENAMED = {
+    'multi30k_bf16': 'bf16',
+    'multi30k_cooldown': 'cooldown',
+    'multi30k_dropout02': 'dropout02',
+    'multi30k_dropout02_bf16': 'dropout02_bf16',
+    'multi30k_dropout03': 'dropout03',
+    'multi30k_ensemble': 'ensemble',
+    'multi30k_lowercase': 'lowercase',
+    'multi30k_tiny': 'tiny_cpu',
+}
 
 
 def names() -> list[str]:
@@ -31,9 +44,12 @@ def load(name_or_path: str) -> Any:
     ``get_config('VARIANT')``, as ``--config`` passes it.
 
     Raises:
-      ValueError: no such config, or a file that does not load, has no ``get_config``, raises
-        in it or returns something else than a ConfigDict; one line that names the file.
+      ValueError: no such config (an earlier name: the line of ``moved``), or a file that does
+        not load, has no ``get_config``, raises in it or returns something else than a
+        ConfigDict; one line that names the file.
     """
+    if line := moved(name_or_path):
+        raise ValueError(line)
     name_or_path, colon, variant = name_or_path.partition(':')
     file = name_or_path if os.path.isfile(name_or_path) else path(name_or_path)
     if not os.path.isfile(file):
@@ -49,6 +65,19 @@ def load(name_or_path: str) -> Any:
         first = (str(e).strip().splitlines() or [''])[0]
         raise ValueError(f'{file}: {type(e).__name__}: {first}'.rstrip(': ')) from None
     return checked(config, file)
+
+
+def moved(name_or_path: str) -> str | None:
+    """The line that names the variant an earlier config file became, as ``--config`` gave it
+    ("configs/multi30k_tiny.py is now configs/multi30k.py:tiny_cpu (the same settings)."), or
+    None: not an earlier name, or a file of that name exists."""
+    given = name_or_path.partition(':')[0]
+    folder, base = os.path.split(given)
+    stem = base.removesuffix('.py')
+    if stem not in RENAMED or os.path.isfile(given):
+        return None
+    new = os.path.join(folder, 'multi30k.py' if base.endswith('.py') else 'multi30k')
+    return f'{given} is now {new}:{RENAMED[stem]} (the same settings).'
 
 
 def checked(config: Any, file: str) -> ml_collections.ConfigDict:

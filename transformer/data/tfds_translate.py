@@ -59,6 +59,10 @@ def network_reachable(hosts: tuple[str, ...], timeout: float = _PROBE_TIMEOUT_S)
     return reachable.is_set()
 
 
+# How to get tensorflow-datasets, for the lines that need it.
+INSTALL = "pip install 'transformer[tfds]' (from a checkout: pip install -e '.[tfds]')"
+
+
 def import_tfds():
     """tensorflow_datasets (and with it TensorFlow), imported only when a TFDS dataset is read.
 
@@ -68,11 +72,33 @@ def import_tfds():
     try:
         import tensorflow_datasets
     except ImportError:
-        raise DataError(
-            "Reading a TFDS dataset needs tensorflow-datasets: pip install 'transformer[tfds]' "
-            "(from a checkout: pip install -e '.[tfds]')."
-        ) from None
+        raise DataError(f'Reading a TFDS dataset needs tensorflow-datasets: {INSTALL}.') from None
     return tensorflow_datasets
+
+
+def registered(name: str) -> bool | None:
+    """Whether TFDS has a builder for the dataset ``name`` (``'wmt14_translate/de-en'``,
+    ``'wmt14_translate:1.0.0'``), by its registry of the builders it ships
+    (``tfds.list_builders``: no network, nothing downloaded). True also for a community
+    namespace (``'ns:name'``), which only TFDS can look up; None without tensorflow-datasets."""
+    try:
+        tfds = import_tfds()
+    except DataError:
+        return None
+    base, _, after = name.partition('/')[0].partition(':')
+    if after and not after[:1].isdigit():
+        return True  # 'namespace:name': TFDS finds it when it builds
+    return base in tfds.list_builders(with_community_datasets=False)
+
+
+def close_name(name: str) -> str | None:
+    """The registered TFDS dataset nearest ``name`` (its builder part replaced), if one is near:
+    a typo's, not a word's (cutoff 0.8: 'no_such_dataset' is not 'math_dataset')."""
+    tfds = import_tfds()
+    base = name.partition('/')[0].partition(':')[0]
+    names = tfds.list_builders(with_community_datasets=False)
+    close = difflib.get_close_matches(base, names, n=1, cutoff=0.8)
+    return close[0] + name[len(base) :] if close else None
 
 
 def download_is_mocked(builder: tfds.core.DatasetBuilder) -> bool:
@@ -169,13 +195,8 @@ def _builder(data_config: Any) -> tfds.core.DatasetBuilder:
     tfds = import_tfds()
     try:
         return tfds.builder(name, data_dir=data_config.data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-        close = difflib.get_close_matches(name, ['synthetic', 'multi30k', 'folder'], n=1)
-        hint = f'; did you mean {close[0]!r}?' if close else '.'
-        raise DataError(
-            f"Unknown dataset {name!r}: use 'synthetic', 'multi30k', 'folder' or a TFDS "
-            f"translation dataset such as 'wmt14_translate/de-en'{hint}"
-        ) from None
+    except tfds.core.registered.DatasetNotFoundError:  # a namespace's (`registered`)
+        raise DataError(f'TFDS finds no dataset {name!r} (data.dataset).') from None
     except ValueError as e:  # e.g. an unknown builder config such as 'wmt14_translate/xx-en'
         raise DataError(f'Cannot build TFDS dataset {name!r}: {str(e).splitlines()[0]}') from None
 

@@ -2,7 +2,7 @@
 
 flax's ``nn.Dropout`` draws a uniform float32 (32 random bits) for every element and compares
 it with the keep probability. Generating the random bits is most of dropout's cost on CPU
-(benchmarks/step_overhead.py), so here every 32-bit draw is split into two 16-bit halves, each
+(docs/experiments.md), so here every 32-bit draw is split into two 16-bit halves, each
 the keep decision of one element: ``keep = half >= round(rate * 2^16)``. The drop probability
 is therefore ``rate`` rounded to a multiple of 2^-16 (0.1 -> 6554 / 2^16 = 0.1000061;
 0.3 -> 19661 / 2^16 = 0.3000031), and kept values are scaled by the inverse of the realised

@@ -190,7 +190,7 @@ def _format_duration(seconds: float) -> str:
 class TrainLog:
     """Sums of the steps since the last console line, turned into per-token metrics."""
 
-    def __init__(self, run: Any, step: int):  # a transformer.trainer.Run
+    def __init__(self, run: Any, step: int):  # a transformer.training.run_setup.Run
         self._run = run
         self._sums: dict[str, float] = {}
         self._since_time, self._since_step = time.time(), step
