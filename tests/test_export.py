@@ -1,6 +1,6 @@
 """transformer.export: the MarianMT and CTranslate2 exports compute what our model computes."""
 
-import dataclasses
+import json
 import os
 import shutil
 
@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from transformer import data as data_lib
-from transformer import export, trainer
+from transformer import export
 from transformer.checkpoint import load_model
+from transformer.commands import marian
+from transformer.commands import train as trainer
 from transformer.decoding import translation
-from transformer.model import TransformerConfig, sinusoidal_positions
+from transformer.model import sinusoidal_positions
 from transformer.tokens import EOS_ID
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -82,7 +84,7 @@ def test_marian_channel_order_turns_our_sinusoids_into_marians():
     d_model, positions = 16, 40
     theirs = MarianSinusoidalPositionalEmbedding(positions, d_model).create_weight().numpy()
     ours = np.asarray(sinusoidal_positions(jnp.arange(positions), d_model))
-    perm = export.marian_channel_order(d_model)
+    perm = marian.marian_channel_order(d_model)
     np.testing.assert_allclose(ours[:, perm], theirs, atol=2e-5)
     assert np.abs(ours - theirs).max() > 0.5  # unpermuted, they are different tables
 
@@ -242,17 +244,26 @@ def test_ctranslate2_int8_is_smaller_and_translates_alike(run_dir, ct2_dir, tmp_
 
 def test_unexportable_configs_are_one_line_errors():
     """Options MarianMT cannot express fail with one line naming the option and the fix."""
-    base = dict(vocab_size=8, d_model=32, num_heads=4)
+    from tests.tiny_run import tiny_run_config
+    from transformer import schema
+
+    def run_config(**model):
+        config = tiny_run_config(1)
+        config.model.update(dict(d_model=32, num_heads=4) | model)
+        return schema.parse(config)
+
     cases = [
         (dict(pre_layer_norm=True), 'pre_layer_norm=True'),
         (dict(share_embeddings='target'), "share_embeddings='target'"),
+        (dict(share_embeddings='none'), "share_embeddings='none'"),
         (dict(head_dim=16), 'head_dim=16'),
     ]
-    export.check_expressible(TransformerConfig(**base))
-    for change, option in cases:
-        with pytest.raises(export.ExportError, match=f'model.{option}') as info:
-            export.check_expressible(TransformerConfig(**base | change))
-        assert '\n' not in str(info.value) and 'only' in str(info.value)
+    for format in export.FORMATS:
+        export.check_expressible(run_config(), format)
+        for change, option in cases:
+            with pytest.raises(export.ExportError, match=f'model.{option}') as info:
+                export.check_expressible(run_config(**change), format)
+            assert '\n' not in str(info.value) and 'only' in str(info.value)
 
 
 def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path, monkeypatch):
@@ -275,22 +286,21 @@ def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path,
     def broken(*args, **kwargs):
         raise RuntimeError('conversion failed')
 
-    monkeypatch.setattr(export, 'write_ctranslate2', broken)
+    monkeypatch.setattr(marian, 'write_ctranslate2', broken)
     with pytest.raises(RuntimeError, match='conversion failed'):
         export.export(str(run_dir), str(existing), format='ctranslate2', overwrite=True)
     assert os.listdir(existing) == ['keep.txt']
     assert not _cli(f'--workdir={run_dir}', f'--out={existing}', '--overwrite')
     assert 'keep.txt' not in os.listdir(existing) and 'model.safetensors' in os.listdir(existing)
 
-    # A run whose model MarianMT cannot express: the same checkpoint read as a pre-LN model.
-    load_run = export.load_run
-
-    def pre_ln_run(*args):
-        config, tokenizer, model, params, steps = load_run(*args)
-        model = model.clone(config=dataclasses.replace(model.config, pre_layer_norm=True))
-        return config, tokenizer, model, params, steps
-
-    monkeypatch.setattr(export, 'load_run', pre_ln_run)
-    message = _cli(f'--workdir={run_dir}', f'--out={tmp_path / "b"}')
+    # A run whose model MarianMT cannot express: its config says pre-LN. Refused from the
+    # config, before the checkpoints are read (their loading would fail the test).
+    pre_ln = tmp_path / 'pre_ln'
+    shutil.copytree(run_dir, pre_ln)
+    config = json.loads((pre_ln / 'config.json').read_text())
+    config['model']['pre_layer_norm'] = True
+    (pre_ln / 'config.json').write_text(json.dumps(config))
+    monkeypatch.setattr(export, 'load_run', broken)
+    message = _cli(f'--workdir={pre_ln}', f'--out={tmp_path / "b"}')
     assert message.startswith('error: model.pre_layer_norm=True') and '\n' not in message
-    assert sorted(os.listdir(tmp_path)) == ['existing', 'no_checkpoints']
+    assert sorted(os.listdir(tmp_path)) == ['existing', 'no_checkpoints', 'pre_ln']

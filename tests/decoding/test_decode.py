@@ -374,7 +374,7 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
             and encoded_shape in [v.aval.shape for v in eqn.invars]
         ]
         assert not any(reads), encoded_shape
-        # Key and value of each decoder layer, one fused einsum (attention.fused_projections).
+        # Key and value of each decoder layer, one fused einsum (projections.fused_projections).
         assert len(reads) >= MODEL.config.num_decoder_layers, encoded_shape
 
 

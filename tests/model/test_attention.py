@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformer.model.attention import (
-    MultiHeadAttention,
+from transformer.model.attention import MultiHeadAttention
+from transformer.model.projections import (
     from_per_head,
     fused,
     fused_out,

@@ -2,12 +2,25 @@
 
 train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py,
 visualize.py and export.py (``python -m transformer.NAME``, ``transformer-NAME``), each a
-``cli()``; console.py, what every command shares (its console, errors, exit codes, the
-process-wide settings it opts in to); help.py, ``-h`` / ``--help``; config_flag.py, the
+``cli()``; console.py, what every command shares (its run, errors, exit codes, the
+process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
+console) and shared_flags.py (the flags several commands define); marian.py, the files of
+export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_flag.py, the
 ``--config`` flag's errors in one line.
 
 The modules are this face's names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
 """
 
-__all__ = ['config_flag', 'console', 'evaluate', 'export', 'train', 'translate', 'visualize']
+__all__ = [
+    'config_flag',
+    'console',
+    'evaluate',
+    'export',
+    'library_logs',
+    'marian',
+    'shared_flags',
+    'train',
+    'translate',
+    'visualize',
+]

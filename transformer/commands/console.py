@@ -1,266 +1,53 @@
-"""Console output of the command-line tools: our progress lines, not the libraries' chatter.
+"""What every command shares: its run (`run`: console settings, errors, exit codes, the
+process-wide settings it opts in to), usage errors in one line, the checks of its path flags.
 
-By default (absl's ``--verbosity=0``) the terminal shows this package's INFO lines and the
-libraries' warnings and errors, each on one line (without its traceback), minus a few lines
-every run would print and no user can act on (`NOISE`): jax's TPU probe, Orbax's notes on
-the read-only checkpoint managers that evaluate / translate use, sacreBLEU's guess that
-tokenized-looking text (the synthetic task, Moses-style references) was not detokenized,
-asyncio's and tensorstore's reports at exit on the tasks of a failed Orbax save or restore
-('... exception was never retrieved', 'Event loop is closed'), and ml_collections'
-``load_module`` DeprecationWarning. ``--verbosity=1`` (``-v 1``) shows everything.
+The libraries' log lines are library_logs.py's, the shared flags shared_flags.py's; the
+names of those the commands call are this face's too (``console.define_flag``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import difflib
 import functools
-import logging as std_logging
-import math
 import os
 import re
 import sys
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from absl import app, flags, logging
 
 from transformer import files
 from transformer.backends import compile_cache, host_memory
 from transformer.commands import help as command_help
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Library lines that are dropped at the default verbosity (matched anywhere in the message).
-NOISE = (
-    "Unable to initialize backend 'tpu'",
-    "Platform 'tpu' is experimental",
-    'CheckpointManagerOptions.read_only=True, setting',
-    'Given directory is read only',
-    "That's 100 lines that end in a tokenized period",
-    'It looks like you forgot to detokenize your test data',
-    'If you insist your data is detokenized',
-    # asyncio, at exit, for the tasks of a failed Orbax save whose error was already reported.
-    'exception was never retrieved',
-    # ml_collections, for a config file whose get_config() returns None: the train command's
-    # own line names the file.
-    'did you forget a return statement?',
+from transformer.commands import library_logs
+from transformer.commands.library_logs import (
+    argv_verbosity,
+    quiet_libraries,
+    quiet_library_logs,
+    verbose_library_logs,
 )
-_NOISE_RE = re.compile('|'.join(re.escape(line) for line in NOISE))
-# ml_collections loads config files with the deprecated loader.load_module().
-_DEPRECATION = r'.*load_module\(\) method is deprecated'
+from transformer.commands.shared_flags import (
+    _COMMAND_FLAGS,
+    define_decoding_flags,
+    define_flag,
+    resolve_config_arg,
+)
 
-
-class _QuietFilter(std_logging.Filter):
-    """Keeps every record of this package; of the libraries, warnings and errors not in NOISE,
-    each on its own line: their tracebacks are dropped (a failed checkpoint write logged ~10
-    from Orbax's threads before this package's one-line error said what happened)."""
-
-    def filter(self, record: std_logging.LogRecord) -> bool:
-        if record.pathname.startswith(_PACKAGE_DIR):
-            return True
-        if record.levelno <= std_logging.INFO or _NOISE_RE.search(record.getMessage()):
-            return False
-        record.exc_info = record.exc_text = record.stack_info = None
-        return True
-
-
-_FILTER = _QuietFilter()
-
-
-class _PlainFormatter(std_logging.Formatter):
-    """Lines for people at the default verbosity: the time and the message (``warning:`` /
-    ``error:`` in front of those), without absl's level letter, thread id and source line."""
-
-    def format(self, record: std_logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.levelno >= std_logging.ERROR:
-            message = f'error: {message}'
-        elif record.levelno >= std_logging.WARNING:
-            message = f'warning: {message}'
-        return f'{self.formatTime(record, "%H:%M:%S")} {message}'
-
-
-# Loggers whose records may reach a handler other than absl's (sacreBLEU's command line sets
-# up its own); a logger's filter sees the records logged on it directly.
-_NOISY_LOGGERS = ('sacrebleu', 'jax._src.xla_bridge', 'absl')
-
-
-def _quiet_unraisable(unraisable: Any) -> None:
-    # Tensorstore callbacks of a failed Orbax save or restore that fire after its event loop
-    # closed: one traceback each, after the error that explains them was reported.
-    error = unraisable.exc_value
-    if not (isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'):
-        sys.__unraisablehook__(unraisable)
-
-
-def _filtered() -> list[Any]:
-    """Where `_FILTER` goes: absl's handler and the libraries' own loggers."""
-    return [logging.get_absl_handler(), *(std_logging.getLogger(n) for n in _NOISY_LOGGERS)]
-
-
-def quiet_library_logs() -> None:
-    """Installs the default-verbosity filters (see the module docstring)."""
-    sys.unraisablehook = _quiet_unraisable
-    for target in _filtered():
-        target.addFilter(_FILTER)
-    warnings.filterwarnings('ignore', message=_DEPRECATION, category=DeprecationWarning)
-    # TensorFlow (read only for TFDS datasets) logs from C++ unless told before its import.
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-
-@contextlib.contextmanager
-def quiet_libraries() -> Iterator[None]:
-    """The libraries' loggers filtered as at the default verbosity for a block only (the Python
-    API: nothing stays changed in the caller's process)."""
-    targets = _filtered()
-    for target in targets:
-        target.addFilter(_FILTER)
-    try:
-        yield
-    finally:
-        for target in targets:
-            target.removeFilter(_FILTER)
-
-
-def verbose_library_logs() -> None:
-    """Removes those filters: every library line is shown again."""
-    sys.unraisablehook = sys.__unraisablehook__
-    for target in _filtered():
-        target.removeFilter(_FILTER)
-
-
-def argv_verbosity(argv: Sequence[str]) -> int:
-    """The ``--verbosity`` / ``-v`` value in ``argv`` (0 when absent), read before absl parses
-    the flags: config files are loaded during parsing, and their warnings must be filtered
-    (or not) by then."""
-    value = '0'
-    args = list(argv)
-    for i, arg in enumerate(args):
-        for name in ('--verbosity', '-verbosity', '--v', '-v'):
-            if arg == name and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith(name + '='):
-                value = arg[len(name) + 1 :]
-    try:
-        return int(value)
-    except ValueError:
-        return 0
-
-
-def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Defines the absl flag ``name`` (default ``args[0]``) unless this process has it, else
-    gives it this command's default: the commands share flag names (``--workdir``, ``--out``
-    of export and visualize) and several may run in one process (tests, the Python API)."""
-    if name not in flags.FLAGS:
-        define(name, *args, **kwargs)
-    elif flags.FLAGS[name].default != args[0]:
-        flags.FLAGS.set_default(name, args[0])
-    _COMMAND_FLAGS.append(name)
-
-
-# The flags the command about to run defined (`define_flag`), for its --help; `run` clears it.
-_COMMAND_FLAGS: list[str] = []
-
-
-def resolve_config_arg(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``--config NAME`` (``--config=NAME``, ``NAME:args``) made the path of the
-    packaged config NAME (transformer/configs/NAME.py) when NAME is not an existing file.
-
-    ml_collections' config flag only takes paths, and loads the file while absl parses the
-    flags, so names are resolved before that. Paths are left as they are.
-    """
-    from transformer import configs
-
-    def resolve(value: str) -> str:
-        name, colon, rest = value.partition(':')
-        if os.path.exists(name):
-            return value
-        if name.endswith('.py') or os.sep in name:
-            folder = os.path.dirname(name) or '.'
-            near = (
-                sorted(f for f in os.listdir(folder) if f.endswith('.py'))
-                if (os.path.isdir(folder))
-                else []
-            )
-            close = difflib.get_close_matches(os.path.basename(name), near, n=1)
-            hint = (
-                f'; did you mean {os.path.join(os.path.dirname(name), close[0])}?' if close else '.'
-            )
-            raise app.UsageError(f'--config {name}: no such file{hint}')
-        if name not in configs.names():
-            close = difflib.get_close_matches(name, configs.names(), n=1)
-            hint = f' Did you mean {close[0]}?' if close else ''
-            raise app.UsageError(
-                f'--config {name}: no such file, and the packaged configs are '
-                f'{", ".join(configs.names())}.{hint}'
-            )
-        return configs.path(name) + colon + rest
-
-    args = list(argv)
-    for i, arg in enumerate(args):
-        if arg in ('--config', '-config') and i + 1 < len(args):
-            args[i + 1] = resolve(args[i + 1])
-        elif arg.startswith(('--config=', '-config=')):
-            flag, _, value = arg.partition('=')
-            args[i] = f'{flag}={resolve(value)}'
-    return args
-
-
-def define_decoding_flags() -> None:
-    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
-    define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
-    define_flag(
-        'step',
-        flags.DEFINE_integer,
-        None,
-        'Checkpoint step to load (default: the latest); with --average_last, the last one '
-        'of those averaged.',
-    )
-    define_flag(
-        'average_last',
-        flags.DEFINE_integer,
-        None,
-        'Average the last K checkpoints, up to --step if given (default without --step: '
-        'eval.average_last).',
-        lower_bound=1,
-    )
-    define_flag(
-        'best',
-        flags.DEFINE_bool,
-        False,
-        'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
-    )
-    define_flag(
-        'beam_size',
-        flags.DEFINE_integer,
-        None,
-        'Beam size; 1 = greedy (default: config).',
-        lower_bound=1,
-    )
-    define_flag(
-        'alpha',
-        flags.DEFINE_float,
-        None,
-        'Length penalty alpha (default: eval.alpha).',
-        lower_bound=0.0,
-    )
-    if 'not finite' not in [v.message for v in flags.FLAGS['alpha'].validators]:  # inf, nan
-        flags.register_validator('alpha', lambda v: v is None or math.isfinite(v), 'not finite')
-    define_flag(
-        'batch_size',
-        flags.DEFINE_integer,
-        None,
-        'Sentences per batch (default: config).',
-        lower_bound=1,
-    )
-    define_flag(
-        'ensemble',
-        flags.DEFINE_list,
-        [],
-        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
-        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
-    )
+__all__ = [
+    'DECODING_OUT_OF_MEMORY',
+    'USAGE_EXIT_CODE',
+    'argv_verbosity',
+    'check_paths',
+    'define_decoding_flags',
+    'define_flag',
+    'out_of_memory_line',
+    'quiet_libraries',
+    'quiet_library_logs',
+    'require',
+    'resolve_config_arg',
+    'run',
+    'usage_exit',
+    'verbose_library_logs',
+]
 
 
 def require(*names: str, empty_ok: bool = False) -> None:
@@ -372,7 +159,7 @@ def run(
             verbose_library_logs()
         else:
             quiet_library_logs()
-            logging.get_absl_handler().setFormatter(_PlainFormatter())
+            logging.get_absl_handler().setFormatter(library_logs.PlainFormatter())
         if len(args) > 1:
             usage_exit(f'Unexpected arguments: {args[1:]} (every option is a --flag).')
         compile_cache.configure()

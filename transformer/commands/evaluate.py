@@ -19,7 +19,7 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import decoding, files, rundir, training
+from transformer import decoding, files, rundir, schema, training
 from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.evaluation import score_eval_set
@@ -44,6 +44,13 @@ def cli(argv: list[str] | None = None) -> None:
         lower_bound=0,
     )
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
+    define(
+        'length_penalty',
+        flags.DEFINE_enum,
+        None,
+        schema.LENGTH_PENALTIES,
+        "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
+    )
     FLAGS = flags.FLAGS
 
     def main(_):
@@ -58,6 +65,7 @@ def cli(argv: list[str] | None = None) -> None:
                 split=FLAGS.split,
                 beam_size=FLAGS.beam_size,
                 alpha=FLAGS.alpha,
+                length_penalty=FLAGS.length_penalty,
                 batch_size=FLAGS.batch_size,
                 max_examples=FLAGS.max_examples,
                 output=FLAGS.output,
@@ -142,6 +150,7 @@ def run(
     split: str | None = None,
     beam_size: int | None = None,
     alpha: float | None = None,
+    length_penalty: str | None = None,
     batch_size: int | None = None,
     max_examples: int = 0,
     output: str | None = None,
@@ -161,15 +170,17 @@ def run(
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
+    length_penalty = length_penalty or config.eval.length_penalty
     sentences = batch_size or config.eval.batch_size
     training.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
     logging.info(
-        'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f.',
+        'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f (%s).',
         ' + '.join([run_dir, *ensemble]),
         split,
         steps,
         beam_size,
         alpha,
+        length_penalty,
     )
     stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
     stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
@@ -185,12 +196,14 @@ def run(
         eval_set,
         beam_size=beam_size,
         alpha=alpha,
+        length_penalty=length_penalty,
     )
     scores.update(
         split=split,
         steps=steps,
         beam_size=beam_size,
         alpha=alpha,
+        length_penalty=length_penalty,
         direction=f'{config.data.source_lang}->{config.data.target_lang}',
         # Whether line i of the hypotheses is sentence i of the official test set.
         order=data_lib.order_note(config.data, split) or 'original',

@@ -2,49 +2,29 @@
 
 ``python -m transformer.export --workdir W --out DIR [--format hf|ctranslate2]``
 
-MarianMT is the same architecture as the paper's post-LN Transformer (sinusoidal positions,
-embeddings scaled by sqrt(d_model), ReLU FFN, one matrix for both embeddings and the
-pre-softmax projection), so the export is a reparametrisation, not an approximation. Two
-layouts differ and are mapped here:
-
-* Sinusoids. ``model.sinusoidal_positions`` interleaves them (channel 2i sin, 2i+1 cos, as the
-  paper writes PE); Marian puts all sines first, then all cosines. Permuting the d_model axis
-  of every weight that touches the residual stream (embeddings, each kernel's D axis, layer
-  norm scales and biases) by the same permutation gives the same function: layer norm and the
-  tied logits are invariant to it, every other operation is a sum over D.
-* Biases. Marian has biases on the attention projections; ours have none, so they are zeros.
-
-Layer norm epsilon is hard-coded to 1e-5 in Hugging Face Marian; ``model.layer_norm_epsilon``
-(1e-6 by default) is kept in CTranslate2's config, and its effect on the Hugging Face logits is
-measured in the README ("Using a trained model elsewhere").
+The run's config decides first whether the model can be exported at all
+(`check_expressible`, the list of refusals), before the format's packages are asked for or a
+checkpoint is read; transformer/commands/marian.py writes the files.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
-from typing import Any
 
-import numpy as np
 from absl import logging
 
-from transformer import files, rundir
+from transformer import files, rundir, schema
 from transformer.checkpoint import load_model
-from transformer.commands import console
-from transformer.data import DataError, Tokenizer
-from transformer.model import TransformerConfig
-from transformer.tokens import EOS_ID, PAD_ID
+from transformer.commands import console, marian
+from transformer.commands.marian import ExportError
+from transformer.data import DataError
+from transformer.model import EXPORT_FORMATS, export_refusal
 
-FORMATS = ('hf', 'ctranslate2')
+FORMATS = EXPORT_FORMATS
 QUANTIZATIONS = ('int8',)
-SPM_FILES = ('source.spm', 'target.spm')
-
-
-class ExportError(ValueError):
-    """A run that cannot be exported as asked; the message names the option and the fix."""
 
 
 def load_run(workdir: str, step: int | None, average_last: int | None):
@@ -55,19 +35,29 @@ def load_run(workdir: str, step: int | None, average_last: int | None):
         raise ExportError(str(e)) from None
 
 
-def check_expressible(cfg: TransformerConfig) -> None:
-    """Refuses, in one line, a model that MarianMT would compute differently."""
-    if cfg.pre_layer_norm:
+def read_run_config(workdir: str) -> schema.Experiment:
+    """The run's config, read before anything else of the run."""
+    try:
+        return rundir.read_config(workdir)
+    except rundir.WorkdirError as e:
+        raise ExportError(str(e)) from None
+
+
+def check_expressible(config: schema.Experiment, format: str) -> None:
+    """The list of refusals: an `ExportError` (one line) for a run that ``format`` cannot
+    represent, decided from its config alone, before the format's packages are asked for or a
+    checkpoint is read. The model's variants say which formats represent them
+    (transformer/model/variants.py); then MarianMT's own limits."""
+    if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
-            'model.pre_layer_norm=True cannot be exported: MarianMT is post-LN only (no final '
-            'layer norm, no pre-LN option); only post-LN runs (pre_layer_norm=False) export.'
+            f'data.pretokenize={config.data.pretokenize!r} cannot be exported: --format={format} '
+            'reads text through the SentencePiece model alone, without Moses; translate with '
+            'this project (transformer.translate or its Python api) instead.'
         )
-    if cfg.share_embeddings != 'all':
-        raise ExportError(
-            f'model.share_embeddings={cfg.share_embeddings!r} cannot be exported: the export '
-            "writes one shared embedding matrix, as MarianMT's joint-vocabulary models use; "
-            "only share_embeddings='all' exports."
-        )
+    cfg = config.model
+    refusal = export_refusal(cfg, format)
+    if refusal:
+        raise ExportError(refusal)
     if cfg.head_dim is not None and cfg.head_dim * cfg.num_heads != cfg.d_model:
         raise ExportError(
             f'model.head_dim={cfg.head_dim} with num_heads={cfg.num_heads} cannot be exported: '
@@ -76,192 +66,6 @@ def check_expressible(cfg: TransformerConfig) -> None:
         )
     if cfg.d_model % 2:
         raise ExportError(f'model.d_model={cfg.d_model} must be even for sinusoidal positions.')
-
-
-def marian_channel_order(d_model: int) -> np.ndarray:
-    """Our channel read by each Marian channel: [0, 2, 4, ..., 1, 3, 5, ...].
-
-    Marian channel i < D/2 is sin(pos / 10000^(2i/D)), ours 2i; channel D/2 + i is the cosine
-    of the same frequency, ours 2i + 1.
-    """
-    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
-
-
-def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarray]:
-    """Our parameter tree -> MarianMTModel's state dict (torch Linear weights are [out, in])."""
-    perm = marian_channel_order(cfg.d_model)
-    f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
-    state = {}
-
-    def attention(prefix: str, p: dict[str, Any]) -> None:
-        for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
-            kernel = np.asarray(p[ours]['kernel'])[perm]  # [D, N, H], D in Marian's order
-            state[f'{prefix}.{theirs}.weight'] = f32(kernel.reshape(cfg.d_model, -1).T)
-            bias = p[ours].get('bias', np.zeros(kernel.shape[1:], np.float32))
-            state[f'{prefix}.{theirs}.bias'] = f32(np.reshape(bias, -1))
-        out = np.asarray(p['out']['kernel'])[..., perm]  # [N, H, D]
-        state[f'{prefix}.out_proj.weight'] = f32(out.reshape(-1, cfg.d_model).T)
-        bias = np.asarray(p['out'].get('bias', np.zeros(cfg.d_model, np.float32)))
-        state[f'{prefix}.out_proj.bias'] = f32(bias[perm])
-
-    def norm(name: str, p: dict[str, Any]) -> None:
-        state[f'{name}.weight'] = f32(np.asarray(p['scale'])[perm])
-        state[f'{name}.bias'] = f32(np.asarray(p['bias'])[perm])
-
-    def ffn(prefix: str, p: dict[str, Any]) -> None:
-        state[f'{prefix}.fc1.weight'] = f32(np.asarray(p['wi']['kernel'])[perm].T)  # [F, D]
-        state[f'{prefix}.fc1.bias'] = f32(p['wi']['bias'])
-        state[f'{prefix}.fc2.weight'] = f32(np.asarray(p['wo']['kernel'])[:, perm].T)  # [D, F]
-        state[f'{prefix}.fc2.bias'] = f32(np.asarray(p['wo']['bias'])[perm])
-
-    # One matrix: transformers ties the encoder's, the decoder's and lm_head's to it.
-    state['model.shared.weight'] = f32(np.asarray(params['shared_embedding']['embedding'])[:, perm])
-    state['final_logits_bias'] = np.zeros((1, cfg.vocab_size), np.float32)
-    for stack, count in (('encoder', cfg.num_encoder_layers), ('decoder', cfg.num_decoder_layers)):
-        for i in range(count):
-            p, prefix = params[f'{stack}_layer_{i}'], f'model.{stack}.layers.{i}'
-            attention(f'{prefix}.self_attn', p['self_attention'])
-            norm(f'{prefix}.self_attn_layer_norm', p['self_attention_norm'])
-            if stack == 'decoder':
-                attention(f'{prefix}.encoder_attn', p['cross_attention'])
-                norm(f'{prefix}.encoder_attn_layer_norm', p['cross_attention_norm'])
-            ffn(prefix, p['ffn'])
-            norm(f'{prefix}.final_layer_norm', p['ffn_norm'])
-    return state
-
-
-def marian_configs(
-    cfg: TransformerConfig, ev: Any, max_len: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
-    ``max_len`` its longest training row (data.max_len)."""
-    # Room for the longest input the model was trained on plus the paper's +50 (Sec. 6.1),
-    # and the start token, which Hugging Face counts in max_length.
-    max_length = int(max_len) + int(ev.extra_length) + 1
-    config = {
-        'architectures': ['MarianMTModel'],
-        'model_type': 'marian',
-        'vocab_size': cfg.vocab_size,
-        'decoder_vocab_size': cfg.vocab_size,
-        'd_model': cfg.d_model,
-        'encoder_layers': cfg.num_encoder_layers,
-        'decoder_layers': cfg.num_decoder_layers,
-        'encoder_attention_heads': cfg.num_heads,
-        'decoder_attention_heads': cfg.num_heads,
-        'encoder_ffn_dim': cfg.d_ff,
-        'decoder_ffn_dim': cfg.d_ff,
-        'activation_function': 'relu',
-        # Hugging Face recomputes the sinusoid table instead of storing it; CTranslate2 stores
-        # it and fails past its end, so it covers its default 1024 input / 256 output tokens.
-        'max_position_embeddings': max(max_length, 1024),
-        'scale_embedding': True,  # x sqrt(d_model), Sec. 3.4
-        'share_encoder_decoder_embeddings': True,
-        'tie_word_embeddings': True,
-        'dropout': cfg.dropout_rate,
-        'attention_dropout': cfg.attention_dropout_rate,
-        'activation_dropout': cfg.relu_dropout_rate,
-        'pad_token_id': PAD_ID,
-        'eos_token_id': EOS_ID,
-        'decoder_start_token_id': PAD_ID,
-        'dtype': 'float32',
-    }
-    generation = {
-        'decoder_start_token_id': PAD_ID,
-        'pad_token_id': PAD_ID,
-        'eos_token_id': EOS_ID,
-        'forced_eos_token_id': EOS_ID,  # EOS at the length limit, as our decoder forces it
-        'bad_words_ids': [[PAD_ID]],  # 0 is never generated (transformer/decoding/greedy.py)
-        'num_beams': int(ev.beam_size),
-        # Hugging Face divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha.
-        'length_penalty': float(ev.alpha),
-        'max_length': max_length,
-    }
-    return config, generation
-
-
-def write_tokenizer(tokenizer: Tokenizer, directory: str, data: Any) -> None:
-    """source.spm = target.spm = our joint SentencePiece model; vocab.json maps pieces to ours."""
-    for name in SPM_FILES:
-        shutil.copyfile(tokenizer.model_path, os.path.join(directory, name))
-    vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
-    if len(vocab) != tokenizer.vocab_size:
-        raise ExportError(f'{tokenizer.model_path} has duplicate pieces; vocab.json needs unique.')
-    _write_json(os.path.join(directory, 'vocab.json'), vocab)
-    _write_json(
-        os.path.join(directory, 'tokenizer_config.json'),
-        {
-            'tokenizer_class': 'MarianTokenizer',
-            'source_lang': data.source_lang,
-            'target_lang': data.target_lang,
-            'separate_vocabs': False,
-            'model_max_length': int(data.max_len),
-            'unk_token': tokenizer.id_to_piece(2),
-            'eos_token': tokenizer.id_to_piece(EOS_ID),
-            'pad_token': tokenizer.id_to_piece(PAD_ID),
-        },
-    )
-
-
-def write_hf(
-    directory: str, cfg: TransformerConfig, run_config: Any, tokenizer: Tokenizer, params: Any
-) -> None:
-    """Writes the MarianMT directory (weights, configs, tokenizer files) into ``directory``.
-
-    Args:
-      directory: an existing, empty directory.
-      cfg: the model's configuration.
-      run_config: the run's config (its ``eval`` and ``data`` sections are read).
-      tokenizer: the run's vocabulary.
-      params: the parameters to export.
-    """
-    from safetensors.numpy import save
-
-    check_expressible(cfg)
-    model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len)
-    # transformers refuses safetensors files whose metadata does not name a framework.
-    weights = save(marian_state_dict(params, cfg), metadata={'format': 'pt'})
-    with open(os.path.join(directory, 'model.safetensors'), 'wb') as f:
-        f.write(weights)
-    _write_json(os.path.join(directory, 'config.json'), model_config)
-    _write_json(os.path.join(directory, 'generation_config.json'), generation)
-    write_tokenizer(tokenizer, directory, run_config.data)
-
-
-def write_ctranslate2(
-    hf_directory: str, directory: str, *, layer_norm_epsilon: float, quantization: str | None
-) -> None:
-    """Converts a `write_hf` export with CTranslate2's Transformers loaders.
-
-    Its own Marian loader assumes OPUS-MT conventions that ours break: the decoder starts
-    from a zero vector and <pad> is the last id, which it deletes. Ours starts from the
-    learned embedding of id 0 = <pad>, so the generic encoder-decoder (BART) loader is used
-    with Marian's post-LN settings and our layer norm epsilon, which CTranslate2 can keep.
-    """
-    import ctranslate2
-    import transformers
-    from ctranslate2.converters import transformers as ct2_transformers
-
-    class Loader(ct2_transformers.BartLoader):
-        def get_model_spec(self, model):
-            model.config.normalize_before = False  # post-LN
-            model.config.normalize_embedding = False  # no layer norm on the embeddings
-            return super().get_model_spec(model)
-
-        def set_config(self, config, model, tokenizer):
-            super().set_config(config, model, tokenizer)
-            config.bos_token = tokenizer.pad_token  # unused: sources get no BOS
-            config.layer_norm_epsilon = layer_norm_epsilon
-
-    class Converter(ctranslate2.converters.Converter):
-        def _load(self):
-            model = transformers.MarianMTModel.from_pretrained(hf_directory)
-            tokenizer = transformers.MarianTokenizer.from_pretrained(hf_directory)
-            spec = Loader()(model, tokenizer)
-            for name in SPM_FILES:
-                spec.register_file(os.path.join(hf_directory, name))
-            return spec
-
-    Converter().convert(directory, quantization=quantization, force=True)
 
 
 def export(
@@ -290,18 +94,18 @@ def export(
         raise ExportError(f'{out} is a file; --out names the directory to export into.')
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise ExportError(f'{out} exists and is not empty; pass --overwrite to replace it.')
+    check_expressible(read_run_config(workdir), format)
     parent = check_can_export(format, out)
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
-    check_expressible(model.config)
     staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out)}.tmp-')
     try:
         hf_directory = os.path.join(staging, 'hf')
         os.mkdir(hf_directory)
-        write_hf(hf_directory, model.config, config, tokenizer, params)
+        marian.write_hf(hf_directory, model.config, config, tokenizer, params)
         result = hf_directory
         if format == 'ctranslate2':
             result = os.path.join(staging, 'ctranslate2')
-            write_ctranslate2(
+            marian.write_ctranslate2(
                 hf_directory,
                 result,
                 layer_norm_epsilon=model.config.layer_norm_epsilon,
@@ -345,12 +149,6 @@ def check_can_export(format: str, out: str) -> str:
     if problem:
         raise ExportError(f'Cannot write into {parent} ({problem}); --out names another place.')
     return parent
-
-
-def _write_json(path: str, value: Any) -> None:
-    with open(path, 'w', encoding='utf-8') as f:
-        json.dump(value, f, indent=2, ensure_ascii=False)
-        f.write('\n')
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ from transformer import decoding, rundir, training
 from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.decoding import format_nbest, translate_lines
-from transformer.schema import ConfigError
+from transformer.schema import LENGTH_PENALTIES, ConfigError
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -46,6 +46,13 @@ def cli(argv: list[str] | None = None) -> None:
         'translation per line.',
         lower_bound=0,
     )
+    define(
+        'length_penalty',
+        flags.DEFINE_enum,
+        None,
+        LENGTH_PENALTIES,
+        "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
+    )
     define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
     define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
     FLAGS = flags.FLAGS
@@ -67,6 +74,7 @@ def cli(argv: list[str] | None = None) -> None:
             params,
             beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
             alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
+            length_penalty=FLAGS.length_penalty or config.eval.length_penalty,
             extra_length=config.eval.extra_length,
             batch_size=FLAGS.batch_size or config.eval.batch_size,
             max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,

@@ -132,7 +132,7 @@ def cli(argv: list[str] | None = None) -> None:
             length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else len(tokens)
             targets = tokens[:length]
         else:
-            targets = np.array(tokenizer.encode(FLAGS.target) + [EOS_ID], np.int32)
+            targets = np.array(tokenizer.encode(FLAGS.target, 'target') + [EOS_ID], np.int32)
         maps = attention_maps(model, params, inputs, targets)
         labels = functools.partial(token_labels, tokenizer)
         plot_attention(maps, labels(inputs), labels(targets), FLAGS.out)

@@ -1,48 +1,70 @@
 """The paper's network in pure Flax. Callers import this face: ``from transformer.model import
 Transformer, TransformerConfig``.
 
-Modules: attention.py (multi-head attention, an einsum over an explicit head axis; the
-kernel's two views `per_head` and `fused`), layers.py (positions, masks, the FFN, the
-encoder and decoder layers), transformer.py (the Transformer), config.py (its config),
+Modules: attention.py (multi-head attention, an einsum over an explicit head axis),
+projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
+`fused`), layers.py (positions, masks, the encoder and
+decoder layers), transformer.py (the Transformer), config.py (its config),
 cache.py (the decoder's key/value cache layout, shared across beams), masks.py (attention
 masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embedding lookup
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
-example), flops.py (analytic FLOPs and the device's peak).
+example), flops.py (analytic FLOPs and the device's peak), variants.py (the registry of what
+the network may compute: each variant's weights, module and exports), feed_forward.py (the
+feed-forward variants).
 """
 
-from transformer.model.attention import fused, per_head
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
 from transformer.model.attention_maps import attention_maps
 from transformer.model.cache import beam_mask, padded_length, share_across_beams
 from transformer.model.config import TransformerConfig, config_from_dict
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.embedding import lookup as embedding_lookup
+from transformer.model.feed_forward import FeedForward
 from transformer.model.flops import peak_flops, train_flops
 from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
 from transformer.model.packing import Packing
+from transformer.model.projections import fused, per_head
 from transformer.model.transformer import Transformer, init_cache
+from transformer.model.variants import (
+    EXPORT_FORMATS,
+    Variant,
+    describe,
+    export_refusal,
+    layer_param_count,
+    param_count,
+    param_shapes,
+)
 from transformer.tokens import EOS_ID, PAD_ID
 
 __all__ = [
     'ATTENTION_MAP_KINDS',
     'EMBEDDING_GRADS',
     'EOS_ID',
+    'EXPORT_FORMATS',
+    'FeedForward',
     'PAD_ID',
     'Packing',
     'Transformer',
     'TransformerConfig',
+    'Variant',
     'attention_mask',
     'attention_maps',
     'beam_mask',
     'config_from_dict',
+    'describe',
     'embedding_lookup',
+    'export_refusal',
     'fused',
     'init_cache',
+    'layer_param_count',
     'padded_length',
+    'param_count',
+    'param_shapes',
     'peak_flops',
     'per_head',
     'share_across_beams',
     'shift_right',
     'sinusoidal_positions',
     'train_flops',
+    'variants',
 ]

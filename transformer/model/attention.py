@@ -5,27 +5,12 @@ Shape legend, used in every einsum of this package:
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k = d_v) · F d_ff · V vocabulary
 
-One parameter, two views
-------------------------
-The paper writes MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
-head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), W_i^Q in R^{d_model x d_k}. Implementations
-argue whether that is h separate d_model x d_k layers or one d_model x (h d_k) layer. Here the
-query kernel is one array ``w_q`` of shape [D, N, H] and it *is* both:
-
-    head i's own matrix      W_i^Q = w_q[:, i, :]                  [D, H]
-    the fused matrix         W^Q   = w_q.reshape(D, N * H)         [D, N*H]
-                                   = [W_1^Q | W_2^Q | ... | W_N^Q]
-
-because (x W^Q)[:, i*H:(i+1)*H] = x W_i^Q: column block i of the fused product is head i's
-projection. Likewise the output kernel ``w_o`` [N, H, D] is W^O = w_o.reshape(N * H, D), whose
-row block i, w_o[i], is the part of W^O that head i's output multiplies, so
-Concat(head_1..head_h) W^O = sum_i head_i w_o[i]. The parameter count is therefore
-4 * D * N * H whichever view is taken (= 4 D^2 when H = D / N, independent of N).
-
 What stays different between heads is the attention itself: each head forms its own T x S
 matrix softmax(Q_i K_i^T / sqrt(d_k)), which is why the einsums below keep N as an axis of
 their own instead of folding it into D. Those [B, N, T, S] probabilities are sown into the
 ``intermediates`` collection as ``attention_weights`` so that every head can be inspected.
+The projections' parameters, one [D, N, H] array that is both head i's W_i and the fused
+matrix, are model/projections.py's.
 """
 
 from __future__ import annotations
@@ -42,99 +27,17 @@ from transformer.model import cache as cache_layout
 from transformer.model import masks
 from transformer.model.dropout import Dropout
 from transformer.model.masks import AttentionMask
+from transformer.model.projections import (
+    OUT_AXES,
+    QKV_AXES,
+    Projection,
+    fused_projections,
+    out_kernel_init,
+    qkv_kernel_init,
+)
 
 Array = jax.Array
 Dtype = Any
-
-# Glorot/Xavier uniform with the fans of the 2-D matrix each kernel stands for: fan-in D and
-# fan-out N*H for [D, N, H]; fan-in N*H and fan-out D for [N, H, D]. jax's initializers assume
-# in_axis=-2, out_axis=-1, which for a 3-D kernel would give the wrong fans.
-qkv_kernel_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
-out_kernel_init = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
-
-# Logical axis names of every parameter, declared where it is created: D -> 'embed',
-# N -> 'heads', H -> 'kv', F -> 'mlp', V -> 'vocab'. transformer/training/parallel.py maps them onto
-# mesh axes with one rules table, so tensor (or FSDP) parallelism follows the declaration,
-# never a parameter's name.
-QKV_AXES = ('embed', 'heads', 'kv')
-OUT_AXES = ('heads', 'kv', 'embed')
-
-
-def per_head(kernel: Array) -> Array:
-    """[D, N, H] query/key/value kernel -> [N, D, H]: element i is head i's own W_i."""
-    return einops.rearrange(kernel, 'D N H -> N D H')
-
-
-def from_per_head(matrices: Array) -> Array:
-    """Inverse of `per_head`: stack N per-head [D, H] matrices into a [D, N, H] kernel."""
-    return einops.rearrange(matrices, 'N D H -> D N H')
-
-
-def fused(kernel: Array) -> Array:
-    """[D, N, H] kernel -> the [D, N*H] matrix of "one big linear layer" (no copy of meaning)."""
-    return einops.rearrange(kernel, 'D N H -> D (N H)')
-
-
-def unfused(matrix: Array, num_heads: int) -> Array:
-    """Inverse of `fused`: a [D, N*H] matrix -> [D, N, H], column block i becoming head i."""
-    return einops.rearrange(matrix, 'D (N H) -> D N H', N=num_heads)
-
-
-def fused_out(kernel: Array) -> Array:
-    """[N, H, D] output kernel -> W^O as the [N*H, D] matrix applied to Concat(heads)."""
-    return einops.rearrange(kernel, 'N H D -> (N H) D')
-
-
-def unfused_out(matrix: Array, num_heads: int) -> Array:
-    """Inverse of `fused_out`: a [N*H, D] matrix -> [N, H, D], row block i becoming head i."""
-    return einops.rearrange(matrix, '(N H) D -> N H D', N=num_heads)
-
-
-class _Projection(nn.Module):
-    """One einsum with a kernel (and optional bias) whose axes the equation names.
-
-    The parameters are made in ``setup`` so that `fused_projections` can read ``kernel`` and
-    ``bias`` of several projections and apply them as one einsum.
-    """
-
-    equation: str
-    kernel_shape: tuple[int, ...]
-    bias_shape: tuple[int, ...]
-    kernel_init: Any
-    kernel_axes: tuple[str, ...]
-    use_bias: bool
-    dtype: Dtype
-    param_dtype: Dtype
-
-    def setup(self):
-        kernel_init = nn.with_logical_partitioning(self.kernel_init, self.kernel_axes)
-        self.kernel = self.param('kernel', kernel_init, self.kernel_shape, self.param_dtype)
-        self.bias = None
-        if self.use_bias:
-            bias_axes = self.kernel_axes[-len(self.bias_shape) :]
-            bias_init = nn.with_logical_partitioning(nn.initializers.zeros, bias_axes)
-            self.bias = self.param('bias', bias_init, self.bias_shape, self.param_dtype)
-
-    def __call__(self, x: Array) -> Array:
-        y = backends.einsum(self.equation, x.astype(self.dtype), self.kernel.astype(self.dtype))
-        if self.bias is not None:
-            y = y + self.bias.astype(self.dtype)
-        return y
-
-
-def fused_projections(x: Array, projections: tuple[_Projection, ...]) -> tuple[Array, ...]:
-    """``tuple(p(x) for p in projections)`` for [D, N, H] projections, as one einsum.
-
-    The kernels are concatenated on the head axis into one [D, P*N, H] view (the parameter
-    tree is unchanged): one [B*T, D] x [D, P*N*H] matmul keeps the CPU's matrix units busier
-    than P thin ones, and the backward pass reads ``x`` once instead of P times.
-    """
-    first = projections[0]
-    kernel = jnp.concatenate([p.kernel for p in projections], axis=1).astype(first.dtype)
-    y = backends.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
-    if first.bias is not None:
-        y = y + jnp.concatenate([p.bias for p in projections], axis=0).astype(first.dtype)
-    return tuple(jnp.split(y, len(projections), axis=2))
 
 
 def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
@@ -152,8 +55,8 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     return jax.nn.softmax(logits, axis=-1) * mask
 
 
-# 'auto': the measured winner (`backends.attention_impl`); 'pallas': see MultiHeadAttention.
-ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
+# 'auto': the measured winner (`backends.attention_impl`); the others: see MultiHeadAttention.
+ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas', 'cudnn_packed')
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
@@ -222,7 +125,8 @@ class MultiHeadAttention(nn.Module):
       attention_impl: 'einsum' (explicit logits and masked softmax; sows the weights),
         'fused' (`fused_attention`: cuDNN flash attention on NVIDIA GPUs, XLA elsewhere; no
         weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
-        packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
+        packed self-attention by segment ids on a GPU: backends/segment_attention.py),
+        'cudnn_packed' ('fused', packed rows as segment offsets: backends/packed_cudnn.py), or
         'auto' (the measured winner on this backend: `backends.attention_impl`).
     """
 
@@ -271,7 +175,7 @@ class MultiHeadAttention(nn.Module):
         head_dim = self.head_dim or d_model // num_heads
 
         def project(name: str, equation: str, kernel_shape, bias_shape, init, axes):
-            return _Projection(
+            return Projection(
                 equation=equation,
                 kernel_shape=kernel_shape,
                 bias_shape=bias_shape,
@@ -337,12 +241,13 @@ class MultiHeadAttention(nn.Module):
         return out(heads)
 
     def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
-        """`fused_attention`; with 'pallas', packed self-attention by segment ids first."""
-        if self_attention and backends.attention_impl(self.attention_impl) == 'pallas':
-            by_segments = backends.packed_self_attention(q, k, v, mask)
-            if by_segments is not None:
-                return by_segments
-        return fused_attention(q, k, v, mask)
+        """`fused_attention`, after the packed kernel 'pallas' or 'cudnn_packed' names."""
+        impl, packed = backends.attention_impl(self.attention_impl), None
+        if self_attention and impl == 'pallas':
+            packed = backends.packed_self_attention(q, k, v, mask)
+        elif impl == 'cudnn_packed':
+            packed = backends.packed_attention(q, k, v, mask, fused_attention)
+        return fused_attention(q, k, v, mask) if packed is None else packed
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
         """Writes this step's key/value into the head-major cache and masks the keys not yet
@@ -382,7 +287,7 @@ class MultiHeadAttention(nn.Module):
         return cached_key.value, cached_value.value, mask
 
     def _static_cache(
-        self, key: _Projection, value: _Projection, inputs_kv: Array
+        self, key: Projection, value: Projection, inputs_kv: Array
     ) -> tuple[Array, Array]:
         """Head-major keys/values [B, N, S, H] of an ``inputs_kv`` that does not change.
 

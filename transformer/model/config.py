@@ -20,10 +20,9 @@ from transformer.fields import (
     check_keys,
     field,
 )
+from transformer.model import variants
 from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
-
-ShareEmbeddings = Literal['all', 'target', 'none']
 
 
 def _field(default: Any, doc: str, rule: dict[str, Any] | None = None) -> Any:
@@ -51,6 +50,12 @@ class TransformerConfig(Section):
         None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)', POSITIVE_OR_NONE
     )
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
+    # The feed-forward's variant (transformer/model/feed_forward.py, model/variants.py).
+    ffn: str = _field(
+        'relu',
+        "the feed-forward, an entry of model/variants.py; 'relu': Sec. 3.3",
+        variants.rule('ffn'),
+    )
     num_encoder_layers: int = _field(6, 'encoder layers (Sec. 3.1)', POSITIVE)
     num_decoder_layers: int = _field(6, 'decoder layers (Sec. 3.1)', POSITIVE)
     dropout_rate: float = _field(
@@ -59,16 +64,22 @@ class TransformerConfig(Section):
     attention_dropout_rate: float = _field(
         0.0, 'on attention probabilities (not in the paper)', RATE
     )
-    relu_dropout_rate: float = _field(0.0, 'after the FFN ReLU (not in the paper)', RATE)
+    # The key keeps its first name (config.json of earlier runs): it drops out the hidden layer
+    # of whichever feed-forward model.ffn chooses.
+    relu_dropout_rate: float = _field(
+        0.0, "on the FFN's hidden layer, after its activation (not in the paper)", RATE
+    )
     # Accepted from Python callers and ignored: the network has no length limit (sinusoidal
     # positions, caches sized by the caller); the longest training row is the data's max_len.
     # A config file's model.max_len is dropped when it is read (schema.RETIRED_KEYS).
     max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;
-    # 'none': three separate matrices.
-    share_embeddings: ShareEmbeddings = _field(
-        'all', "source, target, pre-softmax share one matrix (Sec. 3.4); 'target', 'none'"
+    # 'none': three separate matrices. Each is an entry of transformer/model/variants.py.
+    share_embeddings: str = _field(
+        'all',
+        "source, target, pre-softmax share one matrix (Sec. 3.4); 'target', 'none'",
+        variants.rule('embeddings'),
     )
     pre_layer_norm: bool = _field(
         False, "post-LN as in the paper; True = pre-LN (t2t's later default)"
@@ -79,9 +90,12 @@ class TransformerConfig(Section):
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
     # 'pallas': 'fused', with packed self-attention by Pallas's segment-id kernel on a GPU;
+    # 'cudnn_packed': 'fused', with packed rows as cuDNN segment offsets on a Hopper GPU;
     # 'auto': the measured winner of the backend (backends/platform.py).
     attention_impl: Literal[ATTENTION_IMPLS] = _field(
-        'auto', "'auto': cuDNN's fused attention on a GPU, 'einsum' elsewhere; 'fused', 'pallas'"
+        'auto',
+        "'auto': cuDNN's fused attention on a GPU, 'einsum' elsewhere; 'fused', 'pallas', "
+        "'cudnn_packed'",
     )
     # The embedding table's gradient (transformer/model/embedding.py): 'scatter' (autodiff's
     # scatter-add), 'one_hot' (blocked one-hot products), 'sorted_scatter' (a segment sum over

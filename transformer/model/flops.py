@@ -3,7 +3,8 @@
 FLOPs count the matrix products only (2 per multiply-add), on padded shapes, as the PaLM
 paper's MFU does: the "6 * parameters * tokens" rule made exact for this encoder-decoder,
 with the attention score and value products (encoder self, decoder self, decoder-encoder)
-and the pre-softmax projection written out. The backward pass costs twice the forward.
+and the pre-softmax projection written out; each layer's weight products are those its
+variants declare (transformer/model/variants.py). The backward pass costs twice the forward.
 `tests/model/test_flops.py` checks the count against XLA's cost analysis of a jitted
 forward + backward.
 """
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import backends
+from transformer.model import variants
 from transformer.model.config import TransformerConfig
 
 # Dense peak FLOP/s per chip (vendor data sheets; SXM parts for NVIDIA), by dtype. Matched
@@ -37,11 +39,13 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_len: int) -> int:
     """Matmul FLOPs of one teacher-forced forward pass over [batch, S] -> [batch, T] tokens."""
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    d, v = cfg.d_model, cfg.vocab_size
     nh = cfg.num_heads * (cfg.head_dim or d // cfg.num_heads)
     s, t = batch * source_len, batch * target_len  # token rows
-    projections = 2 * 4 * d * nh  # q, k, v and out, per token
-    ffn = 2 * 2 * d * f
+    # The weight products per token of the chosen variants (model/variants.py): q, k, v and
+    # out; the feed-forward's.
+    projections = variants.matmul_flops_per_token(cfg, 'attention')
+    ffn = variants.matmul_flops_per_token(cfg, 'ffn')
     # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair.
     pairs = lambda q_len, k_len: batch * q_len * k_len * 2 * 2 * nh  # noqa: E731
     encoder = cfg.num_encoder_layers * (s * (projections + ffn) + pairs(source_len, source_len))

@@ -1,4 +1,6 @@
-"""The building blocks of the Transformer: positions, masks, the FFN and the layers.
+"""The building blocks of the Transformer: positions, masks and the layers. Each layer's
+feed-forward is the module of the `variants.Variant` that ``model.ffn`` chooses
+(transformer/model/feed_forward.py).
 
 Shape legend (see transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · F d_ff. Every parameter declares its logical axis names where it is
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer import backends
+from transformer.model import variants
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
@@ -81,31 +83,6 @@ def attention_mask(
     return AttentionMask(query_valid, key_valid, query_segmentation, key_segmentation, causal)
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        cfg = self.config
-
-        def dense(features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-            return nn.Dense(
-                features,
-                dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype,
-                kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
-                bias_init=partitioned(nn.initializers.zeros, axes[1:]),
-                dot_general=backends.dense_dot_general,
-                name=name,
-            )
-
-        h = nn.relu(dense(cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
-        h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
-        return dense(x.shape[-1], ('mlp', 'embed'), 'wo')(h)
-
-
 class _SubLayers(nn.Module):
     """Residual connection + layer norm around a sub-layer, post-LN or pre-LN.
 
@@ -135,6 +112,9 @@ class _SubLayers(nn.Module):
             name=name,
         )
 
+    def feed_forward(self) -> nn.Module:
+        return variants.chosen(self.config, 'ffn').module(self.config, name='ffn')
+
 
 class EncoderLayer(_SubLayers):
     """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1)."""
@@ -148,7 +128,7 @@ class EncoderLayer(_SubLayers):
             'self_attention',
             deterministic,
         )
-        ffn = FeedForward(self.config, name='ffn')
+        ffn = self.feed_forward()
         return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
 
 
@@ -188,7 +168,7 @@ class DecoderLayer(_SubLayers):
             'cross_attention',
             deterministic,
         )
-        ffn = FeedForward(self.config, name='ffn')
+        ffn = self.feed_forward()
         return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
 
 

@@ -73,7 +73,8 @@ def fused_arguments(
     reads no [B, 1, T, S] bias. The lengths count the real positions, which are a row's first
     ones in every unpacked batch here (evaluation batches, decoding, the API). Packed rows and
     plain arrays go as the dense boolean ``mask``: the public API has no segment ids (only
-    jax's private cuDNN wrapper takes packed offsets, on Hopper GPUs).
+    jax's private cuDNN wrapper takes packed offsets, on Hopper GPUs: ``attention_impl=
+    'cudnn_packed'``, backends/packed_cudnn.py).
 
     Args:
       mask: the mask, or None (everything attends).

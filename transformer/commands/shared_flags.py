@@ -1,0 +1,126 @@
+"""The flags the commands share: defining one in a process that may run several commands,
+the decoding commands' flags, and ``--config NAME`` made the path of a packaged config."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import app, flags
+
+
+def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Defines the absl flag ``name`` (default ``args[0]``) unless this process has it, else
+    gives it this command's default: the commands share flag names (``--workdir``, ``--out``
+    of export and visualize) and several may run in one process (tests, the Python API)."""
+    if name not in flags.FLAGS:
+        define(name, *args, **kwargs)
+    elif flags.FLAGS[name].default != args[0]:
+        flags.FLAGS.set_default(name, args[0])
+    _COMMAND_FLAGS.append(name)
+
+
+# The flags the command about to run defined (`define_flag`), for its --help; `run` clears it.
+_COMMAND_FLAGS: list[str] = []
+
+
+def resolve_config_arg(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--config NAME`` (``--config=NAME``, ``NAME:args``) made the path of the
+    packaged config NAME (transformer/configs/NAME.py) when NAME is not an existing file.
+
+    ml_collections' config flag only takes paths, and loads the file while absl parses the
+    flags, so names are resolved before that. Paths are left as they are.
+    """
+    from transformer import configs
+
+    def resolve(value: str) -> str:
+        name, colon, rest = value.partition(':')
+        if os.path.exists(name):
+            return value
+        if line := configs.moved(name):
+            raise app.UsageError(line)
+        if name.endswith('.py') or os.sep in name:
+            folder = os.path.dirname(name) or '.'
+            listed = os.listdir(folder) if os.path.isdir(folder) else []
+            near = sorted(f for f in listed if f.endswith('.py'))
+            close = difflib.get_close_matches(os.path.basename(name), near, n=1)
+            hint = (
+                f'; did you mean {os.path.join(os.path.dirname(name), close[0])}?' if close else '.'
+            )
+            raise app.UsageError(f'--config {name}: no such file{hint}')
+        if name not in configs.names():
+            close = difflib.get_close_matches(name, configs.names(), n=1)
+            hint = f' Did you mean {close[0]}?' if close else ''
+            raise app.UsageError(
+                f'--config {name}: no such file, and the packaged configs are '
+                f'{", ".join(configs.names())}.{hint}'
+            )
+        return configs.path(name) + colon + rest
+
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg in ('--config', '-config') and i + 1 < len(args):
+            args[i + 1] = resolve(args[i + 1])
+        elif arg.startswith(('--config=', '-config=')):
+            flag, _, value = arg.partition('=')
+            args[i] = f'{flag}={resolve(value)}'
+    return args
+
+
+def define_decoding_flags() -> None:
+    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+    define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
+    define_flag(
+        'step',
+        flags.DEFINE_integer,
+        None,
+        'Checkpoint step to load (default: the latest); with --average_last, the last one '
+        'of those averaged.',
+    )
+    define_flag(
+        'average_last',
+        flags.DEFINE_integer,
+        None,
+        'Average the last K checkpoints, up to --step if given (default without --step: '
+        'eval.average_last).',
+        lower_bound=1,
+    )
+    define_flag(
+        'best',
+        flags.DEFINE_bool,
+        False,
+        'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
+    )
+    define_flag(
+        'beam_size',
+        flags.DEFINE_integer,
+        None,
+        'Beam size; 1 = greedy (default: config).',
+        lower_bound=1,
+    )
+    define_flag(
+        'alpha',
+        flags.DEFINE_float,
+        None,
+        'Length penalty alpha (default: eval.alpha).',
+        lower_bound=0.0,
+    )
+    if 'not finite' not in [v.message for v in flags.FLAGS['alpha'].validators]:  # inf, nan
+        flags.register_validator('alpha', lambda v: v is None or math.isfinite(v), 'not finite')
+    define_flag(
+        'batch_size',
+        flags.DEFINE_integer,
+        None,
+        'Sentences per batch (default: config).',
+        lower_bound=1,
+    )
+    define_flag(
+        'ensemble',
+        flags.DEFINE_list,
+        [],
+        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
+        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
+    )

@@ -1,0 +1,271 @@
+"""The model's variants, one entry each: every choice of what the network computes.
+
+A `Variant` is one value of one part of the network (its attention, feed-forward, layer norm
+placement, embedding sharing) and declares, in one place, what the rest of the package reads:
+
+* ``weights``: the shapes of one instance's parameters, by their path below it
+  ('wi/kernel' -> (D, F)); ``outer``: the parameters it adds outside the layers (pre-LN's
+  final norms, the embeddings). `param_shapes` places them in the model's tree, and from it
+  follow the parameter count (`param_count`), the layers' weight memory
+  (transformer/training/footprint.py, `layer_param_count`) and the matmul FLOPs per token
+  (transformer/model/flops.py, `matmul_flops_per_token`).
+* ``module``: the Flax module that computes it, where the part has one per entry (the
+  feed-forward); None where the Transformer reads the field itself (norm placement,
+  embedding sharing).
+* ``exports``: the export formats that can represent it; the others refuse it with
+  ``unexportable`` (`export_refusal`), before they ask for their packages.
+
+Each part is chosen by one config field (`FIELDS`); the field's accepted values are the
+entries registered for it (`choices`). A new variant is a `register` call beside its module:
+its config value, --help line, bad-value error, old-run default and resume refusal follow
+from the field, its FLOPs, memory and parameter count from ``weights``, and every export's
+refusal from ``exports``. transformer/model/__init__.py imports every module that registers
+entries (feed_forward.py), so all of them exist once the package is imported.
+
+Shape legend (transformer/model/attention.py): D d_model · N heads · H head dim · F d_ff ·
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+# A TransformerConfig (transformer/model/config.py), which reads this module for its fields'
+# choices: named here by its fields alone.
+TransformerConfig = Any
+Shape = tuple[int, ...]
+Shapes = dict[str, Shape]
+
+# Every export format (transformer/commands/export.py): Hugging Face MarianMT, CTranslate2.
+EXPORT_FORMATS = ('hf', 'ctranslate2')
+# The config field that chooses each part; None: the part has one entry and no field yet (a
+# second attention adds a field ``attention`` to TransformerConfig).
+FIELDS: dict[str, str | None] = {
+    'attention': None,
+    'ffn': 'ffn',
+    'norm': 'pre_layer_norm',
+    'embeddings': 'share_embeddings',
+}
+# The sub-layers of each stack's layers and the part each one is (Sec. 3.1); each is wrapped
+# in a residual connection and a layer norm named '{sub-layer}_norm' (transformer/model/layers.py).
+SUBLAYERS = {
+    'encoder': {'self_attention': 'attention', 'ffn': 'ffn'},
+    'decoder': {'self_attention': 'attention', 'cross_attention': 'attention', 'ffn': 'ffn'},
+}
+
+
+def _nothing(cfg: TransformerConfig) -> Shapes:
+    del cfg
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One value of one part of the network; see the module docstring.
+
+    Attributes:
+      part: one of `FIELDS`.
+      value: the value of the part's config field that chooses it.
+      weights: one instance's parameter shapes, by path below it ({} for none).
+      source: the paper section or code it follows.
+      module: the Flax module ``module(config, name=...)`` that computes it, or None.
+      outer: the parameters it adds outside the layers, by path from the model's root.
+      exports: the export formats that can represent it.
+      unexportable: why the other formats cannot, ending with what does export.
+    """
+
+    part: str
+    value: Any
+    weights: Callable[[TransformerConfig], Shapes]
+    source: str
+    module: Any = None
+    outer: Callable[[TransformerConfig], Shapes] = _nothing
+    exports: tuple[str, ...] = EXPORT_FORMATS
+    unexportable: str = ''
+
+
+_REGISTRY: dict[str, dict[Any, Variant]] = {part: {} for part in FIELDS}
+
+
+def register(variant: Variant) -> Variant:
+    """Adds ``variant`` (or replaces the entry of its part and value); returns it."""
+    if variant.part not in _REGISTRY:
+        raise ValueError(f'part {variant.part!r} is not one of {", ".join(FIELDS)}.')
+    unknown = set(variant.exports) - set(EXPORT_FORMATS)
+    if unknown:
+        raise ValueError(f'exports {sorted(unknown)} are not formats: {EXPORT_FORMATS}.')
+    _REGISTRY[variant.part][variant.value] = variant
+    return variant
+
+
+def unregister(part: str, value: Any) -> None:
+    """Removes the entry of ``part`` and ``value``."""
+    del _REGISTRY[part][value]
+
+
+def choices(part: str) -> tuple[Any, ...]:
+    """The values registered for ``part``, in the order they were registered."""
+    return tuple(_REGISTRY[part])
+
+
+class _Choices:
+    """What a part's field accepts, as its error says it (read when the error is written)."""
+
+    def __init__(self, part: str):
+        self.part = part
+
+    def __str__(self) -> str:
+        return 'one of ' + ', '.join(map(repr, choices(self.part)))
+
+
+def rule(part: str) -> dict[str, Any]:
+    """The field rule of ``part``'s config field: one of the registered values."""
+    return {'rule': (lambda value: value in _REGISTRY[part], _Choices(part))}
+
+
+def chosen(cfg: TransformerConfig, part: str) -> Variant:
+    """The entry ``cfg`` chooses for ``part``."""
+    field = FIELDS[part]
+    if field is None:
+        (variant,) = _REGISTRY[part].values()
+        return variant
+    return _REGISTRY[part][getattr(cfg, field)]
+
+
+def layer_shapes(cfg: TransformerConfig, stack: str) -> Shapes:
+    """One layer of ``stack`` ('encoder', 'decoder'): its parameters' shapes by path."""
+    norm = chosen(cfg, 'norm').weights(cfg)
+    shapes = {}
+    for sublayer, part in SUBLAYERS[stack].items():
+        shapes |= {f'{sublayer}/{k}': s for k, s in chosen(cfg, part).weights(cfg).items()}
+        shapes |= {f'{sublayer}_norm/{k}': s for k, s in norm.items()}
+    return shapes
+
+
+def param_shapes(cfg: TransformerConfig) -> Shapes:
+    """Every parameter of the model, by its '/'-joined path in the parameter tree."""
+    shapes = {}
+    for stack in SUBLAYERS:
+        layer = layer_shapes(cfg, stack)
+        for i in range(getattr(cfg, f'num_{stack}_layers')):
+            shapes |= {f'{stack}_layer_{i}/{k}': s for k, s in layer.items()}
+    for part in FIELDS:
+        shapes |= chosen(cfg, part).outer(cfg)
+    return shapes
+
+
+def param_count(cfg: TransformerConfig) -> int:
+    """The model's parameters."""
+    return sum(math.prod(shape) for shape in param_shapes(cfg).values())
+
+
+def layer_param_count(cfg: TransformerConfig) -> int:
+    """The parameters of the encoder's and decoder's layers: the model's without the
+    embeddings and what else lies outside the layers."""
+    return sum(
+        math.prod(shape) * getattr(cfg, f'num_{stack}_layers')
+        for stack in SUBLAYERS
+        for shape in layer_shapes(cfg, stack).values()
+    )
+
+
+def matmul_flops_per_token(cfg: TransformerConfig, part: str) -> int:
+    """Forward FLOPs (2 per multiply-add) that one instance of ``part`` spends per token on
+    its weight products: every weight of two or more axes multiplies each token's vector once
+    (biases and norm scales are not products)."""
+    return 2 * sum(
+        math.prod(shape) for shape in chosen(cfg, part).weights(cfg).values() if len(shape) > 1
+    )
+
+
+def describe(cfg: TransformerConfig) -> str:
+    """The variants ``cfg`` chooses, as config values: "ffn='relu', pre_layer_norm=False, ..."."""
+    return ', '.join(f'{f}={getattr(cfg, f)!r}' for f in FIELDS.values() if f is not None)
+
+
+def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
+    """One line for the first part ``cfg`` chooses that ``format`` cannot represent; None if
+    every part exports."""
+    for part, field in FIELDS.items():
+        variant = chosen(cfg, part)
+        if format not in variant.exports:
+            name = f'model.{field}={variant.value!r}' if field else f'the {part} {variant.value!r}'
+            return f'{name} cannot be exported as --format={format}: {variant.unexportable}'
+    return None
+
+
+# The entries of the paper's network and of the choices that need no module of their own.
+def _heads(cfg: TransformerConfig) -> tuple[int, int]:
+    return cfg.num_heads, cfg.head_dim or cfg.d_model // cfg.num_heads
+
+
+register(
+    Variant(
+        'attention',
+        'multi_head',
+        # q, k, v kernels [D, N, H] and the output kernel [N, H, D], no biases.
+        lambda cfg: {
+            **{f'{n}/kernel': (cfg.d_model, *_heads(cfg)) for n in ('query', 'key', 'value')},
+            'out/kernel': (*_heads(cfg), cfg.d_model),
+        },
+        'Sec. 3.2.2; transformer/model/attention.py, projections.py',
+    )
+)
+_NORM = lambda cfg: {'scale': (cfg.d_model,), 'bias': (cfg.d_model,)}  # noqa: E731
+register(Variant('norm', False, _NORM, 'post-LN, Sec. 3.1: LayerNorm(x + Sublayer(x))'))
+register(
+    Variant(
+        'norm',
+        True,
+        _NORM,
+        "pre-LN, tensor2tensor's later default: x + Sublayer(LayerNorm(x)), final norms",
+        outer=lambda cfg: {
+            f'{stack}_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
+        },
+        exports=(),
+        unexportable='MarianMT is post-LN only (no final layer norm, no pre-LN option); '
+        'only post-LN runs (pre_layer_norm=False) export.',
+    )
+)
+_ONE_MATRIX = (
+    "the export writes one shared embedding matrix, as MarianMT's joint-vocabulary models "
+    "use; only share_embeddings='all' exports."
+)
+_TABLE = lambda cfg: (cfg.vocab_size, cfg.d_model)  # noqa: E731
+register(
+    Variant(
+        'embeddings',
+        'all',
+        _nothing,
+        'Sec. 3.4: source, target and pre-softmax share one matrix',
+        outer=lambda cfg: {'shared_embedding/embedding': _TABLE(cfg)},
+    )
+)
+register(
+    Variant(
+        'embeddings',
+        'target',
+        _nothing,
+        'the target embedding is the pre-softmax matrix; the source has its own',
+        outer=lambda cfg: {f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
+        exports=(),
+        unexportable=_ONE_MATRIX,
+    )
+)
+register(
+    Variant(
+        'embeddings',
+        'none',
+        _nothing,
+        'three separate matrices',
+        outer=lambda cfg: {
+            **{f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
+            'logits_dense/kernel': (cfg.d_model, cfg.vocab_size),
+        },
+        exports=(),
+        unexportable=_ONE_MATRIX,
+    )
+)
