@@ -28,6 +28,19 @@ def tiny_model(**overrides) -> Transformer:
     )
 
 
+def tiny_parallel(devices, mode: str = 'sharding', model: Transformer | None = None, **kwargs):
+    """(`Parallel`, model, optimizer) of ``model`` (default `tiny_model()`) with the base
+    config's optimizer, label smoothing 0.1 and no accumulation unless ``kwargs`` say."""
+    from transformer.configs import base
+    from transformer.training import optim, parallel
+
+    model = model or tiny_model()
+    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=model.config.d_model)
+    kwargs = {'label_smoothing': 0.1, 'accum_steps': 1, 'devices': devices, **kwargs}
+    par = parallel.Parallel(mode, model=model, tx=tx, schedule=schedule, **kwargs)
+    return par, model, tx
+
+
 def packed_batch(seed: int) -> dict[str, np.ndarray]:
     """Rows of two packed examples each, with trailing padding of varying length."""
     rng = np.random.default_rng(seed)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.subprocess_env import repo_env
-from tests.tiny_run import LEN, packed_batch, tiny_model
+from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
 from transformer.training import optim, parallel, steps
 
@@ -111,17 +111,7 @@ def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
 
     from tests.tiny_run import ROWS, VOCAB
 
-    model = tiny_model()
-    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
-    par = parallel.Parallel(
-        'sharding',
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=0.1,
-        accum_steps=accum,
-        devices=jax.devices('cpu')[:2],
-    )
+    par, model, tx = tiny_parallel(jax.devices('cpu')[:2], accum_steps=accum)
     state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     compiled = par.lower_step(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
     hlo = compiled.as_text()
@@ -174,17 +164,7 @@ def test_layouts_no_split_of_the_batch_fits_are_refused(grid):
 def test_a_batch_of_other_than_the_configured_rows_raises():
     """The global batch is the configured one: a process feeding another number of rows
     raises instead of training on a smaller batch."""
-    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
-    par = parallel.Parallel(
-        'sharding',
-        model=tiny_model(),
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=0.1,
-        accum_steps=1,
-        devices=jax.devices('cpu')[:2],
-        batch_size=16,
-    )
+    par, _, _ = tiny_parallel(jax.devices('cpu')[:2], batch_size=16)
     assert (par.data_group, par.data_groups) == (0, 1)
     with pytest.raises(ValueError, match='fed 8 rows; the global batch of 16 needs 16'):
         par.put_batch(packed_batch(0))
@@ -219,7 +199,7 @@ def test_every_parameter_declares_its_logical_axes(overrides):
 
     from flax import linen as nn
 
-    from transformer.model import Transformer
+    from transformer.model import Transformer, variants
 
     model = Transformer(dataclasses.replace(tiny_model().config, **overrides))
     specs = parallel.logical_specs(model, optim.make_optimizer(base.get_config().opt, 32)[0])
@@ -239,8 +219,11 @@ def test_every_parameter_declares_its_logical_axes(overrides):
         for path, s in jax.tree_util.tree_leaves_with_path(shardings.params)
         if 'model' in s.spec
     }
-    layer = "['encoder_layer_0']"
-    assert f"{layer}['ffn']['wi']['kernel']" in split and f"{layer}['ffn']['wo']['kernel']" in split
+    # The feed-forward's kernels, by the names its variant declares (model/variants.py).
+    ffn = variants.chosen(model.config, 'ffn').weights(model.config)
+    kernels = [k.split('/') for k in ffn if k.endswith('/kernel')]
+    keys = ["['encoder_layer_0']['ffn']" + ''.join(f"['{p}']" for p in k) for k in kernels]
+    assert keys and set(keys) <= split, (keys, split)
     assert all('embedding' not in name and 'norm' not in name for name in split)
 
 
@@ -301,3 +284,28 @@ def test_the_config_chooses_the_loss(chunk_tokens, scans):
     )
     program = str(jax.make_jaxpr(par._step)(state, packed_batch(0), jax.random.key(1)))
     assert program.count('scan[') == scans
+
+
+def test_the_step_compiled_ahead_is_the_one_that_runs():
+    """`compile_step` compiles once (XLA's memory analysis is read from it before the first
+    step); `train_step` then runs that executable and compiles nothing again."""
+    par, model, tx = tiny_parallel(jax.devices('cpu')[:1])
+    state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    compiles = []
+
+    def count(event, duration, **kwargs):
+        if event == '/jax/core/compile/backend_compile_duration':
+            compiles.append(kwargs.get('fun_name', ''))
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        compiled = par.compile_step(state, par.put_batch(packed_batch(0)), jax.random.key(1))
+        assert [name for name in compiles if 'train_step' in name] == ['jit(train_step)']
+        assert compiled.memory_analysis().temp_size_in_bytes > 0
+        for step in range(2):
+            state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
+        assert jax.device_get(sums['tokens']) > 0
+        assert par.compile_step(state, par.put_batch(packed_batch(0)), None) is compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert [name for name in compiles if 'train_step' in name] == ['jit(train_step)']

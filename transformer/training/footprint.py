@@ -5,9 +5,18 @@ fail after the run directory was written, in numpy's or XLA's allocator ("Unable
 119. GiB"). `check` refuses it first, in one line naming the settings. The figures are
 lower bounds, not a model of XLA's temporaries: only what a step cannot do without (the
 layers' weights with their gradient and Adam's two moments, the residual stream of every layer
-kept for the backward pass, the host's batch arrays, a decoder's key/value cache), so a
-config refused here can never run, and one that passes may still run out of memory (that
-ends in the commands' own one-line error).
+kept for the backward pass, the host's batch arrays, a decoder's key/value cache and, once
+the vocabulary is known and the loss is not chunked, the [tokens, vocabulary] logits with
+their gradient), so a config refused here can never run, and one that passes may still run
+out of memory.
+
+Training therefore also checks the step itself: `step_refusal` compares XLA's memory
+analysis of the compiled step (what it needs beyond its arguments, which are in memory
+already: outputs + temporaries - donated) with the memory the process may still take
+(`room`: on a CPU, transformer/backends/host_memory.py's `available`, of which a step may
+take 90%; on an accelerator, the device's limit minus what it holds), before the first step
+runs. On a CPU an allocation past that is often granted (the kernel overcommits) and the
+process is killed once it touches the memory, with no message.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from transformer.model import layer_param_count
 from transformer.schema import ConfigError, Experiment
 
 GiB = 2**30
@@ -25,17 +35,21 @@ _BATCH_ARRAYS = 6
 # Copies of each parameter a train step holds: the value, its gradient, Adam's two moments.
 _PARAM_COPIES = 4
 HOST = 'the batch arrays'  # the part that lives in host memory
+LOGITS = 'the logits and their gradient'
+# The share of the host's free memory a CPU step may take: the process also holds what
+# XLA's analysis does not count (the runtime, the data pipeline, validation's buffers), and
+# MemAvailable is an estimate that other processes move: configs/tiny.py's step at
+# train.batch_size=5000 (21.8 GiB) started with 22-23 GiB available was killed on a 24 GiB
+# host. An accelerator's allocator refuses
+# an allocation past its limit in one line instead: there the whole room counts.
+_HOST_SHARE = 0.9
 
 
 def layer_params(experiment: Experiment) -> int:
-    """The weight matrices of the model's layers (attention and feed-forward). The embeddings
-    are left out: the vocabulary may end up smaller than data.vocab_size."""
-    m = experiment.model
-    d, f = m.d_model, m.d_ff
-    inner = m.num_heads * (m.head_dim or d // m.num_heads)
-    attention = 4 * d * inner
-    ffn = 2 * d * f
-    return m.num_encoder_layers * (attention + ffn) + m.num_decoder_layers * (2 * attention + ffn)
+    """The parameters of the model's layers, as the chosen variants declare them
+    (transformer/model/variants.py). The embeddings are left out: the vocabulary may end up
+    smaller than data.vocab_size."""
+    return layer_param_count(experiment.model)
 
 
 def _itemsize(dtype: Any) -> int:
@@ -44,9 +58,13 @@ def _itemsize(dtype: Any) -> int:
     return jnp.dtype(dtype).itemsize
 
 
-def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]]:
+def needs(
+    experiment: Experiment, num_devices: int, vocab_size: int | None = None
+) -> dict[str, tuple[int, str]]:
     """Bytes each part of a training run needs at least, per device (`HOST`: in host
-    memory), with the settings that decide it: {part: (bytes, settings)}."""
+    memory), with the settings that decide it: {part: (bytes, settings)}. ``vocab_size``: the
+    vocabulary's real size, once known (it may end up below data.vocab_size); with it and
+    ``train.loss_chunk_tokens=0`` the float32 logits and their gradient count too."""
     m, tc = experiment.model, experiment.train
     length = experiment.data.max_len
     model_parallel = tc.model_parallelism if tc.parallelism == 'sharding' else 1
@@ -60,6 +78,17 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
     ev = experiment.eval
     # A search runs for the source's length + extra_length steps, and a source has a token.
     cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, 1 + ev.extra_length)
+    logits = {}
+    if vocab_size and not tc.loss_chunk_tokens:
+        # float32 [rows, T, V] logits and their gradient: the largest term of a big-vocabulary
+        # step (8 GB for configs/base.py), which train.loss_chunk_tokens never builds.
+        logits[LOGITS] = (
+            rows * length * vocab_size * 8,
+            f'train.batch_size={tc.batch_size} rows (over {data_parallel} data-parallel '
+            f'devices, train.grad_accum_steps={tc.grad_accum_steps}) x data.max_len={length} '
+            f'tokens x {vocab_size} pieces (data.vocab_size={experiment.data.vocab_size}) '
+            'with train.loss_chunk_tokens=0',
+        )
     return {
         "the layers' weights with their gradient and Adam's moments": (
             params,
@@ -81,6 +110,7 @@ def needs(experiment: Experiment, num_devices: int) -> dict[str, tuple[int, str]
             f'eval.batch_size={ev.batch_size} sentences x eval.beam_size={ev.beam_size} x '
             f'(1 + eval.extra_length={ev.extra_length}) tokens',
         ),
+        **logits,
     }
 
 
@@ -113,11 +143,12 @@ def device_bytes(devices: Sequence[Any]) -> tuple[int | None, str]:
     return limit, f'{device.device_kind} memory'
 
 
-def check(experiment: Experiment, devices: Sequence[Any]) -> None:
-    """`ConfigError` naming the settings when a part alone needs more than the machine has."""
+def check(experiment: Experiment, devices: Sequence[Any], vocab_size: int | None = None) -> None:
+    """`ConfigError` naming the settings when a part alone needs more than the machine has
+    (``vocab_size``: the vocabulary's size, once known: see `needs`)."""
     per_device, where = device_bytes(devices)
     host = host_bytes()
-    for part, (size, settings) in needs(experiment, len(devices)).items():
+    for part, (size, settings) in needs(experiment, len(devices), vocab_size).items():
         limit, what = (host, 'host memory') if part == HOST else (per_device, where)
         if limit is None or size <= limit:
             continue
@@ -159,3 +190,108 @@ def check_decoding(
             f'{experiment.eval.extra_length}) tokens: the decoder cache alone needs at least '
             f'{size / GiB:,.1f} GiB, more than the {limit / GiB:,.1f} GiB of {where}; lower them.'
         )
+
+
+# --- the compiled step against the memory the process may still take ------------------------
+
+
+def room(devices: Sequence[Any]) -> tuple[int | None, str]:
+    """Bytes the process may still allocate where ``devices`` (this process's) keep a step's
+    buffers, and what sets the figure; (None, '') where nothing says. CPU devices share the
+    host's memory: `host_memory.available` (MemAvailable, cgroup limits). An accelerator: the
+    least, over ``devices``, of its ``bytes_limit`` minus its ``bytes_in_use``."""
+    if devices[0].platform == 'cpu':
+        from transformer.backends import host_memory
+
+        found = host_memory.available()
+        return (None, '') if found is None else (found[0], f'host memory ({found[1]})')
+    least = None
+    for device in devices:
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - no figure, no check
+            stats = {}
+        if stats.get('bytes_limit') is None:
+            return None, ''
+        free = int(stats['bytes_limit']) - int(stats.get('bytes_in_use', 0))
+        least = free if least is None else min(least, free)
+    return least, f'{devices[0].device_kind} memory (its limit minus what it holds)'
+
+
+def step_bytes(compiled: Any) -> dict[str, int] | None:
+    """XLA's memory analysis of a compiled step, per device: {'argument', 'output', 'alias'
+    (outputs written into donated arguments), 'temp'} in bytes; None where the backend gives
+    none."""
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+    stats = stats[0] if isinstance(stats, list) else stats
+    if stats is None:
+        return None
+    return {
+        k: int(getattr(stats, f'{k}_size_in_bytes'))
+        for k in ('argument', 'output', 'alias', 'temp')
+    }
+
+
+def step_refusal(experiment: Experiment, compiled: Any, devices: Sequence[Any]) -> str | None:
+    """Why the compiled train step cannot run on ``devices`` (all of the step's), in one line
+    naming the settings that decide its size and the train.batch_size that would fit; None
+    when it fits or where XLA or the system gives no figure.
+
+    The step's arguments (train state, batch) are in memory already, so what it still needs
+    is its outputs and temporaries less the outputs that reuse donated arguments; this
+    process's CPU devices all take it from the host's memory, of which a step may take 90%
+    (`_HOST_SHARE`); an accelerator's step may take all of its room. The train.batch_size
+    that would fit scales the part that grows with the batch (all but the train state's size,
+    for its gradient and Adam's update) to that: an estimate."""
+    import jax
+
+    local = [d for d in devices if d.process_index == jax.process_index()]
+    stats = step_bytes(compiled)
+    free, where = room(local)
+    if stats is None or free is None:
+        return None
+    m, tc, data = experiment.model, experiment.train, experiment.data
+    on_cpu = local[0].platform == 'cpu'
+    share = len(local) if on_cpu else 1
+    usable = _HOST_SHARE * free if on_cpu else free
+    need = stats['output'] + stats['temp'] - stats['alias']
+    if need * share <= usable:
+        return None
+    model_parallel = tc.model_parallelism if tc.parallelism == 'sharding' else 1
+    data_parallel = max(1, len(devices) // model_parallel)
+    batch = tc.batch_size // data_parallel * data.max_len * 4 * _BATCH_ARRAYS
+    fixed = min(need, max(0, stats['argument'] - batch))  # the train state's size
+    multiple = data_parallel * tc.grad_accum_steps
+    fits = int(tc.batch_size * (usable / share - fixed) / max(1, need - fixed))
+    fits = fits // multiple * multiple
+    total = stats['argument'] + need
+    settings = (
+        f'train.batch_size={tc.batch_size} x data.max_len={data.max_len} x data.vocab_size='
+        f'{data.vocab_size} (train.loss_chunk_tokens={tc.loss_chunk_tokens}, '
+        f'train.grad_accum_steps={tc.grad_accum_steps}, model.d_model={m.d_model})'
+    )
+    remedies = [
+        f'lower train.batch_size (to {fits}, by a linear estimate)'
+        if fits > 0
+        else 'the train state alone leaves no room for a batch: shrink the model'
+    ]
+    if not tc.loss_chunk_tokens:
+        remedies.append('set train.loss_chunk_tokens=4096 (no [tokens, vocabulary] logits)')
+    remedies.append('raise train.grad_accum_steps (the same rows in smaller micro-batches)')
+    left = f'the {_size(free)} of {where} this process may still take'
+    limit = f'{_size(usable)}, {_HOST_SHARE:.0%} of {left}' if on_cpu else left
+    return (
+        f'{settings}: the compiled training step needs {_size(total)} per device '
+        f"(XLA's memory analysis: arguments {_size(stats['argument'])} + outputs "
+        f'{_size(stats["output"])} + temporaries {_size(stats["temp"])} - donated '
+        f'{_size(stats["alias"])}), {_size(need * share)} beyond its arguments'
+        f'{f" on {share} devices" if share > 1 else ""}, more than {limit}: '
+        f'{"; ".join(remedies)}.'
+    )
+
+
+def _size(size: int) -> str:
+    return f'{size / GiB:,.1f} GiB' if size >= GiB // 10 else f'{size / 2**20:,.1f} MiB'

@@ -5,7 +5,7 @@ Two modes (``train.parallelism``):
 - ``'sharding'`` (default, as JAX recommends): one ``jit`` over a ``Mesh(('data', 'model'))``
   of every process's devices, with ``NamedSharding``: the batch is split on ``'data'``;
   parameters and optimizer state follow the logical axis names each parameter declares where
-  it is created (transformer/model/: attention.py, layers.py, transformer.py), mapped onto
+  it is created (transformer/model/: projections.py, layers.py, transformer.py), mapped onto
   mesh axes by one rules table (`rules`): heads and d_ff on ``'model'``, and with
   ``train.fsdp`` the d_model axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each
   device holds 1/data of the parameters and of Adam's moments). XLA inserts the collectives.
@@ -162,6 +162,10 @@ def check_layout(model: Transformer, model_parallelism: int, data_shards: int, f
 class Parallel:
     """Compiled train / eval steps and host <-> device placement for one parallelism mode."""
 
+    # Called with each newly compiled train step and the devices, before it runs (training's
+    # memory check, transformer/training/stops.py `check_memory`); raises to stop the run.
+    check_compiled: Callable[[jax.stages.Compiled, list], None] | None = None
+
     def __init__(
         self,
         mode: str,
@@ -172,6 +176,7 @@ class Parallel:
         label_smoothing: float,
         accum_steps: int,
         loss_chunk_tokens: int = 0,
+        loss_pass: str = 'float32',
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
@@ -193,8 +198,9 @@ class Parallel:
         ]
         self.batch_size = batch_size  # global rows; None: this process's rows x data_groups
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
-        self._compiled = False  # whether train_step has run (compiled) once
+        self._compiled: dict[tuple, jax.stages.Compiled] = {}  # `compile_step`'s, by batch shape
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
+        loss['loss_pass'] = loss_pass
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
         )
@@ -239,6 +245,7 @@ class Parallel:
             label_smoothing=tc.label_smoothing,
             accum_steps=tc.grad_accum_steps,
             loss_chunk_tokens=tc.loss_chunk_tokens,
+            loss_pass=tc.loss_pass,
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,
@@ -321,20 +328,37 @@ class Parallel:
         self, state: TrainState, batch: Mapping[str, Any], rng: jax.Array
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         """One step on a batch (host rows, or already placed by `put_batch`); the metric sums
-        come back global and unreplicated in both modes. The first call compiles the step (jit
-        dispatch waits for the compiler), which takes a while on a big model and is said."""
+        come back global and unreplicated in both modes. It runs the executable of
+        `compile_step`, compiled at the first call unless a caller compiled it before."""
         if not isinstance(next(iter(batch.values())), jax.Array):
             batch = self.put_batch(batch)
-        compiling, start = not self._compiled, time.perf_counter()
-        if compiling:
-            logging.info('Compiling the training step ...')
-        state, sums = self._step(state, batch, rng)
-        if compiling:
-            logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
-            self._compiled = True
+        state, sums = self.compile_step(state, batch, rng)(state, batch, rng)
         if self.mode == 'pmap':
             sums = {k: v[0] for k, v in sums.items()}  # identical on every device
         return state, sums
+
+    def compile_step(
+        self, state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array
+    ) -> Callable:
+        """The train step compiled for these arguments (``batch`` placed by `put_batch`), once
+        per batch shape, and passed to `check_compiled` where set: `train_step` runs this
+        same executable, so XLA's memory analysis is read before the first step without
+        compiling twice (but in multi-process pmap runs). Compiling takes a while on a big
+        model and is said."""
+        key = tuple((k, v.shape, v.dtype) for k, v in sorted(batch.items()))
+        if key not in self._compiled:
+            logging.info('Compiling the training step ...')
+            start = time.perf_counter()
+            compiled = self.lower_step(state, batch, rng).compile()
+            logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
+            if self.check_compiled is not None:
+                self.check_compiled(compiled, self.devices)
+            if self.mode == 'pmap' and jax.process_count() > 1:
+                # jax checks a multi-process pmap's AOT executable against the global
+                # shapes, not this process's: the pmap itself runs (and compiles once more).
+                compiled = self._step
+            self._compiled[key] = compiled
+        return self._compiled[key]
 
     def lower_step(
         self, state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array

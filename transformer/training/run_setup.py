@@ -21,8 +21,8 @@ from transformer import data as data_lib
 from transformer import lock as lock_lib
 from transformer import rundir, schema
 from transformer.checkpoint import Checkpoints
-from transformer.model import Transformer
-from transformer.training import config_checks, optim, steps
+from transformer.model import Transformer, describe
+from transformer.training import config_checks, footprint, optim, steps, stops
 from transformer.training.best import BestTracker
 from transformer.training.parallel import Parallel
 from transformer.training.steps import TrainState
@@ -141,6 +141,8 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
+    footprint.check(config, parallel.devices, tokenizer.vocab_size)  # the logits, now known
+    parallel.check_compiled = functools.partial(stops.check_memory, config)  # before step 1
     init_rng = jax.random.split(jax.random.key(tc.seed))[0]
     dropout_rng = steps.dropout_key(tc.seed, tc.dropout_prng)
     init = functools.partial(steps.init_state, model, tx, init_rng, config.data.max_len)
@@ -166,10 +168,11 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     cfg = model.config
     logging.info(
-        'Model: %s parameters (d_model %d, %d heads, %d+%d layers, d_ff %d, %s); %s mode '
+        'Model: %s parameters (d_model %d, %d heads, %d+%d layers, d_ff %d, %s; %s); %s mode '
         'over %d devices of %d processes.',
         *(f'{num_params:,}', cfg.d_model, cfg.num_heads, cfg.num_encoder_layers),
-        *(cfg.num_decoder_layers, cfg.d_ff, jnp.dtype(cfg.dtype).name, tc.parallelism),
+        *(cfg.num_decoder_layers, cfg.d_ff, describe(cfg), jnp.dtype(cfg.dtype).name),
+        tc.parallelism,
         *(len(parallel.devices), jax.process_count()),
     )
     return Run(

@@ -2,19 +2,22 @@
 the checkpoint the same command resumes from.
 
 - `TrainingError`: the run cannot go on (processes that cannot join, a non-finite loss).
+- `check_memory`: a compiled step that needs more memory than the process may still take
+  stops the run before that step runs.
 - `check_finite`: a non-finite loss or gradient stops the run at the step that shows it.
 - `interrupted`: what Ctrl-C leaves, as the `Interrupted` the train command prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from transformer import rundir
+from transformer import multihost, rundir, schema
 from transformer.checkpoint import Checkpoints
+from transformer.training import footprint
 
 
 class TrainingError(RuntimeError):
@@ -57,6 +60,19 @@ def check_finite(
     else:
         message += 'Lower opt.lr_scale or raise opt.warmup_steps.'
     raise TrainingError(message)
+
+
+def check_memory(experiment: schema.Experiment, compiled: Any, devices: Sequence[Any]) -> None:
+    """Stops before the first step when XLA's memory analysis of the ``compiled`` step says
+    it needs more than the process may still take on ``devices`` (`footprint.step_refusal`):
+    on a CPU the kernel would otherwise grant the memory and kill the process, without a
+    message, once the step touches it. Every process of a multi-host run decides alike (one
+    that would not fit stops them all, not only itself while the others wait at step 1)."""
+    why = footprint.step_refusal(experiment, compiled, devices)
+    if multihost.all_ok(why is None):
+        return
+    why = why or "Another process's compiled training step does not fit its memory (its log says)."
+    raise TrainingError(f'{why} No step ran; checkpoints already saved are untouched.')
 
 
 def interrupted(workdir: str, step: int, newest: int | None) -> Interrupted:

@@ -1,0 +1,143 @@
+"""transformer/training/footprint.py: the bound's logits term, and the compiled step checked
+against the memory the process may still take (`room`, `step_refusal`)."""
+
+import dataclasses
+
+import jax
+import pytest
+
+from transformer import configs, schema
+from transformer.backends import host_memory
+from transformer.training import footprint
+
+GiB = 2**30
+
+
+def _experiment(name: str = 'tiny', **train) -> schema.Experiment:
+    config = schema.parse(configs.load(name))
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, **train))
+
+
+class _Device:
+    """An accelerator that reports its memory."""
+
+    platform, device_kind, process_index = 'gpu', 'NVIDIA H100', 0
+
+    def __init__(self, limit, in_use=0):
+        self._stats = {'bytes_limit': limit, 'bytes_in_use': in_use}
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_the_bound_counts_the_logits_and_their_gradient_once_the_vocabulary_is_known():
+    base = _experiment('base')
+    rows, length = base.train.batch_size, base.data.max_len
+    assert footprint.LOGITS not in footprint.needs(base, 1)  # data.vocab_size is only a ceiling
+    size, settings = footprint.needs(base, 1, vocab_size=37000)[footprint.LOGITS]
+    assert size == rows * length * 37000 * 8
+    assert 'train.batch_size=104' in settings and 'train.loss_chunk_tokens=0' in settings
+    # Split over 4 data-parallel devices and 2 micro-batches: a device holds 1/8 of the rows.
+    accum = _experiment('base', grad_accum_steps=2)
+    assert footprint.needs(accum, 4, 37000)[footprint.LOGITS][0] == size // 8
+    chunked = _experiment('base', loss_chunk_tokens=4096)
+    assert footprint.LOGITS not in footprint.needs(chunked, 1, vocab_size=37000)
+    devices = [_Device(size - 1)]
+    with pytest.raises(schema.ConfigError, match=r'the logits and their gradient alone need'):
+        footprint.check(base, devices, vocab_size=37000)
+    footprint.check(base, devices)  # without the vocabulary's size, no logits term
+    footprint.check(chunked, devices, vocab_size=37000)
+
+
+@pytest.mark.parametrize('name', configs.names())
+def test_the_bound_passes_every_shipped_config_on_a_24_gib_host(name, monkeypatch):
+    """The documented CPU commands run on a 24 GiB host: the bound with the logits must not
+    refuse them (nor base / big, whose step the compiled check judges)."""
+    monkeypatch.setattr(footprint, 'host_bytes', lambda: 24 * GiB)
+    experiment = _experiment(name)
+    footprint.check(experiment, jax.devices('cpu')[:1], vocab_size=experiment.data.vocab_size)
+
+
+def test_room_of_an_accelerator_is_its_least_limit_minus_what_it_holds():
+    devices = [_Device(80 * GiB, 10 * GiB), _Device(80 * GiB, 30 * GiB)]
+    assert footprint.room(devices) == (
+        50 * GiB,
+        'NVIDIA H100 memory (its limit minus what it holds)',
+    )
+    assert footprint.room([_Device(None)]) == (None, '')
+
+
+def test_room_of_the_cpu_is_what_the_host_lets_this_process_take(monkeypatch):
+    monkeypatch.setattr(host_memory, 'available', lambda: (3 * GiB, 'MemAvailable'))
+    assert footprint.room(jax.devices('cpu')[:1]) == (3 * GiB, 'host memory (MemAvailable)')
+    monkeypatch.setattr(host_memory, 'available', lambda: None)
+    assert footprint.room(jax.devices('cpu')[:1]) == (None, '')
+
+
+@dataclasses.dataclass
+class _Stats:
+    argument_size_in_bytes: int
+    output_size_in_bytes: int
+    alias_size_in_bytes: int
+    temp_size_in_bytes: int
+
+
+class _Compiled:
+    def __init__(self, stats):
+        self._stats = stats
+
+    def memory_analysis(self):
+        if isinstance(self._stats, Exception):
+            raise self._stats
+        return self._stats
+
+
+def _tiny_step(state_gib: float, temp_gib: float) -> _Compiled:
+    """A compiled step of configs/tiny.py (32 rows of 64 tokens) whose state takes
+    ``state_gib`` (donated: the new state reuses it) and temporaries ``temp_gib``."""
+    batch = 32 * 64 * 4 * 6  # six int32 [rows, max_len] arrays
+    state = int(state_gib * GiB)
+    return _Compiled(_Stats(state + batch, state, state, int(temp_gib * GiB)))
+
+
+def test_a_compiled_step_past_the_room_is_refused_naming_the_batch_that_would_fit(monkeypatch):
+    monkeypatch.setattr(host_memory, 'available', lambda: (5 * GiB, 'MemAvailable'))
+    experiment, cpu = _experiment(), jax.devices('cpu')
+    assert footprint.step_refusal(experiment, _tiny_step(1, 4), cpu[:1]) is None
+    line = footprint.step_refusal(experiment, _tiny_step(1, 9), cpu[:1])
+    assert '\n' not in line and line.startswith('train.batch_size=32 x data.max_len=64 x ')
+    assert 'temporaries 9.0 GiB' in line
+    assert 'more than 4.5 GiB, 90% of the 5.0 GiB of host memory (MemAvailable)' in line
+    # 1 GiB grows with nothing, 8 with the rows: (4.5 - 1) / 8 of the 32 rows fit.
+    assert 'lower train.batch_size (to 14, by a linear estimate)' in line
+    assert 'train.loss_chunk_tokens=4096' in line and 'train.grad_accum_steps' in line
+    # Every CPU device of the process takes its share of the same host memory.
+    two = _experiment(batch_size=32)
+    assert footprint.step_refusal(two, _tiny_step(0, 3), cpu[:2]) is not None
+    assert footprint.step_refusal(two, _tiny_step(0, 3), cpu[:1]) is None
+    # Nothing left even for the state: no batch size is offered, the other remedies are.
+    line = footprint.step_refusal(experiment, _tiny_step(6, 9), cpu[:1])
+    assert 'would fit' not in line and 'train.grad_accum_steps' in line
+
+
+def test_a_cpu_step_may_take_90_percent_of_the_host_an_accelerators_all_of_its_room(
+    monkeypatch,
+):
+    """On a CPU the kernel kills a process that goes past the memory it was granted, so a
+    tenth stays free; an accelerator's allocator refuses in one line, so all of it counts."""
+    monkeypatch.setattr(host_memory, 'available', lambda: (10 * GiB, 'MemAvailable'))
+    step = _tiny_step(0, 9.5)
+    assert footprint.step_refusal(_experiment(), step, jax.devices('cpu')[:1]) is not None
+    gpu = [_Device(10 * GiB)]
+    assert footprint.step_refusal(_experiment(), step, gpu) is None
+    line = footprint.step_refusal(_experiment(), _tiny_step(0, 11), gpu)
+    assert 'more than the 10.0 GiB of NVIDIA H100 memory (its limit minus what it' in line
+
+
+@pytest.mark.parametrize('stats', [None, NotImplementedError('no analysis')])
+def test_no_figure_from_xla_or_the_system_refuses_nothing(stats, monkeypatch):
+    monkeypatch.setattr(host_memory, 'available', lambda: (1, 'MemAvailable'))
+    cpu = jax.devices('cpu')[:1]
+    assert footprint.step_refusal(_experiment(), _Compiled(stats), cpu) is None
+    monkeypatch.setattr(host_memory, 'available', lambda: None)
+    assert footprint.step_refusal(_experiment(), _tiny_step(1, 9), cpu) is None

@@ -1,0 +1,73 @@
+"""The train command refuses a compiled step that needs more memory than the process may still
+take (transformer/training/footprint.py, `step_refusal`), before that step runs."""
+
+import json
+import sys
+
+import jax
+import pytest
+from absl import flags
+
+from tests.tiny_run import SMALL, command_line
+from transformer import rundir
+from transformer.backends import host_memory
+from transformer.commands import train as trainer
+
+RUN = {
+    **SMALL,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'eval.bleu_every': 0,
+    'train.checkpoint_every': 3,
+    'train.async_checkpointing': False,
+}
+
+
+def _forget_config_overrides():
+    for name in [n for n in flags.FLAGS if n.startswith('config.')]:
+        delattr(flags.FLAGS, name)
+
+
+@pytest.fixture(autouse=True)
+def one_cpu_device(monkeypatch):
+    """One CPU device, whatever the machine; ml_collections' --config.KEY flags forgotten
+    between the in-process commands (each defines its own)."""
+    cpu = jax.devices('cpu')[:1]
+    monkeypatch.setattr(jax, 'devices', lambda backend=None: cpu)
+    _forget_config_overrides()
+    yield
+    _forget_config_overrides()
+
+
+def _train(workdir, monkeypatch, **overrides) -> None:
+    argv = ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}']
+    argv += command_line({**RUN, **overrides})
+    monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    _forget_config_overrides()
+    trainer.cli(argv)
+
+
+@pytest.mark.slow
+def test_a_step_past_the_memory_left_stops_in_one_line_before_it_runs(
+    tmp_path, monkeypatch, capsys
+):
+    workdir = tmp_path / 'run'
+    with pytest.raises(SystemExit) as info:
+        _train(workdir, monkeypatch, **{'train.num_steps': 3})
+    assert info.value.code in (0, None)
+    saved = sorted(p.name for p in (workdir / rundir.CHECKPOINTS).iterdir())
+    assert saved == ['3']
+    capsys.readouterr()
+    monkeypatch.setattr(host_memory, 'available', lambda: (2**20, 'a 1 MiB cgroup'))
+    with pytest.raises(SystemExit) as info:
+        _train(workdir, monkeypatch, **{'train.num_steps': 6})
+    assert info.value.code not in (0, None)
+    line = str(info.value.code)  # what the interpreter prints as it exits with status 1
+    assert line.startswith('error: train.batch_size=8 x data.max_len=')
+    assert '\n' not in line and "XLA's memory analysis" in line
+    assert 'more than 0.9 MiB, 90% of the 1.0 MiB of host memory (a 1 MiB cgroup)' in line
+    assert 'checkpoints already saved are untouched' in line
+    # Before any step: step 3's checkpoint is what the workdir holds, and no step 4 was logged.
+    assert sorted(p.name for p in (workdir / rundir.CHECKPOINTS).iterdir()) == saved
+    metrics = (workdir / rundir.METRICS_FILE).read_text().splitlines()
+    assert max(json.loads(line)['step'] for line in metrics) == 3
