@@ -103,6 +103,7 @@ class Run:
             self.params,
             beam_size=ev.beam_size if beam_size is None else beam_size,
             alpha=ev.alpha if alpha is None else alpha,
+            length_penalty=ev.length_penalty,
             extra_length=ev.extra_length,
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,
@@ -116,7 +117,8 @@ class Run:
         if target is None:
             target = self.translate([source], beam_size=1)[0]
         inputs, targets = (
-            np.array(self.tokenizer.encode(text) + [EOS_ID], np.int32) for text in (source, target)
+            np.array(self.tokenizer.encode(text, side) + [EOS_ID], np.int32)
+            for text, side in ((source, 'source'), (target, 'target'))
         )
         return attention_maps(self.model, self.params, inputs, targets)
 

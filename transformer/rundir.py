@@ -152,7 +152,7 @@ def load_tokenizer(config: Config, workdir: str) -> data_lib.Tokenizer:
             f'No vocabulary at {model_path}: the workdir has no trained SentencePiece model '
             '(copy it there or set data.vocab_path).'
         )
-    return data_lib.Tokenizer(model_path)
+    return data_lib.Tokenizer(model_path, data_config=config.data)
 
 
 def _values(config: Config) -> dict[str, Any]:

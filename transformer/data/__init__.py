@@ -5,7 +5,9 @@
   failures raise ``DataError``; ``order_note``: why a split cannot come in its original
   order (TFDS datasets stored shuffled), or None; ``check_split``: a split the source does
   not have, before anything is read.
-- ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py).
+- ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py), which
+  applies the run's pretokenization (``PRETOKENIZERS``; ``Pretokenizer``, pretokenize.py)
+  both ways: raw text in, detokenized text out.
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
@@ -28,6 +30,7 @@ from transformer.data.packing import (
     pack_examples,
 )
 from transformer.data.prefetch import Prefetcher
+from transformer.data.pretokenize import PRETOKENIZERS, Pretokenizer
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
@@ -38,7 +41,9 @@ __all__ = [
     'LONG_EXAMPLES',
     'MODEL_TYPES',
     'NORMALIZATIONS',
+    'PRETOKENIZERS',
     'Prefetcher',
+    'Pretokenizer',
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',

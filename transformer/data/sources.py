@@ -24,13 +24,15 @@
 
 Registered: ``'synthetic'`` (the built-in invented language pair, transformer/data/
 synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py);
-any other name is a TFDS translation dataset (tfds_translate.py). A new dataset is one module
+any other name is a TFDS translation dataset (tfds_translate.py), and a name that TFDS does not
+register either stops in one line before anything is read. A new dataset is one module
 plus one line in `SOURCES`. Only reading a TFDS dataset imports tensorflow_datasets (and
 TensorFlow); the other sources, and Multi30k from raw files, never do.
 """
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Sequence
 from types import ModuleType
@@ -83,6 +85,7 @@ def load_text(data_config: Any, split: str) -> tuple[list[str], list[str]]:
         cannot be downloaded.
     """
     start = time.perf_counter()
+    _check_name(data_config.dataset, reading=True)
     sources, targets = source(data_config.dataset).read(data_config, split)
     logging.info(
         'Loaded %d %s pairs of %s in %.1f s.',
@@ -95,14 +98,19 @@ def load_text(data_config: Any, split: str) -> tuple[list[str], list[str]]:
 
 
 def identity(data_config: Any, split: str) -> dict[str, Any]:
-    """Everything that decides the text of a split (the token cache is keyed by it)."""
-    return {
+    """Everything that decides the text of a split (the token cache is keyed by it); the
+    pretokenization only when it is not 'none', so the keys of raw-text runs stay as they
+    were."""
+    found = {
         'dataset': data_config.dataset,
         'source_lang': data_config.source_lang,
         'target_lang': data_config.target_lang,
         'split': split,
         **source(data_config.dataset).identity(data_config, split),
     }
+    if data_config.pretokenize != 'none':
+        found['pretokenize'] = data_config.pretokenize
+    return found
 
 
 def order_note(data_config: Any, split: str) -> str | None:
@@ -139,6 +147,29 @@ def check_dataset(data_config: Any) -> None:
     """A one-line `DataError` naming the first split key or language the dataset lacks, where
     the source can tell without network and without reading an example (a TFDS dataset's
     metadata); may import TensorFlow, so only commands about to read the data ask."""
+    _check_name(data_config.dataset, reading=False)
     checker = getattr(source(data_config.dataset), 'check_dataset', None)
     if checker is not None:
         checker(data_config)
+
+
+def _check_name(name: str, reading: bool) -> None:
+    """A one-line `DataError` for a ``data.dataset`` that is none of `SOURCES` nor a TFDS
+    dataset by TFDS's registry (`tfds_translate.registered`: no network). Without
+    tensorflow-datasets that cannot be told: only a read (``reading``), which needs it, stops."""
+    known = name in SOURCES or TFDS.registered(name)
+    if known or (known is None and not reading):
+        return
+    head = f'data.dataset={name!r} is not a source of this package ({", ".join(SOURCES)}) nor'
+    close = difflib.get_close_matches(name, list(SOURCES), n=1)
+    if known is None:
+        hint = f'did you mean {close[0]!r}? To read a TFDS dataset, ' if close else 'to read one, '
+        raise DataError(
+            f'{head}, as far as can be told without tensorflow-datasets, a TFDS dataset: '
+            f'{hint}{TFDS.INSTALL}.'
+        )
+    close = close or [c for c in [TFDS.close_name(name)] if c]
+    hint = (
+        f'did you mean {close[0]!r}?' if close else "TFDS's are named like 'wmt14_translate/de-en'."
+    )
+    raise DataError(f'{head} a TFDS dataset: {hint}')

@@ -2,8 +2,9 @@
 
 A cache file ``<cache_dir>/<dataset>-<split>-<key>.npz`` holds the ids of every example of a
 split, each side ending with EOS. The key hashes the dataset's identity (name, languages,
-synthetic settings, folder file sizes and times), the split and the vocabulary file, so a new
-vocabulary or new data never reuse stale ids.
+synthetic settings, folder file sizes and times, a pretokenization other than 'none'), the
+split and the vocabulary file, so a new vocabulary, new data or another preprocessing never
+reuse stale ids.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from transformer.data import sources
+from transformer.data.pretokenize import Side
 from transformer.data.tokenizer import Tokenizer
 from transformer.tokens import EOS_ID
 
@@ -70,15 +72,18 @@ def clear_memory_cache() -> None:
     _memory_cache.clear()
 
 
-def encode_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of many texts: flat ids (each text followed by EOS) and offsets [N + 1].
+def encode_texts(
+    tokenizer: Tokenizer, texts: Sequence[str], side: Side = 'source'
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of many texts of one side: flat ids (each text followed by EOS) and offsets
+    [N + 1].
 
     Ids are stored as uint16 when the vocabulary allows, halving the memory of large splits.
     """
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
     id_chunks, length_chunks = [], []
     for start in range(0, len(texts), _ENCODE_CHUNK):
-        encoded = tokenizer.encode_batch(texts[start : start + _ENCODE_CHUNK])
+        encoded = tokenizer.encode_batch(texts[start : start + _ENCODE_CHUNK], side)
         lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
         flat = itertools.chain.from_iterable(ids + [EOS_ID] for ids in encoded)
         id_chunks.append(np.fromiter(flat, dtype, int(lengths.sum())))
@@ -120,8 +125,8 @@ def tokenize_split(
     if data is None:
         source_text, target_text = sources.load_text(data_config, split)
         start = time.perf_counter()
-        source_ids, source_offsets = encode_texts(tokenizer, source_text)
-        target_ids, target_offsets = encode_texts(tokenizer, target_text)
+        source_ids, source_offsets = encode_texts(tokenizer, source_text, 'source')
+        target_ids, target_offsets = encode_texts(tokenizer, target_text, 'target')
         data = TokenizedSplit(source_ids, source_offsets, target_ids, target_offsets)
         logging.info(
             'Tokenized %d %s examples (%d + %d tokens) in %.1f s.',

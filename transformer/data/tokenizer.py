@@ -3,7 +3,8 @@
 The paper shares one BPE vocabulary of ~37000 tokens between English and German (Sec. 5.1),
 which is also what lets the source embedding, target embedding and pre-softmax matrix be one
 (Sec. 3.4). Ids follow the model's conventions: 0 = padding (and decoder start), 1 = end of
-sentence, 2 = unknown; there is no beginning-of-sentence token.
+sentence, 2 = unknown; there is no beginning-of-sentence token. With ``data.pretokenize='moses'``
+the vocabulary is trained on, and reads, Moses-tokenized text (pretokenize.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sentencepiece as spm
 from absl import logging
 
 from transformer.data.errors import DataError
+from transformer.data.pretokenize import MOSES_MARK, Pretokenizer, Side
 from transformer.data.sources import load_text
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -31,17 +33,25 @@ MODEL_TYPES = ('bpe', 'unigram', 'word', 'char')  # SentencePiece's algorithms
 
 
 class Tokenizer:
-    """A SentencePiece model with the project's id conventions.
+    """A SentencePiece model with the project's id conventions and the text it was trained on.
+
+    Text goes in raw and comes out as text: with ``data.pretokenize='moses'`` encoding Moses-
+    tokenizes it first and decoding detokenizes and unescapes (transformer/data/pretokenize.py),
+    so every caller of `encode` and `decode` follows the run's pretokenization.
 
     Attributes:
       model_path: the ``.model`` file it was loaded from.
       vocab_size: number of ids (pad, eos and unk included).
       fingerprint: a hash of the model file, part of the token-cache keys.
+      pretokenize: the text the vocabulary was trained on, one of `PRETOKENIZERS` (a
+        vocabulary holding the control piece `MOSES_MARK` was trained on Moses text).
+      pretokenizer: the `Pretokenizer` that turns raw text into that text and back.
     """
 
-    def __init__(self, model_path: str, key: str | None = None):
+    def __init__(self, model_path: str, key: str | None = None, data_config: Any = None):
         """``key``: the setting that named the file (``'data.vocab_path'``), for the error
-        messages; None: a run's own vocabulary."""
+        messages; None: a run's own vocabulary. ``data_config``: the ``data`` section whose
+        ``pretokenize`` and languages it applies; None: raw text (``'none'``)."""
         self.model_path = os.fspath(model_path)
         where = f'{key}={self.model_path}' if key else self.model_path
         remedy = 'restore the file the run was trained with'
@@ -63,31 +73,54 @@ class Tokenizer:
                 f'{where} has pad/eos/unk ids {self._sp.pad_id()}/'
                 f'{self._sp.eos_id()}/{self._sp.unk_id()}; this project needs 0/1/2.'
             )
+        self.pretokenize = _trained_on(self._sp)
+        wanted = data_config.pretokenize if data_config is not None else 'none'
+        if wanted != self.pretokenize:
+            other = f'give {key} one trained with {wanted!r}' if key else 'use a new --workdir'
+            raise DataError(
+                f'{where} was trained with data.pretokenize={self.pretokenize!r}, not '
+                f'{wanted!r}: set data.pretokenize={self.pretokenize!r} or {other}.'
+            )
+        languages = (data_config.source_lang, data_config.target_lang) if data_config else ('', '')
+        # Lowercasing is the vocabulary's normalization, applied before Moses when it folds.
+        folds = self._sp.normalize('A') == self._sp.normalize('a')
+        self.pretokenizer = Pretokenizer(self.pretokenize, *languages, lowercase=folds)
 
     @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without EOS."""
-        return self._sp.encode(text)
+    def encode(self, text: str, side: Side = 'source') -> list[int]:
+        """Token ids of ``text`` (raw; ``side`` picks the language of its pretokenization),
+        without EOS."""
+        return self._sp.encode(self.pretokenizer.encode(text, side))
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts (without EOS), encoded on all cores."""
-        return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+    def encode_batch(self, texts: Sequence[str], side: Side = 'source') -> list[list[int]]:
+        """Token ids of many texts of one side (without EOS), encoded on all cores."""
+        if self.pretokenize != 'none':
+            texts = [self.pretokenizer.encode(text, side) for text in texts]
+        return self._sp.encode(texts, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids`` up to the first EOS; padding (0) is skipped."""
+        """Text of ``ids`` up to the first EOS (padding, 0, skipped), detokenized in the target
+        language when the vocabulary was trained on pretokenized text."""
         out = []
         for i in np.asarray(ids).reshape(-1).tolist():
             if i == EOS_ID:
                 break
             if i != PAD_ID:
                 out.append(i)
-        return self._sp.decode(out)
+        return self.pretokenizer.decode(self._sp.decode(out))
 
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(i)
+
+
+def _trained_on(sp: spm.SentencePieceProcessor) -> str:
+    """The pretokenization a vocabulary was trained with: 'moses' when it holds the control
+    piece `MOSES_MARK`, else 'none'."""
+    i = sp.piece_to_id(MOSES_MARK)
+    return 'moses' if i != UNK_ID and sp.is_control(i) else 'none'
 
 
 def train_tokenizer(
@@ -97,6 +130,7 @@ def train_tokenizer(
     vocab_size: int,
     model_type: str = 'bpe',
     normalization: str = 'nmt_nfkc',
+    data_config: Any = None,
 ) -> Tokenizer:
     """Trains a SentencePiece model on ``sentences`` and writes it to ``model_path``.
 
@@ -107,10 +141,14 @@ def train_tokenizer(
       model_type: 'bpe', 'unigram', 'word' or 'char'.
       normalization: SentencePiece's normalization rule, one of `NORMALIZATIONS`; stored in
         the model, so every later encode applies it too ('nmt_nfkc_cf' lowercases).
+      data_config: the ``data`` section the tokenizer applies (`Tokenizer`); with
+        ``pretokenize='moses'`` the ``sentences`` are Moses-tokenized already and the
+        vocabulary gets the control piece `MOSES_MARK` that records it. None: raw text.
 
     Returns:
       The trained tokenizer.
     """
+    moses = data_config is not None and data_config.pretokenize == 'moses'
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
     start = time.perf_counter()
@@ -120,6 +158,33 @@ def train_tokenizer(
         vocab_size,
         len(sentences),
     )
+    model = _train_model(
+        sentences,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        normalization=normalization,
+        control_symbols=[MOSES_MARK] if moses else [],
+    )
+    _write_atomically(model_path, model)
+    tokenizer = Tokenizer(model_path, data_config=data_config)
+    logging.info(
+        'Trained the vocabulary (%d ids) in %.1f s: %s.',
+        tokenizer.vocab_size,
+        time.perf_counter() - start,
+        model_path,
+    )
+    return tokenizer
+
+
+def _train_model(
+    sentences: Sequence[str],
+    *,
+    vocab_size: int,
+    model_type: str,
+    normalization: str,
+    control_symbols: list[str],
+) -> bytes:
+    """The serialized SentencePiece model of ``sentences``, with the project's ids."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         # From memory, not a file: the model then holds no paths and the same sentences give a
@@ -133,6 +198,7 @@ def train_tokenizer(
         eos_id=EOS_ID,
         unk_id=UNK_ID,
         bos_id=-1,
+        control_symbols=control_symbols,
         # Tiny corpora (tests, synthetic) have fewer pieces than asked for.
         hard_vocab_limit=False,
         # Sentences were sampled already; SentencePiece's own sampling would re-sample.
@@ -141,15 +207,7 @@ def train_tokenizer(
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
-    _write_atomically(model_path, model.getvalue())
-    tokenizer = Tokenizer(model_path)
-    logging.info(
-        'Trained the vocabulary (%d ids) in %.1f s: %s.',
-        tokenizer.vocab_size,
-        time.perf_counter() - start,
-        model_path,
-    )
-    return tokenizer
+    return model.getvalue()
 
 
 def _write_atomically(path: str, content: bytes) -> None:
@@ -165,13 +223,37 @@ def _write_atomically(path: str, content: bytes) -> None:
         raise
 
 
+def sample_indices(num_sources: int, num_targets: int, size: int, seed: int = 0) -> np.ndarray:
+    """A seeded, sorted sample of ``size`` indices into sources + targets (all if fewer)."""
+    total = num_sources + num_targets
+    if size >= total:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(seed).choice(total, size=size, replace=False))
+
+
 def sample_sentences(sources: Sequence[str], targets: Sequence[str], size: int, seed: int = 0):
     """A seeded sample of ``size`` sentences from both languages (all of them if fewer)."""
-    total = len(sources) + len(targets)
-    if size >= total:
-        return [*sources, *targets]
-    picked = np.sort(np.random.default_rng(seed).choice(total, size=size, replace=False))
+    picked = sample_indices(len(sources), len(targets), size, seed)
     return [sources[i] if i < len(sources) else targets[i - len(sources)] for i in picked]
+
+
+def _sample(data_config: Any, normalization: str) -> list[str]:
+    """``data.vocab_sample_size`` sentences of the training split (both languages) as the new
+    vocabulary will read them: pretokenized, lowercased first when ``normalization`` folds."""
+    sources, targets = load_text(data_config, data_config.train_split)
+    pretokenizer = Pretokenizer(
+        data_config.pretokenize,
+        data_config.source_lang,
+        data_config.target_lang,
+        lowercase=normalization.endswith('_cf'),
+    )
+    picked = sample_indices(len(sources), len(targets), int(data_config.vocab_sample_size))
+    return [
+        pretokenizer.encode(sources[i], 'source')
+        if i < len(sources)
+        else pretokenizer.encode(targets[i - len(sources)], 'target')
+        for i in picked
+    ]
 
 
 def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
@@ -182,7 +264,7 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
     training split (both languages) and saved at ``model_path`` (in a temporary directory
     when it is None). transformer/rundir.py decides where a run keeps it. A given or reused
     model keeps the normalization it was trained with (``data.vocab_normalization`` only
-    applies to a new one).
+    applies to a new one); one trained with another ``data.pretokenize`` is refused.
 
     Args:
       data_config: the ``data`` config section.
@@ -194,7 +276,7 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
     if data_config.vocab_path:
         if not os.path.isfile(data_config.vocab_path):
             raise DataError(f'data.vocab_path={data_config.vocab_path} does not exist.')
-        return Tokenizer(data_config.vocab_path, key='data.vocab_path')
+        return Tokenizer(data_config.vocab_path, key='data.vocab_path', data_config=data_config)
     normalization = data_config.vocab_normalization
     if normalization not in NORMALIZATIONS:
         raise DataError(
@@ -204,7 +286,7 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
         model_path = os.path.join(tempfile.mkdtemp(prefix='transformer-vocab-'), 'spm.model')
     if os.path.isfile(model_path):
         logging.info('Reusing the vocabulary %s.', model_path)
-        tokenizer = Tokenizer(model_path)
+        tokenizer = Tokenizer(model_path, data_config=data_config)
         if tokenizer.vocab_size > data_config.vocab_size:  # (fewer can be the text's limit)
             raise DataError(
                 f'The vocabulary {model_path} has {tokenizer.vocab_size} pieces, more than '
@@ -212,12 +294,11 @@ def get_tokenizer(data_config: Any, model_path: str | None) -> Tokenizer:
                 "data.vocab_size. Resume with the run's own, or use a new --workdir."
             )
         return tokenizer
-    sources, targets = load_text(data_config, data_config.train_split)
-    sample = sample_sentences(sources, targets, int(data_config.vocab_sample_size))
     return train_tokenizer(
-        sample,
+        _sample(data_config, normalization),
         model_path,
         vocab_size=int(data_config.vocab_size),
         model_type=data_config.vocab_model_type,
         normalization=normalization,
+        data_config=data_config,
     )
