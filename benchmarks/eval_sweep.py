@@ -1,17 +1,19 @@
 r"""Decoding settings of a finished run, scored on the validation split (never the test split).
 
   python benchmarks/eval_sweep.py --workdir runs/multi30k_dropout03 \
-      --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 \
+      --average_last 1 5 10 20 --beam_size 4 5 --alpha 0.6 --length_penalty gnmt fairseq \
       --out benchmarks/results/multi30k_dropout03_validation.json
 
 Scores, as the evaluate command does, every combination of checkpoint averaging (the last K
-checkpoints, up to ``--step`` if given; each average loaded once), beam size and length
-penalty, on ``--split`` (default: the config's eval_split), and prints a markdown table of
-sacreBLEU, tokenized BLEU (the run's convention) and chrF. Picking settings on the test split
-would tune to it, so the config's test split is refused. The last checkpoint is fixed when the
-sweep starts, so a run that is still training cannot move it between rows. Hypotheses of each
-setting go to WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA.txt (N: the last checkpoint
-averaged), so sweeps up to different steps keep their own files; the table is saved as JSON.
+checkpoints, up to ``--step`` if given; each average loaded once), beam size, length penalty
+exponent (``--alpha``) and rule (``--length_penalty``: GNMT's ((5 + |y|) / 6)^alpha or
+fairseq's |y|^alpha; default the run's ``eval.length_penalty``), on ``--split`` (default: the
+config's eval_split), and prints a markdown table of sacreBLEU, tokenized BLEU (the run's
+convention) and chrF. Picking settings on the test split would tune to it, so the config's test
+split is refused. The last checkpoint is fixed when the sweep starts, so a run that is still
+training cannot move it between rows. Hypotheses of each setting go to
+WORKDIR/eval/sweep/SPLIT-stepN-avgK-beamB-alphaA-RULE.txt (N: the last checkpoint averaged),
+so sweeps up to different steps keep their own files; the table is saved as JSON.
 
 ``--ensemble RUN [RUN ...]`` decodes those runs together with ``--workdir`` as one ensemble
 (`transformer.evaluate`'s ``--ensemble``), every run loaded at the same steps; its hypotheses
@@ -28,7 +30,7 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import evaluate, rundir
+from transformer import evaluate, rundir, schema
 from transformer.checkpoint import checkpoint_steps
 from transformer.evaluation import score_eval_set
 
@@ -43,6 +45,13 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument('--beam_size', type=int, nargs='+', default=[4])
     parser.add_argument('--alpha', type=float, nargs='+', default=[0.6])
+    parser.add_argument(
+        '--length_penalty',
+        nargs='+',
+        choices=schema.LENGTH_PENALTIES,
+        default=None,
+        help="'gnmt' ((5 + |y|) / 6)^alpha, 'fairseq' |y|^alpha (default: eval.length_penalty)",
+    )
     parser.add_argument('--max_examples', type=int, default=0, help='first N sentences; 0 = all')
     parser.add_argument(
         '--ensemble', nargs='*', default=[], help='other runs decoded together with --workdir'
@@ -71,7 +80,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     os.makedirs(sweep_dir, exist_ok=True)
     rows = []
     for k in args.average_last:
-        try:  # the average loaded once, then decoded with every beam and alpha
+        try:  # the average loaded once, then decoded with every beam, alpha and penalty
             config, tokenizer, model, params, member_steps = evaluate.load(
                 args.workdir, last, k, False, args.ensemble
             )
@@ -80,7 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         eval_set = evaluate.make_eval_set(
             config, tokenizer, args.workdir, split, max_examples=args.max_examples
         )
-        for beam, alpha in itertools.product(args.beam_size, args.alpha):
+        penalties = args.length_penalty or [config.eval.length_penalty]
+        for beam, alpha, rule in itertools.product(args.beam_size, args.alpha, penalties):
             start = time.time()
             scores, hypotheses = score_eval_set(
                 config,
@@ -90,25 +100,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 eval_set,
                 beam_size=beam,
                 alpha=alpha,
+                length_penalty=rule,
             )
-            name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}'
+            name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}-{rule}'
             name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'
             with open(os.path.join(sweep_dir, name), 'w') as f:
                 f.writelines(h + '\n' for h in hypotheses)
             row = {'split': split, 'steps': member_steps[0], 'average_last': k}
-            row |= {'beam_size': beam, 'alpha': alpha}
+            row |= {'beam_size': beam, 'alpha': alpha, 'length_penalty': rule}
             row |= {key: scores[key] for key in ('sacrebleu', 'tokenized_bleu', 'chrf')}
             row['seconds'] = time.time() - start
             if args.ensemble:
                 row['ensemble'] = [args.workdir, *args.ensemble]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f'\n| checkpoints averaged | beam | alpha | {split} tokenized BLEU | sacreBLEU | chrF |')
-    print('|---|---|---|---|---|---|')
+    print(
+        f'\n| checkpoints averaged | beam | alpha | penalty | {split} tokenized BLEU | sacreBLEU '
+        '| chrF |'
+    )
+    print('|---|---|---|---|---|---|---|')
     for r in rows:
         print(
             f'| {r["average_last"]} (steps {r["steps"][0]}-{r["steps"][-1]}) | {r["beam_size"]} '
-            f'| {r["alpha"]} | {r["tokenized_bleu"]:.2f} | {r["sacrebleu"]:.2f} | {r["chrf"]:.2f} |'
+            f'| {r["alpha"]} | {r["length_penalty"]} | {r["tokenized_bleu"]:.2f} '
+            f'| {r["sacrebleu"]:.2f} | {r["chrf"]:.2f} |'
         )
     if args.out:
         with open(args.out, 'w') as f:

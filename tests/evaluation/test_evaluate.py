@@ -93,18 +93,18 @@ def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, 
         output=str(run_dir / 'direct.txt'),
     )
     assert rows[3]['tokenized_bleu'] == direct['tokenized_bleu']
-    assert '| 2 (steps 2-4) | 2 | 0.6 |' in capsys.readouterr().out
+    assert '| 2 (steps 2-4) | 2 | 0.6 | gnmt |' in capsys.readouterr().out
     # Hypotheses are kept under the last step averaged, so a sweep up to an earlier step
     # writes its own files and leaves the first sweep's as they were.
     sweep = run_dir / 'eval' / 'sweep'
-    to_4 = sweep / 'validation-step4-avg2-beam1-alpha0.6.txt'
+    to_4 = sweep / 'validation-step4-avg2-beam1-alpha0.6-gnmt.txt'
     first = to_4.read_text()
     assert len(first.splitlines()) == 6
     earlier = eval_sweep.main(
         [*args[:2], '--step', '2', '--average_last', '2', '--beam_size', '1', '--max_examples', '6']
     )
     assert earlier[0]['steps'] == [2]
-    assert (sweep / 'validation-step2-avg2-beam1-alpha0.6.txt').is_file()
+    assert (sweep / 'validation-step2-avg2-beam1-alpha0.6-gnmt.txt').is_file()
     assert to_4.read_text() == first
     with pytest.raises(SystemExit, match='No checkpoint for step 3 in .*; saved: \\[2, 4\\]'):
         eval_sweep.main([*args[:2], '--step', '3'])
@@ -140,7 +140,7 @@ def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     )
     assert sweep[0]['ensemble'] == [str(run_dir), str(copy)]
     assert (
-        run_dir / 'eval' / 'sweep' / 'validation-step4-avg1-beam2-alpha0.6-ensemble2.txt'
+        run_dir / 'eval' / 'sweep' / 'validation-step4-avg1-beam2-alpha0.6-gnmt-ensemble2.txt'
     ).is_file()
 
     config = json.loads((copy / 'config.json').read_text())

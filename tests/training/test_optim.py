@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer import schema
 from transformer.configs import base
 from transformer.training import optim
 
@@ -43,7 +44,9 @@ def test_adam_first_step_uses_paper_betas_and_epsilon():
 def test_bad_schedule_name_is_a_clear_error():
     opt = base.get_config().opt
     opt.schedule = 'cosine'
-    with pytest.raises(ValueError, match=r"one of \('rsqrt', 'constant'\), got 'cosine'"):
+    with pytest.raises(
+        ValueError, match=r"one of \('rsqrt', 'constant', 'inverse_sqrt'\), got 'co"
+    ):
         optim.make_optimizer(opt, d_model=512)
 
 
@@ -67,3 +70,52 @@ def test_cooldown_needs_the_run_length_and_fits_in_it():
         optim.make_optimizer(opt, d_model=64)
     with pytest.raises(ValueError, match='cooldown_steps must be in'):
         optim.make_optimizer(opt, d_model=64, num_steps=100)
+
+
+@pytest.mark.parametrize(
+    ('count', 'expected'),
+    [
+        (0, 1e-7),  # the first update: warmup_init_lr
+        (1, 1e-7 + (5e-3 - 1e-7) / 2000),
+        (1000, (1e-7 + 5e-3) / 2),  # half-way up the line
+        (2000, 5e-3),  # the peak, where the two pieces meet
+        (8000, 5e-3 / 2),  # 4 x warm-up: peak x sqrt(2000 / 8000)
+    ],
+)
+def test_inverse_sqrt_is_fairseqs_schedule(count, expected):
+    """fairseq's inverse_sqrt with its Multi30k recipe's settings (--warmup-init-lr 1e-7,
+    --lr 0.005, --warmup-updates 2000): lr = init + count x (peak - init) / warmup during the
+    warm-up, peak x sqrt(warmup / count) after; count = updates already taken."""
+    opt = base.get_config().opt
+    opt.schedule, opt.lr_scale, opt.warmup_steps, opt.warmup_init_lr = (
+        'inverse_sqrt',
+        5e-3,
+        2000,
+        1e-7,
+    )
+    _, schedule = optim.make_optimizer(opt, d_model=512)  # d_model plays no part
+    np.testing.assert_allclose(schedule(count), expected, rtol=1e-6)
+
+
+def test_inverse_sqrt_takes_the_cooldown_as_the_others():
+    opt = base.get_config().opt
+    opt.schedule, opt.lr_scale, opt.warmup_steps, opt.cooldown_steps = (
+        'inverse_sqrt',
+        1e-3,
+        100,
+        200,
+    )
+    _, schedule = optim.make_optimizer(opt, d_model=64, num_steps=1000)
+    plain = optim.inverse_sqrt_schedule(1e-3, 100)
+    np.testing.assert_allclose(schedule(400), plain(400), rtol=1e-6)
+    np.testing.assert_allclose(schedule(900), plain(900) * 100 / 200, rtol=1e-6)
+
+
+def test_warmup_init_lr_belongs_to_inverse_sqrt():
+    """A first-update rate the schedule would not read is a one-line config error."""
+    config = base.get_config()
+    config.opt.warmup_init_lr = 1e-7
+    with pytest.raises(schema.ConfigError, match="read by opt.schedule='inverse_sqrt' only"):
+        schema.parse(config)
+    config.opt.schedule = 'inverse_sqrt'
+    assert schema.parse(config).opt.warmup_init_lr == 1e-7

@@ -17,9 +17,11 @@ Conventions shared by both searches:
 * EOS is kept in the output and everything after it is 0. The pad/start token 0 is never
   generated: a 0 inside a hypothesis would read as padding to the teacher-forced model.
 * Scores are sum of log-probabilities (EOS included) / length_penalty(length), the length
-  counting EOS; log-probabilities are the model's own (log_softmax over all of V), not
-  renormalised after forbidding 0 or forcing EOS, so a score is always the model's
-  log-probability of exactly that sequence.
+  counting EOS and not the start token: GNMT's ((5 + length) / 6)^alpha or fairseq's
+  length^alpha (``eval.length_penalty``, `next_token.length_penalty`). Log-probabilities
+  are the model's own (log_softmax over all of V), not renormalised after forbidding 0 or
+  forcing EOS, so a score is always the model's log-probability of exactly that sequence
+  over its penalty.
 * Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
   (`ensemble_params`): the next-token distribution is then the mean of the members'
   probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of
@@ -29,7 +31,12 @@ Conventions shared by both searches:
 from transformer.decoding.beam import beam_search
 from transformer.decoding.ensemble import load_ensemble
 from transformer.decoding.greedy import greedy_search
-from transformer.decoding.next_token import Ensemble, ensemble_params, length_penalty
+from transformer.decoding.next_token import (
+    Ensemble,
+    ensemble_params,
+    length_penalty,
+    length_power,
+)
 from transformer.decoding.search import translate_batch
 from transformer.decoding.translation import (
     Hypothesis,
@@ -47,6 +54,7 @@ __all__ = [
     'format_nbest',
     'greedy_search',
     'length_penalty',
+    'length_power',
     'load_ensemble',
     'nbest_batches',
     'translate_batch',

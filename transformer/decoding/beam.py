@@ -16,7 +16,6 @@ from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
     forbid,
-    length_penalty,
     map_cache,
     next_scores,
     output_limits,
@@ -24,6 +23,7 @@ from transformer.decoding.next_token import (
     stage_sizes,
     top_k,
 )
+from transformer.decoding.next_token import length_penalty as penalty
 from transformer.model import (
     EOS_ID,
     PAD_ID,
@@ -55,6 +55,7 @@ _BEAM_STATIC = (
     'model',
     'beam_size',
     'alpha',
+    'length_penalty',
     'max_decode_len',
     'extra_length',
     'early_stop',
@@ -70,6 +71,7 @@ def _beam_search(
     *,
     beam_size: int,
     alpha: float,
+    length_penalty: str = 'gnmt',
     max_decode_len: int | None,
     extra_length: int,
     early_stop: bool,
@@ -93,10 +95,10 @@ def _beam_search(
             return jnp.ones(state.alive_log_probs.shape[:1], bool)
         # Log-probs only fall as tokens are added, so an alive hypothesis can at best keep
         # its log-prob and divide it by the largest penalty still reachable (the limit's for
-        # alpha >= 0). An example is done once the worst of its K finished beats that: then
-        # no finished hypothesis can be displaced any more.
-        max_penalty = length_penalty(state.limits[::beam_size], alpha)  # [B], the limits'
-        best_penalty = jnp.maximum(length_penalty(state.step + 1, alpha), max_penalty)
+        # alpha >= 0: both rules grow with the length). An example is done once the worst of
+        # its K finished beats that: then no finished hypothesis can be displaced any more.
+        max_penalty = penalty(state.limits[::beam_size], alpha, length_penalty)  # [B]
+        best_penalty = jnp.maximum(penalty(state.step + 1, alpha, length_penalty), max_penalty)
         best_alive = state.alive_log_probs[:, 0] / best_penalty
         return state.finished_scores[:, -1] < best_alive
 
@@ -127,7 +129,7 @@ def _beam_search(
         # Every alive hypothesis + EOS is a candidate for the finished set (not just those
         # among the top candidates), so no short hypothesis is lost to a crowded beam.
         eos_seqs = state.alive_seqs.at[:, :, step].set(EOS_ID)
-        eos_scores = log_probs[:, :, EOS_ID] / length_penalty(step + 1, alpha)
+        eos_scores = log_probs[:, :, EOS_ID] / penalty(step + 1, alpha, length_penalty)
         finished_scores, order = jax.lax.top_k(
             jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
         )
@@ -187,6 +189,7 @@ def beam_search(
     *,
     beam_size: int = 4,
     alpha: float = 0.6,
+    length_penalty: str = 'gnmt',
     max_decode_len: int | None = None,
     extra_length: int = 50,
     early_stop: bool = True,
@@ -205,8 +208,9 @@ def beam_search(
         next-token probabilities).
       inputs: right-padded source tokens [B, S] int32.
       beam_size: K.
-      alpha: length penalty exponent, score = log P(y) / ((5 + |y|) / 6)^alpha with |y|
-        counting EOS (GNMT, Wu et al., 2016).
+      alpha: length penalty exponent: score = log P(y) / penalty(|y|), |y| counting EOS.
+      length_penalty: the penalty's rule (`next_token.length_penalty`): 'gnmt',
+        ((5 + |y|) / 6)^alpha (Wu et al., 2016), or 'fairseq', |y|^alpha.
       max_decode_len: loop length T; defaults to S + extra_length.
       extra_length: output length limit = input length + this, EOS included (Sec. 6.1).
       early_stop: end as soon as, for every example, the worst of the K finished scores is
@@ -226,6 +230,7 @@ def beam_search(
         inputs,
         beam_size=beam_size,
         alpha=alpha,
+        length_penalty=length_penalty,
         max_decode_len=max_decode_len,
         extra_length=extra_length,
         early_stop=early_stop,

@@ -11,24 +11,60 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import struct
 
 from transformer import backends
 from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
+from transformer.schema import LENGTH_PENALTIES
 
 Array = jax.Array
 Params = Any
 Cache = Any
 
 
-def length_penalty(length: Array | int, alpha: float) -> Array:
-    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al., 2016, Sec. 7).
+def length_penalty(length: Array | int, alpha: float, rule: str = 'gnmt') -> Array:
+    """The divisor of a hypothesis' log-probability in beam search (``eval.length_penalty``).
+
+    * 'gnmt': ((5 + |y|) / 6)^alpha (Wu et al., 2016, Sec. 7; the paper's alpha 0.6, Sec. 6.1).
+    * 'fairseq': |y|^alpha, fairseq's ``--lenpen`` (default 1): its sequence_generator
+      divides a finished hypothesis' summed log-probability by (step + 1)^lenpen, step + 1
+      being the tokens generated, EOS included (the start token is not generated). Hugging
+      Face's ``length_penalty`` and CTranslate2's divide by length^alpha too.
 
     Args:
-      length: number of output tokens, EOS included.
-      alpha: 0 turns the penalty off; the paper uses 0.6 (Sec. 6.1).
+      length: |y|, the output tokens, EOS included and the start token not, in both rules
+        (beam search finishes a hypothesis at step t, counted from 0, with |y| = t + 1).
+      alpha: the exponent; 0 turns either penalty off.
+      rule: 'gnmt' or 'fairseq' (`schema.LENGTH_PENALTIES`).
     """
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+    length = jnp.asarray(length, jnp.float32)
+    if rule == 'gnmt':
+        return ((5.0 + length) / 6.0) ** alpha
+    if rule == 'fairseq':
+        return length**alpha
+    raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+
+
+def length_power(alpha: float, rule: str) -> float:
+    """The exponent of a length^x penalty (Hugging Face's ``length_penalty``, fairseq's
+    ``--lenpen``) that stands for ``rule`` with ``alpha``: alpha itself.
+
+    Exact for 'fairseq', and for either rule at alpha 0. GNMT's ((5 + L) / 6)^alpha has no
+    length^x equivalent (its slope in log L, alpha * L / (5 + L), tends to alpha only for long
+    outputs): a one-line warning says that a decoder given the exponent ranks hypotheses
+    differently.
+    """
+    if rule not in LENGTH_PENALTIES:
+        raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+    if rule == 'gnmt' and alpha:
+        logging.warning(
+            "eval.length_penalty='gnmt' has no length^x form: written as length_penalty=%g, "
+            'which divides by length^%g, not ((5 + length) / 6)^%g, so beam search there may '
+            "choose other translations (a run with eval.length_penalty='fairseq' exports exactly).",
+            *(alpha, alpha, alpha),
+        )
+    return float(alpha)
 
 
 def decode_length(width: int, max_decode_len: int | None, extra_length: int) -> int:

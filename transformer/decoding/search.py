@@ -21,6 +21,7 @@ def translate_batch(
     *,
     beam_size: int = 4,
     alpha: float = 0.6,
+    length_penalty: str = 'gnmt',
     max_decode_len: int | None = None,
     extra_length: int = 50,
 ) -> Array:
@@ -43,6 +44,7 @@ def translate_batch(
         inputs,
         beam_size=beam_size,
         alpha=alpha,
+        length_penalty=length_penalty,
         max_decode_len=max_decode_len,
         extra_length=extra_length,
     )

@@ -13,9 +13,10 @@ best first, one a line, tab-separated (as Moses and fairseq n-best lists, line n
 
     line_index  rank (1 = best)  score  log_prob  text
 
-``score`` is what beam search ranks by, log P(y|x) / length_penalty(|y|) (Sec. 6.1, GNMT's
-penalty with ``--alpha``); ``log_prob`` is log P(y|x) itself, recovered as score x penalty
-(|y| counts EOS) without another pass of the model. Blank input lines have no rows; an input
+``score`` is what beam search ranks by, log P(y|x) / length_penalty(|y|) (the rule of
+``--length_penalty``, GNMT's ((5 + |y|) / 6)^alpha or fairseq's |y|^alpha, with ``--alpha``);
+``log_prob`` is log P(y|x) itself, recovered as score x penalty (|y| counts EOS) without
+another pass of the model. Blank input lines have no rows; an input
 with fewer than K distinct hypotheses (tiny vocabularies) has fewer rows.
 """
 
@@ -46,6 +47,7 @@ def translate_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
+    length_penalty: str = 'gnmt',
 ) -> list[str]:
     """Detokenized best hypotheses of evaluation batches, in the original example order
     (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`)."""
@@ -57,6 +59,7 @@ def translate_batches(
             jnp.asarray(batch['inputs']),
             beam_size=beam_size,
             alpha=alpha,
+            length_penalty=length_penalty,
             extra_length=extra_length,
         )
         tokens = np.asarray(fetch(tokens))
@@ -74,11 +77,14 @@ class Hypothesis(NamedTuple):
     log_prob: float  # log P(y|x)
 
 
-def sequence_log_probs(sequences: np.ndarray, scores: np.ndarray, alpha: float) -> np.ndarray:
+def sequence_log_probs(
+    sequences: np.ndarray, scores: np.ndarray, alpha: float, rule: str = 'gnmt'
+) -> np.ndarray:
     """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
-    times the length penalty of |y| (EOS included); -inf where the score is -inf."""
+    times the length penalty (``rule``, `length_penalty`) of |y| (EOS included); -inf where
+    the score is -inf."""
     lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
-    penalty = np.asarray(length_penalty(lengths, alpha))
+    penalty = np.asarray(length_penalty(lengths, alpha, rule))
     with np.errstate(invalid='ignore'):
         return np.where(np.isfinite(scores), scores * penalty, -np.inf)
 
@@ -93,6 +99,7 @@ def nbest_batches(
     beam_size: int,
     alpha: float,
     extra_length: int,
+    length_penalty: str = 'gnmt',
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
     first, in the original example order."""
@@ -104,10 +111,11 @@ def nbest_batches(
             jnp.asarray(batch['inputs']),
             beam_size=max(beam_size, nbest),
             alpha=alpha,
+            length_penalty=length_penalty,
             extra_length=extra_length,
         )
         sequences, scores = (np.asarray(x) for x in fetch((sequences, scores)))
-        log_probs = sequence_log_probs(sequences, scores, alpha)
+        log_probs = sequence_log_probs(sequences, scores, alpha, length_penalty)
         outputs.append(
             [
                 [
@@ -172,6 +180,7 @@ def translate_lines(
     batch_size: int,
     max_input_tokens: int,
     nbest: int = 0,
+    length_penalty: str = 'gnmt',
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
     K > 0 the K best `Hypothesis` of each line ([] for blank lines).
@@ -182,12 +191,13 @@ def translate_lines(
       model: the Transformer.
       params: its parameters.
       beam_size: 1 = greedy.
-      alpha: length penalty.
+      alpha: the length penalty's exponent.
       extra_length: output may be this many tokens longer than its input (Sec. 6.1).
       batch_size: sentences per decoding batch.
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
+      length_penalty: its rule, 'gnmt' or 'fairseq' (`next_token.length_penalty`).
 
     Returns:
       One translation (or list of hypotheses) per line.
@@ -197,28 +207,16 @@ def translate_lines(
     if not sources:
         return out
     batches = data_lib.batch_examples(sources, None, batch_size)
+    search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
     if nbest:
         hypotheses = nbest_batches(
-            model,
-            params,
-            tokenizer,
-            batches,
-            nbest=nbest,
-            beam_size=beam_size,
-            alpha=alpha,
-            extra_length=extra_length,
+            model, params, tokenizer, batches, nbest=nbest, beam_size=beam_size, **search
         )
         for number, found in zip(todo, hypotheses, strict=True):
             out[number] = found
         return out
     translations = translate_batches(
-        model,
-        params,
-        tokenizer,
-        batches,
-        beam_size=beam_size,
-        alpha=alpha,
-        extra_length=extra_length,
+        model, params, tokenizer, batches, beam_size=beam_size, **search
     )
     for number, text in zip(todo, translations, strict=True):
         out[number] = _one_line(text)

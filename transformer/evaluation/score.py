@@ -27,9 +27,11 @@ def score_eval_set(
     *,
     beam_size: int,
     alpha: float,
+    length_penalty: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
-    be an `Ensemble` (`ensemble.load_ensemble`).
+    be an `Ensemble` (`ensemble.load_ensemble`); ``length_penalty`` defaults to the run's
+    ``eval.length_penalty``.
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -42,6 +44,7 @@ def score_eval_set(
         beam_size=beam_size,
         alpha=alpha,
         extra_length=config.eval.extra_length,
+        length_penalty=length_penalty or config.eval.length_penalty,
     )
     scores = bleu.bleu_scores(
         hypotheses,

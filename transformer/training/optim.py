@@ -1,4 +1,5 @@
-"""Learning-rate schedule and optimiser of the paper (Sec. 5.3), as an optax chain."""
+"""Learning-rate schedule and optimiser of the paper (Sec. 5.3), as an optax chain; fairseq's
+inverse_sqrt schedule beside it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,36 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return schedule
 
 
+def inverse_sqrt_schedule(peak: float, warmup_steps: int, init: float = 0.0) -> optax.Schedule:
+    """fairseq's ``inverse_sqrt`` (fairseq/optim/lr_scheduler/inverse_square_root_schedule.py).
+
+    A linear warm-up from ``init`` (fairseq's ``--warmup-init-lr``, 1e-7 in its recipes) to
+    ``peak`` (``--lr``) over ``warmup_steps`` updates, then ``peak * sqrt(warmup_steps /
+    count)``. ``count`` is the number of updates already taken, optax's count and fairseq's
+    ``num_updates`` alike: the first update uses ``init``, the update after ``warmup_steps``
+    updates the peak (the two pieces meet there), and the rate halves by 4 x warmup_steps.
+    Unlike 'rsqrt' the peak is the rate itself, not a factor on d_model^-0.5.
+
+    Args:
+      peak: the learning rate at the end of the warm-up (``opt.lr_scale``).
+      warmup_steps: updates of the warm-up.
+      init: the learning rate of the first update (``opt.warmup_init_lr``).
+
+    Returns:
+      An optax schedule: update count (0-based) -> learning rate.
+    """
+    if warmup_steps <= 0:
+        raise ValueError(f'opt.warmup_steps must be positive, got {warmup_steps}.')
+
+    def schedule(count):
+        count = jnp.asarray(count, jnp.float32)
+        warming = init + count * (peak - init) / warmup_steps
+        decaying = peak * jnp.sqrt(warmup_steps / jnp.maximum(count, 1.0))
+        return jnp.where(count < warmup_steps, warming, decaying)
+
+    return schedule
+
+
 def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int) -> optax.Schedule:
     """``schedule`` times a linear ramp to zero over the last ``cooldown_steps`` of ``num_steps``.
 
@@ -54,10 +85,13 @@ def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int)
 
 
 def make_schedule(opt: Any, d_model: int, num_steps: int | None = None) -> optax.Schedule:
-    """The schedule named by ``opt.schedule`` ('rsqrt', the paper, or 'constant'), with the
-    linear cool-down of ``opt.cooldown_steps`` (0 = none) ending at ``num_steps``."""
+    """The schedule named by ``opt.schedule`` ('rsqrt', the paper; 'constant'; 'inverse_sqrt',
+    fairseq's), with the linear cool-down of ``opt.cooldown_steps`` (0 = none) ending at
+    ``num_steps``."""
     if opt.schedule == 'rsqrt':
         schedule = rsqrt_schedule(d_model, opt.warmup_steps, opt.lr_scale)
+    elif opt.schedule == 'inverse_sqrt':
+        schedule = inverse_sqrt_schedule(opt.lr_scale, opt.warmup_steps, opt.warmup_init_lr)
     elif opt.schedule == 'constant':
         schedule = optax.constant_schedule(opt.lr_scale)
     else:
@@ -76,8 +110,8 @@ def make_optimizer(
     """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping.
 
     Args:
-      opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, cooldown_steps,
-        b1, b2, eps, clip_grad_norm).
+      opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, warmup_init_lr,
+        cooldown_steps, b1, b2, eps, clip_grad_norm).
       d_model: the model width D (the schedule depends on it).
       num_steps: the run length, where the cool-down ends (needed when it is on).
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# configs/multi30k.py:tiny and :tiny_fairseq, 3 seeds each, trained side by side on one GPU and
+# scored by benchmarks/multi30k_sweep.py within one bounded call (DEADLINE_S, default 480 s).
+#
+# Run from the repository root on a machine with a GPU and no network, with two ignored folders
+# beside the code: .m30k/ (the raw Multi30k files: train/val/test2016 .en/.de) and .whl/ (the
+# wheels of ml_collections and sacremoses, which that machine's Python lacks). Runs go to
+# RUNS (default /tmp/m30k_sweep); the table (sweep.md, sweep.json) and a tarball of every log
+# and validation table are copied to OUT when it is set.
+set -uo pipefail
+
+if compgen -G '.whl/*.whl' >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+RUNS=${RUNS:-/tmp/m30k_sweep}
+
+python3 benchmarks/multi30k_sweep.py --out "$RUNS" --seeds 0 1 2 \
+  --recipe tiny=configs/multi30k.py:tiny \
+  --recipe tiny_fairseq=configs/multi30k.py:tiny_fairseq \
+  --set "data.manual_dir=$PWD/.m30k" --set eval.bleu_every=0 \
+  --average_last 10 --beam_size 5 --alpha 1.0 1.4 --length_penalty gnmt fairseq \
+  --deadline_s "${DEADLINE_S:-480}" --reserve_s "${RESERVE_S:-210}"
+status=$?
+
+if [ -n "${OUT:-}" ]; then
+  cp "$RUNS"/sweep.md "$RUNS"/sweep.json "$OUT"/ 2>/dev/null
+  (cd "$RUNS" && tar czf "$OUT"/logs.tar.gz ./*/*.log ./*/*.json 2>/dev/null)
+fi
+exit $status
