@@ -2,7 +2,7 @@ r"""The project's checks on an accelerator, as one command of a few minutes.
 
   python benchmarks/gpu_check.py --out gpu_check --multi30k_dir ../shared/data/multi30k
 
-Four parts, each in processes of its own (so that no process holds the GPU's memory while the
+Five parts, each in processes of its own (so that no process holds the GPU's memory while the
 next one needs it), each skipped with ``--skip_PART``:
 
 1. ``train_speed``: benchmarks/train_speed.py on ``--train_speed_config`` (configs/base.py) in
@@ -11,6 +11,8 @@ next one needs it), each skipped with ``--skip_PART``:
 2. ``profile``: ``--profile_steps`` more steps of the ``--profile_impl`` run traced with
    `jax.profiler`; the kernels' time from the trace's Perfetto JSON (`kernel_table`), by kind
    and the 25 longest.
+2b. ``peer``: benchmarks/torch_peer.py, the same layers in PyTorch on the same shapes, so each
+   row reads as ours / torch.compile from the same call (a GPU with torch only).
 3. ``multi30k``: ``train.py`` with ``--multi30k_config`` for ``--multi30k_steps`` (validation
    loss every ``--multi30k_eval_every`` steps, no BLEU during training), then
    ``python -m transformer.evaluate --split validation`` on it (the config's checkpoint
@@ -21,12 +23,13 @@ next one needs it), each skipped with ``--skip_PART``:
 
 ``--variants`` runs instead benchmarks/step_variants.py on ``--train_speed_config`` in
 ``--dtype``: the default step and each accelerator-dependent choice alone, timed in rounds on
-the same batches, profiled, in one table (variants.md, ~4 minutes on an H100):
+the same batches, profiled, in one table (variants.md, ~4 minutes on an H100), with its
+``--flags`` XLA flag sets and the PyTorch peer (``--peer``) unless ``--skip_peer``:
 
-  python benchmarks/gpu_check.py --out gpu_variants --variants
+  python benchmarks/gpu_check.py --out gpu_variants --variants --deadline_s 510  # whole command
 
-Writes to ``--out`` at most seven files: summary.json (every figure), summary.md (the tables),
-train_speed.log, multi30k_train.log, multi30k_evaluate.log and tests.log, or with
+Writes to ``--out`` at most eight files: summary.json (every figure), summary.md (the tables),
+train_speed.log, peer.log, multi30k_train.log, multi30k_evaluate.log and tests.log, or with
 ``--variants`` variants.log, variants.json and variants.md. Besides sacremoses,
 the processes import jax, flax, optax, orbax, numpy, sentencepiece, sacrebleu, absl,
 ml_collections and the project's einops and tensorboard, never TensorFlow (Multi30k is read
@@ -65,7 +68,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add('--out', required=True, help='directory of the summary and the logs (<= 8 files)')
-    for part in ('train_speed', 'profile', 'multi30k', 'tests'):
+    for part in ('train_speed', 'profile', 'peer', 'multi30k', 'tests'):
         add(f'--skip_{part}', action='store_true', help=f'skip the {part} part')
     add('--train_speed_config', default='configs/base.py')
     add('--dtype', default='bfloat16', help='model.dtype of the train_speed runs')
@@ -75,6 +78,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add('--train_speed_set', action='append', default=[], help='KEY=VALUE config override')
     add('--profile_impl', default='fused', help='the implementation whose run is traced')
     add('--profile_steps', type=int, default=4, help='steps traced after the timing')
+    add('--peer_modes', default='compile', help="torch_peer.py modes: 'eager', 'compile'")
     add('--multi30k_config', default='configs/multi30k.py:dropout02')
     add('--multi30k_steps', type=int, default=12000, help='train.num_steps')
     add('--multi30k_dir', default=None, help='data.manual_dir: the Multi30k files')
@@ -87,6 +91,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add('--variants', action='store_true', help='only the step variants table')
     add('--variant_flags', default='', help='more flags for benchmarks/step_variants.py')
     add('--timeout_s', type=int, default=540, help='limit of each process, seconds')
+    add('--deadline_s', type=int, default=0, help='limit of the whole command (0: none)')
     return parser.parse_args(argv)
 
 
@@ -94,8 +99,15 @@ class Runner:
     """Runs the parts' processes from the repository root, each one's output appended to a
     log in ``out``, and says what it does as it goes."""
 
-    def __init__(self, out: pathlib.Path, timeout_s: int):
+    def __init__(self, out: pathlib.Path, timeout_s: int, deadline_s: int = 0):
         self.out, self.timeout_s, self.start = out, timeout_s, time.time()
+        self.deadline_s = deadline_s
+
+    def left_s(self) -> float:
+        """Seconds a process may still take: ``timeout_s``, or less where the deadline is near."""
+        if not self.deadline_s:
+            return float(self.timeout_s)
+        return max(0.0, min(self.timeout_s, self.deadline_s - (time.time() - self.start)))
 
     def say(self, line: str) -> None:
         print(f'[gpu_check {time.time() - self.start:6.0f} s] {line}', flush=True)
@@ -103,7 +115,7 @@ class Runner:
     def run(self, cmd: list[str], log: str, env: dict | None = None) -> tuple[int, float]:
         """(exit code, seconds) of ``cmd``; 124 when it ran past the time limit, after which
         it and every process it started are killed (none holds the GPU on into the next)."""
-        start = time.time()
+        start, limit = time.time(), self.left_s()
         with open(self.out / log, 'a') as f:
             f.write(f'$ {shlex.join(cmd)}\n')
             f.flush()
@@ -116,7 +128,7 @@ class Runner:
                 start_new_session=True,
             )
             try:
-                code = proc.wait(timeout=self.timeout_s)
+                code = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -165,6 +177,23 @@ def train_speed(args, runner: Runner, scratch: str) -> dict:
         top = kernels['kinds']
         runner.say('kernels: ' + ', '.join(f'{k["kind"]} {k["share"]:.0%}' for k in top))
     return {'train_speed': results, 'kernels': kernels}
+
+
+def peer(args, runner: Runner, scratch: str, device: str) -> dict:
+    """Part 2b: benchmarks/torch_peer.py on the train_speed config's shapes (a GPU only)."""
+    if not device.startswith('gpu'):
+        runner.say(f'peer: skipped: the PyTorch peer is timed on a GPU, not {device}')
+        return {'error': f'not a GPU ({device})'}
+    out_json = os.path.join(scratch, 'peer.json')
+    cmd = [sys.executable, 'benchmarks/torch_peer.py', f'--config={args.train_speed_config}']
+    cmd += [f'--set={setting}' for setting in args.train_speed_set]
+    cmd += [f'--modes={args.peer_modes}', f'--out={out_json}']
+    runner.say(f'peer: PyTorch ({args.peer_modes}) on the same shapes ...')
+    code, seconds = runner.run(cmd, 'peer.log')
+    if code or not os.path.exists(out_json):
+        return {'exit_code': code, 'error': runner.tail('peer.log')}
+    runner.say(f'peer: done in {seconds:.0f} s')
+    return json.loads(pathlib.Path(out_json).read_text()) | {'wall_s': seconds}
 
 
 def multi30k(args, runner: Runner, workdir: str) -> dict:
@@ -237,6 +266,10 @@ def variants(args, runner: Runner) -> dict:
     cmd = [sys.executable, 'benchmarks/step_variants.py', f'--config={args.train_speed_config}']
     cmd += [f'--set=model.dtype={args.dtype}', f'--out={runner.out}']
     cmd += [f'--set={setting}' for setting in args.train_speed_set]
+    if not args.skip_peer:
+        cmd += ['--peer']
+    if args.deadline_s:  # a margin for this process's own summary
+        cmd += [f'--deadline_s={max(1, int(runner.left_s()) - 20)}']
     cmd += shlex.split(args.variant_flags)
     runner.say('variants: building, compiling and timing every variant ...')
     code, seconds = runner.run(cmd, 'variants.log')
@@ -252,19 +285,27 @@ def markdown(summary: dict) -> str:
     """The summary's tables."""
     lines = [f'# gpu_check: {summary["device"]}, jax {summary["jax"]}', '']
     speed = summary.get('train_speed') or {}
+    compiled = ((summary.get('peer') or {}).get('modes') or {}).get('compile') or {}
+    torch_ms = compiled.get('ms_per_step')  # the PyTorch peer's, from the same call
     if speed:
-        lines += ['| attention | ms/step | MFU | tokens/s | XLA temporaries MiB | peak MiB |']
-        lines += ['|---|---|---|---|---|---|']
+        lines += [
+            '| attention | ms/step | MFU | tokens/s | XLA temporaries MiB | peak MiB '
+            '| ours / torch.compile |'
+        ]
+        lines += ['|---|---|---|---|---|---|---|']
         for impl, r in speed.items():
             if 'error' in r:
-                lines.append(f'| {impl} | failed: {r["error"]} | | | | |')
+                lines.append(f'| {impl} | failed: {r["error"]} | | | | | |')
                 continue
             temp = '' if r['temp_bytes'] is None else f'{r["temp_bytes"] / 2**20:.0f}'
             peak = f'{r["peak_device_mib"]:.0f}' if 'peak_device_mib' in r else ''
+            ratio = f'{r["ms_per_step"] / torch_ms:.2f}' if torch_ms else ''
             lines.append(
                 f'| {impl} | {r["ms_per_step"]:.1f} | {r["mfu"]:.1%} | {r["tokens_per_s"]:,.0f} '
-                f'| {temp} | {peak} |'
+                f'| {temp} | {peak} | {ratio} |'
             )
+        if torch_ms:
+            lines.append(f'\nPyTorch peer (torch.compile, same shapes): {torch_ms:.1f} ms/step')
         lines.append('')
     kernels = summary.get('kernels')
     if kernels and 'error' in kernels:
@@ -323,6 +364,8 @@ def run_parts(args, runner: Runner, scratch: str, summary: dict) -> None:
     """Parts 1-4, each unless skipped, their figures added to ``summary``."""
     if not (args.skip_train_speed and args.skip_profile):
         summary |= train_speed(args, runner, scratch)
+    if not args.skip_peer:
+        summary['peer'] = peer(args, runner, scratch, summary['device'])
     if not args.skip_multi30k:
         workdir = args.multi30k_workdir or os.path.join(scratch, 'multi30k')
         summary['multi30k'] = multi30k(args, runner, workdir)
@@ -334,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(out, args.timeout_s)
+    runner = Runner(out, args.timeout_s, args.deadline_s)
     device, jax_version = _device()
     runner.say(f'{device}, jax {jax_version}; writing to {out}')
     summary = {'device': device, 'jax': jax_version, 'argv': sys.argv[1:] if argv is None else argv}

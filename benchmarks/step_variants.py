@@ -17,8 +17,18 @@ difference between rows. ``--profile_steps`` more steps of each are traced with
 `jax.profiler`, for the share of kernel time outside the matrix products and the attention
 kernels (`kernel_time.kernel_table`: reductions, elementwise fusions, scatters, copies).
 
+On a GPU two more kinds of row come from processes of their own, after the table above:
+``--flags`` sets of XLA flags (`FLAG_SETS`; an unknown flag kills a process, so each one is
+first given to a child that only starts jax on the CPU, and a flag it refuses is left out
+with the child's line), each timing the default step with ``XLA_FLAGS`` plus the set; and
+``--peer``, benchmarks/torch_peer.py on the same shapes, which adds the column
+ours / torch.compile. Meanwhile this process holds ``XLA_PYTHON_CLIENT_MEM_FRACTION`` 0.45 of
+the GPU, leaving the rest to them. ``--deadline_s`` bounds it all: rounds stop, profiles and
+children are left out, each with a line, when the time is short.
+
 Writes ``--out``/variants.json and variants.md: variant | ms/step (median of the rounds, min and
-max) | MFU | change vs default | XLA temporaries | non-GEMM share | compile s.
+max) | MFU | change vs default | XLA temporaries | non-GEMM share | compile s (| ours /
+torch.compile).
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import common, kernel_time, train_speed  # noqa: E402
+from benchmarks import common, kernel_time, torch_peer, train_speed, xla_flags  # noqa: E402
 from transformer import configs  # noqa: E402
 from transformer.backends import platform  # noqa: E402
 from transformer.model import peak_flops, train_flops  # noqa: E402
@@ -49,14 +59,31 @@ VARIANTS = {
     'attention=einsum': 'model.attention_impl=einsum',
     'attention=fused': 'model.attention_impl=fused',
     'attention=pallas': 'model.attention_impl=pallas',
+    'attention=cudnn_packed': 'model.attention_impl=cudnn_packed',
     'embedding_grad=scatter': 'model.embedding_grad=scatter',
     'embedding_grad=one_hot': 'model.embedding_grad=one_hot',
     'embedding_grad=sorted_scatter': 'model.embedding_grad=sorted_scatter',
     'loss_chunk_tokens=8192': 'train.loss_chunk_tokens=8192',
+    'loss_pass=accumulate': 'train.loss_pass=accumulate',
     'dropout_prng=rbg': 'train.dropout_prng=rbg',
     'dropout_prng=unsafe_rbg': 'train.dropout_prng=unsafe_rbg',
 }
 RESOLVED = {'model.attention_impl': 'attention_impl', 'model.embedding_grad': 'embedding_grad'}
+# Variants that run what another variant runs off a GPU ('cudnn_packed' is 'fused' there).
+GPU_ONLY = ('attention=cudnn_packed',)
+# name -> XLA flags, each set timed in a process of its own (module docstring). Triton for every
+# fusion and cuDNN's layer norm go after the reductions and elementwise fusions (a third of the
+# kernel time, docs/performance.md); cuBLAS for every matrix product after the matmuls' share.
+FLAG_SETS = {
+    'triton_fusions': '--xla_gpu_experimental_all_fusions_with_triton=true',
+    'cudnn_layer_norm': '--xla_gpu_enable_cudnn_layer_norm=true',
+    'cublas_gemm': '--xla_gpu_enable_triton_gemm=false',
+}
+# The share of the GPU this process keeps while --flags and --peer children run.
+MEM_FRACTION = '.45'
+# Seconds kept, under --deadline_s, for each flag set's child and for the peer's.
+FLAG_CHILD_S, PEER_CHILD_S = 60.0, 90.0
+START = time.perf_counter()
 
 
 def _parse_value(text: str):
@@ -83,13 +110,16 @@ def _resolved(key: str, value):
 
 def variant_configs(config_name: str, settings: list[str], names: list[str] | None) -> dict:
     """{name: ConfigDict}: 'default' (``config_name`` with ``settings``), then each variant
-    of ``names`` (default: all of `VARIANTS`) that changes what runs on this backend."""
+    of ``names`` (None: all of `VARIANTS`) that changes what runs on this backend."""
     default = configs.load(config_name)
     for setting in settings:
         key, value = setting.split('=', 1)
         default.update_from_flattened_dict({key: _parse_value(value)})
     out = {'default': default}
-    for name in names or list(VARIANTS):
+    for name in list(VARIANTS) if names is None else names:
+        if name in GPU_ONLY and jax.default_backend() != 'gpu':
+            print(f'{name}: runs on a GPU only; left out on {jax.default_backend()}', flush=True)
+            continue
         key, value = VARIANTS[name].split('=', 1)
         if _resolved(key, _get(default, key)) == _resolved(key, _parse_value(value)):
             print(f'{name}: the default on {jax.default_backend()}; not timed again', flush=True)
@@ -150,7 +180,8 @@ def non_gemm_share(kernels: dict) -> float:
 def measure(args: argparse.Namespace, write=None) -> dict:
     """The report; ``write(report)`` is called once the rounds are timed (no profiles yet) and
     again after each variant's profile, so that a time limit still leaves the figures."""
-    variants_configs = variant_configs(args.config, args.set, args.variants)
+    names = [] if args.only_default else args.variants
+    variants_configs = variant_configs(args.config, args.set, names)
     default = variants_configs['default']
     rows, length = default.train.batch_size, default.data.max_len
     gen = train_speed.random_packed_batches(rows, length, default.data.vocab_size)
@@ -168,6 +199,9 @@ def measure(args: argparse.Namespace, write=None) -> dict:
     for v in variants:
         v.run(args.warmup)
     for r in range(args.rounds):
+        if r and time_left(args) < 0:
+            print(f'deadline: {r} rounds of {args.rounds} timed', flush=True)
+            break
         for v in variants:
             v.times.append(1e3 * v.run(args.steps) / args.steps)
         print(f'round {r + 1}: ' + ', '.join(f'{v.name} {v.times[-1]:.2f}' for v in variants))
@@ -212,6 +246,9 @@ def measure(args: argparse.Namespace, write=None) -> dict:
     write = write or (lambda report: None)
     write(report)
     for v, result in zip(variants, results, strict=True):
+        if args.profile_steps and time_left(args) < 0:
+            print(f'deadline: {v.name} and the variants after it not profiled', flush=True)
+            break
         if args.profile_steps:
             result['kernels'] = v.profile(args.profile_steps)
             result['non_gemm_share'] = non_gemm_share(result['kernels'])
@@ -219,8 +256,17 @@ def measure(args: argparse.Namespace, write=None) -> dict:
     return report
 
 
+def time_left(args: argparse.Namespace) -> float:
+    """Seconds to ``--deadline_s`` (infinite without one), less what the children after the
+    table are kept (`FLAG_CHILD_S`, `PEER_CHILD_S`)."""
+    if not args.deadline_s:
+        return float('inf')
+    return args.deadline_s - (time.perf_counter() - START) - getattr(args, 'reserve_s', 0.0)
+
+
 def markdown(report: dict) -> str:
-    """The variants table."""
+    """The variants table, and the lines of what was left out."""
+    torch_ms = (report.get('peer') or {}).get('ms_per_step')
     lines = [
         f'Step variants: {report["config"]} {" ".join(report["settings"])}, {report["device"]}, '
         f'jax {report["jax"]}; {report["batch_rows"]} x {report["max_len"]} packed rows, '
@@ -228,8 +274,8 @@ def markdown(report: dict) -> str:
         + ', '.join(f'{k}={v}' for k, v in report['default_resolves'].items()),
         '',
         '| variant | ms/step (min-max) | MFU | vs default | temporaries MiB | non-GEMM '
-        '| compile s |',
-        '|---|---|---|---|---|---|---|',
+        '| compile s |' + (' ours / torch.compile |' if torch_ms else ''),
+        '|---|---|---|---|---|---|---|' + ('---|' if torch_ms else ''),
     ]
     for r in report['variants']:
         temp = '' if r['temp_bytes'] is None else f'{r["temp_bytes"] / 2**20:.0f}'
@@ -238,7 +284,13 @@ def markdown(report: dict) -> str:
             f'| {r["variant"]} | {r["ms_per_step"]:.2f} ({r["ms_min"]:.2f}-{r["ms_max"]:.2f}) '
             f'| {r["mfu"]:.1%} | {r["change_vs_default"]:+.1%} | {temp} | {share} '
             f'| {r["compile_s"]:.0f} |'
+            + (f' {r["ms_per_step"] / torch_ms:.2f} |' if torch_ms else '')
         )
+    if torch_ms:
+        peer = report['peer']
+        lines.append(f'\nPyTorch peer ({peer["impl"]}, same shapes): {torch_ms:.2f} ms/step')
+    if report.get('left_out'):
+        lines += ['', *(f'- {line}' for line in report['left_out'])]
     return '\n'.join(lines) + '\n'
 
 
@@ -254,19 +306,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add('--batches', type=int, default=4, help='distinct batches the steps take in turn')
     add('--profile_steps', type=int, default=2, help='steps traced per variant (0: none)')
     add('--compile_threads', type=int, default=4, help='variants compiled at once')
+    add('--only_default', action='store_true', help='time the default step alone')
+    add('--flags', nargs='*', choices=sorted(FLAG_SETS), default=list(FLAG_SETS),
+        help='XLA flag sets, each in a process of its own (a GPU only; bare: none)')  # fmt: skip
+    add('--peer', action='store_true', help='also time benchmarks/torch_peer.py (a GPU only)')
+    add('--deadline_s', type=float, default=0, help='limit of the whole command (0: none)')
     add('--out', required=True, help='directory of variants.json and variants.md')
     return parser.parse_args(argv)
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The flags a child timing the default step shares with this process."""
+    argv = [f'--config={args.config}', *(f'--set={setting}' for setting in args.set)]
+    for name in ('steps', 'rounds', 'warmup', 'batches'):
+        argv.append(f'--{name}={getattr(args, name)}')
+    return argv
+
+
+def run_children(args: argparse.Namespace, report: dict) -> None:
+    """The --flags rows and the --peer figure, each from a process of its own, added to
+    ``report``; what cannot run is left out with a line (``report['left_out']``)."""
+    left_out = report.setdefault('left_out', [])
+    backend = jax.default_backend()
+    wanted = [f'flags={name}' for name in args.flags] + (['peer'] if args.peer else [])
+    if backend != 'gpu':
+        left_out += [f'{name}: runs on a GPU only; left out on {backend}' for name in wanted]
+        return
+    base_ms = report['variants'][0]['ms_per_step']
+    for name in args.flags:
+        flags, left = FLAG_SETS[name], time_left(args) + args.reserve_s
+        limit = min(2 * FLAG_CHILD_S, left - PEER_CHILD_S * args.peer)  # the peer's time kept
+        refused = xla_flags.known(flags)
+        if refused or limit < FLAG_CHILD_S / 2:
+            left_out.append(f'flags={name} ({flags}): ' + (refused or 'no time left'))
+            continue
+        row = xla_flags.time_default(child_argv(args), flags, limit, MEM_FRACTION)
+        if isinstance(row, str):
+            left_out.append(f'flags={name} ({flags}): {row}')
+            continue
+        row |= {'variant': f'flags={name}', 'setting': f'XLA_FLAGS+={flags} (own process)'}
+        row['change_vs_default'] = row['ms_per_step'] / base_ms - 1.0
+        report['variants'].append(row)
+    if args.peer:
+        left = time_left(args) + args.reserve_s
+        peer = torch_peer.run_child(args.config, args.set, 'compile', left) if left > 60 else {
+            'error': 'no time left'}  # fmt: skip
+        if 'error' in peer:
+            left_out.append(f'peer: {peer["error"]}')
+        else:
+            report['peer'] = peer['modes']['compile'] | {'shapes': peer['shapes']}
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = pathlib.Path(args.out)
+    if args.flags or args.peer:  # before jax starts: the children need GPU memory
+        os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', MEM_FRACTION)
+    on_gpu = jax.default_backend() == 'gpu'
+    args.reserve_s = on_gpu * (FLAG_CHILD_S * len(args.flags) + PEER_CHILD_S * args.peer)
 
     def write(report: dict) -> None:
         common.write_report(out / 'variants.json', report)
         (out / 'variants.md').write_text(markdown(report))
 
     report = measure(args, write)
+    run_children(args, report)
+    write(report)
     print(markdown(report))
     return report
 

@@ -43,6 +43,8 @@ from transformer.schema.convert import (
 )
 from transformer.schema.sections import (
     DROPOUT_PRNGS,
+    LENGTH_PENALTIES,
+    LOSS_PASSES,
     METRICS,
     PARALLELISMS,
     RETIRED_KEYS,
@@ -57,6 +59,8 @@ from transformer.schema.sections import (
 
 __all__ = [
     'DROPOUT_PRNGS',
+    'LENGTH_PENALTIES',
+    'LOSS_PASSES',
     'MAX_INIT_TIMEOUT',
     'MAX_SEED',
     'MAX_STEP',

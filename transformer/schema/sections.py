@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, DataError
+from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, PRETOKENIZERS, DataError
 from transformer.data import sources as data_sources
 from transformer.fields import (
     ABOVE_ZERO,
@@ -30,18 +30,25 @@ from transformer.fields import (
 )
 from transformer.model import TransformerConfig
 
-Schedule = Literal['rsqrt', 'constant']  # the paper's warm-up + inverse square root; a constant
+# The paper's warm-up + inverse square root; a constant; fairseq's inverse_sqrt.
+Schedule = Literal['rsqrt', 'constant', 'inverse_sqrt']
 DropoutPrng = Literal['threefry', 'rbg', 'unsafe_rbg', 'philox4x32']
 Parallelism = Literal['pmap', 'sharding']  # transformer/training/parallel.py
 BestMetric = Literal['sacrebleu', 'tokenized_bleu', 'chrf']  # validation scores, higher = better
 VocabModelType = Literal[MODEL_TYPES]
 VocabNormalization = Literal[NORMALIZATIONS]
+Pretokenize = Literal[PRETOKENIZERS]  # transformer/data/pretokenize.py
 LongExamples = Literal[LONG_EXAMPLES]
+LossPass = Literal['float32', 'accumulate']  # how the loss reads logits: training/loss.py
+# Beam search's length penalty (transformer/decoding/next_token.py): GNMT's or fairseq's.
+LengthPenalty = Literal['gnmt', 'fairseq']
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 DROPOUT_PRNGS: tuple[str, ...] = get_args(DropoutPrng)
 PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
 METRICS: tuple[str, ...] = get_args(BestMetric)
+LOSS_PASSES: tuple[str, ...] = get_args(LossPass)
+LENGTH_PENALTIES: tuple[str, ...] = get_args(LengthPenalty)
 
 # Keys of configs written by earlier versions that no longer exist; dropped when read.
 # model.max_len: the longest row is data.max_len (the model has no length limit of its own).
@@ -79,6 +86,11 @@ class DataSection(Section):
         optional=True,
         doc="kept in the vocabulary: 'nmt_nfkc' keeps the case, 'nmt_nfkc_cf' lowercases",
     )
+    pretokenize: Pretokenize = field(
+        'none',
+        optional=True,
+        doc="'none' | 'moses': Moses punct-normalised, tokenized, escaped text (Multi30k's)",
+    )
     vocab_sample_size: int = field(
         1_000_000, POSITIVE, doc='sentences (both languages) sampled to train SentencePiece'
     )
@@ -115,7 +127,12 @@ class OptSection(Section):
     )
     warmup_steps: int = field(4000, POSITIVE, doc="steps of the schedule's linear warm-up")
     lr_scale: float = field(
-        1.0, ABOVE_ZERO, doc="constant factor on the schedule (the lr itself for 'constant')"
+        1.0,
+        ABOVE_ZERO,
+        doc="factor on the schedule (the lr itself for 'constant', the peak for 'inverse_sqrt')",
+    )
+    warmup_init_lr: float = field(
+        0.0, NON_NEGATIVE, optional=True, doc="'inverse_sqrt' only: the lr of the first update"
     )
     cooldown_steps: int = field(
         0,
@@ -129,6 +146,14 @@ class OptSection(Section):
     clip_grad_norm: float = field(
         0.0, NON_NEGATIVE, doc='global-norm clipping; 0 = off (the paper does not clip)'
     )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.warmup_init_lr and self.schedule != 'inverse_sqrt':
+            raise ConfigError(
+                f'opt.warmup_init_lr={self.warmup_init_lr} is read by opt.schedule='
+                f"'inverse_sqrt' only, not {self.schedule!r}: set it to 0 or change the schedule."
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -147,7 +172,7 @@ class TrainSection(Section):
         1, POSITIVE, doc='micro-batches per step, to reach the budget on fewer devices'
     )
     label_smoothing: float = field(0.1, RATE, doc='epsilon_ls (Sec. 5.4)')
-    # threefry (jax's default) measured cheapest on CPU (step_overhead.py) and on an H200
+    # threefry (jax's default) measured cheapest on CPU (docs/experiments.md) and on an H200
     # (base, bfloat16: 40.8 ms/step, rbg 41.3); it is also what runs before the choice drew.
     dropout_prng: DropoutPrng = field(
         DROPOUT_PRNGS[0],
@@ -213,6 +238,12 @@ class TrainSection(Section):
         optional=True,
         doc='>0: the loss in chunks of N tokens, no [B, T, V] logits',
     )
+    # How the loss reads 16-bit logits (transformer/training/loss.py): the same loss either way.
+    loss_pass: LossPass = field(
+        'float32',
+        optional=True,
+        doc="'float32': one float32 copy of the logits; 'accumulate': float32 sums over them",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,7 +251,10 @@ class EvalSection(Section):
     SECTION = 'eval'
     beam_size: int = field(4, POSITIVE, doc='Sec. 6.1')
     alpha: float = field(
-        0.6, NON_NEGATIVE, doc='GNMT length penalty ((5 + len) / 6)^alpha (Sec. 6.1)'
+        0.6, NON_NEGATIVE, doc="the length penalty's exponent (Sec. 6.1); 0 = no penalty"
+    )
+    length_penalty: LengthPenalty = field(
+        'gnmt', optional=True, doc="'gnmt': ((5 + len) / 6)^alpha; 'fairseq': len^alpha"
     )
     extra_length: int = field(
         50, NON_NEGATIVE, doc='maximum output length = input length + 50 (Sec. 6.1)'

@@ -23,7 +23,13 @@ from transformer import schema
 from transformer.model import Packing, Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
-from transformer.training.loss import fused_cross_entropy, smoothing_weights, token_losses
+from transformer.training.loss import (
+    accumulated_losses,
+    check_loss_pass,
+    fused_cross_entropy,
+    logits_grad,
+    token_losses,
+)
 
 Array = jax.Array
 PyTree = Any
@@ -70,7 +76,7 @@ def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
     ('unsafe_rbg' also derives keys cheaply, as t5x and MaxText accept for dropout);
     'philox4x32' is jax's Philox counter-based generator, not compilable inside pmap in jax
     0.10.2 (its mulhi op under manual sharding). The whole training step is cheapest with
-    threefry (benchmarks/README.md, step_overhead.py), hence the default.
+    threefry (docs/experiments.md, step_overhead.py), hence the default.
     All are functions of (seed, step) only, so a resumed run draws the same masks.
     """
     if prng not in DROPOUT_PRNGS:
@@ -96,7 +102,11 @@ def resumed_prng_warning(changes: Sequence[tuple[str, Any, Any]]) -> str | None:
 
 
 def cross_entropy_with_smoothing(
-    logits: Array, targets: Array, weights: Array, label_smoothing: float
+    logits: Array,
+    targets: Array,
+    weights: Array,
+    label_smoothing: float,
+    loss_pass: str = 'float32',
 ) -> tuple[Array, Array]:
     """Summed label-smoothed and plain cross-entropy over the weighted target positions.
 
@@ -108,11 +118,14 @@ def cross_entropy_with_smoothing(
       targets: [B, T] token ids.
       weights: [B, T], 1 for real target tokens, 0 for padding.
       label_smoothing: eps_ls.
+      loss_pass: ``train.loss_pass``: 'float32' (`_token_losses`) or 'accumulate'
+        (`loss.accumulated_losses`), the same loss read differently (training/loss.py).
 
     Returns:
       (smoothed loss sum, NLL sum), each a float32 scalar.
     """
-    smoothed, nll = _token_losses(logits, targets, label_smoothing)
+    losses = _token_losses if check_loss_pass(loss_pass) == 'float32' else accumulated_losses
+    smoothed, nll = losses(logits, targets, label_smoothing)
     return (smoothed * weights).sum(), (nll * weights).sum()
 
 
@@ -122,7 +135,7 @@ def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tupl
 
     The gradient is written out, d/dz = softmax(z) - q (times each output's cotangent): one
     pass over the [B, T, V] logits, where autodiff through log_softmax made several and
-    materialised the log-probabilities (benchmarks/README.md, loss_speed.py).
+    materialised the log-probabilities (docs/experiments.md, loss_speed.py).
     """
     return _token_losses_fwd(logits, targets, label_smoothing)[0]
 
@@ -134,16 +147,7 @@ def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
 
 def _token_losses_bwd(label_smoothing: float, residuals, cotangents):
     logits, targets, lse = residuals
-    g_smoothed, g_nll = cotangents
-    on_target, low = smoothing_weights(logits.shape[-1], label_smoothing)
-    probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
-    is_target = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
-    grad = (
-        (g_smoothed + g_nll)[..., None] * probs
-        - (low * g_smoothed)[..., None]
-        - jnp.where(is_target, (on_target * g_smoothed + g_nll)[..., None], 0.0)
-    )
-    return grad.astype(logits.dtype), None
+    return logits_grad(logits, targets, lse, *cotangents, label_smoothing), None
 
 
 _token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
@@ -171,6 +175,7 @@ def loss_sums(
     label_smoothing: float,
     rng: Array | None,
     loss_chunk_tokens: int = 0,
+    loss_pass: str = 'float32',
 ) -> tuple[Array, dict[str, Array]]:
     """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
 
@@ -199,10 +204,13 @@ def loss_sums(
             label_smoothing,
             loss_chunk_tokens,
             model.config.dtype,
+            loss_pass,
         )
     else:
         logits = model.apply({'params': params}, *args, **kwargs)
-        loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
+        loss, nll = cross_entropy_with_smoothing(
+            logits, batch['targets'], weights, label_smoothing, loss_pass
+        )
         correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
     sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
     return loss, sums
@@ -235,6 +243,7 @@ def accumulated_grads(
     rng: Array,
     accum_steps: int,
     loss_chunk_tokens: int = 0,
+    loss_pass: str = 'float32',
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
@@ -246,7 +255,8 @@ def accumulated_grads(
     keeps the normalisation by the total token count exact.
     """
     grad_fn = jax.grad(
-        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens), has_aux=True
+        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens, loss_pass=loss_pass),
+        has_aux=True,
     )
     if accum_steps == 1:
         return grad_fn(params, batch, model, label_smoothing, rng)
@@ -279,6 +289,7 @@ def train_step(
     accum_steps: int,
     axis_name: str | None = None,
     loss_chunk_tokens: int = 0,
+    loss_pass: str = 'float32',
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step on the (local part of the) batch.
 
@@ -290,7 +301,7 @@ def train_step(
     if axis_name is not None:
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
     grads, sums = accumulated_grads(
-        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens
+        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens, loss_pass
     )
     if axis_name is not None:
         grads, sums = jax.lax.pmean((grads, sums), axis_name)
@@ -318,7 +329,8 @@ def eval_step(
     model: Transformer,
     label_smoothing: float,
     loss_chunk_tokens: int = 0,
+    loss_pass: str = 'float32',
 ) -> dict[str, Array]:
     """Summed loss / NLL / correct / token counts of one evaluation batch (no dropout)."""
-    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens)
+    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens, loss_pass)
     return sums

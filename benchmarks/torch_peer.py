@@ -1,0 +1,251 @@
+r"""The PyTorch peer of the project's training step, timed on the same shapes: the layers a GPU
+user would write instead, so that a GPU figure reads as ours / torch.compile.
+
+  python benchmarks/torch_peer.py --config configs/base.py --modes eager,compile \
+      --out /tmp/peer.json                                  # a GPU (torch.compile ~45 s)
+  python benchmarks/torch_peer.py --smoke --modes eager,compile   # tiny shapes, CPU, seconds
+
+The model is the config's: its rows x max_len target slots (the same number of source slots),
+joint vocabulary, d_model, heads, d_ff, encoder and decoder layers, dropout on the embedding
+sums and the sub-layers' outputs, post-LN (or pre-LN with model.pre_layer_norm), one embedding
+shared by source, target and the output projection scaled by sqrt(d_model) (Sec. 3.4),
+label-smoothed cross-entropy (Sec. 5.4) and Adam (beta2 0.98, eps 1e-9; fused), in bfloat16
+autocast on a GPU. Attention is `F.scaled_dot_product_attention` (flash; causal by flag). The
+rows are whole sequences, with no packing mask: that favours the peer, whose attention skips
+no segment work and reads no mask. Modes: ``eager`` and ``compile`` (`torch.compile` of the
+whole step).
+
+Prints one JSON line per mode (ms/step: median of ``--rounds`` rounds of ``--steps`` steps)
+and writes them to ``--out``. Without torch it prints one line saying so and writes
+{"error": ...}: the project does not need torch; benchmarks/gpu_check.py and
+benchmarks/step_variants.py run this file in a process of its own (``--peer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SMOKE = {'rows': 4, 'length': 16, 'vocab': 500, 'd_model': 64, 'heads': 4, 'd_ff': 128}
+SMOKE |= {'encoder_layers': 1, 'decoder_layers': 1, 'dropout': 0.1, 'label_smoothing': 0.1}
+SMOKE |= {'pre_ln': False}
+
+
+def config_shapes(name: str, settings: list[str] = ()) -> dict:
+    """The step's shapes and settings from a project config (``KEY=VALUE`` overrides)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from transformer import configs
+
+    config = configs.load(name)
+    for setting in settings:  # as step_variants.py reads --set
+        key, value = setting.split('=', 1)
+        for cast in (int, float, {'True': True, 'False': False}.__getitem__, str):
+            try:
+                value = cast(value)
+                break
+            except (ValueError, KeyError):
+                pass
+        config.update_from_flattened_dict({key: value})
+    m = config.model
+    return {
+        'rows': config.train.batch_size,
+        'length': config.data.max_len,
+        'vocab': config.data.vocab_size,
+        'd_model': m.d_model,
+        'heads': m.num_heads,
+        'd_ff': m.d_ff,
+        'encoder_layers': m.num_encoder_layers,
+        'decoder_layers': m.num_decoder_layers,
+        'dropout': m.dropout_rate,
+        'label_smoothing': config.train.label_smoothing,
+        'pre_ln': bool(m.pre_layer_norm),
+    }
+
+
+def build(torch, shapes: dict):
+    """The peer model: an `nn.Module` taking (source ids, target input ids) -> logits."""
+    nn, F = torch.nn, torch.nn.functional
+    d, heads, p = shapes['d_model'], shapes['heads'], shapes['dropout']
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+        def forward(self, x, y, causal):
+            b, t, _ = x.shape
+
+            def split(z):
+                return z.view(b, -1, heads, d // heads).transpose(1, 2)
+
+            a = F.scaled_dot_product_attention(
+                split(self.q(x)), split(self.k(y)), split(self.v(y)), is_causal=causal
+            )
+            return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+    class Layer(nn.Module):
+        def __init__(self, cross: bool):
+            super().__init__()
+            self.parts = nn.ModuleList([Attention()] + ([Attention()] if cross else []))
+            ffn = (nn.Linear(d, shapes['d_ff']), nn.ReLU(), nn.Linear(shapes['d_ff'], d))
+            self.ffn = nn.Sequential(*ffn)
+            self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(len(self.parts) + 1))
+
+        def forward(self, x, memory=None):
+            subs = [lambda h: self.parts[0](h, h, memory is not None)]
+            if memory is not None:
+                subs.append(lambda h: self.parts[1](h, memory, False))
+            subs.append(self.ffn)
+            for sub, norm in zip(subs, self.norms, strict=True):
+                if shapes['pre_ln']:
+                    x = x + F.dropout(sub(norm(x)), p, self.training)
+                else:
+                    x = norm(x + F.dropout(sub(x), p, self.training))
+            return x
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(shapes['vocab'], d)
+            nn.init.normal_(self.embedding.weight, std=d**-0.5)
+            self.encoder = nn.ModuleList(Layer(False) for _ in range(shapes['encoder_layers']))
+            self.decoder = nn.ModuleList(Layer(True) for _ in range(shapes['decoder_layers']))
+            position = torch.arange(shapes['length'])[:, None]
+            angle = position / torch.pow(10000, torch.arange(0, d, 2) / d)
+            self.register_buffer('positions', torch.cat([angle.sin(), angle.cos()], -1), False)
+
+        def embed(self, ids):
+            x = self.embedding(ids) * math.sqrt(d) + self.positions[: ids.shape[1]]
+            return F.dropout(x, p, self.training)
+
+        def forward(self, source, target_in):
+            s, t = self.embed(source), self.embed(target_in)
+            for layer in self.encoder:
+                s = layer(s)
+            for layer in self.decoder:
+                t = layer(t, s)
+            return t @ self.embedding.weight.T
+
+    return Model()
+
+
+def time_mode(torch, shapes: dict, mode: str, device, args) -> dict:
+    """ms/step of one mode: ``--warmup`` steps (compilation for 'compile'), then rounds."""
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(0)
+    rows, length, vocab = shapes['rows'], shapes['length'], shapes['vocab']
+    source = torch.randint(3, vocab, (rows, length), generator=gen).to(device)
+    target = torch.randint(3, vocab, (rows, length + 1), generator=gen).to(device)
+    torch.manual_seed(0)
+    model = build(torch, shapes).to(device).train()
+    fused = device.type == 'cuda'
+    opt = torch.optim.Adam(model.parameters(), 1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+            logits = model(source, target[:, :-1]).float()
+            loss = F.cross_entropy(
+                logits.reshape(-1, vocab),
+                target[:, 1:].reshape(-1),
+                label_smoothing=shapes['label_smoothing'],
+            )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+    fn = torch.compile(step) if mode == 'compile' else step
+    start = time.perf_counter()
+    for _ in range(args.warmup):
+        loss = fn()
+    sync()
+    warmup_s = time.perf_counter() - start
+    rounds = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = fn()
+        sync()
+        rounds.append((time.perf_counter() - start) / args.steps * 1e3)
+    ms = statistics.median(rounds)
+    name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'
+    return {
+        'impl': f'torch_{mode}',
+        'torch': torch.__version__,
+        'device': name,
+        'ms_per_step': ms,
+        'rounds_ms': rounds,
+        'warmup_s': warmup_s,
+        'slots_per_step': rows * length,
+        'loss': float(loss.detach()),
+    }
+
+
+def run_child(config: str, settings: list[str], modes: str, timeout_s: float) -> dict:
+    """This file in a process of its own (its GPU memory freed when it ends): the report, or
+    {'error': line} where it fails or runs past ``timeout_s``."""
+    script = os.path.abspath(__file__)
+    with tempfile.TemporaryDirectory(prefix='torch-peer-') as scratch:
+        out = os.path.join(scratch, 'peer.json')
+        cmd = [sys.executable, script, f'--config={config}', f'--modes={modes}', f'--out={out}']
+        cmd += [f'--set={setting}' for setting in settings]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {'error': f'the PyTorch peer ran past {timeout_s:.0f} s'}
+        if done.returncode or not os.path.exists(out):
+            said = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+            return {'error': said[-1].strip() if said else f'exit code {done.returncode}'}
+        return json.loads(pathlib.Path(out).read_text())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add('--config', default='configs/base.py', help='the project config whose shapes to run')
+    add('--set', action='append', default=[], help='KEY=VALUE on the config')
+    add('--smoke', action='store_true', help='tiny shapes on the CPU (checks this file)')
+    add('--modes', default='eager,compile', help="comma-separated: 'eager', 'compile'")
+    add('--steps', type=int, default=20, help='timed steps per round')
+    add('--rounds', type=int, default=3, help='rounds (the median is reported)')
+    add('--warmup', type=int, default=3, help='untimed steps first (compilation)')
+    add('--out', default=None, help='JSON file of the results')
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    modes = [m for m in args.modes.split(',') if m]
+    unknown = sorted(set(modes) - {'eager', 'compile'})
+    if unknown:
+        raise SystemExit(f"--modes takes 'eager' and 'compile', not {', '.join(unknown)}.")
+    try:
+        import torch
+    except ImportError:
+        report = {'error': 'torch is not installed: no PyTorch peer (pip install torch)'}
+        print(report['error'], flush=True)
+    else:
+        shapes = SMOKE if args.smoke else config_shapes(args.config, args.set)
+        device = torch.device('cuda' if torch.cuda.is_available() and not args.smoke else 'cpu')
+        torch.backends.cuda.matmul.allow_tf32 = True
+        report = {'shapes': shapes, 'modes': {}}
+        for mode in modes:
+            result = time_mode(torch, shapes, mode, device, args)
+            print(json.dumps(result), flush=True)
+            report['modes'][mode] = result
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == '__main__':
+    main()
