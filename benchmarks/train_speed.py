@@ -151,6 +151,8 @@ def main(argv):
         raise SystemExit(f'error: {e}') from None
     try:
         measure(FLAGS.config)
+    except training.TrainingError as e:  # e.g. a compiled step the memory cannot hold
+        raise SystemExit(f'error: {e}') from None
     except RuntimeError as e:  # jax.errors.JaxRuntimeError
         line = console.out_of_memory_line(e, training.OUT_OF_MEMORY)
         if line is None:
@@ -166,9 +168,9 @@ def measure(config) -> None:
     model, parallel, state, batches, rng, num_params = setup(config)
     device = jax.devices()[0]
     step_flops = train_flops(model.config, tc.batch_size, config.data.max_len, config.data.max_len)
-    # The step compiled ahead of time for XLA's own figures; jax keeps the executable, so the
-    # first step below runs it without compiling again.
-    compiled = parallel.lower_step(state, parallel.put_batch(next(batches)), rng).compile()
+    # The step compiled ahead of time for XLA's own figures; `Parallel` keeps the executable,
+    # so the first step below runs it without compiling again.
+    compiled = parallel.compile_step(state, parallel.put_batch(next(batches)), rng)
     xla_flops = _xla_flops(compiled) if tc.parallelism == 'sharding' else None
     temp = temp_bytes(compiled)
     for _ in range(FLAGS.warmup):

@@ -11,7 +11,8 @@ Modules:
 - segment_attention.py: Pallas's GPU flash attention over packed rows (segment ids).
 - packed_cudnn.py: cuDNN's flash attention over packed rows (segment lengths and offsets).
 - fetch.py: host reads that raise a failed computation's error instead of waiting.
-- host_memory.py, compile_cache.py: glibc's malloc settings, jax's compilation cache; imported
+- host_memory.py, compile_cache.py: the host memory this process may still take and glibc's
+  malloc settings; jax's compilation cache; imported
   when named (``from transformer.backends import host_memory``), not with the model.
 """
 

@@ -14,7 +14,8 @@ Modules:
   Checkpoints themselves are transformer/checkpoint/'s: the loop calls its `Checkpoints`.
 - metrics.py: console lines, ``metrics.jsonl`` and TensorBoard events.
 - config_checks.py: the config's values checked before a run writes anything.
-- footprint.py: a lower bound on the memory a config needs, for training and decoding.
+- footprint.py: a lower bound on the memory a config needs, for training and decoding; the
+  compiled train step against the memory left.
 """
 
 from transformer.training.config_checks import (
