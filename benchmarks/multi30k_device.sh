@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# configs/multi30k.py:tiny and :tiny_fairseq, 3 seeds each, trained side by side on one GPU and
-# scored by benchmarks/multi30k_sweep.py within one bounded call (DEADLINE_S, default 480 s).
+# configs/multi30k.py:tiny and :tiny_fairseq (RECIPES), 3 seeds each (SEEDS), trained side by
+# side on one GPU and scored by benchmarks/multi30k_sweep.py within one bounded call
+# (DEADLINE_S, default 480 s).
 #
 # Run from the repository root on a machine with a GPU and no network, with two ignored folders
 # beside the code: .m30k/ (the raw Multi30k files: train/val/test2016 .en/.de) and .whl/ (the
@@ -17,9 +18,13 @@ fi
 export PYTHONUNBUFFERED=1
 RUNS=${RUNS:-/tmp/m30k_sweep}
 
-python3 benchmarks/multi30k_sweep.py --out "$RUNS" --seeds 0 1 2 \
-  --recipe tiny=configs/multi30k.py:tiny \
-  --recipe tiny_fairseq=configs/multi30k.py:tiny_fairseq \
+# RECIPES="tiny" trains one recipe alone (when six runs do not fit one call).
+recipes=()
+for name in ${RECIPES:-tiny tiny_fairseq}; do
+  recipes+=(--recipe "$name=configs/multi30k.py:$name")
+done
+
+python3 benchmarks/multi30k_sweep.py --out "$RUNS" --seeds ${SEEDS:-0 1 2} "${recipes[@]}" \
   --set "data.manual_dir=$PWD/.m30k" --set eval.bleu_every=0 \
   --average_last 10 --beam_size 5 --alpha 1.0 1.4 --length_penalty gnmt fairseq \
   --deadline_s "${DEADLINE_S:-480}" --reserve_s "${RESERVE_S:-210}"
