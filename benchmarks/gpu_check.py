@@ -61,6 +61,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_report import markdown  # noqa: E402
 from benchmarks.kernel_time import kernel_table, load_trace  # noqa: E402
 
 
@@ -279,75 +280,6 @@ def variants(args, runner: Runner) -> dict:
     runner.say(f'variants: done in {seconds:.0f} s')
     report = json.loads((runner.out / 'variants.json').read_text())
     return {'seconds': seconds, 'table': (runner.out / 'variants.md').read_text()} | report
-
-
-def markdown(summary: dict) -> str:
-    """The summary's tables."""
-    lines = [f'# gpu_check: {summary["device"]}, jax {summary["jax"]}', '']
-    speed = summary.get('train_speed') or {}
-    compiled = ((summary.get('peer') or {}).get('modes') or {}).get('compile') or {}
-    torch_ms = compiled.get('ms_per_step')  # the PyTorch peer's, from the same call
-    if speed:
-        lines += [
-            '| attention | ms/step | MFU | tokens/s | XLA temporaries MiB | peak MiB '
-            '| ours / torch.compile |'
-        ]
-        lines += ['|---|---|---|---|---|---|---|']
-        for impl, r in speed.items():
-            if 'error' in r:
-                lines.append(f'| {impl} | failed: {r["error"]} | | | | | |')
-                continue
-            temp = '' if r['temp_bytes'] is None else f'{r["temp_bytes"] / 2**20:.0f}'
-            peak = f'{r["peak_device_mib"]:.0f}' if 'peak_device_mib' in r else ''
-            ratio = f'{r["ms_per_step"] / torch_ms:.2f}' if torch_ms else ''
-            lines.append(
-                f'| {impl} | {r["ms_per_step"]:.1f} | {r["mfu"]:.1%} | {r["tokens_per_s"]:,.0f} '
-                f'| {temp} | {peak} | {ratio} |'
-            )
-        if torch_ms:
-            lines.append(f'\nPyTorch peer (torch.compile, same shapes): {torch_ms:.1f} ms/step')
-        lines.append('')
-    kernels = summary.get('kernels')
-    if kernels and 'error' in kernels:
-        lines += [f'Kernels: no table ({kernels["error"]})', '']
-    elif kernels:
-        lines += [f'Kernels ({kernels["device"]}, {kernels["ms_per_step"]:.2f} ms/step):', '']
-        lines += ['| kind | ms/step | share |', '|---|---|---|']
-        lines += [
-            f'| {k["kind"]} | {k["ms_per_step"]:.3f} | {k["share"]:.1%} |' for k in kernels['kinds']
-        ]
-        lines += ['', '| kernel | kind | ms/step | share | calls/step |', '|---|---|---|---|---|']
-        lines += [
-            f'| `{t["name"][:90]}` | {t["kind"]} | {t["ms_per_step"]:.3f} | {t["share"]:.1%} '
-            f'| {t["calls_per_step"]:g} |'
-            for t in kernels['top']
-        ]
-        lines.append('')
-    m = summary.get('multi30k')
-    if m:
-        v = m.get('validation', {})
-        bleu = f'{v["tokenized_bleu"]:.2f}' if v else m.get('error', '')
-        sacre = f'{v["sacrebleu"]:.2f}' if v else ''
-        rate = f'{m["steps_per_s"]:.1f}' if 'steps_per_s' in m else ''
-        ppl = m.get('final_metrics', {}).get('validation', {}).get('perplexity')
-        ppl = '' if ppl is None else f'{ppl:.2f}'
-        lines += [
-            '| config | steps | train s | steps/s | validation ppl | validation BLEU | sacreBLEU |'
-        ]
-        lines += ['|---|---|---|---|---|---|---|']
-        lines.append(
-            f'| {m["config"]} | {m["steps"]} | {m.get("train_s", 0):.0f} | {rate} | {ppl} | {bleu} '
-            f'| {sacre} |'
-        )
-        lines.append('')
-    t = summary.get('tests')
-    if t:
-        lines += [f'Tests `pytest {t["args"]}`: exit code {t["exit_code"]}, {t["summary"]}', '']
-        lines += [f'- failed: `{name}`' for name in t.get('failed', [])]
-    v = summary.get('variants')
-    if v:
-        lines += [v.get('table') or f'Variants: failed: {v.get("error")}', '']
-    return '\n'.join(lines)
 
 
 def _device() -> tuple[str, str]:
