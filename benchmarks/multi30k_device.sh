@@ -5,7 +5,9 @@
 #
 # Run from the repository root on a machine with a GPU and no network, with two ignored folders
 # beside the code: .m30k/ (the raw Multi30k files: train/val/test2016 .en/.de) and .whl/ (the
-# wheels of ml_collections and sacremoses, which that machine's Python lacks). Runs go to
+# wheels that machine's Python lacks: ml_collections, sacremoses and what sacremoses imports,
+# joblib and tqdm; `pip download --no-deps -d .whl ml_collections==1.1.0 sacremoses==0.1.1
+# joblib==1.6.0 tqdm==4.70.1`). Runs go to
 # RUNS (default /tmp/m30k_sweep); the table (sweep.md, sweep.json) and a tarball of every log
 # and validation table are copied to OUT when it is set.
 set -uo pipefail
