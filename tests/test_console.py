@@ -359,6 +359,18 @@ def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, fla
         assert 'model.d_model' not in out  # only with --helpfull
 
 
+def test_help_shows_the_fields_of_the_chosen_variant(capsys):
+    """`--config FILE:VARIANT --help` lists that variant's values, not the file's default."""
+    from transformer.commands import train
+
+    with pytest.raises(SystemExit) as info:
+        train.cli(['train', '--config', 'configs/multi30k.py:tiny_fairseq', '--help'])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert 'from configs/multi30k.py:tiny_fairseq:' in out
+    assert '  model.d_model = 128  #' in out and "  data.pretokenize = 'moses'  #" in out
+
+
 @pytest.mark.parametrize('command', ['commands.train', 'evaluate', 'translate'])
 def test_helpfull_adds_every_section_with_the_schema_descriptions_and_every_flag(command, capsys):
     import importlib

@@ -51,7 +51,7 @@ def text(doc: str, flag_names: Sequence[str], argv: Sequence[str]) -> str:
         chosen = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
         if chosen is None and '--config' in argv[:-1]:
             chosen = argv[list(argv).index('--config') + 1]
-        path = chosen.split(':')[0] if chosen else _BASE
+        path = chosen or _BASE  # with its :VARIANT, which configs.load passes to get_config
         title = f'config fields (override with --config.FIELD=VALUE), from {path}:'
         lines += ['', *_config_lines(path, title)]
     elif 'workdir' in flag_names:

@@ -123,7 +123,9 @@ class DataSection(Section):
 class OptSection(Section):
     SECTION = 'opt'
     schedule: Schedule = field(
-        'rsqrt', optional=True, doc='d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Sec. 5.3)'
+        'rsqrt',
+        optional=True,
+        doc="'rsqrt' (the paper's, Sec. 5.3) | 'inverse_sqrt' (fairseq's) | 'constant'",
     )
     warmup_steps: int = field(4000, POSITIVE, doc="steps of the schedule's linear warm-up")
     lr_scale: float = field(
