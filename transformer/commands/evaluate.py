@@ -19,7 +19,7 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import decoding, files, rundir, schema, training
+from transformer import decoding, files, rundir, training
 from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.evaluation import score_eval_set
@@ -44,13 +44,6 @@ def cli(argv: list[str] | None = None) -> None:
         lower_bound=0,
     )
     define('output', flags.DEFINE_string, None, 'Hypotheses file (default: WORKDIR/eval/...).')
-    define(
-        'length_penalty',
-        flags.DEFINE_enum,
-        None,
-        schema.LENGTH_PENALTIES,
-        "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
-    )
     FLAGS = flags.FLAGS
 
     def main(_):

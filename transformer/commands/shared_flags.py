@@ -11,6 +11,8 @@ from typing import Any
 
 from absl import app, flags
 
+from transformer import schema
+
 
 def define_flag(name: str, define: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     """Defines the absl flag ``name`` (default ``args[0]``) unless this process has it, else
@@ -94,6 +96,25 @@ def define_decoding_flags() -> None:
         False,
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
+    _define_search_flags()
+    define_flag(
+        'batch_size',
+        flags.DEFINE_integer,
+        None,
+        'Sentences per batch (default: config).',
+        lower_bound=1,
+    )
+    define_flag(
+        'ensemble',
+        flags.DEFINE_list,
+        [],
+        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
+        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
+    )
+
+
+def _define_search_flags() -> None:
+    """The search's own flags: beam size, length penalty alpha and rule."""
     define_flag(
         'beam_size',
         flags.DEFINE_integer,
@@ -111,16 +132,9 @@ def define_decoding_flags() -> None:
     if 'not finite' not in [v.message for v in flags.FLAGS['alpha'].validators]:  # inf, nan
         flags.register_validator('alpha', lambda v: v is None or math.isfinite(v), 'not finite')
     define_flag(
-        'batch_size',
-        flags.DEFINE_integer,
+        'length_penalty',
+        flags.DEFINE_enum,
         None,
-        'Sentences per batch (default: config).',
-        lower_bound=1,
-    )
-    define_flag(
-        'ensemble',
-        flags.DEFINE_list,
-        [],
-        'Other workdirs decoded together with --workdir as one ensemble (comma-separated; '
-        'the same model and vocabulary; each loaded by --step / --average_last / --best).',
+        schema.LENGTH_PENALTIES,
+        "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
     )

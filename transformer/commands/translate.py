@@ -21,7 +21,7 @@ from transformer import decoding, rundir, training
 from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.decoding import format_nbest, translate_lines
-from transformer.schema import LENGTH_PENALTIES, ConfigError
+from transformer.schema import ConfigError
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -45,13 +45,6 @@ def cli(argv: list[str] | None = None) -> None:
         'rank (1 = best), score (log-prob / length penalty), log_prob, text. 0 = one '
         'translation per line.',
         lower_bound=0,
-    )
-    define(
-        'length_penalty',
-        flags.DEFINE_enum,
-        None,
-        LENGTH_PENALTIES,
-        "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
     )
     define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
     define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
