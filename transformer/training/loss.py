@@ -114,25 +114,34 @@ def logits_grad(
     return grad.astype(logits.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def accumulated_losses(logits: Array, targets: Array, label_smoothing: float):
-    """[...] smoothed and plain cross-entropy of every position of ``logits`` [..., V] by
-    `accumulated_token_losses` (``train.loss_pass='accumulate'``); the gradient is written
-    out in one pass (`logits_grad`), as the 'float32' pass's."""
-    return _accumulated_fwd(logits, targets, label_smoothing)[0]
+def _pass_losses(loss_pass: str):
+    """The forward of ``loss_pass``: (smoothed, NLL, logsumexp) of every position."""
+    if check_loss_pass(loss_pass) == 'float32':
+        return lambda z, t, eps: token_losses(z.astype(jnp.float32), t, eps)
+    return accumulated_token_losses
 
 
-def _accumulated_fwd(logits, targets, label_smoothing):
-    smoothed, nll, lse = accumulated_token_losses(logits, targets, label_smoothing)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def position_losses(logits: Array, targets: Array, label_smoothing: float, loss_pass: str):
+    """[...] smoothed and plain cross-entropy of every position of ``logits`` [..., V], read as
+    ``train.loss_pass`` says ('float32': `token_losses` of a float32 copy; 'accumulate':
+    `accumulated_token_losses`). The gradient is written out, d/dz = softmax(z) - q (times each
+    output's cotangent, `logits_grad`): one pass over the logits, where autodiff through
+    log_softmax made several and materialised the log-probabilities (docs/experiments.md)."""
+    return _position_fwd(logits, targets, label_smoothing, loss_pass)[0]
+
+
+def _position_fwd(logits, targets, label_smoothing, loss_pass):
+    smoothed, nll, lse = _pass_losses(loss_pass)(logits, targets, label_smoothing)
     return (smoothed, nll), (logits, targets, lse)
 
 
-def _accumulated_bwd(label_smoothing, residuals, cotangents):
+def _position_bwd(label_smoothing, loss_pass, residuals, cotangents):
     logits, targets, lse = residuals
     return logits_grad(logits, targets, lse, *cotangents, label_smoothing), None
 
 
-accumulated_losses.defvjp(_accumulated_fwd, _accumulated_bwd)
+position_losses.defvjp(_position_fwd, _position_bwd)
 
 
 def check_loss_pass(loss_pass: str) -> str:
@@ -226,8 +235,7 @@ def _sweep(
     def body(carry, chunk):
         y_c, t_c, wt_c = chunk
         z = _chunk_logits(y_c, w, b, loss_pass)
-        losses = token_losses if loss_pass == 'float32' else accumulated_token_losses
-        smoothed, nll, lse = losses(z, t_c, label_smoothing)
+        smoothed, nll, lse = _pass_losses(loss_pass)(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
         sums = (jnp.stack([smoothed, nll, correct]) * wt_c).sum(-1)
         if not grads:

@@ -23,13 +23,7 @@ from transformer import schema
 from transformer.model import Packing, Transformer, config_from_dict
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
-from transformer.training.loss import (
-    accumulated_losses,
-    check_loss_pass,
-    fused_cross_entropy,
-    logits_grad,
-    token_losses,
-)
+from transformer.training.loss import fused_cross_entropy, position_losses
 
 Array = jax.Array
 PyTree = Any
@@ -118,39 +112,14 @@ def cross_entropy_with_smoothing(
       targets: [B, T] token ids.
       weights: [B, T], 1 for real target tokens, 0 for padding.
       label_smoothing: eps_ls.
-      loss_pass: ``train.loss_pass``: 'float32' (`_token_losses`) or 'accumulate'
-        (`loss.accumulated_losses`), the same loss read differently (training/loss.py).
+      loss_pass: ``train.loss_pass``: 'float32' or 'accumulate', the same loss read
+        differently (`loss.position_losses`).
 
     Returns:
       (smoothed loss sum, NLL sum), each a float32 scalar.
     """
-    losses = _token_losses if check_loss_pass(loss_pass) == 'float32' else accumulated_losses
-    smoothed, nll = losses(logits, targets, label_smoothing)
+    smoothed, nll = position_losses(logits, targets, label_smoothing, loss_pass)
     return (smoothed * weights).sum(), (nll * weights).sum()
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array]:
-    """[B, T] smoothed and plain cross-entropy of every position.
-
-    The gradient is written out, d/dz = softmax(z) - q (times each output's cotangent): one
-    pass over the [B, T, V] logits, where autodiff through log_softmax made several and
-    materialised the log-probabilities (docs/experiments.md, loss_speed.py).
-    """
-    return _token_losses_fwd(logits, targets, label_smoothing)[0]
-
-
-def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
-    smoothed, nll, lse = token_losses(logits.astype(jnp.float32), targets, label_smoothing)
-    return (smoothed, nll), (logits, targets, lse)
-
-
-def _token_losses_bwd(label_smoothing: float, residuals, cotangents):
-    logits, targets, lse = residuals
-    return logits_grad(logits, targets, lse, *cotangents, label_smoothing), None
-
-
-_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
