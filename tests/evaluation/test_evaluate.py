@@ -183,9 +183,10 @@ def test_default_outputs_of_a_grid_of_settings_keep_a_file_each(run_dir, tmp_pat
         scores = evaluate.run(
             str(run_dir), step=4, beam_size=1, alpha=alpha, length_penalty=rule, max_examples=2
         )
-        stem = eval_dir / f'test-4-beam1-alpha{alpha}-{rule}'
-        assert json.loads(stem.with_suffix('.json').read_text()) == json.loads(json.dumps(scores))
-        assert len(stem.with_suffix('.txt').read_text().splitlines()) == 2
+        stem = f'test-4-beam1-alpha{alpha}-{rule}'
+        written = json.loads((eval_dir / f'{stem}.json').read_text())
+        assert written == json.loads(json.dumps(scores))
+        assert len((eval_dir / f'{stem}.txt').read_text().splitlines()) == 2
     out = tmp_path / 'named.txt'
     evaluate.run(str(run_dir), step=4, beam_size=1, alpha=1.4, max_examples=2, output=str(out))
     assert out.is_file() and out.with_suffix('.json').is_file()
