@@ -23,14 +23,14 @@ the others printed and saved with "stopped after k of n settings", exit code 130
 
 ``--stop_at T`` (a Unix time) starts no setting predicted to end after T, and
 ``--test_deadline D`` none that would leave less than one fresh evaluate of one setting before
-D (predicted as the time from this sweep's start to the end of its first setting: loading,
-compiling and decoding once, what scoring the test split in a new process costs besides its
-imports). A setting is predicted to take as long as the longest one after the first so far
-(the first holds the compilation; before a second, the first's seconds; a row's ``seconds``
-include loading its checkpoints when it is the first of its average). The sweep then stops
-with "stopped after k of n settings" and the reason, and exits 0. Settings run in the grid's
-order (average outermost, then beam, alpha, rule), so those left are its last ones; none is
-cut in the middle.
+D (predicted as the time from ``--started_at``, when the process was launched, to the end of
+its first setting: start-up, loading, compiling and decoding once, what scoring the test split
+in a new process costs; saved as ``first_s``). A setting is predicted to take as long as the
+longest one after the first so far (the first holds the compilation; before a second, the
+first's seconds; a row's ``seconds`` include loading its checkpoints when it is the first of
+its average). The sweep then stops with "stopped after k of n settings" and the reason, and
+exits 0. Settings run in the grid's order (average outermost, then beam, alpha, rule), so those
+left are its last ones; none is cut in the middle.
 
 ``--ensemble RUN [RUN ...]`` decodes those runs together with ``--workdir`` as one ensemble
 (`transformer.evaluate`'s ``--ensemble``), every run loaded at the same steps; its hypotheses
@@ -77,6 +77,12 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--out', default=None, help='JSON of the table (default: none)')
     parser.add_argument(
         '--stop_at', type=float, default=None, help='Unix time: no setting predicted past it'
+    )
+    parser.add_argument(
+        '--started_at',
+        type=float,
+        default=None,
+        help='Unix time this process was launched (default: when its main began)',
     )
     parser.add_argument(
         '--test_deadline',
@@ -227,6 +233,7 @@ def _score(args, config, split: str, last: int, todo: list, table: dict, stop: _
         if args.ensemble:
             row['ensemble'] = [args.workdir, *args.ensemble]
         table['rows'].append(row)
+        table.setdefault('first_s', time.time() - began)  # launch to the first row: a test's
         seconds.append(row['seconds'])
         print(json.dumps(row), flush=True)
         if args.out:
@@ -251,6 +258,7 @@ def _print_table(rows: list[dict], split: str) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     began = time.time()
     args = _parse_args(argv)
+    began = args.started_at or began
     config, split, last = _run_and_step(args)
     penalties = args.length_penalty or [config.eval.length_penalty]
     grid = list(itertools.product(args.average_last, args.beam_size, args.alpha, penalties))

@@ -46,8 +46,8 @@ The time plan (printed first). ``--deadline_s`` D bounds the whole sweep (from i
 
       now + later <= D - R / 3   and   now + later + first <= D
 
-  where first is the run's own time from its start to the end of its first setting (loading,
-  compiling, decoding: what the test stage's new process costs besides its imports) and later
+  where first is the run's own time from its launch to the end of its first setting (start-up,
+  loading, compiling, decoding: what the test stage's new process costs) and later
   the longest of its later settings so far (first before a second). So a stage that cannot
   finish its grid in time scores the grid's first settings (average outermost, then beam,
   alpha, rule) and starts no setting it cannot end; a first setting still running at D - R / 3
@@ -193,7 +193,7 @@ def _validation_file(run: dict) -> pathlib.Path:
 def _validate(args, runs: dict, plan: dict) -> tuple[dict, list[str]]:
     """({(name, seed): eval_sweep rows} of the runs scored on their validation split, as each
     JSON holds them however its process ended; notes on each run that was cut or failed)."""
-    jobs = {}
+    jobs, launched = {}, time.time()
     for key, run in runs.items():
         table = _validation_file(run)
         cmd = [sys.executable, 'benchmarks/eval_sweep.py', f'--workdir={run["workdir"]}']
@@ -203,10 +203,10 @@ def _validate(args, runs: dict, plan: dict) -> tuple[dict, list[str]]:
         cmd += ['--length_penalty', *args.length_penalty] if args.length_penalty else []
         if not math.isinf(plan['test']):
             cmd += [f'--stop_at={plan["validation"]}', f'--test_deadline={plan["test"]}']
-        jobs[key] = Job(cmd, table.with_suffix('.log'))
+        jobs[key] = Job(cmd + [f'--started_at={launched}'], table.with_suffix('.log'))
     env = sweep_jobs.memory_fraction(len(jobs), dict(os.environ))
     done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=plan['validation'], grace_s=10)
-    rows, notes = {}, []
+    rows, notes, firsts = {}, [], []
     for (name, seed), job in jobs.items():
         try:
             table = json.loads(_validation_file(runs[name, seed]).read_text())
@@ -215,6 +215,8 @@ def _validate(args, runs: dict, plan: dict) -> tuple[dict, list[str]]:
         where, result = f'{name} seed {seed}: validation', done[name, seed]
         if table['rows']:
             rows[name, seed] = table['rows']
+        if table.get('first_s'):
+            firsts.append(table['first_s'])
         if result.stopped:
             settings = table['stopped'] or 'stopped before its first setting ended'
             notes.append(f'{where} {settings}, by the validation stop time (D - R / 3)')
@@ -226,16 +228,17 @@ def _validate(args, runs: dict, plan: dict) -> tuple[dict, list[str]]:
             notes.append(f'{name} seed {seed}: no validation score')
     for note in notes:
         print(note)
+    print(_test_plan(rows, firsts, plan))
     return rows, notes
 
 
-def _test_plan(rows: dict, plan: dict) -> str:
-    """What validation measured and what it predicts of the test stage, in one line."""
-    firsts = [r[0]['seconds'] for r in rows.values()]
+def _test_plan(rows: dict, firsts: list[float], plan: dict) -> str:
+    """What validation measured and what it predicts of the test stage, in one line: first,
+    a process's launch to the end of its first setting; later, a further setting's seconds."""
     laters = [x['seconds'] for r in rows.values() for x in r[1:]]
     if not firsts:
-        return 'Validation scored no run.'
-    line = f'Validation measured a first setting of up to {max(firsts):.0f} s'
+        return 'Validation scored no setting in this sweep.'
+    line = f'Validation measured a first setting (from launch) of up to {max(firsts):.0f} s'
     line += f', a later one of up to {max(laters):.0f} s' if laters else ''
     left = plan['test'] - time.time()
     if math.isinf(left):
@@ -308,7 +311,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(f'Training {len(recipes)} recipes x {len(args.seeds)} seeds at once in {out} ...')
     runs, notes = _train(args, recipes, common, out, plan['train'])
     validation, validation_notes = _validate(args, runs, plan)
-    print(_test_plan(validation, plan))
     choices, choice_notes = _choices(args, recipes, validation)
     tests, test_notes = _test(args, runs, choices, plan)
     notes += validation_notes + choice_notes + test_notes

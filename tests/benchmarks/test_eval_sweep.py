@@ -28,6 +28,7 @@ def test_a_sweep_stopped_after_its_first_row_keeps_it_and_a_rerun_skips_it(
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(eval_sweep, '_save', save_then_interrupt)
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as stop:
         eval_sweep.main(argv)
     assert stop.value.code == 130 and saves == [1, 1]  # once after the row, once stopped
@@ -35,7 +36,7 @@ def test_a_sweep_stopped_after_its_first_row_keeps_it_and_a_rerun_skips_it(
     assert [r['beam_size'] for r in first['rows']] == [1]
     assert first['stopped'] == 'stopped after 1 of 2 settings: interrupted (SIGINT)'
     assert first['stopped'] in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) == before  # restored
 
     monkeypatch.setattr(eval_sweep, '_save', save)
     rows = eval_sweep.main(argv)
@@ -51,12 +52,14 @@ def test_a_setting_that_would_end_after_the_stop_time_is_not_started(run_dir, tm
     """The first setting always runs (nothing is measured before it); the second, predicted
     from the first, would end after a stop time already past, so the sweep stops there, exit
     code 0, and the table says why."""
-    out = tmp_path / 'validation.json'
+    out, launched = tmp_path / 'validation.json', time.time() - 100
     rows = eval_sweep.main(
         [f'--workdir={run_dir}', f'--out={out}', '--beam_size', '1', '2', '--max_examples=3']
-        + [f'--stop_at={time.time()}']
+        + [f'--stop_at={time.time()}', f'--started_at={launched}']
     )
     assert [r['beam_size'] for r in rows] == [1]
-    stopped = json.loads(out.read_text())['stopped']
+    table = json.loads(out.read_text())
+    stopped = table['stopped']
+    assert 100 < table['first_s'] < time.time() - launched  # from the launch given
     assert stopped.startswith('stopped after 1 of 2 settings: the next setting (~')
     assert stopped.endswith('would end after the stop time') and stopped in capsys.readouterr().out
