@@ -19,24 +19,46 @@ Then, each in a process of its own and all at once:
 
 1. Validation: benchmarks/eval_sweep.py scores every run on its validation split with every
    setting of the grid (checkpoints averaged x beam x alpha x length penalty rule; the rule
-   defaults to each recipe's ``eval.length_penalty``).
+   defaults to each recipe's ``eval.length_penalty``), saving its rows (OUT/NAME/seedS
+   .validation.json) after each; a rerun keeps the rows scored at the same step and skips them.
 2. The choice: per recipe, the setting with the best mean ``--metric`` (tokenized BLEU: the
-   run's convention, lowercased for Multi30k) over the seeds that have it. Test scores never
-   take part in it.
+   run's convention, lowercased for Multi30k) among the settings every scored seed finished
+   (`sweep_report.choose`; the notes name a seed left out). Test scores never take part in it.
 3. Test: ``transformer.evaluate`` scores the config's test split (test2016 for Multi30k) once
-   per seed with that setting (hypotheses and scores in OUT/NAME/seedS.test.txt / .json).
+   per trained run of a recipe with a choice (hypotheses and scores in OUT/NAME/seedS.test.txt
+   / .json).
 
-One table, printed and saved as OUT/sweep.md (with OUT/sweep.json): per run its updates,
-steps/s and training-step compile time as its own logs give them (`sweep_jobs.training_speed`),
-its validation and test values with the recipe's choice, then per recipe the mean +- sample
-standard deviation (ddof=1) over its seeds, with n.
+One table, printed and saved as OUT/sweep.md (with OUT/sweep.json): per trained run its
+updates, steps/s and training-step compile time as its own logs give them
+(`sweep_jobs.training_speed`), whatever happens after its training, its validation and test
+values at the recipe's choice ('-' where there is none), then per recipe with a choice the
+mean +- sample standard deviation (ddof=1) over its seeds, with n; the notes under it say which
+stage stopped which run, by which stop time, after how many settings. The exit code is 1 when
+no run was scored on validation.
 
-``--deadline_s`` bounds the whole sweep. Trainings still running at deadline - ``--reserve_s``
-are stopped (SIGINT: train.py saves the checkpoint in flight and exits) and are scored at their
-last checkpoint; the table gives the updates each run reached and the notes name the runs
-stopped. Validation processes still running at deadline - reserve / 3 are stopped, and their
-runs dropped; test processes still running at the deadline are stopped, and their runs have no
-test value (n says how many seeds a mean is over).
+The time plan (printed first). ``--deadline_s`` D bounds the whole sweep (from its start;
+``--reserve_s`` R, default D / 4):
+
+- Training: runs still going at D - R get SIGINT (train.py saves the checkpoint in flight and
+  exits) and are scored at their last checkpoint; the table marks them "(deadline)".
+- Validation: each run's eval_sweep starts its next setting only if it is predicted to end by
+  the validation stop time D - R / 3 and to leave one test evaluate before D:
+
+      now + later <= D - R / 3   and   now + later + first <= D
+
+  where first is the run's own time from its launch to the end of its first setting (start-up,
+  loading, compiling, decoding: what the test stage's new process costs) and later
+  the longest of its later settings so far (first before a second). So a stage that cannot
+  finish its grid in time scores the grid's first settings (average outermost, then beam,
+  alpha, rule) and starts no setting it cannot end; a first setting still running at D - R / 3
+  gets SIGINT (its run keeps no validation score).
+- Test: whatever is left, planned as the slowest run's first; processes still running at D get
+  SIGINT and their runs no test value (n says how many seeds a mean is over).
+
+So after the trainings a grid of S settings needs about first + (S - 1) x later to validate
+and first to test (runs side by side take as long as the slowest): choose R >= 2 x first +
+(S - 1) x later, with first and later as a run measured them (its validation rows'
+``seconds``: the first row's hold the compilation; benchmarks/README.md has measured ones).
 """
 
 from __future__ import annotations
@@ -51,11 +73,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import sweep_jobs  # noqa: E402
+from benchmarks import sweep_jobs, sweep_report  # noqa: E402
 from benchmarks.sweep_jobs import Job  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SETTING = ('average_last', 'beam_size', 'alpha', 'length_penalty')  # what a choice fixes
 METRICS = ('tokenized_bleu', 'sacrebleu', 'chrf')
 
 
@@ -123,7 +144,7 @@ def _train(args, recipes, common, out: pathlib.Path, stop_at: float) -> dict:
             jobs[name, seed] = Job(cmd, workdir.parent / f'seed{seed}.log')
     env = sweep_jobs.memory_fraction(len(jobs), dict(os.environ))
     done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=stop_at)
-    runs, failed = {}, []
+    runs, failed, notes = {}, [], []
     for (name, seed), result in done.items():
         job, workdir = jobs[name, seed], out / name / f'seed{seed}'
         speed = sweep_jobs.training_speed(job.log, workdir)
@@ -137,47 +158,97 @@ def _train(args, recipes, common, out: pathlib.Path, stop_at: float) -> dict:
             'workdir': str(workdir),
             'train_s': round(result.seconds, 1),
             'stopped_at_deadline': result.stopped,
+            'updates': sweep_jobs.last_checkpoint(workdir),
         } | speed
-    return runs, failed
+        if result.stopped:
+            notes.append(
+                f'{name} seed {seed}: training stopped at its stop time (D - R), newest '
+                f'checkpoint {runs[name, seed]["updates"]} of {speed["planned_steps"]} updates'
+            )
+    return runs, failed + notes
 
 
-def _validate(args, runs: dict, out: pathlib.Path, stop_at: float) -> dict:
-    """{(name, seed): eval_sweep rows} of every run on its validation split, all at once."""
-    jobs = {}
+def _plan(args, start: float) -> dict[str, float]:
+    """The stop times of the stages (`time.time()`), printed as seconds from the start."""
+    deadline = start + args.deadline_s if args.deadline_s else math.inf
+    plan = {'train': deadline - args.reserve_s, 'validation': deadline - args.reserve_s / 3}
+    plan['test'] = deadline
+    if math.isinf(deadline):
+        print('Time plan: no deadline (--deadline_s 0): every stage runs to its end.')
+    else:
+        at = {stage: f'{t - start:.0f} s' for stage, t in plan.items()}
+        print(
+            f'Time plan (D = {args.deadline_s:.0f} s, R = {args.reserve_s:.0f} s): trainings '
+            f'stopped at D - R = {at["train"]}; a validation setting starts only if predicted '
+            f'to end by D - R / 3 = {at["validation"]} and to leave a test evaluate before D; '
+            f'tests stopped at D = {at["test"]}.'
+        )
+    return plan
+
+
+def _validation_file(run: dict) -> pathlib.Path:
+    return pathlib.Path(run['workdir']).with_suffix('.validation.json')
+
+
+def _validate(args, runs: dict, plan: dict) -> tuple[dict, list[str]]:
+    """({(name, seed): eval_sweep rows} of the runs scored on their validation split, as each
+    JSON holds them however its process ended; notes on each run that was cut or failed)."""
+    jobs, launched = {}, time.time()
     for key, run in runs.items():
-        table = pathlib.Path(run['workdir']).with_suffix('.validation.json')
-        table.unlink(missing_ok=True)
+        table = _validation_file(run)
         cmd = [sys.executable, 'benchmarks/eval_sweep.py', f'--workdir={run["workdir"]}']
         cmd += [f'--out={table}', f'--max_examples={args.max_examples}', '--average_last']
         cmd += [*map(str, args.average_last), '--beam_size', *map(str, args.beam_size)]
         cmd += ['--alpha', *map(str, args.alpha)]
         cmd += ['--length_penalty', *args.length_penalty] if args.length_penalty else []
-        jobs[key] = Job(cmd, table.with_suffix('.log'))
+        if not math.isinf(plan['test']):
+            cmd += [f'--stop_at={plan["validation"]}', f'--test_deadline={plan["test"]}']
+        jobs[key] = Job(cmd + [f'--started_at={launched}'], table.with_suffix('.log'))
     env = sweep_jobs.memory_fraction(len(jobs), dict(os.environ))
-    sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=stop_at, grace_s=10)
-    rows = {}
-    for key, job in jobs.items():
-        table = pathlib.Path(runs[key]['workdir']).with_suffix('.validation.json')
-        if table.exists():
-            rows[key] = json.loads(table.read_text())['rows']
-        else:
-            print(f'{key[0]} seed {key[1]}: no validation scores ({sweep_jobs.last_line(job.log)})')
-    return rows
+    done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=plan['validation'], grace_s=10)
+    rows, notes, firsts = {}, [], []
+    for (name, seed), job in jobs.items():
+        try:
+            table = json.loads(_validation_file(runs[name, seed]).read_text())
+        except (OSError, ValueError):
+            table = {'rows': [], 'stopped': None}
+        where, result = f'{name} seed {seed}: validation', done[name, seed]
+        if table['rows']:
+            rows[name, seed] = table['rows']
+        if table.get('first_s'):
+            firsts.append(table['first_s'])
+        if result.stopped:
+            settings = table['stopped'] or 'stopped before its first setting ended'
+            notes.append(f'{where} {settings}, by the validation stop time (D - R / 3)')
+        elif table['stopped']:
+            notes.append(f'{where} {table["stopped"]}')
+        elif result.returncode:
+            notes.append(f'{where} failed ({sweep_jobs.last_line(job.log)})')
+        if not table['rows']:
+            notes.append(f'{name} seed {seed}: no validation score')
+    for note in notes:
+        print(note)
+    print(_test_plan(rows, firsts, plan))
+    return rows, notes
 
 
-def _choose(rows_by_seed: list[list[dict]], metric: str) -> tuple[dict, float]:
-    """The setting (`SETTING` keys) with the best mean ``metric`` over the seeds that scored
-    it, and that mean; ties go to the setting listed first."""
-    values: dict[tuple, list[float]] = {}
-    for rows in rows_by_seed:
-        for row in rows:
-            values.setdefault(tuple(row[k] for k in SETTING), []).append(row[metric])
-    best = max(values, key=lambda s: sum(values[s]) / len(values[s]))
-    return dict(zip(SETTING, best, strict=True)), sum(values[best]) / len(values[best])
+def _test_plan(rows: dict, firsts: list[float], plan: dict) -> str:
+    """What validation measured and what it predicts of the test stage, in one line: first,
+    a process's launch to the end of its first setting; later, a further setting's seconds."""
+    laters = [x['seconds'] for r in rows.values() for x in r[1:]]
+    if not firsts:
+        return 'Validation scored no setting in this sweep.'
+    line = f'Validation measured a first setting (from launch) of up to {max(firsts):.0f} s'
+    line += f', a later one of up to {max(laters):.0f} s' if laters else ''
+    left = plan['test'] - time.time()
+    if math.isinf(left):
+        return line + '.'
+    return line + f'; the test stage is planned at ~{max(firsts):.0f} s, {left:.0f} s left.'
 
 
-def _test(args, runs: dict, choices: dict, out: pathlib.Path, stop_at: float) -> dict:
-    """{(name, seed): the evaluate command's scores} of the test split, once per run."""
+def _test(args, runs: dict, choices: dict, plan: dict) -> tuple[dict, list[str]]:
+    """({(name, seed): the evaluate command's scores} of the test split, once per trained run
+    of a recipe with a choice; notes on each run without one)."""
     jobs, outputs = {}, {}
     for key, run in runs.items():
         if key[0] not in choices:
@@ -191,99 +262,73 @@ def _test(args, runs: dict, choices: dict, out: pathlib.Path, stop_at: float) ->
         cmd += [f'--max_examples={args.max_examples}', f'--output={output}']
         jobs[key] = Job(cmd, output.with_suffix('.log'))
     env = sweep_jobs.memory_fraction(len(jobs), dict(os.environ))
-    sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=stop_at, grace_s=10)
-    scores = {}
+    done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=plan['test'], grace_s=10)
+    scores, notes = {}, []
     for key, output in outputs.items():
         if output.with_suffix('.json').exists():
             scores[key] = json.loads(output.with_suffix('.json').read_text())
+        elif done[key].stopped:
+            notes.append(f'{key[0]} seed {key[1]}: no test score, stopped by the deadline (D)')
         else:
-            print(f'{key[0]} seed {key[1]}: no test score ({sweep_jobs.last_line(jobs[key].log)})')
-    return scores
+            last = sweep_jobs.last_line(jobs[key].log)
+            notes.append(f'{key[0]} seed {key[1]}: no test score ({last})')
+    for note in notes:
+        print(note)
+    return scores, notes
 
 
-def _recipe_runs(name, choice, args, runs, validation, tests, notes) -> list[dict]:
-    """The runs of recipe ``name`` with their values at its ``choice``; what is missing is
-    added to ``notes``."""
-    recipe_runs = []
-    for seed in args.seeds:
-        if (name, seed) not in validation:
-            notes.append(f'{name} seed {seed}: dropped (no validation scores)')
+def _choices(args, recipes: dict, validation: dict) -> tuple[dict, list[str]]:
+    """{recipe: its choice} of the recipes with a validation score; notes on the others and
+    on the seeds left out of a choice."""
+    choices, notes = {}, []
+    for name in recipes:
+        scored = {seed: rows for (recipe, seed), rows in validation.items() if recipe == name}
+        if not scored:
+            notes.append(f'{name}: no choice, no run was scored on validation')
             continue
-        row = next(r for r in validation[name, seed] if all(r[k] == choice[k] for k in SETTING))
-        test = tests.get((name, seed))
-        if test is None:
-            notes.append(f'{name} seed {seed}: no test score')
-        run = runs[name, seed] | {'updates': row['steps'][-1], 'validation': row[args.metric]}
-        if run['stopped_at_deadline']:
+        choices[name], mean, left_out = sweep_report.choose(scored, args.metric)
+        unscored = sorted(set(args.seeds) - set(scored))
+        print(
+            f'{name}: chose {choices[name]} (mean validation {args.metric} {mean:.2f} over '
+            f'seeds {sorted(set(scored) - set(left_out))})'
+        )
+        if left_out or unscored:
             notes.append(
-                f'{name} seed {seed}: stopped at the deadline, scored at update '
-                f'{run["updates"]} of {run["planned_steps"]}'
+                f'{name}: the choice leaves out seeds {left_out + unscored} (no validation '
+                'score at it)'
             )
-        recipe_runs.append(run | {'test': test[args.metric] if test else None})
-    return recipe_runs
-
-
-def _table(report: dict) -> list[str]:
-    metric, split = report['metric'], report['test_split']
-    header = ('recipe', 'seed', 'updates', 'steps/s', 'compile s', 'choice')
-    header += (f'validation {metric}', f'{split} {metric}')
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-
-    def number(x, digits=2):
-        return '-' if x is None else f'{x:.{digits}f}'
-
-    for name, recipe in report['recipes'].items():
-        c = recipe['choice']
-        choice = f'avg {c["average_last"]}, beam {c["beam_size"]}, alpha {c["alpha"]}, '
-        choice += c['length_penalty']
-        for run in recipe['runs']:
-            updates = f'{run["updates"]}' + (' (deadline)' if run['stopped_at_deadline'] else '')
-            lines.append(
-                f'| {name} | {run["seed"]} | {updates} | {number(run["steps_per_s"])} '
-                f'| {number(run["compile_s"], 1)} | {choice} | {number(run["validation"])} '
-                f'| {number(run["test"])} |'
-            )
-        means = [sweep_jobs.mean_std(recipe[part]) for part in ('validation', 'test')]
-        lines.append(f'| {name} | mean +- std | | | | {choice} | {means[0]} | {means[1]} |')
-    return lines
+    return choices, notes
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     recipes = _recipes(args.recipe)
     start = time.time()
-    deadline = start + args.deadline_s if args.deadline_s else math.inf
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     common = [f'--config.{setting}' for setting in args.set]
+    plan = _plan(args, start)
     print(f'Training {len(recipes)} recipes x {len(args.seeds)} seeds at once in {out} ...')
-    runs, notes = _train(args, recipes, common, out, deadline - args.reserve_s)
-    validation = _validate(args, runs, out, deadline - args.reserve_s / 3)
-    choices = {}
-    for name in recipes:
-        scored = [rows for (recipe, _), rows in validation.items() if recipe == name]
-        if scored:
-            choices[name], mean = _choose(scored, args.metric)
-            print(f'{name}: chose {choices[name]} (mean validation {args.metric} {mean:.2f})')
-        else:
-            notes.append(f'{name}: dropped, no run was scored on validation')
-    tests = _test(args, runs, choices, out, deadline)
+    runs, notes = _train(args, recipes, common, out, plan['train'])
+    validation, validation_notes = _validate(args, runs, plan)
+    choices, choice_notes = _choices(args, recipes, validation)
+    tests, test_notes = _test(args, runs, choices, plan)
+    notes += validation_notes + choice_notes + test_notes
     report = {'metric': args.metric, 'test_split': 'test', 'seeds': args.seeds, 'recipes': {}}
-    for name, choice in choices.items():
-        recipe_runs = _recipe_runs(name, choice, args, runs, validation, tests, notes)
+    report['stop_times_s'] = {stage: round(t - start, 1) for stage, t in plan.items()}
+    for name, (config, flags) in recipes.items():
+        choice = choices.get(name)
+        recipe_runs = sweep_report.recipe_runs(
+            name, choice, args.seeds, runs, validation, tests, args.metric
+        )
         splits = {test['split'] for key, test in tests.items() if key[0] == name}
         report['test_split'] = splits.pop() if len(splits) == 1 else report['test_split']
-        report['recipes'][name] = {
-            'config': recipes[name][0],
-            'flags': [*common, *recipes[name][1]],
-            'choice': choice,
-            'runs': recipe_runs,
-            'validation': sweep_jobs.summary([r['validation'] for r in recipe_runs]),
-            'test': sweep_jobs.summary([r['test'] for r in recipe_runs if r['test'] is not None]),
-            'validation_rows': {s: validation[n, s] for n, s in validation if n == name},
-        }
+        rows = {s: validation[n, s] for n, s in validation if n == name}
+        report['recipes'][name] = sweep_report.recipe_report(
+            config, [*common, *flags], choice, recipe_runs, rows
+        )
     report['notes'], report['wall_s'] = notes, round(time.time() - start, 1)
-    lines = _table(report) + [''] + [f'- {note}' for note in notes]
+    lines = sweep_report.table(report) + [''] + [f'- {note}' for note in notes]
     (out / 'sweep.md').write_text('\n'.join(lines) + '\n')
     (out / 'sweep.json').write_text(json.dumps(report, indent=2))
     print('\n'.join(lines))
@@ -291,4 +336,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    if not any(recipe['choice'] for recipe in main()['recipes'].values()):
+        raise SystemExit('error: no run was scored on validation; the notes above say why.')

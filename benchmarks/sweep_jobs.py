@@ -52,6 +52,9 @@ def run_all(
         for key, job in jobs.items():
             log = open(job.log, 'a')  # noqa: SIM115 - closed below
             logs.append(log)
+            # Where this run's lines begin in a log that earlier runs appended to.
+            log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {" ".join(job.command)}\n')
+            log.flush()
             procs[key] = subprocess.Popen(job.command, cwd=cwd, env=env, stdout=log, stderr=log)
         done: dict[Any, Done] = {}
         stopped, killed = False, False
@@ -116,6 +119,13 @@ def training_speed(log: pathlib.Path, workdir: pathlib.Path) -> dict[str, float 
         'steps_per_s': statistics.median(speeds[1:] or speeds) if speeds else None,
         'planned_steps': int(steps[-1][1]) if steps else None,
     }
+
+
+def last_checkpoint(workdir: pathlib.Path) -> int | None:
+    """The newest step saved in WORKDIR/checkpoints (transformer/rundir.py: a directory named
+    by its step), None without one; read without Orbax, which would import jax."""
+    steps = [int(p.name) for p in (workdir / 'checkpoints').glob('*') if p.name.isdigit()]
+    return max(steps, default=None)
 
 
 def summary(values: list[float]) -> dict[str, Any]:

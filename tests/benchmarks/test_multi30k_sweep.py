@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks import multi30k_sweep, sweep_jobs
+from benchmarks import multi30k_sweep, sweep_jobs, sweep_report
 from tests.tiny_run import SMALL
 
 
@@ -18,8 +18,39 @@ def test_the_choice_is_the_best_mean_over_seeds_not_one_seeds_best():
     setting = {'average_last': 1, 'alpha': 0.6, 'length_penalty': 'gnmt'}
     seed0 = [setting | {'beam_size': 1, 'bleu': 30.0}, setting | {'beam_size': 2, 'bleu': 29.0}]
     seed1 = [setting | {'beam_size': 1, 'bleu': 20.0}, setting | {'beam_size': 2, 'bleu': 25.0}]
-    choice, mean = multi30k_sweep._choose([seed0, seed1], 'bleu')
-    assert choice == setting | {'beam_size': 2} and mean == 27.0
+    choice, mean, left_out = sweep_report.choose({0: seed0, 1: seed1}, 'bleu')
+    assert choice == setting | {'beam_size': 2} and mean == 27.0 and left_out == []
+
+
+def test_the_choice_is_among_the_settings_every_scored_seed_finished():
+    """Seed 0 finished 3 settings, seed 1 (stopped) 2: the third, seed 0's best by far, is not
+    chosen, since seed 1 has no score at it; a seed that shares no setting is left out."""
+    setting = {'average_last': 1, 'alpha': 0.6}
+    rows = [setting | {'beam_size': b, 'length_penalty': p} for b, p in ((1, 'gnmt'), (2, 'gnmt'))]
+    third = setting | {'beam_size': 2, 'length_penalty': 'fairseq'}
+    seed0 = [rows[0] | {'bleu': 30.0}, rows[1] | {'bleu': 31.0}, third | {'bleu': 60.0}]
+    seed1 = [rows[0] | {'bleu': 20.0}, rows[1] | {'bleu': 25.0}]
+    choice, mean, left_out = sweep_report.choose({0: seed0, 1: seed1}, 'bleu')
+    assert choice == rows[1] and mean == 28.0 and left_out == []
+    other = setting | {'beam_size': 4, 'length_penalty': 'gnmt', 'bleu': 99.0}
+    choice, _, left_out = sweep_report.choose({0: seed0, 1: seed1, 2: [other]}, 'bleu')
+    assert choice == rows[1] and left_out == [2]
+
+
+def test_a_recipe_without_validation_scores_keeps_its_training_columns():
+    """No choice (every validation was cut): the table still has each run's updates, steps/s
+    and compile time, '-' for what is missing, and no mean row."""
+    run = {'recipe': 'a', 'workdir': 'w', 'train_s': 9.0, 'stopped_at_deadline': True}
+    run |= {'updates': 20, 'compile_s': 12.5, 'steps_per_s': 41.25, 'planned_steps': 30}
+    runs = {('a', 0): run | {'seed': 0}, ('a', 1): run | {'seed': 1, 'updates': None}}
+    recipe_runs = sweep_report.recipe_runs('a', None, [0, 1, 2], runs, {}, {}, 'bleu')
+    assert [r['seed'] for r in recipe_runs] == [0, 1]
+    report = {'metric': 'bleu', 'test_split': 'test', 'recipes': {}}
+    report['recipes']['a'] = sweep_report.recipe_report('c.py', [], None, recipe_runs, {})
+    assert sweep_report.table(report)[2:] == [
+        '| a | 0 | 20 (deadline) | 41.25 | 12.5 | - | - | - |',
+        '| a | 1 | - (deadline) | 41.25 | 12.5 | - | - | - |',
+    ]
 
 
 def test_summary_is_the_sample_mean_and_std():
@@ -64,17 +95,28 @@ def test_training_speed_reads_the_runs_own_logs(tmp_path):
     assert speed == {'compile_s': 12.5, 'steps_per_s': 9, 'planned_steps': 8000}
 
 
-@pytest.mark.slow
-def test_two_seeds_train_side_by_side_and_the_table_holds_their_mean_and_std(tmp_path):
+def _sweep_args(out) -> list[str]:
     settings = [f'--set={key}={value}' for key, value in SMALL.items()]
     # 30 updates at a constant 0.01: enough for outputs that score above 0 and differ by seed.
     settings += [f'--set=train.{k}' for k in ('num_steps=30', 'checkpoint_every=15', 'log_every=5')]
     settings += ['--set=opt.schedule=constant', '--set=opt.lr_scale=0.01']
-    report = multi30k_sweep.main(
-        [f'--out={tmp_path}', '--recipe=a=configs/tiny.py', '--seeds', '3', '5', *settings]
+    return (
+        [f'--out={out}', '--recipe=a=configs/tiny.py', '--seeds', '3', '5', *settings]
         + ['--beam_size=2', '--length_penalty', 'gnmt', 'fairseq', '--max_examples=4']
         + ['--metric=chrf']  # BLEU is still 0 for both seeds, chrF is not
     )
+
+
+@pytest.fixture(scope='module')
+def two_seeds(tmp_path_factory):
+    """A sweep of 1 recipe x 2 seeds trained side by side: (its OUT, its report)."""
+    out = tmp_path_factory.mktemp('sweep')
+    return out, multi30k_sweep.main(_sweep_args(out))
+
+
+@pytest.mark.slow
+def test_two_seeds_train_side_by_side_and_the_table_holds_their_mean_and_std(two_seeds):
+    tmp_path, report = two_seeds
     recipe = report['recipes']['a']
     assert [r['seed'] for r in recipe['runs']] == [3, 5]
     for run in recipe['runs']:
@@ -86,7 +128,7 @@ def test_two_seeds_train_side_by_side_and_the_table_holds_their_mean_and_std(tmp
     assert len(rows) == 2 and all(len(r) == 2 for r in rows)
     means = [(a['chrf'] + b['chrf']) / 2 for a, b in zip(*rows, strict=True)]
     best = rows[0][means.index(max(means))]
-    assert recipe['choice'] == {k: best[k] for k in multi30k_sweep.SETTING}
+    assert recipe['choice'] == {k: best[k] for k in sweep_report.SETTING}
     for part in ('validation', 'test'):
         values = [run[part] for run in recipe['runs']]
         assert recipe[part]['values'] == values and recipe[part]['n'] == 2
@@ -96,6 +138,29 @@ def test_two_seeds_train_side_by_side_and_the_table_holds_their_mean_and_std(tmp
     assert recipe['validation']['std'] > 0  # the seeds differ: the check above can fail
     assert sweep_jobs.mean_std(recipe['test']) in table and report['test_split'] == 'test'
     assert json.loads((tmp_path / 'sweep.json').read_text()) == json.loads(json.dumps(report))
+
+
+@pytest.mark.slow
+def test_a_rerun_reads_partial_rows_and_tests_a_setting_every_seed_finished(two_seeds, capsys):
+    """Seed 3's validation JSON holds 3 settings (a third, with the best score of all, as an
+    earlier sweep of a larger grid would leave it), seed 5's the 2 it finished before a stop.
+    The rerun keeps every row (nothing is scored again), chooses a setting both seeds have,
+    scores the test split with it and prints the table."""
+    out, first = two_seeds
+    seed3, seed5 = (out / 'a' / f'seed{s}.validation.json' for s in (3, 5))
+    table = json.loads(seed3.read_text())
+    table['rows'].append(table['rows'][0] | {'beam_size': 3, 'chrf': 100.0})
+    seed3.write_text(json.dumps(table))
+    table = json.loads(seed5.read_text())
+    seed5.write_text(json.dumps(table | {'stopped': 'stopped after 2 of 3 settings: test'}))
+    (out / 'a' / 'seed5.test.json').unlink()
+    report = multi30k_sweep.main(_sweep_args(out))
+    recipe = report['recipes']['a']
+    assert [len(recipe['validation_rows'][s]) for s in (3, 5)] == [3, 2]
+    assert recipe['choice'] == first['recipes']['a']['choice']  # not the third setting
+    assert recipe['test']['n'] == 2 and recipe['test'] == first['recipes']['a']['test']
+    assert sweep_jobs.mean_std(recipe['test']) in capsys.readouterr().out
+    assert (out / 'a' / 'seed5.test.json').exists()
 
 
 def test_a_missing_config_and_a_repeated_seed_are_one_line_errors(tmp_path):

@@ -172,3 +172,22 @@ def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         evaluate.cli([*argv, f'--ensemble={copy}'])
     assert f'{copy} has another vocabulary than {run_dir}' in str(exit_info.value.code)
+
+
+@pytest.mark.slow
+def test_default_outputs_of_a_grid_of_settings_keep_a_file_each(run_dir, tmp_path):
+    """Without --output the file is named by beam, alpha and rule as well as split and steps,
+    so two settings leave two files (each with its JSON); --output still names the file."""
+    eval_dir = run_dir / 'eval'
+    for alpha, rule in ((0.6, 'gnmt'), (1.0, 'fairseq')):
+        scores = evaluate.run(
+            str(run_dir), step=4, beam_size=1, alpha=alpha, length_penalty=rule, max_examples=2
+        )
+        stem = f'test-4-beam1-alpha{alpha}-{rule}'
+        written = json.loads((eval_dir / f'{stem}.json').read_text())
+        assert written == json.loads(json.dumps(scores))
+        assert len((eval_dir / f'{stem}.txt').read_text().splitlines()) == 2
+    out = tmp_path / 'named.txt'
+    evaluate.run(str(run_dir), step=4, beam_size=1, alpha=1.4, max_examples=2, output=str(out))
+    assert out.is_file() and out.with_suffix('.json').is_file()
+    assert not list(eval_dir.glob('*alpha1.4*'))

@@ -5,7 +5,8 @@
 
 Checkpoints are loaded (and averaged) by `transformer.checkpoint.load_model`, and the split is
 decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
-of the scores to ``WORKDIR/eval/``.
+of the scores to ``WORKDIR/eval/SPLIT-STEP[-avgK]-beamB-alphaA-RULE[-ensembleM].txt`` / ``.json``
+(STEP: the last step loaded, ``bestN`` with ``--best``), unless ``--output`` names the file.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def run(
     )
     stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
     stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    # A grid of settings keeps one file each (benchmarks/eval_sweep.py's names end alike).
+    stem += f'-beam{beam_size}-alpha{alpha}-{length_penalty}'
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     data_lib.check_split(config.data, split)
     output = output or _eval_output(run_dir, stem)  # before the decode it would hold

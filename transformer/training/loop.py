@@ -106,8 +106,11 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
                 writer.write(step, 'train', final['train'])
                 if on_step is not None:
                     on_step(step, final['train'])
-            is_loss = (tc.eval_every and step % tc.eval_every == 0) or is_last
-            is_bleu = bool(bleu_every) and (step % bleu_every == 0 or is_last)
+            if is_last:  # saved before its validation: see _final_validation
+                _save(run, data_state)
+                break
+            is_loss = tc.eval_every and step % tc.eval_every == 0
+            is_bleu = bool(bleu_every) and step % bleu_every == 0
             if is_loss or is_bleu:
                 stopped_early = validation_lib.validate(
                     validation,
@@ -118,9 +121,9 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
                     *(step, final, is_loss, is_bleu),
                 )
             if is_ckpt or stopped_early:
-                state = parallel.global_state(run.state)
-                meta = {'data_state': dict(data_state), 'seed': tc.seed, 'best': run.best.state()}
-                run.checkpoints.save(state, meta)
+                _save(run, data_state)
+        if step >= tc.num_steps and not stopped_early:
+            stopped_early = _final_validation(run, validation, writer, step, final)
     except BaseException as e:
         # Whatever stops the loop (an error, Ctrl-C), the save in flight is finished first.
         newest = run.checkpoints.finish()
@@ -143,3 +146,26 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         with open(rundir.path(workdir, rundir.FINAL_METRICS_FILE), 'w') as f:
             json.dump(final, f, indent=2)
     return final
+
+
+def _save(run: Run, data_state) -> None:
+    """The train state as a checkpoint, with the data position and the best-score record."""
+    state = run.parallel.global_state(run.state)
+    meta = {'data_state': dict(data_state), 'seed': run.config.train.seed}
+    run.checkpoints.save(state, meta | {'best': run.best.state()})
+
+
+def _final_validation(run: Run, validation, writer, step: int, final: dict) -> bool:
+    """Validation loss (and BLEU, with ``eval.bleu_every``) of the last step, whose checkpoint
+    is saved before it: a run stopped during it (Ctrl-C, a deadline) keeps its last step, and
+    the same command resumes there, trains nothing and validates again. That checkpoint's
+    best-score record is the one before this validation; final_metrics.json holds the one
+    after (`run_setup` continues from it)."""
+    return validation_lib.validate(
+        validation,
+        run.state,
+        run.best,
+        run.checkpoints,
+        writer,
+        *(step, final, True, bool(run.config.eval.bleu_every)),
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import socket
 import time
 from typing import Any
@@ -186,9 +187,21 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
         state=parallel.put_state(state),
         train_iter=train_iter,
         checkpoints=checkpoints,
-        best=BestTracker.from_config(config, meta),
+        best=BestTracker.from_config(config, _best_record(workdir, meta, latest)),
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
         lock=lock,
     )
+
+
+def _best_record(workdir: str, meta: dict | None, latest: int | None) -> dict | None:
+    """The checkpoint ``meta`` to continue the best-score record from. The last step of a run
+    is saved before its final validation (training/loop.py), so when that run finished, its
+    final_metrics.json at the same step holds the record after that validation."""
+    if latest is None or not os.path.exists(rundir.path(workdir, rundir.FINAL_METRICS_FILE)):
+        return meta
+    final = rundir.read_final_metrics(workdir)
+    if final.get('step') != latest or 'best' not in final:
+        return meta
+    return {**(meta or {}), 'best': final['best']}
