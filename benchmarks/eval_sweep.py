@@ -31,6 +31,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer import evaluate, rundir, schema
+from transformer.backends import compile_cache
 from transformer.checkpoint import checkpoint_steps
 from transformer.evaluation import score_eval_set
 
@@ -62,6 +63,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = _parse_args(argv)
+    compile_cache.configure()  # as every command does (`console.run`): a rerun loads its programs
     try:
         config = rundir.read_config(args.workdir)
     except rundir.WorkdirError as e:
