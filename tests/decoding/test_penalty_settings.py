@@ -96,7 +96,8 @@ def test_every_setting_decodes_as_it_did_with_static_arguments(params):
 @pytest.mark.slow
 def test_every_setting_gives_the_bits_of_its_own_compiled_search(params, monkeypatch):
     """The same 6 settings against `static_search`, compiled once per setting: the same
-    sequences, the same score bits and the same number of steps."""
+    sequences and number of steps, and on a CPU the same score bits (XLA's CPU pow gives a
+    traced exponent the bits of a constant one; elsewhere the scores agree to 1e-6)."""
     for alpha, rule in SETTINGS:
         new = beam._beam_search(
             MODEL, params, EIGHT_INPUTS, alpha=np.float32(alpha),
@@ -104,7 +105,9 @@ def test_every_setting_gives_the_bits_of_its_own_compiled_search(params, monkeyp
         )  # fmt: skip
         old = static_search(params, EIGHT_INPUTS, alpha, rule, monkeypatch)
         np.testing.assert_array_equal(np.asarray(new[0]), np.asarray(old[0]))
-        np.testing.assert_array_equal(np.asarray(new[1]), np.asarray(old[1]))
+        if jax.default_backend() == 'cpu':
+            np.testing.assert_array_equal(np.asarray(new[1]), np.asarray(old[1]))
+        np.testing.assert_allclose(np.asarray(new[1]), np.asarray(old[1]), rtol=1e-6)
         assert int(new[2]) == int(old[2])
 
 

@@ -67,8 +67,7 @@ def length_power(alpha: float, rule: str) -> float:
     outputs): a one-line warning says that a decoder given the exponent ranks hypotheses
     differently.
     """
-    if rule not in LENGTH_PENALTIES:
-        raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+    penalty_rule(rule)  # a bad rule: the same one-line error as the searches'
     if rule == 'gnmt' and alpha:
         logging.warning(
             "eval.length_penalty='gnmt' has no length^x form: written as length_penalty=%g, "
