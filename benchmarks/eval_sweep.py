@@ -49,6 +49,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer import evaluate, rundir, schema
+from transformer.backends import compile_cache
 from transformer.checkpoint import checkpoint_steps
 from transformer.evaluation import score_eval_set
 
@@ -258,6 +259,7 @@ def _print_table(rows: list[dict], split: str) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     began = time.time()
     args = _parse_args(argv)
+    compile_cache.configure()  # as every command does (`console.run`): a rerun loads its programs
     began = args.started_at or began
     config, split, last = _run_and_step(args)
     penalties = args.length_penalty or [config.eval.length_penalty]

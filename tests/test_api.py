@@ -66,3 +66,38 @@ def test_build_makes_the_model_of_the_parsed_config():
     assert params['encoder_layer_0']['self_attention']['query']['kernel'].shape == (32, 4, 8)
     model, _ = api.build(experiment, vocab_size=40)  # a parsed config, another vocabulary
     assert model.config == dataclasses.replace(experiment.model, vocab_size=40)
+
+
+@pytest.mark.slow
+def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
+    """``length_penalty`` reaches the search (n-best scores are log_prob over that rule's
+    penalty), and after the first call another alpha and rule compile no program."""
+    import jax
+    import numpy as np
+
+    from transformer import data as data_lib
+    from transformer.decoding import length_penalty
+
+    run = api.load(str(run_dir))
+    lines = data_lib.load_text(run.config.data, 'test')[0][:3]
+    run.translate(lines, beam_size=2, nbest=2)  # the run's alpha 0.6 and 'gnmt'
+    compiled = []
+
+    def count(event, duration, **kwargs):
+        if event == '/jax/core/compile/backend_compile_duration':
+            compiled.append(kwargs.get('fun_name', ''))
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        found = {
+            rule: run.translate(lines, beam_size=2, nbest=2, alpha=1.3, length_penalty=rule)
+            for rule in ('fairseq', 'gnmt')
+        }
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert compiled == []
+    for rule, hypotheses in found.items():
+        for h in (h for line in hypotheses for h in line):
+            length = len(run.tokenizer.encode(h.text)) + 1  # its pieces and EOS
+            penalty = float(length_penalty(length, 1.3, rule))
+            np.testing.assert_allclose(h.score * penalty, h.log_prob, rtol=1e-3, atol=1e-3)

@@ -90,11 +90,16 @@ class Run:
         *,
         beam_size: int | None = None,
         alpha: float | None = None,
+        length_penalty: str | None = None,
         nbest: int = 0,
         batch_size: int | None = None,
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
-        the K best `Hypothesis` of each; decoding settings default to the run's config."""
+        the K best `Hypothesis` of each; decoding settings default to the run's config.
+
+        ``length_penalty`` is the rule, 'gnmt' or 'fairseq' (`decoding.length_penalty`). A new
+        ``alpha`` or rule reuses the search already compiled for this beam and batch shape.
+        """
         ev = self.config.eval
         return decoding.translate_lines(
             list(lines),
@@ -103,7 +108,7 @@ class Run:
             self.params,
             beam_size=ev.beam_size if beam_size is None else beam_size,
             alpha=ev.alpha if alpha is None else alpha,
-            length_penalty=ev.length_penalty,
+            length_penalty=length_penalty or ev.length_penalty,
             extra_length=ev.extra_length,
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,

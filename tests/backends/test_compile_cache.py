@@ -136,3 +136,15 @@ def test_translate_command_fills_the_default_cache_and_loads_from_it(run_dir, tm
     assert hosts == [compile_cache.host_tag()]
     entries = os.listdir(tmp_path / 'xdg' / 'transformer' / 'jax' / hosts[0])
     assert any('search' in name for name in entries), entries
+
+
+def test_eval_sweep_turns_the_cache_on_before_anything_else(monkeypatch, tmp_path):
+    """benchmarks/eval_sweep.py does not run through `console.run`, so it opens the cache
+    itself, first: a rerun of a sweep loads its decoding programs."""
+    from benchmarks import eval_sweep
+
+    calls = []
+    monkeypatch.setattr(compile_cache, 'configure', lambda: calls.append('configure'))
+    with pytest.raises(SystemExit, match='error: '):
+        eval_sweep.main(['--workdir', str(tmp_path / 'no_run')])
+    assert calls == ['configure']

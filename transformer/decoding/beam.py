@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.decoding.next_token import (
     decode_length,
@@ -19,6 +20,7 @@ from transformer.decoding.next_token import (
     map_cache,
     next_scores,
     output_limits,
+    penalty_rule,
     shrinking_loop,
     stage_sizes,
     top_k,
@@ -54,8 +56,6 @@ class _BeamState(NamedTuple):
 _BEAM_STATIC = (
     'model',
     'beam_size',
-    'alpha',
-    'length_penalty',
     'max_decode_len',
     'extra_length',
     'early_stop',
@@ -69,15 +69,18 @@ def _beam_search(
     params: Params,
     inputs: Array,
     *,
+    alpha: Array,
+    rule: Array,
     beam_size: int,
-    alpha: float,
-    length_penalty: str = 'gnmt',
     max_decode_len: int | None,
     extra_length: int,
     early_stop: bool,
     min_stage_batch: int = 8,
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
+
+    ``alpha`` (float32) and ``rule`` (int32, `next_token.penalty_rule`) are traced: every
+    length penalty setting runs the one program compiled for the model, beam and shape.
 
     With ``early_stop``, the batch shrinks as its examples finish (`shrinking_loop`, down to
     ``min_stage_batch`` rows): a finished example's result can no longer change, and the
@@ -97,8 +100,8 @@ def _beam_search(
         # its log-prob and divide it by the largest penalty still reachable (the limit's for
         # alpha >= 0: both rules grow with the length). An example is done once the worst of
         # its K finished beats that: then no finished hypothesis can be displaced any more.
-        max_penalty = penalty(state.limits[::beam_size], alpha, length_penalty)  # [B]
-        best_penalty = jnp.maximum(penalty(state.step + 1, alpha, length_penalty), max_penalty)
+        max_penalty = penalty(state.limits[::beam_size], alpha, rule)  # [B]
+        best_penalty = jnp.maximum(penalty(state.step + 1, alpha, rule), max_penalty)
         best_alive = state.alive_log_probs[:, 0] / best_penalty
         return state.finished_scores[:, -1] < best_alive
 
@@ -129,7 +132,7 @@ def _beam_search(
         # Every alive hypothesis + EOS is a candidate for the finished set (not just those
         # among the top candidates), so no short hypothesis is lost to a crowded beam.
         eos_seqs = state.alive_seqs.at[:, :, step].set(EOS_ID)
-        eos_scores = log_probs[:, :, EOS_ID] / penalty(step + 1, alpha, length_penalty)
+        eos_scores = log_probs[:, :, EOS_ID] / penalty(step + 1, alpha, rule)
         finished_scores, order = jax.lax.top_k(
             jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
         )
@@ -209,6 +212,7 @@ def beam_search(
       inputs: right-padded source tokens [B, S] int32.
       beam_size: K.
       alpha: length penalty exponent: score = log P(y) / penalty(|y|), |y| counting EOS.
+        Traced, as is the rule: a new alpha or rule runs the program already compiled.
       length_penalty: the penalty's rule (`next_token.length_penalty`): 'gnmt',
         ((5 + |y|) / 6)^alpha (Wu et al., 2016), or 'fairseq', |y|^alpha.
       max_decode_len: loop length T; defaults to S + extra_length.
@@ -228,9 +232,9 @@ def beam_search(
         model,
         params,
         inputs,
+        alpha=np.float32(alpha),
+        rule=penalty_rule(length_penalty),
         beam_size=beam_size,
-        alpha=alpha,
-        length_penalty=length_penalty,
         max_decode_len=max_decode_len,
         extra_length=extra_length,
         early_stop=early_stop,

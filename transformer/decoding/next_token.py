@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from flax import struct
 
@@ -23,7 +24,15 @@ Params = Any
 Cache = Any
 
 
-def length_penalty(length: Array | int, alpha: float, rule: str = 'gnmt') -> Array:
+def penalty_rule(rule: str) -> np.int32:
+    """The rule's number, its place in `schema.LENGTH_PENALTIES` ('gnmt' 0, 'fairseq' 1): the
+    searches take it as a traced value, so one compiled search serves both rules."""
+    if rule not in LENGTH_PENALTIES:
+        raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+    return np.int32(LENGTH_PENALTIES.index(rule))
+
+
+def length_penalty(length: Array | int, alpha: float | Array, rule: str | Array = 'gnmt') -> Array:
     """The divisor of a hypothesis' log-probability in beam search (``eval.length_penalty``).
 
     * 'gnmt': ((5 + |y|) / 6)^alpha (Wu et al., 2016, Sec. 7; the paper's alpha 0.6, Sec. 6.1).
@@ -32,18 +41,21 @@ def length_penalty(length: Array | int, alpha: float, rule: str = 'gnmt') -> Arr
       being the tokens generated, EOS included (the start token is not generated). Hugging
       Face's ``length_penalty`` and CTranslate2's divide by length^alpha too.
 
+    Both are base^alpha; the rule picks the base with a select, not a Python branch, so
+    ``alpha`` and ``rule`` may be traced values of one compiled search (a new setting
+    recompiles nothing). The result is the same bits as the rule's own formula.
+
     Args:
       length: |y|, the output tokens, EOS included and the start token not, in both rules
         (beam search finishes a hypothesis at step t, counted from 0, with |y| = t + 1).
       alpha: the exponent; 0 turns either penalty off.
-      rule: 'gnmt' or 'fairseq' (`schema.LENGTH_PENALTIES`).
+      rule: 'gnmt' or 'fairseq' (`schema.LENGTH_PENALTIES`), or its number (`penalty_rule`).
     """
+    if isinstance(rule, str):
+        rule = penalty_rule(rule)
     length = jnp.asarray(length, jnp.float32)
-    if rule == 'gnmt':
-        return ((5.0 + length) / 6.0) ** alpha
-    if rule == 'fairseq':
-        return length**alpha
-    raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+    fairseq = rule == LENGTH_PENALTIES.index('fairseq')
+    return jnp.where(fairseq, length, (5.0 + length) / 6.0) ** alpha
 
 
 def length_power(alpha: float, rule: str) -> float:
@@ -55,8 +67,7 @@ def length_power(alpha: float, rule: str) -> float:
     outputs): a one-line warning says that a decoder given the exponent ranks hypotheses
     differently.
     """
-    if rule not in LENGTH_PENALTIES:
-        raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
+    penalty_rule(rule)  # a bad rule: the same one-line error as the searches'
     if rule == 'gnmt' and alpha:
         logging.warning(
             "eval.length_penalty='gnmt' has no length^x form: written as length_penalty=%g, "
