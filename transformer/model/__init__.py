@@ -13,7 +13,7 @@ masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embe
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
 example), flops.py (analytic FLOPs and the device's peak), variants.py (the registry of what
 the network may compute: each variant's weights, module and exports), feed_forward.py (the
-feed-forward variants), functional.py (the functions above).
+feed-forward variants), norms.py (the normalizations), functional.py (the functions above).
 """
 
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
@@ -36,6 +36,7 @@ from transformer.model.functional import (
     teacher_forced_logits,
 )
 from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
+from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
 from transformer.model.projections import fused, per_head
 from transformer.model.transformer import Transformer
@@ -75,6 +76,7 @@ __all__ = [
     'hidden_and_projection',
     'init_cache',
     'init_params',
+    'layer_norm',
     'layer_param_count',
     'logical_partition_specs',
     'logical_shardings',

@@ -27,7 +27,7 @@ from transformer.model.layers import (
     DecoderLayer,
     EncoderLayer,
     attention_mask,
-    layer_norm,
+    norm,
     partitioned,
     shift_right,
     sinusoidal_positions,
@@ -83,9 +83,9 @@ class Transformer(nn.Module):
             DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
         ]
         if cfg.pre_layer_norm:
-            # Pre-LN leaves the residual stream un-normalised; a final LayerNorm closes it.
-            self.encoder_norm = layer_norm(cfg, 'encoder_norm')
-            self.decoder_norm = layer_norm(cfg, 'decoder_norm')
+            # Pre-LN leaves the residual stream un-normalised; a final norm closes it.
+            self.encoder_norm = norm(cfg, 'encoder_norm')
+            self.decoder_norm = norm(cfg, 'decoder_norm')
         self.embed_dropout = Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 
