@@ -2,10 +2,12 @@
 takes. The test registers, for two parts, exactly an entry and its module: a toy gated
 feed-forward (GLU-style, Shazeer 2020, "GLU Variants Improve Transformer") and a toy norm
 (RMSNorm, Zhang & Sennrich 2019: a scale and no bias); the config, --help, the parameter count,
-the FLOPs, the memory bound, the exports and resuming learn them from that entry
-(docs/model_variants.md)."""
+the FLOPs, the memory bound, the exports, resuming and the PyTorch peer learn them from that
+entry (docs/model_variants.md)."""
 
 import math
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,9 @@ from transformer.model import (
     variants,
 )
 from transformer.training import footprint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
+import torch_peer  # noqa: E402
 
 SMALL = dict(vocab_size=40, d_model=16, num_heads=2, d_ff=24)
 
@@ -224,3 +229,10 @@ def test_a_resume_that_changes_the_variant_is_refused(toys, part, tmp_path):
     message = f'model.{part}={BUILT[part]!r}, not {TOYS[part].value!r}'
     with pytest.raises(rundir.WorkdirError, match=message):
         rundir.resume_changes(str(workdir), schema.parse(config))
+
+
+@pytest.mark.parametrize('part', TOYS)
+def test_the_pytorch_peer_refuses_the_variant(toys, part, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
+    with pytest.raises(torch_peer.Refused, match=f'model.{part}={TOYS[part].value!r} is not'):
+        torch_peer.main(['--config=tiny', f'--set=model.{part}={TOYS[part].value}'])
