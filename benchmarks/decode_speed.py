@@ -24,14 +24,13 @@ import sys
 
 import jax
 import numpy as np
-from flax import linen as nn
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
 from transformer import decoding  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from transformer.model import Transformer, TransformerConfig, init_params  # noqa: E402
 from transformer.tokens import EOS_ID, PAD_ID  # noqa: E402
 
 
@@ -114,11 +113,8 @@ def main() -> None:
     args = _parse_args()
     model = Transformer(model_config(args))
     inputs = random_sources(args)
-    init = jax.jit(model.init)
-    members = [
-        nn.unbox(init(jax.random.key(args.seed + m), inputs[:1], inputs[:1])['params'])
-        for m in range(args.ensemble)
-    ]
+    init = jax.jit(lambda rng: init_params(model, rng, inputs.shape[1]))
+    members = [init(jax.random.key(args.seed + m)) for m in range(args.ensemble)]
     ensemble = args.ensemble > 1
     params = decoding.ensemble_params(members) if ensemble else members[0]
     searches = {

@@ -6,14 +6,17 @@ user would write instead, so that a GPU figure reads as ours / torch.compile.
   python benchmarks/torch_peer.py --smoke --modes eager,compile   # tiny shapes, CPU, seconds
 
 The model is the config's: its rows x max_len target slots (the same number of source slots),
-joint vocabulary, d_model, heads, d_ff, encoder and decoder layers, dropout on the embedding
-sums and the sub-layers' outputs, post-LN (or pre-LN with model.pre_layer_norm), one embedding
-shared by source, target and the output projection scaled by sqrt(d_model) (Sec. 3.4),
-label-smoothed cross-entropy (Sec. 5.4) and Adam (beta2 0.98, eps 1e-9; fused), in bfloat16
-autocast on a GPU. Attention is `F.scaled_dot_product_attention` (flash; causal by flag). The
-rows are whole sequences, with no packing mask: that favours the peer, whose attention skips
-no segment work and reads no mask. Modes: ``eager`` and ``compile`` (`torch.compile` of the
-whole step).
+joint vocabulary, d_model, heads, head_dim, d_ff, encoder and decoder layers, dropout on the
+embedding sums and the sub-layers' outputs, on the attention probabilities and on the FFN's
+hidden layer (model's three rates), LayerNorm with model.layer_norm_epsilon, post-LN (or
+pre-LN with model.pre_layer_norm, final norms included), one embedding shared by source,
+target and the output projection scaled by sqrt(d_model) (Sec. 3.4), label-smoothed
+cross-entropy (Sec. 5.4) and Adam (beta2 0.98, eps 1e-9; fused), in bfloat16 autocast on a GPU.
+A config whose model the peer does not build (another feed-forward, norm or embedding sharing:
+`BUILDS`) is refused in one line, so a time is never one of a different model's. Attention is
+`F.scaled_dot_product_attention` (flash; causal by flag). The rows are whole sequences, with
+no packing mask: that favours the peer, whose attention skips no segment work and reads no
+mask. Modes: ``eager`` and ``compile`` (`torch.compile` of the whole step).
 
 Prints one JSON line per mode (ms/step: median of ``--rounds`` rounds of ``--steps`` steps)
 and writes them to ``--out``. Without torch it prints one line saying so and writes
@@ -36,15 +39,37 @@ import time
 
 SMOKE = {'rows': 4, 'length': 16, 'vocab': 500, 'd_model': 64, 'heads': 4, 'd_ff': 128}
 SMOKE |= {'encoder_layers': 1, 'decoder_layers': 1, 'dropout': 0.1, 'label_smoothing': 0.1}
-SMOKE |= {'pre_ln': False}
+SMOKE |= {'pre_ln': False, 'head_dim': 16, 'epsilon': 1e-6}
+SMOKE |= {'attention_dropout': 0.0, 'relu_dropout': 0.0}
+# The values of the model's variant fields (transformer/model/variants.py) the peer builds;
+# any other, a registered one included, is refused.
+BUILDS = {'ffn': ('relu',), 'norm': ('layer_norm',), 'share_embeddings': ('all',)}
+
+
+class Refused(SystemExit):
+    """A config whose model the peer does not build: one line, naming the field."""
+
+
+def refusal(model) -> str | None:
+    """One line for the first of ``model``'s (the config's model section) variant fields that
+    the peer does not build; None where it builds them all."""
+    for key, built in BUILDS.items():
+        value = model[key]
+        if value not in built:
+            return (
+                f'model.{key}={value!r} is not built by the PyTorch peer (it builds '
+                f"{' or '.join(map(repr, built))}): its time would be a different model's."
+            )
+    return None
 
 
 def config_shapes(name: str, settings: list[str] = ()) -> dict:
     """The step's shapes and settings from a project config (``KEY=VALUE`` overrides)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from transformer import configs
+    from transformer import configs, schema
 
     config = configs.load(name)
+    config.model.update(schema.default_config().model.to_dict() | config.model.to_dict())
     for setting in settings:  # as step_variants.py reads --set
         key, value = setting.split('=', 1)
         for cast in (int, float, {'True': True, 'False': False}.__getitem__, str):
@@ -55,6 +80,9 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
                 pass
         config.update_from_flattened_dict({key: value})
     m = config.model
+    refused = refusal(m)
+    if refused:
+        raise Refused(refused)
     return {
         'rows': config.train.batch_size,
         'length': config.data.max_len,
@@ -67,37 +95,61 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
         'dropout': m.dropout_rate,
         'label_smoothing': config.train.label_smoothing,
         'pre_ln': bool(m.pre_layer_norm),
+        'head_dim': m.head_dim or m.d_model // m.num_heads,
+        'epsilon': m.layer_norm_epsilon,
+        'attention_dropout': m.attention_dropout_rate,
+        'relu_dropout': m.relu_dropout_rate,
     }
+
+
+def param_count(shapes: dict) -> int:
+    """The parameters `build` makes, counted without torch: per attention q, k, v [D, N*H]
+    and out [N*H, D], no biases; per FFN two biased linears; per sub-layer (and with pre-LN
+    per stack) a LayerNorm's scale and bias; one [V, D] embedding."""
+    d, f = shapes['d_model'], shapes['d_ff']
+    attention = 4 * d * shapes['heads'] * shapes['head_dim']
+    ffn = d * f + f + f * d + d
+    encoder = attention + ffn + 2 * 2 * d
+    decoder = 2 * attention + ffn + 3 * 2 * d
+    final = 2 * 2 * d if shapes['pre_ln'] else 0
+    layers = shapes['encoder_layers'] * encoder + shapes['decoder_layers'] * decoder
+    return layers + final + shapes['vocab'] * d
 
 
 def build(torch, shapes: dict):
     """The peer model: an `nn.Module` taking (source ids, target input ids) -> logits."""
     nn, F = torch.nn, torch.nn.functional
     d, heads, p = shapes['d_model'], shapes['heads'], shapes['dropout']
+    hd, eps = shapes['head_dim'], shapes['epsilon']
 
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+            self.q, self.k, self.v = (nn.Linear(d, heads * hd, bias=False) for _ in range(3))
+            self.o = nn.Linear(heads * hd, d, bias=False)
 
         def forward(self, x, y, causal):
             b, t, _ = x.shape
 
             def split(z):
-                return z.view(b, -1, heads, d // heads).transpose(1, 2)
+                return z.view(b, -1, heads, hd).transpose(1, 2)
 
             a = F.scaled_dot_product_attention(
-                split(self.q(x)), split(self.k(y)), split(self.v(y)), is_causal=causal
+                split(self.q(x)),
+                split(self.k(y)),
+                split(self.v(y)),
+                dropout_p=shapes['attention_dropout'] if self.training else 0.0,
+                is_causal=causal,
             )
-            return self.o(a.transpose(1, 2).reshape(b, t, d))
+            return self.o(a.transpose(1, 2).reshape(b, t, heads * hd))
 
     class Layer(nn.Module):
         def __init__(self, cross: bool):
             super().__init__()
             self.parts = nn.ModuleList([Attention()] + ([Attention()] if cross else []))
-            ffn = (nn.Linear(d, shapes['d_ff']), nn.ReLU(), nn.Linear(shapes['d_ff'], d))
-            self.ffn = nn.Sequential(*ffn)
-            self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(len(self.parts) + 1))
+            hidden = (nn.Linear(d, shapes['d_ff']), nn.ReLU(), nn.Dropout(shapes['relu_dropout']))
+            self.ffn = nn.Sequential(*hidden, nn.Linear(shapes['d_ff'], d))
+            self.norms = nn.ModuleList(nn.LayerNorm(d, eps) for _ in range(len(self.parts) + 1))
 
         def forward(self, x, memory=None):
             subs = [lambda h: self.parts[0](h, h, memory is not None)]
@@ -118,6 +170,9 @@ def build(torch, shapes: dict):
             nn.init.normal_(self.embedding.weight, std=d**-0.5)
             self.encoder = nn.ModuleList(Layer(False) for _ in range(shapes['encoder_layers']))
             self.decoder = nn.ModuleList(Layer(True) for _ in range(shapes['decoder_layers']))
+            # Pre-LN leaves the residual stream un-normalised; a final norm closes each stack.
+            final = (nn.LayerNorm(d, eps) for _ in range(2)) if shapes['pre_ln'] else ()
+            self.final_norms = nn.ModuleList(final)
             position = torch.arange(shapes['length'])[:, None]
             angle = position / torch.pow(10000, torch.arange(0, d, 2) / d)
             self.register_buffer('positions', torch.cat([angle.sin(), angle.cos()], -1), False)
@@ -130,8 +185,12 @@ def build(torch, shapes: dict):
             s, t = self.embed(source), self.embed(target_in)
             for layer in self.encoder:
                 s = layer(s)
+            if shapes['pre_ln']:
+                s = self.final_norms[0](s)
             for layer in self.decoder:
                 t = layer(t, s)
+            if shapes['pre_ln']:
+                t = self.final_norms[1](t)
             return t @ self.embedding.weight.T
 
     return Model()
@@ -228,13 +287,13 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(modes) - {'eager', 'compile'})
     if unknown:
         raise SystemExit(f"--modes takes 'eager' and 'compile', not {', '.join(unknown)}.")
+    shapes = SMOKE if args.smoke else config_shapes(args.config, args.set)  # or Refused
     try:
         import torch
     except ImportError:
         report = {'error': 'torch is not installed: no PyTorch peer (pip install torch)'}
         print(report['error'], flush=True)
     else:
-        shapes = SMOKE if args.smoke else config_shapes(args.config, args.set)
         device = torch.device('cuda' if torch.cuda.is_available() and not args.smoke else 'cpu')
         torch.backends.cuda.matmul.allow_tf32 = True
         report = {'shapes': shapes, 'modes': {}}

@@ -263,3 +263,35 @@ def test_callers_outside_a_subpackage_import_its_face():
     assert not unlisted, f'import these through the face (__all__): {unlisted}'
     stale = sorted(set(BEHIND_THE_FACE) - set(behind))
     assert not stale, f'no longer imported behind the face; drop from BEHIND_THE_FACE: {stale}'
+
+
+# --- One door to the model: Flax's module API stays inside transformer/model/ ---------------
+
+# Files outside transformer/model/ that may import flax.linen, each with why.
+LINEN_OUTSIDE_THE_MODEL = {
+    'benchmarks/decode_peers.py': "runs flax's examples/wmt model, a Linen program, as a peer",
+}
+
+
+def _imports_linen(path: pathlib.Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            if any(a.name == 'flax.linen' or a.name.startswith('flax.linen.') for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == 'flax' and any(a.name == 'linen' for a in node.names):
+                return True
+            if node.module == 'flax.linen' or node.module.startswith('flax.linen.'):
+                return True
+    return False
+
+
+def test_no_module_outside_the_model_imports_flax_linen():
+    """Training, decoding, checkpoints, the API, backends and benchmarks call the model through
+    transformer/model's functions (functional.py), so the Flax API it is written in is one
+    package's business (docs/nnx.md)."""
+    model = PACKAGE / 'model'
+    outside = [p for p in _callers() if not p.is_relative_to(model)]
+    found = {str(p.relative_to(REPO)) for p in outside if _imports_linen(p)}
+    assert found == set(LINEN_OUTSIDE_THE_MODEL), sorted(found ^ set(LINEN_OUTSIDE_THE_MODEL))
+    assert _imports_linen(model / 'transformer.py')  # the check sees an import when there is one

@@ -4,7 +4,7 @@ translate with it and read its attention (docs/api.md walks through each).
     from transformer import api
 
     model, params = api.build('tiny')                 # a config name or a config file
-    logits = model.apply({'params': params}, inputs, targets)
+    logits = api.logits(model, params, inputs, targets)  # teacher forcing, [B, T, V]
     w_i, fused = api.head_views(params['encoder_layer_0']['self_attention']['query']['kernel'])
 
     run = api.load('runs/tiny')                       # the commands' default checkpoints
@@ -12,8 +12,9 @@ translate with it and read its attention (docs/api.md walks through each).
     run.translate(lines, nbest=3)                     # [[Hypothesis(text, score, log_prob)]]
     run.attention('dinds bap koft .')                 # {(stack, layer, kind): [N, T, S]}
 
-Parameters are plain arrays (``nn.unbox`` already applied). Loading is as quiet as the
-commands: the libraries' routine notes are filtered while a run loads.
+Parameters are plain arrays; the model is called through functions of (model, parameters,
+arrays), transformer/model's face (`logits` here is its ``teacher_forced_logits``). Loading is
+as quiet as the commands: the libraries' routine notes are filtered while a run loads.
 """
 
 from __future__ import annotations
@@ -23,19 +24,34 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import linen as nn
 
 from transformer import configs, data, decoding, schema
 from transformer.checkpoint import load_model
 from transformer.commands import console
-from transformer.model import Transformer, attention_maps, config_from_dict, fused, per_head
+from transformer.model import (
+    Transformer,
+    attention_maps,
+    config_from_dict,
+    fused,
+    init_params,
+    per_head,
+)
+from transformer.model import teacher_forced_logits as logits
 from transformer.tokens import EOS_ID
 
 Hypothesis = decoding.Hypothesis
-__all__ = ['Hypothesis', 'Run', 'attention_maps', 'build', 'config', 'head_views', 'load']
+__all__ = [
+    'Hypothesis',
+    'Run',
+    'attention_maps',
+    'build',
+    'config',
+    'head_views',
+    'load',
+    'logits',
+]
 
 
 def config(name_or_path: str) -> ml_collections.ConfigDict:
@@ -62,8 +78,7 @@ def build(
     cfg = config(experiment) if isinstance(experiment, str) else experiment
     typed = cfg if isinstance(cfg, schema.Experiment) else schema.parse(cfg)
     model = Transformer(config_from_dict(typed.model, vocab_size or typed.data.vocab_size))
-    dummy = jnp.ones((1, 8), jnp.int32)
-    params = nn.unbox(jax.jit(model.init)(jax.random.key(seed), dummy, dummy)['params'])
+    params = jax.jit(lambda rng: init_params(model, rng))(jax.random.key(seed))
     return model, params
 
 

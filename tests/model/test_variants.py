@@ -1,10 +1,13 @@
 """transformer/model/variants.py: a variant registered with its module is all a new choice
-takes. The test registers a toy gated feed-forward (GLU-style, Shazeer 2020, "GLU Variants
-Improve Transformer") and nothing else; the config, the parameter count, the FLOPs, the memory
-bound, the exports and resuming learn it from that entry."""
+takes. The test registers, for two parts, exactly an entry and its module: a toy gated
+feed-forward (GLU-style, Shazeer 2020, "GLU Variants Improve Transformer") and a toy norm
+(RMSNorm, Zhang & Sennrich 2019: a scale and no bias); the config, --help, the parameter count,
+the FLOPs, the memory bound, the exports, resuming and the PyTorch peer learn them from that
+entry (docs/model_variants.md)."""
 
-import functools
 import math
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +18,18 @@ from tests.tiny_run import tiny_run_config
 from transformer import rundir, schema
 from transformer.commands import export
 from transformer.fields import ConfigError
-from transformer.model import Transformer, TransformerConfig, flops, param_shapes, variants
+from transformer.model import (
+    Transformer,
+    TransformerConfig,
+    abstract_params,
+    flops,
+    param_shapes,
+    variants,
+)
 from transformer.training import footprint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
+import torch_peer  # noqa: E402
 
 SMALL = dict(vocab_size=40, d_model=16, num_heads=2, d_ff=24)
 
@@ -35,58 +48,98 @@ class GatedFeedForward(nn.Module):
         return dense(cfg.d_model, 'down')(h)
 
 
-GATED = variants.Variant(
-    'ffn',
-    'gated',
-    lambda cfg: {
-        'gate/kernel': (cfg.d_model, cfg.d_ff),
-        'up/kernel': (cfg.d_model, cfg.d_ff),
-        'down/kernel': (cfg.d_ff, cfg.d_model),
-    },
-    'GLU variants (Shazeer, 2020)',
-    module=GatedFeedForward,
-    exports=(),
-    unexportable='MarianMT has no gated feed-forward; only ffn=relu exports.',
-)
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + epsilon) * scale."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param('scale', nn.initializers.ones, (self.config.d_model,))
+        mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(mean_square + self.config.layer_norm_epsilon) * scale
+
+
+TOYS = {
+    'ffn': variants.Variant(
+        'ffn',
+        'gated',
+        lambda cfg: {
+            'gate/kernel': (cfg.d_model, cfg.d_ff),
+            'up/kernel': (cfg.d_model, cfg.d_ff),
+            'down/kernel': (cfg.d_ff, cfg.d_model),
+        },
+        'GLU variants (Shazeer, 2020)',
+        module=GatedFeedForward,
+        exports=(),
+        unexportable='MarianMT has no gated feed-forward; only ffn=relu exports.',
+    ),
+    'norm': variants.Variant(
+        'norm',
+        'rms',
+        lambda cfg: {'scale': (cfg.d_model,)},
+        'RMSNorm (Zhang and Sennrich, 2019)',
+        module=RMSNorm,
+        exports=(),
+        unexportable="MarianMT's norms are LayerNorms; only norm='layer_norm' exports.",
+    ),
+}
+BUILT = {'ffn': 'relu', 'norm': 'layer_norm'}  # the paper's entry of each part
 
 
 @pytest.fixture
-def gated():
-    variants.register(GATED)
-    yield GATED
-    variants.unregister('ffn', 'gated')
+def toys():
+    for toy in TOYS.values():
+        variants.register(toy)
+    yield TOYS
+    for toy in TOYS.values():
+        variants.unregister(toy.part, toy.value)
 
 
-@functools.cache
 def _shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """The model's parameter shapes by path, from ``jax.eval_shape`` of its init."""
-    tokens = jnp.ones((1, 3), jnp.int32)
-    tree = nn.unbox(jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens, tokens))
     return {
         '/'.join(k.key for k in path): leaf.shape
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree['params'])
+        for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(Transformer(cfg)))
     }
 
 
-def test_a_value_is_accepted_once_registered_and_named_in_the_model_line():
-    with pytest.raises(ConfigError, match=r"model.ffn='gated' must be one of 'relu'\.$"):
-        TransformerConfig(vocab_size=8, ffn='gated')
-    variants.register(GATED)
+@pytest.mark.parametrize('part', TOYS)
+def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, capsys):
+    toy, built = TOYS[part], BUILT[part]
+    with pytest.raises(
+        ConfigError, match=rf"model.{part}='{toy.value}' must be one of '{built}'\.$"
+    ):
+        TransformerConfig(vocab_size=8, **{part: toy.value})
+    variants.register(toy)
     try:
-        cfg = TransformerConfig(vocab_size=8, ffn='gated')
-        assert variants.chosen(cfg, 'ffn').module is GatedFeedForward
-        assert "ffn='gated'" in variants.describe(cfg)  # the training log's model line
-        with pytest.raises(ConfigError, match=r"must be one of 'relu', 'gated'\.$"):
-            TransformerConfig(vocab_size=8, ffn='swish')
+        cfg = TransformerConfig(vocab_size=8, **{part: toy.value})
+        assert variants.chosen(cfg, part).module is toy.module
+        assert f'{part}={toy.value!r}' in variants.describe(cfg)  # the training log's model line
+        with pytest.raises(ConfigError, match=rf"must be one of '{built}', '{toy.value}'\.$"):
+            TransformerConfig(vocab_size=8, **{part: 'swish'})
+        from transformer.commands import train
+
+        with pytest.raises(SystemExit):
+            train.cli(['train', '--config=tiny', '--help'])
+        line = next(x for x in capsys.readouterr().out.splitlines() if f'model.{part} =' in x)
+        assert line.endswith(f"(one of '{built}', '{toy.value}')")
     finally:
-        variants.unregister('ffn', 'gated')
+        variants.unregister(part, toy.value)
 
 
 @pytest.mark.parametrize(
     'overrides',
-    [{}, {'ffn': 'gated'}, {'pre_layer_norm': True}, {'share_embeddings': 'none', 'head_dim': 4}],
+    [
+        {},
+        {'ffn': 'gated'},
+        {'pre_layer_norm': True},
+        {'norm': 'rms'},
+        {'norm': 'rms', 'pre_layer_norm': True, 'ffn': 'gated'},
+        {'share_embeddings': 'none', 'head_dim': 4},
+    ],
 )
-def test_declared_weights_are_the_models_parameter_tree(gated, overrides):
+def test_declared_weights_are_the_models_parameter_tree(toys, overrides):
     """Every path and shape the variants declare is the model's, and no other: so the count,
     the FLOPs and the memory bound read from them describe the network that runs."""
     cfg = TransformerConfig(**SMALL | overrides)
@@ -94,26 +147,37 @@ def test_declared_weights_are_the_models_parameter_tree(gated, overrides):
     assert variants.param_count(cfg) == sum(map(math.prod, _shapes(cfg).values()))
 
 
-def test_flops_and_memory_bound_follow_the_registered_variant(gated):
-    """The gated feed-forward's three products show in the FLOPs, two per multiply-add of
-    each FFN kernel of ``jax.eval_shape`` on every token; the layers' weights of the memory
-    bound are the layers' parameters of ``jax.eval_shape``."""
-    relu, glu = TransformerConfig(**SMALL), TransformerConfig(**SMALL, ffn='gated')
+def _products(cfg: TransformerConfig, stack: str) -> int:
+    """Multiply-adds per token of one layer of ``stack``'s weights of two or more axes, read
+    from ``jax.eval_shape``: the attention's are left out (the toys do not change them)."""
+    return sum(
+        math.prod(v)
+        for k, v in _shapes(cfg).items()
+        if k.startswith(f'{stack}_layer_0/') and 'attention/' not in k and len(v) > 1
+    )
+
+
+@pytest.mark.parametrize('part', TOYS)
+@pytest.mark.parametrize('pre_layer_norm', [False, True])
+def test_flops_and_memory_bound_follow_the_registered_variant(toys, part, pre_layer_norm):
+    """The toy's weight products show in the FLOPs, two per multiply-add of each of its
+    ``jax.eval_shape`` weights on every token (the gated FFN's three kernels; none for the
+    norm, whose scale is a vector); the layers' weights of the memory bound are the layers'
+    parameters of ``jax.eval_shape``."""
+    base = TransformerConfig(**SMALL, pre_layer_norm=pre_layer_norm)
+    toy = TransformerConfig(**SMALL, pre_layer_norm=pre_layer_norm, **{part: TOYS[part].value})
     batch, s, t = 2, 5, 3
-
-    def ffn_products(cfg):  # per token
-        shapes = _shapes(cfg).items()
-        return sum(math.prod(v) for k, v in shapes if k.startswith('encoder_layer_0/ffn/'))
-
-    assert ffn_products(glu) == 3 * 16 * 24  # kernels only: the toy has no biases
-    tokens = batch * (relu.num_encoder_layers * s + relu.num_decoder_layers * t)
-    # The ReLU FFN's kernels: its parameters less its biases (F + D).
-    difference = 2 * tokens * (ffn_products(glu) - (ffn_products(relu) - 24 - 16))
-    assert (
-        flops.forward_flops(glu, batch, s, t) - flops.forward_flops(relu, batch, s, t) == difference
+    difference = sum(
+        2 * batch * length * layers * (_products(toy, stack) - _products(base, stack))
+        for stack, length, layers in (('encoder', s, 6), ('decoder', t, 6))
+    )
+    # Three [16, 24] kernels for the ReLU FFN's two; nothing for the norm.
+    assert difference == (2 * batch * (s + t) * 6 * (3 - 2) * 16 * 24 if part == 'ffn' else 0)
+    assert flops.forward_flops(toy, batch, s, t) - flops.forward_flops(base, batch, s, t) == (
+        difference
     )
     config = tiny_run_config(1)
-    config.model.update(SMALL | {'ffn': 'gated'})
+    config.model.update(SMALL | {part: TOYS[part].value, 'pre_layer_norm': pre_layer_norm})
     del config.model['vocab_size']
     experiment = schema.parse(config)
     in_layers = sum(math.prod(v) for k, v in _shapes(experiment.model).items() if '_layer_' in k)
@@ -133,29 +197,42 @@ def _run_with(tmp_path, **model):
     return workdir, config
 
 
-def test_export_refuses_the_variant_before_asking_for_its_packages(gated, tmp_path, monkeypatch):
+@pytest.mark.parametrize('part', TOYS)
+def test_export_refuses_the_variant_before_asking_for_its_packages(
+    toys, part, tmp_path, monkeypatch
+):
     """A run of a variant no format represents is refused in one line naming the field, not
     told to install the export extra (which is missing here)."""
     import importlib.util
 
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
-    workdir, _ = _run_with(tmp_path, ffn='gated')
+    toy = TOYS[part]
+    workdir, _ = _run_with(tmp_path, **{part: toy.value})
     for format in export.FORMATS:
         with pytest.raises(export.ExportError) as info:
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
         assert str(info.value) == (
-            f"model.ffn='gated' cannot be exported as --format={format}: "
-            'MarianMT has no gated feed-forward; only ffn=relu exports.'
+            f'model.{part}={toy.value!r} cannot be exported as --format={format}: '
+            + toy.unexportable
         )
-    # The paper's feed-forward passes the refusals and reaches the package check.
-    workdir, _ = _run_with(tmp_path, ffn='relu')
+    # The paper's entry passes the refusals and reaches the package check.
+    workdir, _ = _run_with(tmp_path, **{part: BUILT[part]})
     with pytest.raises(export.ExportError, match='needs the export extra'):
         export.export(str(workdir), str(tmp_path / 'out'))
     assert not (tmp_path / 'out').exists()
 
 
-def test_a_resume_that_changes_the_variant_is_refused(gated, tmp_path):
-    workdir, config = _run_with(tmp_path, ffn='relu')
-    config.model.ffn = 'gated'
-    with pytest.raises(rundir.WorkdirError, match="model.ffn='relu', not 'gated'"):
+@pytest.mark.parametrize('part', TOYS)
+def test_a_resume_that_changes_the_variant_is_refused(toys, part, tmp_path):
+    workdir, config = _run_with(tmp_path, **{part: BUILT[part]})
+    config.model[part] = TOYS[part].value
+    message = f'model.{part}={BUILT[part]!r}, not {TOYS[part].value!r}'
+    with pytest.raises(rundir.WorkdirError, match=message):
         rundir.resume_changes(str(workdir), schema.parse(config))
+
+
+@pytest.mark.parametrize('part', TOYS)
+def test_the_pytorch_peer_refuses_the_variant(toys, part, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
+    with pytest.raises(torch_peer.Refused, match=f'model.{part}={TOYS[part].value!r} is not'):
+        torch_peer.main(['--config=tiny', f'--set=model.{part}={TOYS[part].value}'])

@@ -95,7 +95,8 @@ _bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
 
 
 def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None, **_) -> Array:
-    """`einsum` as the ``dot_general`` of `flax.linen.Dense`: [..., D] x [D, F] -> [..., F]."""
+    """`einsum` as the ``dot_general`` of a dense layer (flax's ``Dense``): [..., D] x [D, F] ->
+    [..., F]."""
     (lhs_contract, rhs_contract), batch = dimension_numbers
     if tuple(lhs_contract) != (lhs.ndim - 1,) or tuple(rhs_contract) != (0,) or batch != ((), ()):
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision)

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import linen as nn
 
 from transformer import data as data_lib
 from transformer import schema
@@ -26,6 +25,7 @@ from transformer.checkpoint.directory import (
     verify_step,
 )
 from transformer.model import Transformer, config_from_dict
+from transformer.model import abstract_params as model_params
 from transformer.rundir import BEST, CHECKPOINTS, WorkdirError, load_tokenizer, read_config
 
 PyTree = Any
@@ -88,8 +88,7 @@ def abstract_params(model: Transformer) -> PyTree:
     """Shapes and dtypes of the model's parameters on this process's first device, without
     allocating them. The explicit sharding lets Orbax restore a checkpoint written by any
     number of devices or processes."""
-    dummy = jnp.ones((1, 8), jnp.int32)
-    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy)['params']))
+    shapes = model_params(model)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
 

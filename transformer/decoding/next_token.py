@@ -16,7 +16,7 @@ from absl import logging
 from flax import struct
 
 from transformer import backends
-from transformer.model import EOS_ID, PAD_ID, Transformer, init_cache
+from transformer.model import EOS_ID, PAD_ID, Transformer, decode_step, encode, init_cache
 from transformer.schema import LENGTH_PENALTIES
 
 Array = jax.Array
@@ -100,17 +100,7 @@ def step_logits(
 ) -> tuple[Array, Cache]:
     """One cached decoder step: logits [B', V] for the next token and the updated cache
     (``cache_mask``: `Transformer.decode`'s)."""
-    logits, variables = model.apply(
-        {'params': params, 'cache': cache},
-        encoded,
-        inputs,
-        last_tokens[:, None],
-        decode=True,
-        cache_mask=cache_mask,
-        method=Transformer.decode,
-        mutable=['cache'],
-    )
-    return logits[:, 0], variables['cache']
+    return decode_step(model, params, cache, encoded, inputs, last_tokens, cache_mask)
 
 
 @struct.dataclass
@@ -158,7 +148,7 @@ def map_cache(fn, cache: Cache, params: Params) -> Cache:
 
 
 def _encode_and_cache(model: Transformer, params: Params, inputs: Array, length: int):
-    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    encoded = encode(model, params, inputs)
     return encoded, init_cache(model, params, encoded, inputs, length)
 
 

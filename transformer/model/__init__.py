@@ -1,5 +1,8 @@
 """The paper's network in pure Flax. Callers import this face: ``from transformer.model import
-Transformer, TransformerConfig``.
+Transformer, TransformerConfig``, and call the network only through its functions
+(functional.py: parameters, their logical specs and shardings, logits, hidden states and the
+output projection, encode, the decoding cache and one step, attention maps); no module outside
+this package imports flax.linen (tests/test_layout.py).
 
 Modules: attention.py (multi-head attention, an einsum over an explicit head axis),
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
@@ -10,7 +13,7 @@ masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embe
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
 example), flops.py (analytic FLOPs and the device's peak), variants.py (the registry of what
 the network may compute: each variant's weights, module and exports), feed_forward.py (the
-feed-forward variants).
+feed-forward variants), norms.py (the normalizations), functional.py (the functions above).
 """
 
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
@@ -21,10 +24,22 @@ from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.embedding import lookup as embedding_lookup
 from transformer.model.feed_forward import FeedForward
 from transformer.model.flops import peak_flops, train_flops
+from transformer.model.functional import (
+    abstract_params,
+    decode_step,
+    encode,
+    hidden_and_projection,
+    init_cache,
+    init_params,
+    logical_partition_specs,
+    logical_shardings,
+    teacher_forced_logits,
+)
 from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
+from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
 from transformer.model.projections import fused, per_head
-from transformer.model.transformer import Transformer, init_cache
+from transformer.model.transformer import Transformer
 from transformer.model.variants import (
     EXPORT_FORMATS,
     Variant,
@@ -47,16 +62,24 @@ __all__ = [
     'Transformer',
     'TransformerConfig',
     'Variant',
+    'abstract_params',
     'attention_mask',
     'attention_maps',
     'beam_mask',
     'config_from_dict',
+    'decode_step',
     'describe',
     'embedding_lookup',
+    'encode',
     'export_refusal',
     'fused',
+    'hidden_and_projection',
     'init_cache',
+    'init_params',
+    'layer_norm',
     'layer_param_count',
+    'logical_partition_specs',
+    'logical_shardings',
     'padded_length',
     'param_count',
     'param_shapes',
@@ -65,6 +88,7 @@ __all__ = [
     'share_across_beams',
     'shift_right',
     'sinusoidal_positions',
+    'teacher_forced_logits',
     'train_flops',
     'variants',
 ]

@@ -50,12 +50,10 @@ class TransformerConfig(Section):
         None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)', POSITIVE_OR_NONE
     )
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
-    # The feed-forward's variant (transformer/model/feed_forward.py, model/variants.py).
-    ffn: str = _field(
-        'relu',
-        "the feed-forward, an entry of model/variants.py; 'relu': Sec. 3.3",
-        variants.rule('ffn'),
-    )
+    # The feed-forward's variant (transformer/model/feed_forward.py). Each field read by
+    # variants.config_field chooses a part of model/variants.py: its default, description and
+    # accepted values (the entries registered for it) are the registry's.
+    ffn: str = variants.config_field('ffn')
     num_encoder_layers: int = _field(6, 'encoder layers (Sec. 3.1)', POSITIVE)
     num_decoder_layers: int = _field(6, 'decoder layers (Sec. 3.1)', POSITIVE)
     dropout_rate: float = _field(
@@ -75,15 +73,12 @@ class TransformerConfig(Section):
     max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;
-    # 'none': three separate matrices. Each is an entry of transformer/model/variants.py.
-    share_embeddings: str = _field(
-        'all',
-        "source, target, pre-softmax share one matrix (Sec. 3.4); 'target', 'none'",
-        variants.rule('embeddings'),
-    )
-    pre_layer_norm: bool = _field(
-        False, "post-LN as in the paper; True = pre-LN (t2t's later default)"
-    )
+    # 'none': three separate matrices.
+    share_embeddings: str = variants.config_field('embeddings')
+    # The kind of normalization around each sub-layer (transformer/model/norms.py) and where
+    # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
+    norm: str = variants.config_field('norm')
+    pre_layer_norm: bool = variants.config_field('norm_placement')
     layer_norm_epsilon: float = _field(
         1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
     )

@@ -43,17 +43,25 @@ def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_le
     nh = cfg.num_heads * (cfg.head_dim or d // cfg.num_heads)
     s, t = batch * source_len, batch * target_len  # token rows
     # The weight products per token of the chosen variants (model/variants.py): q, k, v and
-    # out; the feed-forward's.
+    # out; the feed-forward's; a norm's (none for LayerNorm, whose weights are vectors), one
+    # per sub-layer and, with pre-LN, one closing each stack.
     projections = variants.matmul_flops_per_token(cfg, 'attention')
     ffn = variants.matmul_flops_per_token(cfg, 'ffn')
+    norm = variants.matmul_flops_per_token(cfg, 'norm')
     # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair.
     pairs = lambda q_len, k_len: batch * q_len * k_len * 2 * 2 * nh  # noqa: E731
-    encoder = cfg.num_encoder_layers * (s * (projections + ffn) + pairs(source_len, source_len))
+    encoder_layer = s * (projections + ffn + 2 * norm) + pairs(source_len, source_len)
     decoder_self = t * projections + pairs(target_len, target_len)
     # Cross attention: queries and output on target tokens, keys and values on source tokens.
     decoder_cross = (t + s) * projections // 2 + pairs(target_len, source_len)
-    decoder = cfg.num_decoder_layers * (decoder_self + decoder_cross + t * ffn)
-    return encoder + decoder + t * 2 * d * v
+    decoder_layer = decoder_self + decoder_cross + t * (ffn + 3 * norm)
+    final_norms = (s + t) * norm if cfg.pre_layer_norm else 0
+    return (
+        cfg.num_encoder_layers * encoder_layer
+        + cfg.num_decoder_layers * decoder_layer
+        + final_norms
+        + t * 2 * d * v
+    )
 
 
 def train_flops(cfg: TransformerConfig, batch: int, source_len: int, target_len: int) -> int:

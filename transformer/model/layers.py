@@ -1,6 +1,6 @@
 """The building blocks of the Transformer: positions, masks and the layers. Each layer's
-feed-forward is the module of the `variants.Variant` that ``model.ffn`` chooses
-(transformer/model/feed_forward.py).
+feed-forward and norms are the modules of the `variants.Variant`s that ``model.ffn`` and
+``model.norm`` choose (transformer/model/feed_forward.py, norms.py).
 
 Shape legend (see transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · F d_ff. Every parameter declares its logical axis names where it is
@@ -28,15 +28,10 @@ def partitioned(init, axes: tuple[str, ...]):
     return nn.with_logical_partitioning(init, axes)
 
 
-def layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.layer_norm_epsilon,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        scale_init=partitioned(nn.initializers.ones, ('embed',)),
-        bias_init=partitioned(nn.initializers.zeros, ('embed',)),
-        name=name,
-    )
+def norm(cfg: TransformerConfig, name: str) -> nn.Module:
+    """The normalization ``model.norm`` chooses (transformer/model/norms.py): [..., D] ->
+    [..., D]."""
+    return variants.chosen(cfg, 'norm').module(cfg, name=name)
 
 
 def sinusoidal_positions(positions: Array, d_model: int) -> Array:
@@ -84,21 +79,21 @@ def attention_mask(
 
 
 class _SubLayers(nn.Module):
-    """Residual connection + layer norm around a sub-layer, post-LN or pre-LN.
+    """Residual connection + norm (``model.norm``) around a sub-layer, post-LN or pre-LN.
 
-    Post-LN (the paper, Sec. 3.1/5.4): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-LN (tensor2tensor's later default): x + Dropout(Sublayer(LayerNorm(x))).
+    Post-LN (the paper, Sec. 3.1/5.4): Norm(x + Dropout(Sublayer(x))).
+    Pre-LN (tensor2tensor's later default): x + Dropout(Sublayer(Norm(x))).
     """
 
     config: TransformerConfig
 
     def residual(self, x: Array, sublayer, name: str, deterministic: bool) -> Array:
         cfg = self.config
-        norm = layer_norm(cfg, f'{name}_norm')
+        normalize = norm(cfg, f'{name}_norm')
         drop = Dropout(cfg.dropout_rate)
         if cfg.pre_layer_norm:
-            return x + drop(sublayer(norm(x)), deterministic=deterministic)
-        return norm(x + drop(sublayer(x), deterministic=deterministic))
+            return x + drop(sublayer(normalize(x)), deterministic=deterministic)
+        return normalize(x + drop(sublayer(x), deterministic=deterministic))
 
     def attention(self, name: str) -> MultiHeadAttention:
         cfg = self.config

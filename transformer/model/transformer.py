@@ -7,13 +7,12 @@ Shape legend (see also transformer/model/attention.py):
 
 Token ids (transformer/tokens.py): 0 = padding and the decoder start token, 1 = end of
 sentence. Every parameter declares logical axis names where it is created ('embed', 'heads',
-'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``) and
-``nn.unbox`` gives the plain arrays the rest of the package uses.
+'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
+The rest of the package calls the network through transformer/model/functional.py, which hands
+out plain arrays and the specs.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,7 @@ from transformer.model.layers import (
     DecoderLayer,
     EncoderLayer,
     attention_mask,
-    layer_norm,
+    norm,
     partitioned,
     shift_right,
     sinusoidal_positions,
@@ -84,9 +83,9 @@ class Transformer(nn.Module):
             DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
         ]
         if cfg.pre_layer_norm:
-            # Pre-LN leaves the residual stream un-normalised; a final LayerNorm closes it.
-            self.encoder_norm = layer_norm(cfg, 'encoder_norm')
-            self.decoder_norm = layer_norm(cfg, 'decoder_norm')
+            # Pre-LN leaves the residual stream un-normalised; a final norm closes it.
+            self.encoder_norm = norm(cfg, 'encoder_norm')
+            self.decoder_norm = norm(cfg, 'decoder_norm')
         self.embed_dropout = Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 
@@ -135,8 +134,8 @@ class Transformer(nn.Module):
 
         Args:
           encoded: encoder output [B, S, D]. With ``decode=True`` only the call that creates
-            the cache reads it (see `init_cache`); the steps read its keys and values from
-            the cache.
+            the cache reads it (`functional.init_cache`); the steps read its keys and values
+            from the cache.
           inputs: source tokens [B, S] (for the padding mask of cross-attention).
           targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
             instead the single previous token [B, 1] (0 at the first step), not shifted.
@@ -222,39 +221,3 @@ class Transformer(nn.Module):
         (`encode`, then `decode`; ``logits=False``: the decoder's hidden states [B, T, D])."""
         encoded = self.encode(inputs, packing=packing, train=train)
         return self.decode(encoded, inputs, targets, packing=packing, train=train, logits=logits)
-
-
-def init_cache(
-    model: Transformer, params: Any, encoded: Array, inputs: Array, max_decode_len: int
-) -> dict[str, Any]:
-    """The ``cache`` collection for ``model.decode(..., decode=True)``.
-
-    Self-attention caches (``cached_key`` / ``cached_value`` [B, N, max_decode_len, H]) start
-    as zeros and are written one position per step. Encoder-decoder attention caches
-    (``cached_static_key`` / ``cached_static_value`` [B, N, S, H]) hold the projections of
-    ``encoded``, made here once so that no step repeats them (4 S D^2 multiply-adds per row
-    and layer).
-
-    Args:
-      model: the Transformer.
-      params: its parameters.
-      encoded: encoder output [B, S, D].
-      inputs: source tokens [B, S] (only the shape is used).
-      max_decode_len: number of decoding steps the cache must hold.
-
-    Returns:
-      The ``cache`` collection.
-    """
-    targets = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
-    # The call that creates the cache runs the decoder over all max_decode_len positions; only
-    # the cache is kept, so under jit XLA drops everything but the projections.
-    _, variables = model.apply(
-        {'params': params},
-        encoded,
-        inputs,
-        targets,
-        decode=True,
-        method=Transformer.decode,
-        mutable=['cache'],
-    )
-    return variables['cache']

@@ -1,7 +1,8 @@
 """The model's variants, one entry each: every choice of what the network computes.
 
-A `Variant` is one value of one part of the network (its attention, feed-forward, layer norm
-placement, embedding sharing) and declares, in one place, what the rest of the package reads:
+A `Variant` is one value of one part of the network (its attention, feed-forward, kind of
+normalization, where the norms sit, embedding sharing) and declares, in one place, what the
+rest of the package reads:
 
 * ``weights``: the shapes of one instance's parameters, by their path below it
   ('wi/kernel' -> (D, F)); ``outer``: the parameters it adds outside the layers (pre-LN's
@@ -10,17 +11,20 @@ placement, embedding sharing) and declares, in one place, what the rest of the p
   (transformer/training/footprint.py, `layer_param_count`) and the matmul FLOPs per token
   (transformer/model/flops.py, `matmul_flops_per_token`).
 * ``module``: the Flax module that computes it, where the part has one per entry (the
-  feed-forward); None where the Transformer reads the field itself (norm placement,
-  embedding sharing).
+  feed-forward, the norm: ``module(config, name=...)``); None where the Transformer reads the
+  field itself (norm placement, embedding sharing).
 * ``exports``: the export formats that can represent it; the others refuse it with
   ``unexportable`` (`export_refusal`), before they ask for their packages.
 
-Each part is chosen by one config field (`FIELDS`); the field's accepted values are the
-entries registered for it (`choices`). A new variant is a `register` call beside its module:
-its config value, --help line, bad-value error, old-run default and resume refusal follow
-from the field, its FLOPs, memory and parameter count from ``weights``, and every export's
-refusal from ``exports``. transformer/model/__init__.py imports every module that registers
-entries (feed_forward.py), so all of them exist once the package is imported.
+Each part (`PARTS`) is chosen by one config field, declared here with its default and
+description: TransformerConfig's line for it is ``name: type = variants.config_field(part)``,
+and the field's accepted values, its --help choices and its bad-value error are the entries
+registered for the part (`choices`), read when they are checked or printed. A new variant is
+a `register` call beside its module: its config value, --help line, bad-value error, old-run
+default and resume refusal follow from the field, its FLOPs, memory and parameter count from
+``weights``, and every export's refusal from ``exports``. transformer/model/__init__.py
+imports every module that registers entries (feed_forward.py, norms.py), so all of them exist
+once the package is imported. docs/model_variants.md walks through adding one.
 
 Shape legend (transformer/model/attention.py): D d_model · N heads · H head dim · F d_ff ·
 V vocabulary.
@@ -33,6 +37,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from transformer import fields
+
 # A TransformerConfig (transformer/model/config.py), which reads this module for its fields'
 # choices: named here by its fields alone.
 TransformerConfig = Any
@@ -41,14 +47,36 @@ Shapes = dict[str, Shape]
 
 # Every export format (transformer/commands/export.py): Hugging Face MarianMT, CTranslate2.
 EXPORT_FORMATS = ('hf', 'ctranslate2')
-# The config field that chooses each part; None: the part has one entry and no field yet (a
-# second attention adds a field ``attention`` to TransformerConfig).
-FIELDS: dict[str, str | None] = {
-    'attention': None,
-    'ffn': 'ffn',
-    'norm': 'pre_layer_norm',
-    'embeddings': 'share_embeddings',
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of the network and the config field that chooses it.
+
+    Attributes:
+      field: the TransformerConfig field; None: the part has one entry and no field yet (a
+        second attention adds one here and a line ``attention: str =
+        variants.config_field('attention')`` to TransformerConfig).
+      default: the field's default, the value of runs written before the field existed.
+      doc: what the field chooses (--help adds the registered values).
+    """
+
+    field: str | None
+    default: Any = None
+    doc: str = ''
+
+
+PARTS = {
+    'attention': Part(None),
+    'ffn': Part('ffn', 'relu', "the feed-forward; 'relu': Sec. 3.3"),
+    'norm': Part('norm', 'layer_norm', "the sub-layers' norm; 'layer_norm': Sec. 3.1"),
+    'norm_placement': Part('pre_layer_norm', False, 'False: post-LN (Sec. 3.1); True: pre-LN'),
+    'embeddings': Part(
+        'share_embeddings', 'all', "'all': source, target, pre-softmax share one (Sec. 3.4)"
+    ),
 }
+# The config field that chooses each part.
+FIELDS: dict[str, str | None] = {part: p.field for part, p in PARTS.items()}
 # The sub-layers of each stack's layers and the part each one is (Sec. 3.1); each is wrapped
 # in a residual connection and a layer norm named '{sub-layer}_norm' (transformer/model/layers.py).
 SUBLAYERS = {
@@ -124,6 +152,22 @@ class _Choices:
 def rule(part: str) -> dict[str, Any]:
     """The field rule of ``part``'s config field: one of the registered values."""
     return {'rule': (lambda value: value in _REGISTRY[part], _Choices(part))}
+
+
+class _Doc:
+    """A part's field description as --help prints it, with the values registered then."""
+
+    def __init__(self, part: str):
+        self.part = part
+
+    def __str__(self) -> str:
+        return f'{PARTS[self.part].doc} ({_Choices(self.part)})'
+
+
+def config_field(part: str) -> Any:
+    """The TransformerConfig field that chooses ``part``: its default, its rule (a
+    registered value) and its description; optional (config.json of an earlier run)."""
+    return fields.field(PARTS[part].default, rule(part), doc=_Doc(part), optional=True)
 
 
 def chosen(cfg: TransformerConfig, part: str) -> Variant:
@@ -214,14 +258,15 @@ register(
         'Sec. 3.2.2; transformer/model/attention.py, projections.py',
     )
 )
-_NORM = lambda cfg: {'scale': (cfg.d_model,), 'bias': (cfg.d_model,)}  # noqa: E731
-register(Variant('norm', False, _NORM, 'post-LN, Sec. 3.1: LayerNorm(x + Sublayer(x))'))
+# One norm's weights: those of the kind ``model.norm`` chooses (transformer/model/norms.py).
+_NORM = lambda cfg: chosen(cfg, 'norm').weights(cfg)  # noqa: E731
+register(Variant('norm_placement', False, _nothing, 'post-LN, Sec. 3.1: Norm(x + Sublayer(x))'))
 register(
     Variant(
-        'norm',
+        'norm_placement',
         True,
-        _NORM,
-        "pre-LN, tensor2tensor's later default: x + Sublayer(LayerNorm(x)), final norms",
+        _nothing,
+        "pre-LN, tensor2tensor's later default: x + Sublayer(Norm(x)), final norms",
         outer=lambda cfg: {
             f'{stack}_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
         },

@@ -159,7 +159,8 @@ def default_config() -> ml_collections.ConfigDict:
 
 def descriptions() -> dict[str, str]:
     """Dotted key -> its one-line description, for every field (what ``--help`` prints)."""
-    found = {f'model.{f.name}': f.metadata['doc'] for f in _model_fields()}
+    # A variant's field describes itself when read (its registered values).
+    found = {f'model.{f.name}': str(f.metadata['doc']) for f in _model_fields()}
     for name, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             if f.name != 'sources':

@@ -35,13 +35,12 @@ import numpy as np
 import optax
 from absl import logging
 from flax import jax_utils
-from flax import linen as nn
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer import schema
-from transformer.model import Transformer
+from transformer.model import Transformer, logical_partition_specs, logical_shardings
 from transformer.schema import PARALLELISMS
 from transformer.training import steps
 from transformer.training.steps import Batch, TrainState
@@ -128,18 +127,16 @@ def process_grid(mesh: jax.sharding.Mesh) -> np.ndarray:
 def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> TrainState:
     """The logical PartitionSpec of every leaf of the train state (optimizer state included:
     Adam's moments inherit their parameter's names), from an abstract init."""
-    dummy = jnp.ones((1, 8), jnp.int32)
 
-    def init():
-        params = model.init(jax.random.key(0), dummy, dummy)['params']
+    def state(params):
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-    return nn.get_partition_spec(jax.eval_shape(init))
+    return logical_partition_specs(model, state)
 
 
 def state_shardings(mesh: jax.sharding.Mesh, specs: PyTree, fsdp: bool = False) -> PyTree:
     """NamedShardings of the train state: ``specs`` (from `logical_specs`) through `rules`."""
-    return nn.logical_to_mesh_sharding(specs, mesh, rules(fsdp))
+    return logical_shardings(specs, mesh, rules(fsdp))
 
 
 def check_layout(model: Transformer, model_parallelism: int, data_shards: int, fsdp: bool):

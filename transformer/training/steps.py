@@ -16,11 +16,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import linen as nn
 from flax import struct
 
 from transformer import schema
-from transformer.model import Packing, Transformer, config_from_dict
+from transformer.model import (
+    Packing,
+    Transformer,
+    config_from_dict,
+    hidden_and_projection,
+    init_params,
+    teacher_forced_logits,
+)
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
 from transformer.training.loss import fused_cross_entropy, position_losses
@@ -49,11 +55,10 @@ def init_state(
     model: Transformer, tx: optax.GradientTransformation, rng: Array, max_len: int
 ) -> TrainState:
     """Random parameters (Glorot kernels, N(0, D^-1/2) embeddings) and a fresh optimizer."""
-    dummy = jnp.ones((1, max_len), jnp.int32)
 
     @jax.jit
     def init(rng):
-        params = nn.unbox(model.init(rng, dummy, dummy)['params'])
+        params = init_params(model, rng, max_len)
         return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
     return init(rng)
@@ -132,11 +137,6 @@ def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
     return entropy
 
 
-def _hidden_and_projection(module: Transformer, inputs: Array, targets: Array, **kwargs):
-    """What the chunked loss reads instead of the logits: hidden states and projection."""
-    return module(inputs, targets, logits=False, **kwargs), module.output_projection()
-
-
 def loss_sums(
     params: PyTree,
     batch: Batch,
@@ -152,18 +152,11 @@ def loss_sums(
     hidden states and the output projection in chunks of that many tokens, never forming the
     [B, T, V] logits (transformer/training/loss.py); 0 forms the logits.
     """
-    train = rng is not None
-    args = (batch['inputs'], batch['targets'])
-    kwargs = {
-        'train': train,
-        'rngs': {'dropout': rng} if train else None,
-        'packing': Packing.of(batch),
-    }
+    args = (model, params, batch['inputs'], batch['targets'])
+    kwargs = {'rng': rng, 'packing': Packing.of(batch)}
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
     if loss_chunk_tokens:
-        hidden, (weight, bias) = model.apply(
-            {'params': params}, *args, method=_hidden_and_projection, **kwargs
-        )
+        hidden, (weight, bias) = hidden_and_projection(*args, **kwargs)
         loss, nll, correct = fused_cross_entropy(
             hidden,
             weight,
@@ -176,7 +169,7 @@ def loss_sums(
             loss_pass,
         )
     else:
-        logits = model.apply({'params': params}, *args, **kwargs)
+        logits = teacher_forced_logits(*args, **kwargs)
         loss, nll = cross_entropy_with_smoothing(
             logits, batch['targets'], weights, label_smoothing, loss_pass
         )

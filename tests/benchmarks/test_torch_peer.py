@@ -1,0 +1,76 @@
+"""benchmarks/torch_peer.py builds the config's model or refuses it in one line: what it would
+build is checked without torch (its settings and parameter count against the project's own
+model), and against the module it builds where torch is installed."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer import configs, schema
+from transformer.model import config_from_dict, param_count
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / 'benchmarks'))
+
+import torch_peer  # noqa: E402
+
+MIRRORED = [
+    {},
+    {'pre_layer_norm': True, 'head_dim': 24, 'layer_norm_epsilon': 1e-5},
+    {'attention_dropout_rate': 0.2, 'relu_dropout_rate': 0.3},
+]
+
+
+@pytest.mark.parametrize('name', ['tiny', 'base'])
+@pytest.mark.parametrize('model', MIRRORED)
+def test_the_peer_builds_the_configs_model(name, model):
+    """Not refused; the settings it reads are the model's, and the parameters it would make
+    are as many as the project's model has (same vocabulary)."""
+    shapes = torch_peer.config_shapes(name, [f'model.{k}={v}' for k, v in model.items()])
+    config = configs.load(name)
+    config.model.update(model)
+    m = schema.parse(config).model
+    assert shapes['head_dim'] == (m.head_dim or m.d_model // m.num_heads)
+    assert shapes['epsilon'] == m.layer_norm_epsilon
+    assert (shapes['dropout'], shapes['attention_dropout'], shapes['relu_dropout']) == (
+        m.dropout_rate,
+        m.attention_dropout_rate,
+        m.relu_dropout_rate,
+    )
+    assert shapes['pre_ln'] == m.pre_layer_norm
+    assert torch_peer.param_count(shapes) == param_count(config_from_dict(m, shapes['vocab']))
+
+
+@pytest.mark.parametrize(
+    'setting, line',
+    [
+        (
+            'model.ffn=gated',
+            "model.ffn='gated' is not built by the PyTorch peer (it builds 'relu')",
+        ),
+        (
+            'model.share_embeddings=none',
+            "model.share_embeddings='none' is not built by the PyTorch peer (it builds 'all')",
+        ),
+        (
+            'model.norm=rms_norm',
+            "model.norm='rms_norm' is not built by the PyTorch peer (it builds 'layer_norm')",
+        ),
+    ],
+)
+def test_the_peer_refuses_a_model_it_does_not_build_in_one_line(monkeypatch, setting, line):
+    """Before it asks for torch (missing here): a time of another model is never written."""
+    monkeypatch.setitem(sys.modules, 'torch', None)
+    with pytest.raises(torch_peer.Refused) as info:
+        torch_peer.main(['--config=tiny', f'--set={setting}', '--modes=eager'])
+    assert str(info.value) == f"{line}: its time would be a different model's."
+
+
+def test_the_built_module_has_the_counted_parameters():
+    torch = pytest.importorskip('torch')
+    shapes = torch_peer.config_shapes('tiny', [f'model.{k}={v}' for k, v in MIRRORED[1].items()])
+    model = torch_peer.build(torch, shapes)
+    assert sum(p.numel() for p in model.parameters()) == torch_peer.param_count(shapes)
+    assert model.encoder[0].norms[0].eps == 1e-5 and len(model.final_norms) == 2
+    assert model.encoder[0].parts[0].q.weight.shape == (4 * 24, 128)  # [N*H, D], head_dim 24
