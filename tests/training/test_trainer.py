@@ -1,5 +1,6 @@
 """The training loop: exact resume, clear errors, the train.py command, non-finite stops."""
 
+import json
 import os
 import pathlib
 import random
@@ -102,7 +103,9 @@ def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
     """config.json stays what the run started with; a resume that changes training settings
     applies them, says so in one line each and appends them to config_history.jsonl, which
     the commands read back; resuming again with the same settings records nothing new; the
-    path to the same data files may change freely."""
+    path to the same data files may change freely. The last resume reads a config.json as
+    2698791-9f56641 wrote it, with settings since retired (train.loss_pass 'float32', dropped;
+    model.attention_impl 'cudnn_packed', loaded as 'auto' with a warning, no change recorded)."""
     trainer.train_and_evaluate(tiny_run_config(2), str(tmp_path))
     started = (tmp_path / 'config.json').read_text()
     changed = tiny_run_config(3)
@@ -129,11 +132,19 @@ def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
     ]
     effective = rundir.read_config(str(tmp_path))
     assert (effective.opt.warmup_steps, effective.eval.beam_size) == (100, 2)
+    saved = json.loads(started)
+    saved['train']['loss_pass'] = 'float32'
+    saved['model']['attention_impl'] = 'cudnn_packed'
+    (tmp_path / 'config.json').write_text(json.dumps(saved))
     changed.train.num_steps = 4
-    trainer.train_and_evaluate(changed, str(tmp_path))
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+        trainer.train_and_evaluate(changed, str(tmp_path))
     assert rundir.read_history(str(tmp_path))[4:] == [
         {'step': 3, 'key': 'train.num_steps', 'old': 3, 'new': 4}
     ]
+    assert any("'cudnn_packed' was removed" in r.getMessage() for r in caplog.records)
+    assert checkpoint_steps(str(tmp_path)) == [4]  # the retired settings' run trained on
 
 
 def test_train_py_smoke(tmp_path, monkeypatch):
