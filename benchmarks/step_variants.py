@@ -59,24 +59,20 @@ VARIANTS = {
     'attention=einsum': 'model.attention_impl=einsum',
     'attention=fused': 'model.attention_impl=fused',
     'attention=pallas': 'model.attention_impl=pallas',
-    'attention=cudnn_packed': 'model.attention_impl=cudnn_packed',
     'embedding_grad=scatter': 'model.embedding_grad=scatter',
     'embedding_grad=one_hot': 'model.embedding_grad=one_hot',
     'embedding_grad=sorted_scatter': 'model.embedding_grad=sorted_scatter',
     'loss_chunk_tokens=8192': 'train.loss_chunk_tokens=8192',
-    'loss_pass=accumulate': 'train.loss_pass=accumulate',
     'dropout_prng=rbg': 'train.dropout_prng=rbg',
     'dropout_prng=unsafe_rbg': 'train.dropout_prng=unsafe_rbg',
 }
 RESOLVED = {'model.attention_impl': 'attention_impl', 'model.embedding_grad': 'embedding_grad'}
-# Variants that run what another variant runs off a GPU ('cudnn_packed' is 'fused' there).
-GPU_ONLY = ('attention=cudnn_packed',)
 # name -> XLA flags, each set timed in a process of its own (module docstring). Triton for every
-# fusion and cuDNN's layer norm go after the reductions and elementwise fusions (a third of the
-# kernel time, docs/performance.md); cuBLAS for every matrix product after the matmuls' share.
+# fusion goes after the reductions and elementwise fusions (a third of the kernel time,
+# docs/performance.md); cuBLAS for every matrix product after the matmuls' share. cuDNN's layer
+# norm measured +0.5% on an H200 and was dropped (docs/experiments.md, "Retired levers").
 FLAG_SETS = {
     'triton_fusions': '--xla_gpu_experimental_all_fusions_with_triton=true',
-    'cudnn_layer_norm': '--xla_gpu_enable_cudnn_layer_norm=true',
     'cublas_gemm': '--xla_gpu_enable_triton_gemm=false',
 }
 # The share of the GPU this process keeps while --flags and --peer children run.
@@ -117,9 +113,6 @@ def variant_configs(config_name: str, settings: list[str], names: list[str] | No
         default.update_from_flattened_dict({key: _parse_value(value)})
     out = {'default': default}
     for name in list(VARIANTS) if names is None else names:
-        if name in GPU_ONLY and jax.default_backend() != 'gpu':
-            print(f'{name}: runs on a GPU only; left out on {jax.default_backend()}', flush=True)
-            continue
         key, value = VARIANTS[name].split('=', 1)
         if _resolved(key, _get(default, key)) == _resolved(key, _parse_value(value)):
             print(f'{name}: the default on {jax.default_backend()}; not timed again', flush=True)

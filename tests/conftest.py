@@ -87,3 +87,19 @@ def cpu_choices(monkeypatch):
     _named_backend(monkeypatch, 'cpu')
     yield
     jax.clear_caches()
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n``), hand each worker one test at a time (``--maxschedchunk=1``
+    unless given): with the slow files first (`pytest_collection_modifyitems`), xdist's
+    default first chunks (a quarter of each worker's share) would give one worker most of them."""
+    if getattr(config.option, 'maxschedchunk', False) is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that hold slow tests first, in their order, then the rest: run in parallel,
+    the last tests are short ones, so no worker waits for another's minute-long test at the
+    end. Each file's tests stay together (its module-scoped fixtures are built once)."""
+    slow = {item.path for item in items if item.get_closest_marker('slow')}
+    items.sort(key=lambda item: item.path not in slow)

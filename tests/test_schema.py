@@ -74,6 +74,42 @@ def test_read_config_completes_a_saved_config_json(tmp_path):
     assert 'model.max_len' not in rundir.flat_config(config)
 
 
+def test_a_saved_config_with_a_retired_value_loads_or_says_what_became_of_it(tmp_path, caplog):
+    """config.json as 2698791-9f56641 wrote it: train.loss_pass 'float32' (the one pass left)
+    is dropped silently; model.attention_impl 'cudnn_packed' (also through a resume's change,
+    config_history.jsonl) loads as 'auto' with one warning line; 'accumulate' stops in one line
+    naming the file and what became of it."""
+    values = configs.load('tiny').to_dict()
+    values['train']['loss_pass'] = 'float32'
+    values['model']['attention_impl'] = 'cudnn_packed'
+    (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps(values))
+    with caplog.at_level('WARNING'):
+        config = rundir.read_config(str(tmp_path))
+    assert config.model.attention_impl == 'auto'
+    assert 'train.loss_pass' not in rundir.flat_config(config)
+    warnings = [r.getMessage() for r in caplog.records if 'cudnn_packed' in r.getMessage()]
+    assert warnings == [
+        "model.attention_impl='cudnn_packed' was removed (docs/experiments.md, \"Retired "
+        "levers\"): its gradients were wrong on an H200; it loads as 'auto'."
+    ]
+    values['model']['attention_impl'] = 'einsum'
+    (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps(values))
+    change = {'step': 2, 'key': 'model.attention_impl', 'old': 'einsum', 'new': 'cudnn_packed'}
+    (tmp_path / rundir.HISTORY_FILE).write_text(json.dumps(change) + '\n')
+    assert rundir.read_config(str(tmp_path)).model.attention_impl == 'auto'
+    values['train']['loss_pass'] = 'accumulate'
+    (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps(values))
+    with pytest.raises(rundir.WorkdirError) as info:
+        rundir.read_config(str(tmp_path))
+    assert str(info.value) == (
+        f"{tmp_path / rundir.CONFIG_FILE}: train.loss_pass='accumulate' was removed "
+        '(docs/experiments.md, "Retired levers"): no faster than the float32 loss on an H200; '
+        'delete the key to use that one.'
+    )
+    with pytest.raises(schema.ConfigError, match="loss_pass='accumulate' was removed"):
+        schema.complete(values)
+
+
 @pytest.mark.parametrize(
     'key, value, message',
     [

@@ -11,7 +11,6 @@ mantissa, ~0.4% a rounding; a softmax and two products round a few times).
 import dataclasses
 import functools
 import json
-import re
 
 import jax
 import jax.numpy as jnp
@@ -19,17 +18,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from tests.backends.test_packed_cudnn import _random_packed
 from tests.decoding import test_decode
 from tests.model import test_masks
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_model, tiny_run_config
 from transformer import decoding as decode
-from transformer.backends import packed_cudnn
 from transformer.commands import train as trainer
 from transformer.model import embedding
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.masks import AttentionMask
 from transformer.training import steps
 
 pytestmark = pytest.mark.skipif(
@@ -159,96 +155,3 @@ def test_twenty_steps_on_the_gpu_train_as_on_the_cpu(tmp_path):
     assert len(losses['gpu']) == 20
     np.testing.assert_allclose(losses['gpu'], losses['cpu'], rtol=1e-2)
     assert losses['gpu'][-1] < losses['gpu'][0]
-
-
-def _packed_case(kind: str, seed: int = 0):
-    """Packed rows (one full, one empty) for 'self, causal', 'self' or 'cross' attention:
-    inputs [4, 64, 128] (and a source [4, 48, 128]) and their `AttentionMask`."""
-    rng = np.random.default_rng(seed)
-    q_seg = _random_packed(rng, 4, 64, most=12)
-    kv_seg = q_seg if kind != 'cross' else _random_packed(rng, 4, 48, most=12)
-    if kind == 'cross':
-        kv_seg = np.where(kv_seg <= q_seg.max(1, keepdims=True), kv_seg, 0)
-    x_q = jnp.asarray(rng.standard_normal((4, 64, 128)), jnp.float32)
-    x_kv = x_q if kind != 'cross' else jnp.asarray(rng.standard_normal((4, 48, 128)), jnp.float32)
-    mask = AttentionMask(q_seg > 0, kv_seg > 0, q_seg, kv_seg, causal=kind == 'self, causal')
-    return x_q, x_kv, mask
-
-
-def _packed_module(impl, dtype):
-    return MultiHeadAttention(num_heads=2, use_bias=True, attention_impl=impl, dtype=dtype)
-
-
-@pytest.mark.parametrize('kind', ['self, causal', 'self', 'cross'])
-def test_cudnn_packed_attention_equals_einsum(kind):
-    """``attention_impl='cudnn_packed'`` in bfloat16: the program calls cuDNN with segment
-    offsets (``max_seg_per_batch`` = `packed_cudnn.MAX_SEGMENTS` in the lowered call, cuDNN's
-    attention in the compiled one); outputs and gradients within `BF16_REL` of the float32
-    einsum."""
-    x_q, x_kv, mask = _packed_case(kind)
-    params = nn.unbox(
-        _packed_module('einsum', jnp.float32).init(jax.random.key(1), x_q, x_kv)['params']
-    )
-
-    def run(impl, dtype):
-        def loss(params, x_q, x_kv):
-            y = _packed_module(impl, dtype).apply(
-                {'params': params}, x_q, x_q if kind != 'cross' else x_kv, mask
-            )
-            return jnp.sum(y.astype(jnp.float32) ** 2), y
-
-        fn = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
-        lowered = fn.lower(params, x_q, x_kv)
-        return fn(params, x_q, x_kv), (lowered.as_text(), lowered.compile().as_text())
-
-    ((_, y_ref), g_ref), _ = run('einsum', jnp.float32)
-    ((_, y), grads), (lowered, compiled) = run('cudnn_packed', jnp.bfloat16)
-    segments = packed_cudnn.MAX_SEGMENTS
-    # The custom call jax lowers with the segment offsets, and cuDNN's in the compiled program.
-    offsets = rf'max_seg_per_batch(?:\\22|[^0-9]){{1,8}}{segments}\b'  # MLIR writes " as \22
-    assert re.search(offsets, lowered), 'the lowered program has no packed cuDNN call'
-    assert '__cudnn$fmha' in compiled, 'the compiled program calls no cuDNN attention'
-    _assert_bf16_close(y, y_ref, f'{kind}: outputs')
-    _assert_bf16_close(grads, g_ref, f'{kind}: gradients')
-
-
-@pytest.mark.parametrize('kind', ['self, causal', 'cross'])
-def test_cudnn_packed_segments_do_not_see_each_other(kind):
-    """Changing the inputs of one segment (row 0's second) changes no output of any other
-    segment by a single bit, under cuDNN's packed layout."""
-    x_q, x_kv, mask = _packed_case(kind, seed=1)
-    module = _packed_module('cudnn_packed', jnp.bfloat16)
-    params = nn.unbox(module.init(jax.random.key(1), x_q, x_kv)['params'])
-    apply = jax.jit(lambda q, kv: module.apply({'params': params}, q, q if kind != 'cross' else kv,
-                                               mask))  # fmt: skip
-    q_seg, kv_seg = np.asarray(mask.query_segmentation), np.asarray(mask.key_segmentation)
-    mine_q, mine_kv = q_seg == 2, kv_seg == 2
-    mine_q[1:], mine_kv[1:] = False, False
-    changed_q = jnp.where(mine_q[..., None], x_q + 1.0, x_q)
-    changed_kv = jnp.where(mine_kv[..., None], x_kv - 1.0, x_kv)
-    before = np.asarray(apply(x_q, x_kv), np.float32)
-    after = np.asarray(apply(changed_q, changed_kv), np.float32)
-    assert (before[mine_q] != after[mine_q]).any(), 'the changed segment did not change'
-    np.testing.assert_array_equal(after[~mine_q], before[~mine_q])
-
-
-def test_accumulate_loss_pass_writes_no_float32_copy_of_the_logits():
-    """``train.loss_pass='accumulate'`` on bfloat16 logits [4, 64, 4096]: the compiled loss
-    and gradient hold no float32 array of the logits' shape (the 'float32' pass converts them
-    once), and its loss equals the 'float32' pass's within 1e-5."""
-    rng = np.random.default_rng(0)
-    logits = jnp.asarray(rng.normal(size=(4, 64, 4096)) * 4, jnp.bfloat16)
-    targets = jnp.asarray(rng.integers(0, 4096, (4, 64)), jnp.int32)
-    weights = jnp.asarray(rng.random((4, 64)) < 0.9, jnp.float32)
-    texts, losses = {}, {}
-    for loss_pass in ('float32', 'accumulate'):
-        fn = jax.jit(jax.value_and_grad(
-            lambda z, p=loss_pass: steps.cross_entropy_with_smoothing(z, targets, weights, 0.1,
-                                                                      p)[0]))  # fmt: skip
-        texts[loss_pass] = fn.lower(logits).compile().as_text()
-        losses[loss_pass] = float(fn(logits)[0])
-    # Arrays the program's top level writes (fusions' insides stay in registers).
-    entry = {k: t[t.index('\nENTRY') :] for k, t in texts.items()}
-    copies = {k: len(re.findall(r'= f32\[4,64,4096\]', t)) for k, t in entry.items()}
-    assert copies['accumulate'] == 0, copies
-    np.testing.assert_allclose(losses['accumulate'], losses['float32'], rtol=1e-5)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny_run import SMALL
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / 'benchmarks'))
 
@@ -15,15 +17,21 @@ import gpu_check  # noqa: E402
 
 @pytest.mark.slow
 def test_gpu_check_runs_every_part_on_cpu(tmp_path):
-    """Every part with tiny settings: the six files, train_speed figures of both attention
-    implementations with XLA's temporaries, a kernel table from a real jax.profiler trace,
-    a trained run's validation BLEU and the tests' exit code."""
+    """Every part with tiny settings (a one-layer model of width 32): the six files,
+    train_speed figures with XLA's temporaries, a kernel table from a real jax.profiler trace
+    of the same run, a trained run's validation BLEU and the tests' exit code. One attention
+    implementation: the part runs each as the same command (tests/model/test_flops.py runs
+    train_speed.py itself)."""
+    small = [f'{key}={value}' for key, value in SMALL.items() if key.startswith('model.')]
     summary = gpu_check.main(
         [f'--out={tmp_path}', '--train_speed_config=configs/tiny.py', '--dtype=float32']
+        + ['--impls=einsum', '--profile_impl=einsum']
         + ['--train_speed_steps=2', '--train_speed_warmup=1', '--profile_steps=2']
         + ['--train_speed_set=data.max_len=32', '--train_speed_set=train.batch_size=8']
+        + [f'--train_speed_set={setting}' for setting in small]
         + ['--multi30k_config=configs/tiny.py', '--multi30k_steps=4']
         + ['--multi30k_set=data.synthetic.num_train=200', '--eval_flags=--max_examples=4']
+        + [f'--multi30k_set={setting}' for setting in small]
         + ['--tests=tests/model/test_masks.py::test_dense_mask_of_packed_causal_rows']
         + ['--test_workers=1']
     )
@@ -31,10 +39,10 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     files |= {'multi30k_evaluate.log', 'tests.log'}
     assert {p.name for p in tmp_path.iterdir()} == files
     assert json.loads((tmp_path / 'summary.json').read_text()) == json.loads(json.dumps(summary))
-    for impl in ('einsum', 'fused'):
-        speed = summary['train_speed'][impl]
-        assert speed['attention_impl'] == impl and speed['ms_per_step'] > 0
-        assert speed['temp_bytes'] > 0 and speed['batch_rows'] == 8
+    assert list(summary['train_speed']) == ['einsum']
+    speed = summary['train_speed']['einsum']
+    assert speed['attention_impl'] == 'einsum' and speed['ms_per_step'] > 0
+    assert speed['temp_bytes'] > 0 and speed['batch_rows'] == 8
     kernels = summary['kernels']
     assert kernels['kernels'] >= 1 and kernels['ms_per_step'] > 0
     assert sum(k['share'] for k in kernels['kinds']) == pytest.approx(1.0)
@@ -75,8 +83,7 @@ def test_failures_names_every_failed_test_once():
 
 def test_variants_leave_out_what_is_the_default_on_this_backend():
     """On a CPU 'auto' attention is einsum and 'auto' embedding gradient the scatter, so those
-    variants would time the default again, and the GPU-only ones would time another variant's
-    path; every other variant changes one setting."""
+    variants would time the default again; every other variant changes one setting."""
     import step_variants
 
     from transformer.backends import platform
@@ -84,11 +91,8 @@ def test_variants_leave_out_what_is_the_default_on_this_backend():
     configs = step_variants.variant_configs('tiny', ['model.dtype=bfloat16'], None)
     default = configs.pop('default')
     assert default.model.dtype == 'bfloat16'
-    assert not set(step_variants.GPU_ONLY) & set(configs)
     resolved = {
-        step_variants.VARIANTS[name]
-        for name in step_variants.VARIANTS
-        if name not in configs and name not in step_variants.GPU_ONLY
+        step_variants.VARIANTS[name] for name in step_variants.VARIANTS if name not in configs
     }
     for setting in resolved:
         key, value = setting.split('=')

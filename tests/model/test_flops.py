@@ -126,10 +126,14 @@ def _train_speed(tmp_path, *args, pythonpath=(), memory_gib=None):
 def test_train_speed_command_runs_without_tensorflow(tmp_path):
     """benchmarks/train_speed.py with --data=random, as on a GPU machine without TensorFlow:
     with `tensorflow` and `tensorflow_datasets` made unimportable it times the real step and
-    reports the analytic FLOPs, an MFU from them and the projected time of train.num_steps."""
+    reports the analytic FLOPs, an MFU from them and the projected time of train.num_steps.
+    The model of tests/tiny_run.py (one layer each side, width 32): the command is the same."""
     import json
 
     from configs import tiny
+    from tests.tiny_run import SMALL
+
+    small = {key: value for key, value in SMALL.items() if key.startswith('model.')}
 
     for name in ('tensorflow', 'tensorflow_datasets'):
         (tmp_path / 'blocked' / name).mkdir(parents=True)
@@ -139,6 +143,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     done = _train_speed(
         tmp_path,
         '--config.model.attention_impl=fused',
+        *(f'--config.{key}={value}' for key, value in small.items()),
         '--config.train.num_steps=1000',
         '--data=random',
         '--steps=2',
@@ -148,6 +153,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / 'speed.json').read_text())
     config = tiny.get_config()
+    config.update_from_flattened_dict(small)
     model_config = config_from_dict(config.model, config.data.vocab_size)
     rows, length = config.train.batch_size, config.data.max_len
     assert result['data'] == 'random' and result['attention_impl'] == 'fused'

@@ -104,20 +104,51 @@ def test_a_compiled_step_past_the_room_is_refused_naming_the_batch_that_would_fi
     monkeypatch.setattr(host_memory, 'available', lambda: (5 * GiB, 'MemAvailable'))
     experiment, cpu = _experiment(), jax.devices('cpu')
     assert footprint.step_refusal(experiment, _tiny_step(1, 4), cpu[:1]) is None
-    line = footprint.step_refusal(experiment, _tiny_step(1, 9), cpu[:1])
-    assert '\n' not in line and line.startswith('train.batch_size=32 x data.max_len=64 x ')
-    assert 'temporaries 9.0 GiB' in line
-    assert 'more than 4.5 GiB, 90% of the 5.0 GiB of host memory (MemAvailable)' in line
+    first, detail = footprint.step_refusal(experiment, _tiny_step(1, 9), cpu[:1]).split('\n')
     # 1 GiB grows with nothing, 8 with the rows: (4.5 - 1) / 8 of the 32 rows fit.
-    assert 'lower train.batch_size (to 14, by a linear estimate)' in line
-    assert 'train.loss_chunk_tokens=4096' in line and 'train.grad_accum_steps' in line
+    assert first == (
+        'Out of memory for the training step (9.0 GiB needed, 4.5 GiB left): lower '
+        'train.batch_size=32 to 14.'
+    )
+    assert detail.startswith('train.batch_size=32 x data.max_len=64 x ')
+    assert 'temporaries 9.0 GiB' in detail
+    assert 'more than 4.5 GiB, 90% of the 5.0 GiB of host memory (MemAvailable)' in detail
+    assert 'train.loss_chunk_tokens=4096' in detail and 'train.grad_accum_steps' in detail
     # Every CPU device of the process takes its share of the same host memory.
     two = _experiment(batch_size=32)
     assert footprint.step_refusal(two, _tiny_step(0, 3), cpu[:2]) is not None
     assert footprint.step_refusal(two, _tiny_step(0, 3), cpu[:1]) is None
     # Nothing left even for the state: no batch size is offered, the other remedies are.
-    line = footprint.step_refusal(experiment, _tiny_step(6, 9), cpu[:1])
-    assert 'would fit' not in line and 'train.grad_accum_steps' in line
+    first, detail = footprint.step_refusal(experiment, _tiny_step(6, 9), cpu[:1]).split('\n')
+    assert first.endswith('left): shrink the model, no train.batch_size fits beside its state.')
+    assert 'train.grad_accum_steps' in detail
+
+
+@pytest.mark.parametrize('state_gib', [1, 6000])
+def test_the_refusal_is_one_short_line_and_the_detail_goes_to_the_log(
+    state_gib, monkeypatch, caplog
+):
+    """At the widest figures (a batch of a million rows, thousands of GiB), with a batch size
+    to offer and without one: the first line stays within `REFUSAL_CHARS`, and the train
+    command's error (`stops.check_memory`, printed after ``error: ``) within 200 characters,
+    one line naming memory and train.batch_size; the figures go to the log."""
+    from transformer.training import stops
+
+    monkeypatch.setattr(host_memory, 'available', lambda: (5555 * GiB, 'MemAvailable'))
+    experiment = _experiment(batch_size=1_000_000)
+    step = _tiny_step(state_gib, 9999)
+    first = footprint.step_refusal(experiment, step, jax.devices('cpu')[:1]).split('\n')[0]
+    assert len(first) <= footprint.REFUSAL_CHARS, first
+    with caplog.at_level('ERROR'), pytest.raises(stops.TrainingError) as info:
+        stops.check_memory(experiment, step, jax.devices('cpu')[:1])
+    line = f'error: {info.value}'
+    assert len(line) <= 200 and '\n' not in line, line
+    assert line.startswith('error: Out of memory') and 'train.batch_size' in line
+    # A 6000 GiB train state leaves no room for any row of the 4999.5 GiB the step may take.
+    assert ('lower train.batch_size=1000000 to ' in line) == (state_gib == 1)
+    assert ('shrink the model' in line) == (state_gib != 1)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("XLA's memory analysis" in m and 'temporaries 9,999.0 GiB' in m for m in logged)
 
 
 def test_a_cpu_step_may_take_90_percent_of_the_host_an_accelerators_all_of_its_room(

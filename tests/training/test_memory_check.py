@@ -49,7 +49,7 @@ def _train(workdir, monkeypatch, **overrides) -> None:
 
 @pytest.mark.slow
 def test_a_step_past_the_memory_left_stops_in_one_line_before_it_runs(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, caplog
 ):
     workdir = tmp_path / 'run'
     with pytest.raises(SystemExit) as info:
@@ -59,14 +59,17 @@ def test_a_step_past_the_memory_left_stops_in_one_line_before_it_runs(
     assert saved == ['3']
     capsys.readouterr()
     monkeypatch.setattr(host_memory, 'available', lambda: (2**20, 'a 1 MiB cgroup'))
-    with pytest.raises(SystemExit) as info:
+    with caplog.at_level('ERROR'), pytest.raises(SystemExit) as info:
         _train(workdir, monkeypatch, **{'train.num_steps': 6})
     assert info.value.code not in (0, None)
     line = str(info.value.code)  # what the interpreter prints as it exits with status 1
-    assert line.startswith('error: train.batch_size=8 x data.max_len=')
-    assert '\n' not in line and "XLA's memory analysis" in line
-    assert 'more than 0.9 MiB, 90% of the 1.0 MiB of host memory (a 1 MiB cgroup)' in line
+    assert line.startswith('error: Out of memory for the training step (')
+    assert 'left): lower train.batch_size=8 to ' in line or 'shrink the model' in line
+    assert '\n' not in line and len(line) <= 200
     assert 'checkpoints already saved are untouched' in line
+    detail = [r.getMessage() for r in caplog.records if "XLA's memory analysis" in r.getMessage()]
+    assert len(detail) == 1 and detail[0].startswith('train.batch_size=8 x data.max_len=')
+    assert 'more than 0.9 MiB, 90% of the 1.0 MiB of host memory (a 1 MiB cgroup)' in detail[0]
     # Before any step: step 3's checkpoint is what the workdir holds, and no step 4 was logged.
     assert sorted(p.name for p in (workdir / rundir.CHECKPOINTS).iterdir()) == saved
     metrics = (workdir / rundir.METRICS_FILE).read_text().splitlines()

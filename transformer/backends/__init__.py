@@ -9,7 +9,6 @@ Modules:
 - products.py: the matrix products, bfloat16 at bfloat16 speed on CPUs.
 - logits_layout.py: the tied logits, their embedding gradient laid out for a CPU.
 - segment_attention.py: Pallas's GPU flash attention over packed rows (segment ids).
-- packed_cudnn.py: cuDNN's flash attention over packed rows (segment lengths and offsets).
 - fetch.py: host reads that raise a failed computation's error instead of waiting.
 - host_memory.py, compile_cache.py: the host memory this process may still take and glibc's
   malloc settings; jax's compilation cache; imported
@@ -18,7 +17,6 @@ Modules:
 
 from transformer.backends.fetch import fetch
 from transformer.backends.logits_layout import tied_logits
-from transformer.backends.packed_cudnn import packed_attention
 from transformer.backends.platform import (
     attention_impl,
     cache_chunks,
@@ -40,8 +38,6 @@ __all__ = [
     'host_memory',
     'logits_layout',
     'on_cpu',
-    'packed_attention',
-    'packed_cudnn',
     'packed_self_attention',
     'platform',
     'products',

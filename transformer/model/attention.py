@@ -56,7 +56,7 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
 
 
 # 'auto': the measured winner (`backends.attention_impl`); the others: see MultiHeadAttention.
-ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas', 'cudnn_packed')
+ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
@@ -125,8 +125,7 @@ class MultiHeadAttention(nn.Module):
       attention_impl: 'einsum' (explicit logits and masked softmax; sows the weights),
         'fused' (`fused_attention`: cuDNN flash attention on NVIDIA GPUs, XLA elsewhere; no
         weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
-        packed self-attention by segment ids on a GPU: backends/segment_attention.py),
-        'cudnn_packed' ('fused', packed rows as segment offsets: backends/packed_cudnn.py), or
+        packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
         'auto' (the measured winner on this backend: `backends.attention_impl`).
     """
 
@@ -241,12 +240,10 @@ class MultiHeadAttention(nn.Module):
         return out(heads)
 
     def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
-        """`fused_attention`, after the packed kernel 'pallas' or 'cudnn_packed' names."""
+        """`fused_attention`, after the packed kernel 'pallas' names."""
         impl, packed = backends.attention_impl(self.attention_impl), None
         if self_attention and impl == 'pallas':
             packed = backends.packed_self_attention(q, k, v, mask)
-        elif impl == 'cudnn_packed':
-            packed = backends.packed_attention(q, k, v, mask, fused_attention)
         return fused_attention(q, k, v, mask) if packed is None else packed
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):

@@ -85,12 +85,10 @@ class TransformerConfig(Section):
     # 'einsum': explicit logits + masked softmax (sows attention weights, for visualize);
     # 'fused': jax.nn.dot_product_attention (cuDNN flash attention on NVIDIA GPUs);
     # 'pallas': 'fused', with packed self-attention by Pallas's segment-id kernel on a GPU;
-    # 'cudnn_packed': 'fused', with packed rows as cuDNN segment offsets on a Hopper GPU;
     # 'auto': the measured winner of the backend (backends/platform.py).
     attention_impl: Literal[ATTENTION_IMPLS] = _field(
         'auto',
-        "'auto': cuDNN's fused attention on a GPU, 'einsum' elsewhere; 'fused', 'pallas', "
-        "'cudnn_packed'",
+        "'auto': cuDNN's fused attention on a GPU, 'einsum' elsewhere; 'fused', 'pallas'",
     )
     # The embedding table's gradient (transformer/model/embedding.py): 'scatter' (autodiff's
     # scatter-add), 'one_hot' (blocked one-hot products), 'sorted_scatter' (a segment sum over

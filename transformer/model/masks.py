@@ -72,9 +72,9 @@ def fused_arguments(
     ``key_value_seq_lengths`` and ``is_causal``: cuDNN then skips padded and future tiles and
     reads no [B, 1, T, S] bias. The lengths count the real positions, which are a row's first
     ones in every unpacked batch here (evaluation batches, decoding, the API). Packed rows and
-    plain arrays go as the dense boolean ``mask``: the public API has no segment ids (only
-    jax's private cuDNN wrapper takes packed offsets, on Hopper GPUs: ``attention_impl=
-    'cudnn_packed'``, backends/packed_cudnn.py).
+    plain arrays go as the dense boolean ``mask``: the public API has no segment ids (jax's
+    private cuDNN wrapper takes packed offsets on Hopper GPUs; handed them, an H200 computed
+    wrong gradients: docs/experiments.md, "Retired levers").
 
     Args:
       mask: the mask, or None (everything attends).

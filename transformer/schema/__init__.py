@@ -44,10 +44,10 @@ from transformer.schema.convert import (
 from transformer.schema.sections import (
     DROPOUT_PRNGS,
     LENGTH_PENALTIES,
-    LOSS_PASSES,
     METRICS,
     PARALLELISMS,
     RETIRED_KEYS,
+    RETIRED_VALUES,
     SCHEDULES,
     SECTIONS,
     DataSection,
@@ -60,7 +60,6 @@ from transformer.schema.sections import (
 __all__ = [
     'DROPOUT_PRNGS',
     'LENGTH_PENALTIES',
-    'LOSS_PASSES',
     'MAX_INIT_TIMEOUT',
     'MAX_SEED',
     'MAX_STEP',
@@ -68,6 +67,7 @@ __all__ = [
     'METRICS',
     'PARALLELISMS',
     'RETIRED_KEYS',
+    'RETIRED_VALUES',
     'SCHEDULES',
     'SECTIONS',
     'Config',

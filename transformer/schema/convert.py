@@ -13,12 +13,19 @@ from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 from ml_collections import config_dict
 
 from transformer.data import sources as data_sources
 from transformer.fields import ConfigError, check_keys
 from transformer.model import TransformerConfig, config_from_dict
-from transformer.schema.sections import RETIRED_KEYS, SECTIONS, DataSection, Experiment
+from transformer.schema.sections import (
+    RETIRED_KEYS,
+    RETIRED_VALUES,
+    SECTIONS,
+    DataSection,
+    Experiment,
+)
 
 
 def _section(cls: type, values: Mapping[str, Any]) -> Any:
@@ -101,8 +108,10 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
 def complete(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict:
     """The plain dict of ``config`` with the optional fields it predates set to their defaults
     (the values its run used) and retired keys removed (for a run directory's config.json
-    written by an earlier version); ``config`` itself is left as it is."""
+    written by an earlier version); ``config`` itself is left as it is. A retired value
+    (`RETIRED_VALUES`) loads as its replacement with one warning line, or stops in one line."""
     values = copy.deepcopy(plain(config))
+    _retire_values(values)
     for name, cls in SECTIONS.items():
         section = values.setdefault(name, {})
         if not isinstance(section, Mapping):
@@ -115,6 +124,20 @@ def complete(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict:
         if isinstance(values.get(section), Mapping):
             values[section].pop(name, None)
     return values
+
+
+def _retire_values(values: dict) -> None:
+    """Replaces each retired value of ``values`` in place (`RETIRED_VALUES`), with a warning;
+    ConfigError for one that has no replacement."""
+    for (key, old), (new, why) in RETIRED_VALUES.items():
+        section, name = key.split('.')
+        if not isinstance(values.get(section), Mapping) or values[section].get(name) != old:
+            continue
+        retired = f'{key}={old!r} was removed (docs/experiments.md, "Retired levers"): {why}'
+        if new is None:
+            raise ConfigError(f'{retired}.')
+        logging.warning('%s; it loads as %r.', retired, new)
+        values[section][name] = new
 
 
 def _model_fields() -> list[dataclasses.Field]:

@@ -39,7 +39,6 @@ VocabModelType = Literal[MODEL_TYPES]
 VocabNormalization = Literal[NORMALIZATIONS]
 Pretokenize = Literal[PRETOKENIZERS]  # transformer/data/pretokenize.py
 LongExamples = Literal[LONG_EXAMPLES]
-LossPass = Literal['float32', 'accumulate']  # how the loss reads logits: training/loss.py
 # Beam search's length penalty (transformer/decoding/next_token.py): GNMT's or fairseq's.
 LengthPenalty = Literal['gnmt', 'fairseq']
 
@@ -47,12 +46,21 @@ SCHEDULES: tuple[str, ...] = get_args(Schedule)
 DROPOUT_PRNGS: tuple[str, ...] = get_args(DropoutPrng)
 PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
 METRICS: tuple[str, ...] = get_args(BestMetric)
-LOSS_PASSES: tuple[str, ...] = get_args(LossPass)
 LENGTH_PENALTIES: tuple[str, ...] = get_args(LengthPenalty)
 
 # Keys of configs written by earlier versions that no longer exist; dropped when read.
 # model.max_len: the longest row is data.max_len (the model has no length limit of its own).
-RETIRED_KEYS = ('model.max_len',)
+# train.loss_pass: the loss reads the logits through one float32 copy, its 'float32' pass.
+RETIRED_KEYS = ('model.max_len', 'train.loss_pass')
+# Values earlier versions accepted that an H200 refuted (docs/experiments.md, "Retired levers"):
+# (key, value) -> (what a stored one loads as, with one warning line; None: refused), and why.
+RETIRED_VALUES = {
+    ('train.loss_pass', 'accumulate'): (
+        None,
+        'no faster than the float32 loss on an H200; delete the key to use that one',
+    ),
+    ('model.attention_impl', 'cudnn_packed'): ('auto', 'its gradients were wrong on an H200'),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -239,12 +247,6 @@ class TrainSection(Section):
         NON_NEGATIVE,
         optional=True,
         doc='>0: the loss in chunks of N tokens, no [B, T, V] logits',
-    )
-    # How the loss reads 16-bit logits (transformer/training/loss.py): the same loss either way.
-    loss_pass: LossPass = field(
-        'float32',
-        optional=True,
-        doc="'float32': one float32 copy of the logits; 'accumulate': float32 sums over them",
     )
 
 

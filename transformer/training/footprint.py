@@ -235,10 +235,16 @@ def step_bytes(compiled: Any) -> dict[str, int] | None:
     }
 
 
+# The longest first line of `step_refusal` (the train command adds ~60 characters).
+REFUSAL_CHARS = 140
+
+
 def step_refusal(experiment: Experiment, compiled: Any, devices: Sequence[Any]) -> str | None:
-    """Why the compiled train step cannot run on ``devices`` (all of the step's), in one line
-    naming the settings that decide its size and the train.batch_size that would fit; None
-    when it fits or where XLA or the system gives no figure.
+    """Why the compiled train step cannot run on ``devices`` (all of the step's): a first line
+    naming memory and the train.batch_size that would fit, under `REFUSAL_CHARS` so that the
+    command's ``error:`` line stays within 200; then a line with the detail (the settings that
+    decide the step's size, XLA's figures, the limit found and every remedy). None when it
+    fits or where XLA or the system gives no figure.
 
     The step's arguments (train state, batch) are in memory already, so what it still needs
     is its outputs and temporaries less the outputs that reuse donated arguments; this
@@ -253,7 +259,7 @@ def step_refusal(experiment: Experiment, compiled: Any, devices: Sequence[Any]) 
     free, where = room(local)
     if stats is None or free is None:
         return None
-    m, tc, data = experiment.model, experiment.train, experiment.data
+    tc, data = experiment.train, experiment.data
     on_cpu = local[0].platform == 'cpu'
     share = len(local) if on_cpu else 1
     usable = _HOST_SHARE * free if on_cpu else free
@@ -267,25 +273,36 @@ def step_refusal(experiment: Experiment, compiled: Any, devices: Sequence[Any]) 
     multiple = data_parallel * tc.grad_accum_steps
     fits = int(tc.batch_size * (usable / share - fixed) / max(1, need - fixed))
     fits = fits // multiple * multiple
-    total = stats['argument'] + need
+    fix = (
+        f'lower train.batch_size={tc.batch_size} to {fits}'
+        if fits > 0
+        else 'shrink the model, no train.batch_size fits beside its state'
+    )
+    headline = (
+        f'Out of memory for the training step ({_size(need * share)} needed, '
+        f'{_size(usable)} left): {fix}.'
+    )
+    left = f'the {_size(free)} of {where} this process may still take'
+    limit = f'{_size(usable)}, {_HOST_SHARE:.0%} of {left}' if on_cpu else left
+    return f'{headline}\n{_refusal_detail(experiment, stats, share, limit)}'
+
+
+def _refusal_detail(experiment: Experiment, stats: dict, share: int, limit: str) -> str:
+    """`step_refusal`'s second line: the settings, XLA's figures, the limit, every remedy."""
+    m, tc, data = experiment.model, experiment.train, experiment.data
+    need = stats['output'] + stats['temp'] - stats['alias']
     settings = (
         f'train.batch_size={tc.batch_size} x data.max_len={data.max_len} x data.vocab_size='
         f'{data.vocab_size} (train.loss_chunk_tokens={tc.loss_chunk_tokens}, '
         f'train.grad_accum_steps={tc.grad_accum_steps}, model.d_model={m.d_model})'
     )
-    remedies = [
-        f'lower train.batch_size (to {fits}, by a linear estimate)'
-        if fits > 0
-        else 'the train state alone leaves no room for a batch: shrink the model'
-    ]
+    remedies = ["lower train.batch_size (the first line's figure is a linear estimate)"]
     if not tc.loss_chunk_tokens:
         remedies.append('set train.loss_chunk_tokens=4096 (no [tokens, vocabulary] logits)')
     remedies.append('raise train.grad_accum_steps (the same rows in smaller micro-batches)')
-    left = f'the {_size(free)} of {where} this process may still take'
-    limit = f'{_size(usable)}, {_HOST_SHARE:.0%} of {left}' if on_cpu else left
     return (
-        f'{settings}: the compiled training step needs {_size(total)} per device '
-        f"(XLA's memory analysis: arguments {_size(stats['argument'])} + outputs "
+        f'{settings}: the compiled training step needs {_size(stats["argument"] + need)} per '
+        f"device (XLA's memory analysis: arguments {_size(stats['argument'])} + outputs "
         f'{_size(stats["output"])} + temporaries {_size(stats["temp"])} - donated '
         f'{_size(stats["alias"])}), {_size(need * share)} beyond its arguments'
         f'{f" on {share} devices" if share > 1 else ""}, more than {limit}: '

@@ -21,16 +21,9 @@ Without differentiation (evaluation) only the forward sums run.
 The product runs in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes
 them); the softmax statistics, dz and the dW accumulation are float32.
 
-How the logits are read (``train.loss_pass``): 'float32' converts the logits to float32 once
-and reduces over that copy, which for 16-bit logits is a second [tokens, V] array (4 bytes an
-entry) written and read again. 'accumulate' (`accumulated_token_losses`) reduces over the
-logits in their own dtype with float32 accumulation (the max, exact in any float type; the
-target logit, gathered; the logits' sum, a product with ones accumulated in float32; the
-exponentials' sum, converting inside the reduction) and writes the gradient once, in the
-logits' dtype, as Liger Kernel's cross-entropy does over bfloat16 logits (Hsu et al., 2024).
-A bfloat16 -> float32 conversion is exact, so both compute the same loss; only the order of
-float32 summation may differ (tests/training/test_loss_pass.py states by how much). Whether
-'accumulate' is faster on a GPU is for benchmarks/step_variants.py to say.
+The loss reads the logits through one float32 copy (for 16-bit logits a second [tokens, V]
+array): reading them in their own dtype with float32 sums instead measured no faster on an H200
+(docs/experiments.md, "Retired levers").
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ import jax
 import jax.numpy as jnp
 
 from transformer import backends
-from transformer.schema import LOSS_PASSES
 
 Array = jax.Array
 
@@ -67,32 +59,6 @@ def token_losses(z: Array, targets: Array, label_smoothing: float) -> tuple[Arra
     return smoothed, lse - target_logit, lse
 
 
-def accumulated_token_losses(
-    z: Array, targets: Array, label_smoothing: float
-) -> tuple[Array, Array, Array]:
-    """`token_losses` of logits z [..., V] in their own dtype, accumulated in float32.
-
-    No float32 copy of z is made to be shared: the max is taken in z's dtype (exact), the
-    target logit is gathered before its conversion, the logits' sum is a product with ones
-    accumulated in float32 (``preferred_element_type``; float32 logits take the plain sum, as
-    `token_losses`), and the exponentials' sum converts each entry inside the reduction.
-    Returns float32 (smoothed loss, NLL, logsumexp), as `token_losses`.
-    """
-    on_target, low = smoothing_weights(z.shape[-1], label_smoothing)
-    peak = jax.lax.stop_gradient(z.max(axis=-1).astype(jnp.float32))
-    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
-    lse = jnp.log(jnp.exp(z.astype(jnp.float32) - peak[..., None]).sum(axis=-1)) + peak
-    target_logit = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-    target_logit = target_logit.astype(jnp.float32)
-    if z.dtype == jnp.float32:
-        total = z.sum(axis=-1)
-    else:
-        ones = jnp.ones(z.shape[-1:], z.dtype)
-        total = jnp.einsum('...V,V->...', z, ones, preferred_element_type=jnp.float32)
-    smoothed = lse - on_target * target_logit - low * total
-    return smoothed, lse - target_logit, lse
-
-
 def logits_grad(
     logits: Array,
     targets: Array,
@@ -114,44 +80,27 @@ def logits_grad(
     return grad.astype(logits.dtype)
 
 
-def _pass_losses(loss_pass: str):
-    """The forward of ``loss_pass``: (smoothed, NLL, logsumexp) of every position."""
-    if check_loss_pass(loss_pass) == 'float32':
-        return lambda z, t, eps: token_losses(z.astype(jnp.float32), t, eps)
-    return accumulated_token_losses
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def position_losses(logits: Array, targets: Array, label_smoothing: float):
+    """[...] smoothed and plain cross-entropy of every position of ``logits`` [..., V]
+    (`token_losses` of a float32 copy). The gradient is written out, d/dz = softmax(z) - q
+    (times each output's cotangent, `logits_grad`): one pass over the logits, where autodiff
+    through log_softmax made several and materialised the log-probabilities
+    (docs/experiments.md)."""
+    return _position_fwd(logits, targets, label_smoothing)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def position_losses(logits: Array, targets: Array, label_smoothing: float, loss_pass: str):
-    """[...] smoothed and plain cross-entropy of every position of ``logits`` [..., V], read as
-    ``train.loss_pass`` says ('float32': `token_losses` of a float32 copy; 'accumulate':
-    `accumulated_token_losses`). The gradient is written out, d/dz = softmax(z) - q (times each
-    output's cotangent, `logits_grad`): one pass over the logits, where autodiff through
-    log_softmax made several and materialised the log-probabilities (docs/experiments.md)."""
-    return _position_fwd(logits, targets, label_smoothing, loss_pass)[0]
-
-
-def _position_fwd(logits, targets, label_smoothing, loss_pass):
-    smoothed, nll, lse = _pass_losses(loss_pass)(logits, targets, label_smoothing)
+def _position_fwd(logits, targets, label_smoothing):
+    smoothed, nll, lse = token_losses(logits.astype(jnp.float32), targets, label_smoothing)
     return (smoothed, nll), (logits, targets, lse)
 
 
-def _position_bwd(label_smoothing, loss_pass, residuals, cotangents):
+def _position_bwd(label_smoothing, residuals, cotangents):
     logits, targets, lse = residuals
     return logits_grad(logits, targets, lse, *cotangents, label_smoothing), None
 
 
 position_losses.defvjp(_position_fwd, _position_bwd)
-
-
-def check_loss_pass(loss_pass: str) -> str:
-    """``loss_pass`` if it is one of `LOSS_PASSES`, else a one-line error naming them."""
-    if loss_pass not in LOSS_PASSES:
-        raise ValueError(
-            f'train.loss_pass must be one of {", ".join(map(repr, LOSS_PASSES))}, got '
-            f'{loss_pass!r}.'
-        )
-    return loss_pass
 
 
 def fused_cross_entropy(
@@ -163,7 +112,6 @@ def fused_cross_entropy(
     label_smoothing: float,
     chunk_tokens: int,
     dtype,
-    loss_pass: str = 'float32',
 ) -> tuple[Array, Array, Array]:
     """Summed smoothed loss, NLL and correct count of logits ``hidden @ weight.T + bias``.
 
@@ -181,8 +129,6 @@ def fused_cross_entropy(
         rows sharded over devices stay where they are): chunk_tokens // B of them, at least
         one; the last chunk is padded with weight-0 positions.
       dtype: compute dtype of the product (the model's ``dtype``).
-      loss_pass: how each chunk's logits are read ('float32' or 'accumulate', module
-        docstring).
 
     Returns:
       (smoothed loss sum, NLL sum, correct count), float32 scalars; only the first carries a
@@ -199,7 +145,6 @@ def fused_cross_entropy(
         float(label_smoothing),
         int(chunk_tokens),
         jnp.dtype(dtype),
-        check_loss_pass(loss_pass),
     )
     return sums[0], jax.lax.stop_gradient(sums[1]), jax.lax.stop_gradient(sums[2])
 
@@ -212,18 +157,15 @@ def _chunks(x: Array, size: int) -> Array:
     return x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _chunk_logits(y: Array, weight: Array, bias: Array | None, loss_pass: str) -> Array:
-    """[C, V] logits of one chunk, the product in the operands' dtype as in decode; float32
-    for the 'float32' pass, in that dtype for 'accumulate'."""
+def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
+    """float32 [C, V] logits of one chunk, the product in the operands' dtype as in decode."""
     z = backends.einsum('CD,VD->CV', y, weight)
     if bias is not None:
         z = z + bias
-    return z.astype(jnp.float32) if loss_pass == 'float32' else z
+    return z.astype(jnp.float32)
 
 
-def _sweep(
-    y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, loss_pass, grads
-):
+def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, grads):
     """The loop over chunks: sums [3] and, with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
     rows, length, d = y.shape
     on_target, low = smoothing_weights(weight.shape[0], label_smoothing)
@@ -234,18 +176,14 @@ def _sweep(
 
     def body(carry, chunk):
         y_c, t_c, wt_c = chunk
-        z = _chunk_logits(y_c, w, b, loss_pass)
-        smoothed, nll, lse = _pass_losses(loss_pass)(z, t_c, label_smoothing)
+        z = _chunk_logits(y_c, w, b)
+        smoothed, nll, lse = token_losses(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
         sums = (jnp.stack([smoothed, nll, correct]) * wt_c).sum(-1)
         if not grads:
             return carry + sums, None
         is_target = t_c[:, None] == jnp.arange(z.shape[-1], dtype=t_c.dtype)
-        dz = (
-            jnp.exp(z.astype(jnp.float32) - lse[:, None])
-            - low
-            - jnp.where(is_target, on_target, 0.0)
-        )
+        dz = jnp.exp(z - lse[:, None]) - low - jnp.where(is_target, on_target, 0.0)
         dz = (dz * wt_c[:, None]).astype(dtype)
         dy_c = backends.einsum('CV,VD->CD', dz, w)
         # dW^T = y^T dz keeps the [C, V] block in place (see backends/logits_layout.py).
@@ -268,21 +206,19 @@ def _sweep(
     return sums, (dy, dwt.T.astype(weight.dtype), db)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _fused(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, loss_pass):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _fused(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
     """[3] sums (smoothed, NLL, correct); the gradient only follows the first (see
     `fused_cross_entropy`, which stops the other two)."""
-    settings = (label_smoothing, chunk_tokens, dtype, loss_pass)
-    return _sweep(y, weight, bias, targets, weights, *settings, False)[0]
+    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, False)[0]
 
 
-def _fused_fwd(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, loss_pass):
+def _fused_fwd(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
     # The residuals are the gradients themselves, for a cotangent of 1 (module docstring).
-    settings = (label_smoothing, chunk_tokens, dtype, loss_pass)
-    return _sweep(y, weight, bias, targets, weights, *settings, True)
+    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, True)
 
 
-def _fused_bwd(label_smoothing, chunk_tokens, dtype, loss_pass, grads, g):
+def _fused_bwd(label_smoothing, chunk_tokens, dtype, grads, g):
     scale = g[0]  # the smoothed loss's cotangent; the others are stopped (fused_cross_entropy)
     dy, dw, db = (None if x is None else x * scale.astype(x.dtype) for x in grads)
     return dy, dw, db, None, None

@@ -173,7 +173,6 @@ class Parallel:
         label_smoothing: float,
         accum_steps: int,
         loss_chunk_tokens: int = 0,
-        loss_pass: str = 'float32',
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
@@ -197,7 +196,6 @@ class Parallel:
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         self._compiled: dict[tuple, jax.stages.Compiled] = {}  # `compile_step`'s, by batch shape
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
-        loss['loss_pass'] = loss_pass
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
         )
@@ -242,7 +240,6 @@ class Parallel:
             label_smoothing=tc.label_smoothing,
             accum_steps=tc.grad_accum_steps,
             loss_chunk_tokens=tc.loss_chunk_tokens,
-            loss_pass=tc.loss_pass,
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,

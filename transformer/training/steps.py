@@ -105,7 +105,6 @@ def cross_entropy_with_smoothing(
     targets: Array,
     weights: Array,
     label_smoothing: float,
-    loss_pass: str = 'float32',
 ) -> tuple[Array, Array]:
     """Summed label-smoothed and plain cross-entropy over the weighted target positions.
 
@@ -117,13 +116,11 @@ def cross_entropy_with_smoothing(
       targets: [B, T] token ids.
       weights: [B, T], 1 for real target tokens, 0 for padding.
       label_smoothing: eps_ls.
-      loss_pass: ``train.loss_pass``: 'float32' or 'accumulate', the same loss read
-        differently (`loss.position_losses`).
 
     Returns:
       (smoothed loss sum, NLL sum), each a float32 scalar.
     """
-    smoothed, nll = position_losses(logits, targets, label_smoothing, loss_pass)
+    smoothed, nll = position_losses(logits, targets, label_smoothing)
     return (smoothed * weights).sum(), (nll * weights).sum()
 
 
@@ -144,7 +141,6 @@ def loss_sums(
     label_smoothing: float,
     rng: Array | None,
     loss_chunk_tokens: int = 0,
-    loss_pass: str = 'float32',
 ) -> tuple[Array, dict[str, Array]]:
     """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
 
@@ -166,13 +162,10 @@ def loss_sums(
             label_smoothing,
             loss_chunk_tokens,
             model.config.dtype,
-            loss_pass,
         )
     else:
         logits = teacher_forced_logits(*args, **kwargs)
-        loss, nll = cross_entropy_with_smoothing(
-            logits, batch['targets'], weights, label_smoothing, loss_pass
-        )
+        loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
         correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
     sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
     return loss, sums
@@ -205,7 +198,6 @@ def accumulated_grads(
     rng: Array,
     accum_steps: int,
     loss_chunk_tokens: int = 0,
-    loss_pass: str = 'float32',
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
@@ -217,8 +209,7 @@ def accumulated_grads(
     keeps the normalisation by the total token count exact.
     """
     grad_fn = jax.grad(
-        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens, loss_pass=loss_pass),
-        has_aux=True,
+        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens), has_aux=True
     )
     if accum_steps == 1:
         return grad_fn(params, batch, model, label_smoothing, rng)
@@ -251,7 +242,6 @@ def train_step(
     accum_steps: int,
     axis_name: str | None = None,
     loss_chunk_tokens: int = 0,
-    loss_pass: str = 'float32',
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step on the (local part of the) batch.
 
@@ -263,7 +253,7 @@ def train_step(
     if axis_name is not None:
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
     grads, sums = accumulated_grads(
-        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens, loss_pass
+        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens
     )
     if axis_name is not None:
         grads, sums = jax.lax.pmean((grads, sums), axis_name)
@@ -291,8 +281,7 @@ def eval_step(
     model: Transformer,
     label_smoothing: float,
     loss_chunk_tokens: int = 0,
-    loss_pass: str = 'float32',
 ) -> dict[str, Array]:
     """Summed loss / NLL / correct / token counts of one evaluation batch (no dropout)."""
-    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens, loss_pass)
+    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens)
     return sums

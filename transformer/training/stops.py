@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from transformer import multihost, rundir, schema
 from transformer.checkpoint import Checkpoints
@@ -71,7 +72,11 @@ def check_memory(experiment: schema.Experiment, compiled: Any, devices: Sequence
     why = footprint.step_refusal(experiment, compiled, devices)
     if multihost.all_ok(why is None):
         return
-    why = why or "Another process's compiled training step does not fit its memory (its log says)."
+    if why is None:
+        why = "Another process's compiled training step does not fit its memory (its log says)."
+    else:
+        why, detail = why.split('\n', 1)
+        logging.error('%s', detail)  # the figures and every remedy, before the one-line error
     raise TrainingError(f'{why} No step ran; checkpoints already saved are untouched.')
 
 
