@@ -61,16 +61,9 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
     config, workdir = run.config, run.workdir
     tc, parallel = config.train, run.parallel
     step = first_step = int(fetch(parallel.global_state(run.state).step))
-    done = rundir.path(workdir, rundir.FINAL_METRICS_FILE)
-    if (step >= tc.num_steps or run.best.should_stop) and os.path.exists(done):
-        # A finished run (or a smaller train.num_steps) trains nothing and rewrites nothing.
-        logging.info(
-            'The run in %s is at step %d (train.num_steps=%d%s): nothing to train; its final '
-            'metrics stay in %s.',
-            *(workdir, step, tc.num_steps, ', stopped early' * run.best.should_stop, done),
-        )
-        final = rundir.read_final_metrics(workdir)
-        return {**final, 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
+    finished = _finished(run, step, start_time)
+    if finished is not None:
+        return finished
     validation = validation_lib.Validation(config, run.tokenizer, run.model, parallel, workdir)
     writer = metrics_lib.MetricWriter(
         rundir.path(workdir, rundir.METRICS_FILE),
@@ -146,6 +139,21 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
         with open(rundir.path(workdir, rundir.FINAL_METRICS_FILE), 'w') as f:
             json.dump(final, f, indent=2)
     return final
+
+
+def _finished(run: Run, step: int, start_time: float) -> dict[str, Any] | None:
+    """The final metrics of a finished run (or one a smaller train.num_steps ends), which
+    trains nothing and rewrites nothing; None when there is training to do."""
+    tc, done = run.config.train, rundir.path(run.workdir, rundir.FINAL_METRICS_FILE)
+    if not ((step >= tc.num_steps or run.best.should_stop) and os.path.exists(done)):
+        return None
+    logging.info(
+        'The run in %s is at step %d (train.num_steps=%d%s): nothing to train; its final '
+        'metrics stay in %s.',
+        *(run.workdir, step, tc.num_steps, ', stopped early' * run.best.should_stop, done),
+    )
+    final = rundir.read_final_metrics(run.workdir)
+    return {**final, 'steps_this_run': 0, 'wall_time_s': time.time() - start_time}
 
 
 def _save(run: Run, data_state) -> None:
