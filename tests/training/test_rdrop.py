@@ -31,24 +31,25 @@ def test_symmetric_kl_equals_a_hand_computation():
 
 def test_without_dropout_the_kl_is_zero_and_the_loss_is_the_plain_one():
     """With every dropout rate 0 both passes are one network: KL 0, the plain loss and gradient
-    (packed rows)."""
+    (packed rows), in one batch and in 2 micro-batches."""
     model = tiny_model()
     params, batch, key = _params(model), packed_batch(0), jax.random.key(3)
-    plain_grads, plain = jax.grad(steps.loss_sums, has_aux=True)(params, batch, model, 0.1, key)
-    grads, sums = jax.grad(steps.loss_sums, has_aux=True)(
-        params, batch, model, 0.1, key, rdrop_alpha=5.0
-    )
-    assert float(sums[rdrop.KL_KEY]) == 0.0
-    for k in steps.SUM_KEYS:
-        np.testing.assert_allclose(sums[k], plain[k], rtol=1e-6)
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    plain_grads, plain = steps.accumulated_grads(params, batch, model, 0.1, key, 1)
+    for accum in (1, 2):
+        grads, sums = steps.accumulated_grads(
+            params, batch, model, 0.1, key, accum, rdrop_alpha=5.0
+        )
+        assert float(sums[rdrop.KL_KEY]) == 0.0
+        for k in steps.SUM_KEYS:
+            np.testing.assert_allclose(sums[k], plain[k], rtol=1e-5)
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_with_dropout_the_objective_adds_alpha_times_the_kl():
     """Dropout 0.3: the masks differ (KL > 0), the objective is the passes' mean loss + alpha x
-    KL, the first pass is the plain step's (same key), the gradient finite, validation (no
-    rng) the plain loss."""
+    KL, the first pass is the plain step's (same key); 2 micro-batches sum a finite gradient and
+    a KL > 0; validation (no rng) is the plain loss."""
     model = tiny_model(dropout_rate=0.3)
     params, batch, key = _params(model), packed_batch(1), jax.random.key(3)
     objective, sums = steps.loss_sums(params, batch, model, 0.1, key, rdrop_alpha=2.0)
@@ -59,31 +60,12 @@ def test_with_dropout_the_objective_adds_alpha_times_the_kl():
     second, _ = steps.loss_sums(params, batch, model, 0.1, rdrop.second_pass_key(key))
     np.testing.assert_allclose(sums['loss'], 0.5 * (first + second), rtol=1e-6)
     assert first != second
-    grads = jax.grad(lambda p: steps.loss_sums(p, batch, model, 0.1, key, rdrop_alpha=2.0)[0])(
-        params
-    )
+    per_token = steps.summarize(sums, 32, 0.1)[rdrop.KL_KEY]
+    np.testing.assert_allclose(per_token, kl / float(sums['tokens']), rtol=1e-6)
+    grads, accumulated = steps.accumulated_grads(params, batch, model, 0.1, key, 2, rdrop_alpha=2.0)
+    assert float(accumulated[rdrop.KL_KEY]) > 0
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
-    evaluated = steps.eval_step(params, batch, model=model, label_smoothing=0.1)
-    assert rdrop.KL_KEY not in evaluated
-    np.testing.assert_allclose(
-        steps.summarize(sums, 32, 0.1)[rdrop.KL_KEY], kl / float(sums['tokens']), rtol=1e-6
-    )
-
-
-def test_accumulation_sums_both_passes_of_every_micro_batch():
-    """Without dropout, 2 micro-batches give one batch's gradient; with it, the KL is summed
-    over both (finite, > 0)."""
-    model = tiny_model()
-    params, batch, key = _params(model), packed_batch(2), jax.random.key(3)
-    one, sums_one = steps.accumulated_grads(params, batch, model, 0.1, key, 1, rdrop_alpha=1.0)
-    two, sums_two = steps.accumulated_grads(params, batch, model, 0.1, key, 2, rdrop_alpha=1.0)
-    np.testing.assert_allclose(sums_two['loss'], sums_one['loss'], rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(two), jax.tree.leaves(one), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-    model = tiny_model(dropout_rate=0.3)
-    grads, sums = steps.accumulated_grads(params, batch, model, 0.1, key, 2, rdrop_alpha=1.0)
-    assert float(sums[rdrop.KL_KEY]) > 0
-    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+    assert rdrop.KL_KEY not in steps.eval_step(params, batch, model=model, label_smoothing=0.1)
 
 
 def _steps(mode, devices, num_steps=2):
@@ -157,3 +139,19 @@ def test_the_chunked_loss_is_refused_in_one_line():
         steps.loss_sums(
             _params(model), packed_batch(0), model, 0.1, jax.random.key(0), 8, rdrop_alpha=1.0
         )
+
+
+def test_the_written_out_kl_gradient_equals_autodiff():
+    """`symmetric_kl`'s gradient to both logits equals autodiff of its formula."""
+    z1, z2 = jax.random.normal(jax.random.key(0), (2, 3, 4, 9)) * 2
+    weights = jnp.arange(12.0).reshape(3, 4)
+
+    def direct(a, b):
+        log_p, log_q = jax.nn.log_softmax(a), jax.nn.log_softmax(b)
+        return (0.5 * ((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q)).sum(-1) * weights).sum()
+
+    want = jax.grad(direct, argnums=(0, 1))(z1, z2)
+    got = jax.grad(lambda a, b: (rdrop.symmetric_kl(a, b) * weights).sum(), argnums=(0, 1))(z1, z2)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert np.abs(w).max() > 0.1

@@ -39,15 +39,44 @@ def second_pass_key(rng: Array) -> Array:
     return jax.random.fold_in(rng, _SECOND_PASS)
 
 
+@jax.custom_vjp
 def symmetric_kl(logits_1: Array, logits_2: Array) -> Array:
     """0.5 x (KL(p1 || p2) + KL(p2 || p1)) at every position of logits [..., V], float32 [...].
 
     Written as 0.5 x sum_v (p1 - p2)(log p1 - log p2), from log-softmaxes (finite for any
-    finite logits; each term is >= 0).
+    finite logits; each term is >= 0). The gradient is written out (`_kl_bwd`) from the two
+    logits alone, which the cross-entropy keeps anyway: autodiff kept four more [..., V] arrays
+    (both log-softmaxes and both softmaxes), the step's largest.
     """
-    log_p1 = jax.nn.log_softmax(logits_1.astype(jnp.float32), axis=-1)
-    log_p2 = jax.nn.log_softmax(logits_2.astype(jnp.float32), axis=-1)
-    return 0.5 * ((jnp.exp(log_p1) - jnp.exp(log_p2)) * (log_p1 - log_p2)).sum(axis=-1)
+    return _kl_fwd(logits_1, logits_2)[0]
+
+
+def _log_softmaxes(logits_1: Array, logits_2: Array) -> tuple[Array, Array]:
+    return (
+        jax.nn.log_softmax(logits_1.astype(jnp.float32), axis=-1),
+        jax.nn.log_softmax(logits_2.astype(jnp.float32), axis=-1),
+    )
+
+
+def _kl_fwd(logits_1: Array, logits_2: Array):
+    log_p1, log_p2 = _log_softmaxes(logits_1, logits_2)
+    kl = 0.5 * ((jnp.exp(log_p1) - jnp.exp(log_p2)) * (log_p1 - log_p2)).sum(axis=-1)
+    return kl, (logits_1, logits_2)
+
+
+def _kl_bwd(residuals, g: Array):
+    """With d = log p1 - log p2 (and sum_v (p1 - p2) = 0): d KL / d z1 = 0.5 (p1 (d - <p1, d>)
+    + p1 - p2) and d KL / d z2 = 0.5 (p2 (<p2, d> - d) + p2 - p1)."""
+    logits_1, logits_2 = residuals
+    log_p1, log_p2 = _log_softmaxes(logits_1, logits_2)
+    p1, p2, d = jnp.exp(log_p1), jnp.exp(log_p2), log_p1 - log_p2
+    g = 0.5 * g[..., None]
+    grad_1 = g * (p1 * (d - (p1 * d).sum(-1, keepdims=True)) + p1 - p2)
+    grad_2 = g * (p2 * ((p2 * d).sum(-1, keepdims=True) - d) + p2 - p1)
+    return grad_1.astype(logits_1.dtype), grad_2.astype(logits_2.dtype)
+
+
+symmetric_kl.defvjp(_kl_fwd, _kl_bwd)
 
 
 def combine(
