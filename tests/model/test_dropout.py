@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from transformer.model import dropout
 
@@ -77,3 +78,31 @@ def test_bfloat16_kept_values_are_scaled_in_float32():
     np.testing.assert_array_equal(y[kept], want[kept].astype(np.float32))
     ratio = y[kept] / np.asarray(x.astype(jnp.float32))[kept]
     assert abs(ratio.mean() / scale - 1) < 2e-4, ratio.mean() / scale
+
+
+def test_token_dropout_drops_whole_tokens_in_training_only():
+    """model.token_dropout_rate: each token's embedding is kept whole (scaled by 1 / keep) or
+    zeroed whole, at about the rate, before the positions are added; evaluation embeds every
+    token."""
+    from tests.tiny_run import tiny_model
+
+    model = tiny_model(token_dropout_rate=0.3)  # dropout_rate 0: the sum is not dropped
+    tokens = jax.random.randint(jax.random.key(0), (16, 64), 3, 32)
+    positions = jnp.broadcast_to(jnp.arange(64), tokens.shape)
+
+    def embed(m, train):
+        return m._embed(m.source_embedding, tokens, positions, train)
+
+    variables = model.init(jax.random.key(1), tokens[:1, :4], tokens[:1, :4])
+    table = nn.unbox(variables['params']['shared_embedding']['embedding'])
+    rows = np.asarray(table[tokens] * np.sqrt(32))
+    evaluated = np.asarray(model.apply(variables, False, method=embed))
+    trained = np.asarray(
+        model.apply(variables, True, method=embed, rngs={'dropout': jax.random.key(2)})
+    )
+    at_positions = evaluated - rows  # evaluation keeps every token
+    got = trained - at_positions
+    zero = np.all(np.abs(got) < 1e-6, axis=-1)
+    assert abs(zero.mean() - 0.3) < 0.05
+    scale = 65536 / (65536 - dropout.drop_threshold(0.3))
+    np.testing.assert_allclose(got[~zero], rows[~zero] * scale, rtol=1e-5, atol=1e-5)

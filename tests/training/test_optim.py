@@ -1,7 +1,9 @@
 """The schedule and optimiser of Sec. 5.3."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from transformer import schema
@@ -119,3 +121,25 @@ def test_warmup_init_lr_belongs_to_inverse_sqrt():
         schema.parse(config)
     config.opt.schedule = 'inverse_sqrt'
     assert schema.parse(config).opt.warmup_init_lr == 1e-7
+
+
+def test_weight_decay_is_decoupled_and_spares_biases_and_norms():
+    """opt.weight_decay: with a zero gradient Adam's update is 0, so the whole update is the
+    decay, -lr x wd x w, on matrices only (biases, layer-norm scales kept); 0 keeps Adam's
+    state."""
+    opt = base.get_config().opt
+    opt.schedule, opt.lr_scale = 'constant', 0.5
+    params = {'kernel': jnp.full((2, 3), 2.0), 'bias': jnp.full((3,), 2.0), 'scale': jnp.ones(3)}
+    plain, _ = optim.make_optimizer(opt, d_model=8)
+    opt.weight_decay = 0.1
+    tx, _ = optim.make_optimizer(opt, d_model=8)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    np.testing.assert_allclose(updates['kernel'], -0.5 * 0.1 * 2.0, rtol=1e-6)
+    assert not np.any(updates['bias']) and not np.any(updates['scale'])
+    assert optim.decays({'embedding': jnp.ones((5, 2)), 'b': jnp.ones(2)}) == {
+        'embedding': True,
+        'b': False,
+    }
+    adam = optax.chain(optax.adam(optax.constant_schedule(0.5)))  # earlier runs' state
+    assert jax.tree.structure(plain.init(params)) == jax.tree.structure(adam.init(params))

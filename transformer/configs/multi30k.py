@@ -21,6 +21,14 @@ Variants (lowercased tokenized BLEU, as the published Multi30k results):
   length penalty |y|^1, Adam eps 1e-8, clipping at norm 25, layer norm eps 1e-5, the
   ``inverse_sqrt`` schedule from 1e-7 to 0.005 over 2000 updates, and a checkpoint every 62
   updates (one epoch), so that the 10 averaged span the last 10 epochs. Not trained yet.
+- ``tiny_rdrop``: ``tiny`` with R-Drop (Liang et al., NeurIPS 2021) at ``train.rdrop_alpha``
+  2.5, the paper's IWSLT'14 alpha 5 in this codebase's form (transformer/training/rdrop.py);
+  the paper's IWSLT model has tiny's dropout, 0.3. Twice the work a step.
+- ``tiny_worddrop``: ``tiny`` with word dropout 0.1 on both sides (Sennrich, Haddow & Birch,
+  2016, WMT16 EN<->RO: "drop out full words (both on the source and target side) with a
+  probability of 0.1") and AdamW's decoupled weight decay 0.01 on the weight matrices
+  (Loshchilov & Hutter, 2019; BERT's and PyTorch AdamW's 0.01). A step costs what ``tiny``'s
+  does. Both candidates: a CPU pilot in docs/experiments.md; not yet trained in full.
 
 Earlier experiments stay reachable as variants (`EARLIER`: `bf16`, `dropout02_bf16`,
 `cooldown`, `dropout03`, `ensemble`, `lowercase`); none beat `dropout02` on validation. Their
@@ -90,6 +98,14 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
             'train.checkpoint_every': 62,  # one epoch of 2 x 4096 tokens
             'train.keep_checkpoints': 15,  # tiny's: room for the 10 averaged
             'eval.average_last': 10,  # tiny's: fairseq's --num-epoch-checkpoints 10
+        },
+    ),
+    'tiny_rdrop': ('tiny', {'train.rdrop_alpha': 2.5}),  # the paper's 5 with summed CEs
+    'tiny_worddrop': (
+        'tiny',
+        {
+            'model.token_dropout_rate': 0.1,  # Sennrich et al. (2016)'s word dropout
+            'opt.weight_decay': 0.01,  # AdamW on the weight matrices (training/optim.py)
         },
     ),
 }

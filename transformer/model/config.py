@@ -67,6 +67,12 @@ class TransformerConfig(Section):
     relu_dropout_rate: float = _field(
         0.0, "on the FFN's hidden layer, after its activation (not in the paper)", RATE
     )
+    # Word dropout (Sennrich, Haddow & Birch, 2016, "Edinburgh Neural Machine Translation
+    # Systems for WMT 16"; Gal & Ghahramani, 2016): whole source and decoder-input tokens'
+    # embeddings dropped in training (transformer/model/transformer.py `_embed`).
+    token_dropout_rate: float = _field(
+        0.0, "whole tokens' embeddings dropped, source and target side (not in the paper)", RATE
+    )
     # Accepted from Python callers and ignored: the network has no length limit (sinusoidal
     # positions, caches sized by the caller); the longest training row is the data's max_len.
     # A config file's model.max_len is dropped when it is read (schema.RETIRED_KEYS).

@@ -87,6 +87,7 @@ class Transformer(nn.Module):
             self.encoder_norm = norm(cfg, 'encoder_norm')
             self.decoder_norm = norm(cfg, 'decoder_norm')
         self.embed_dropout = Dropout(cfg.dropout_rate)
+        self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 
     def _embed(self, embedding: nn.Embed, tokens: Array, positions: Array, train: bool) -> Array:
@@ -94,6 +95,11 @@ class Transformer(nn.Module):
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
         # the sum is dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
+        if train and cfg.token_dropout_rate:
+            # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
+            # a dropped token is its position alone.
+            keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
+            rows = (rows * keep).astype(cfg.dtype)
         x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
         x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
         return self.embed_dropout(x, deterministic=not train)

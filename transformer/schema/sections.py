@@ -156,6 +156,14 @@ class OptSection(Section):
     clip_grad_norm: float = field(
         0.0, NON_NEGATIVE, doc='global-norm clipping; 0 = off (the paper does not clip)'
     )
+    # Decoupled weight decay (AdamW, Loshchilov & Hutter, 2019) on the weight matrices only:
+    # biases and layer-norm scales are not decayed (transformer/training/optim.py says why).
+    weight_decay: float = field(
+        0.0,
+        NON_NEGATIVE,
+        optional=True,
+        doc='AdamW: params -= lr x this x params on weight matrices, embedding too; 0 = Adam',
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -248,6 +256,22 @@ class TrainSection(Section):
         optional=True,
         doc='>0: the loss in chunks of N tokens, no [B, T, V] logits',
     )
+    # R-Drop (Liang et al., 2021): two passes with independent dropout masks, their mean
+    # cross-entropy + alpha x their symmetric KL (transformer/training/steps.py).
+    rdrop_alpha: float = field(
+        0.0,
+        NON_NEGATIVE,
+        optional=True,
+        doc="R-Drop: weight of the two dropout passes' symmetric KL (0 = off; 2 passes a step)",
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rdrop_alpha and self.loss_chunk_tokens:
+            raise ConfigError(
+                f'train.rdrop_alpha={self.rdrop_alpha} needs the logits of both passes, which '
+                f'train.loss_chunk_tokens={self.loss_chunk_tokens} never forms: set one to 0.'
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ Modules:
 - stops.py: why a run stops before its last step (non-finite values, Ctrl-C) and what it says.
 - steps.py: the train state, the label-smoothed loss, gradient accumulation, the steps.
 - loss.py: the cross-entropy fused with the output projection, a chunk of tokens at a time.
-- optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3).
+- rdrop.py: R-Drop's second dropout pass, its key and the two passes' symmetric KL.
+- optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3); AdamW's weight decay.
 - parallel.py: `Parallel`, data (and tensor / FSDP) parallelism behind one interface.
 - validation.py, best.py: validation loss and BLEU, the best checkpoint, early stopping.
   Checkpoints themselves are transformer/checkpoint/'s: the loop calls its `Checkpoints`.

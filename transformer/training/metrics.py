@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from transformer.training import steps
+from transformer.training import rdrop, steps
 
 
 class EventWriter:
@@ -197,8 +197,9 @@ class TrainLog:
         self._since_wait = 0.0
 
     def add(self, sums: Mapping[str, Any]) -> None:
-        for key in (*steps.SUM_KEYS, 'source_tokens'):
-            self._sums[key] = self._sums.get(key, 0.0) + sums[key]
+        for key in (*steps.SUM_KEYS, 'source_tokens', rdrop.KL_KEY):
+            if key in sums:  # R-Drop's KL only when it is on
+                self._sums[key] = self._sums.get(key, 0.0) + sums[key]
 
     def flush(self, step: int, last: Mapping[str, Any], wait_s: float) -> dict[str, float]:
         """Metrics since the last flush, printed once.
@@ -220,13 +221,15 @@ class TrainLog:
         metrics['tokens_per_s'] = tokens / elapsed
         metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
         eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
+        kl = metrics.get(rdrop.KL_KEY)
         logging.info(
-            'step %d/%d  loss %.4f  nll %.4f  acc %.3f  lr %.3g  %.2f steps/s  '
+            'step %d/%d  loss %.4f  nll %.4f%s  acc %.3f  lr %.3g  %.2f steps/s  '
             '%s tokens/s  data wait %.0f%%  ETA %s',
             step,
             tc.num_steps,
             metrics['loss'],
             metrics['nll'],
+            '' if kl is None else f'  rdrop kl {kl:.4f}',
             metrics['accuracy'],
             metrics['learning_rate'],
             metrics['steps_per_s'],

@@ -1,10 +1,22 @@
 """Learning-rate schedule and optimiser of the paper (Sec. 5.3), as an optax chain; fairseq's
-inverse_sqrt schedule beside it."""
+inverse_sqrt schedule beside it; decoupled weight decay (AdamW) as an option.
+
+``opt.weight_decay`` > 0 turns Adam into AdamW (Loshchilov & Hutter, ICLR 2019, "Decoupled
+Weight Decay Regularization"): each update also subtracts lr x weight_decay x the parameter,
+outside Adam's normalisation, as PyTorch's and fairseq's AdamW do (the decay follows the
+schedule). Only the weight matrices decay (`decays`: parameters of two or more axes): the
+attention, feed-forward and output kernels and the embedding table, which the output layer
+shares (Sec. 3.4), so it is a weight matrix of the network like the others. Biases and layer-
+norm scales and offsets (one axis) do not: they set offsets and scales, not how much a layer
+responds to its input, so shrinking them towards 0 constrains nothing useful and pulls a layer
+norm's gain towards a dead layer; leaving them out is BERT's and GPT-2's convention as well.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -104,14 +116,21 @@ def make_schedule(opt: Any, d_model: int, num_steps: int | None = None) -> optax
     return with_cooldown(schedule, num_steps, cooldown_steps)
 
 
+def decays(params: Any) -> Any:
+    """The weight-decay mask of ``params``: True for weight matrices (two or more axes), False
+    for biases and layer-norm parameters (module docstring)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
 def make_optimizer(
     opt: Any, d_model: int, num_steps: int | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping.
+    """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping; AdamW on
+    the weight matrices (`decays`) when ``opt.weight_decay`` > 0.
 
     Args:
       opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, warmup_init_lr,
-        cooldown_steps, b1, b2, eps, clip_grad_norm).
+        cooldown_steps, b1, b2, eps, clip_grad_norm, weight_decay).
       d_model: the model width D (the schedule depends on it).
       num_steps: the run length, where the cool-down ends (needed when it is on).
 
@@ -122,5 +141,17 @@ def make_optimizer(
     chain = []
     if opt.clip_grad_norm:
         chain.append(optax.clip_by_global_norm(opt.clip_grad_norm))
-    chain.append(optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps))
+    if opt.weight_decay:
+        chain.append(
+            optax.adamw(
+                schedule,
+                b1=opt.b1,
+                b2=opt.b2,
+                eps=opt.eps,
+                weight_decay=opt.weight_decay,
+                mask=decays,
+            )
+        )
+    else:  # Adam's own state layout, which checkpoints of earlier runs hold
+        chain.append(optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps))
     return optax.chain(*chain), schedule

@@ -173,6 +173,7 @@ class Parallel:
         label_smoothing: float,
         accum_steps: int,
         loss_chunk_tokens: int = 0,
+        rdrop_alpha: float = 0.0,
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
@@ -199,6 +200,7 @@ class Parallel:
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
         )
+        step = functools.partial(step, rdrop_alpha=rdrop_alpha)  # training only, not _eval
         self._eval = jax.jit(functools.partial(steps.eval_step, model=model, **loss))
         specs = logical_specs(model, tx)
         if mode == 'pmap':
@@ -240,6 +242,7 @@ class Parallel:
             label_smoothing=tc.label_smoothing,
             accum_steps=tc.grad_accum_steps,
             loss_chunk_tokens=tc.loss_chunk_tokens,
+            rdrop_alpha=tc.rdrop_alpha,
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,

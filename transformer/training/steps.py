@@ -29,6 +29,7 @@ from transformer.model import (
 )
 from transformer.schema import DROPOUT_PRNGS
 from transformer.tokens import PAD_ID
+from transformer.training import rdrop
 from transformer.training.loss import fused_cross_entropy, position_losses
 
 Array = jax.Array
@@ -134,23 +135,20 @@ def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
     return entropy
 
 
-def loss_sums(
+def _pass_sums(
     params: PyTree,
     batch: Batch,
     model: Transformer,
     label_smoothing: float,
     rng: Array | None,
-    loss_chunk_tokens: int = 0,
-) -> tuple[Array, dict[str, Array]]:
-    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
-
-    ``loss_chunk_tokens`` (``train.loss_chunk_tokens``) > 0 computes them from the decoder's
-    hidden states and the output projection in chunks of that many tokens, never forming the
-    [B, T, V] logits (transformer/training/loss.py); 0 forms the logits.
-    """
+    loss_chunk_tokens: int,
+) -> tuple[dict[str, Array], Array | None]:
+    """One forward pass: its metric sums ('loss' the smoothed one) and its logits (None for
+    the chunked loss, which never forms them)."""
     args = (model, params, batch['inputs'], batch['targets'])
     kwargs = {'rng': rng, 'packing': Packing.of(batch)}
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
+    logits = None
     if loss_chunk_tokens:
         hidden, (weight, bias) = hidden_and_projection(*args, **kwargs)
         loss, nll, correct = fused_cross_entropy(
@@ -167,8 +165,37 @@ def loss_sums(
         logits = teacher_forced_logits(*args, **kwargs)
         loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
         correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
-    sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
-    return loss, sums
+    return {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}, logits
+
+
+def loss_sums(
+    params: PyTree,
+    batch: Batch,
+    model: Transformer,
+    label_smoothing: float,
+    rng: Array | None,
+    loss_chunk_tokens: int = 0,
+    rdrop_alpha: float = 0.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
+
+    ``loss_chunk_tokens`` (``train.loss_chunk_tokens``) > 0 computes them from the decoder's
+    hidden states and the output projection in chunks of that many tokens, never forming the
+    [B, T, V] logits (transformer/training/loss.py); 0 forms the logits.
+    ``rdrop_alpha`` > 0 with an ``rng`` (training) adds R-Drop's second pass and its KL
+    (transformer/training/rdrop.py); without an rng (validation) the loss is the plain one.
+    """
+    rdrop_on = bool(rdrop_alpha) and rng is not None
+    if rdrop_on and loss_chunk_tokens:
+        raise ValueError('train.rdrop_alpha needs the logits: set train.loss_chunk_tokens=0.')
+    args = (params, batch, model, label_smoothing)
+    sums, logits = _pass_sums(*args, rng, loss_chunk_tokens)
+    if not rdrop_on:
+        return sums['loss'], sums
+    second, logits_2 = _pass_sums(*args, rdrop.second_pass_key(rng), 0)
+    weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
+    kl_sum = (rdrop.symmetric_kl(logits, logits_2) * weights).sum()
+    return rdrop.combine(sums, second, kl_sum, rdrop_alpha)
 
 
 def summarize(sums: Mapping[str, Any], vocab_size: int, label_smoothing: float) -> dict:
@@ -184,6 +211,8 @@ def summarize(sums: Mapping[str, Any], vocab_size: int, label_smoothing: float) 
         'accuracy': float(sums['correct']) / tokens,
         'target_tokens': tokens,
     }
+    if rdrop.KL_KEY in sums:  # R-Drop's symmetric KL per token, without its alpha
+        out[rdrop.KL_KEY] = float(sums[rdrop.KL_KEY]) / tokens
     for key in ('grad_norm', 'learning_rate', 'source_tokens'):
         if key in sums:
             out[key] = float(sums[key])
@@ -198,6 +227,7 @@ def accumulated_grads(
     rng: Array,
     accum_steps: int,
     loss_chunk_tokens: int = 0,
+    rdrop_alpha: float = 0.0,
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
@@ -209,7 +239,8 @@ def accumulated_grads(
     keeps the normalisation by the total token count exact.
     """
     grad_fn = jax.grad(
-        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens), has_aux=True
+        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens, rdrop_alpha=rdrop_alpha),
+        has_aux=True,
     )
     if accum_steps == 1:
         return grad_fn(params, batch, model, label_smoothing, rng)
@@ -225,7 +256,8 @@ def accumulated_grads(
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    zero_sums = {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS}
+    keys = (*SUM_KEYS, rdrop.KL_KEY) if rdrop_alpha else SUM_KEYS
+    zero_sums = {k: jnp.zeros((), jnp.float32) for k in keys}
     (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), (micro, jnp.arange(accum_steps)))
     return grads, sums
 
@@ -242,6 +274,7 @@ def train_step(
     accum_steps: int,
     axis_name: str | None = None,
     loss_chunk_tokens: int = 0,
+    rdrop_alpha: float = 0.0,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step on the (local part of the) batch.
 
@@ -253,7 +286,14 @@ def train_step(
     if axis_name is not None:
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
     grads, sums = accumulated_grads(
-        state.params, batch, model, label_smoothing, rng, accum_steps, loss_chunk_tokens
+        state.params,
+        batch,
+        model,
+        label_smoothing,
+        rng,
+        accum_steps,
+        loss_chunk_tokens,
+        rdrop_alpha,
     )
     if axis_name is not None:
         grads, sums = jax.lax.pmean((grads, sums), axis_name)
