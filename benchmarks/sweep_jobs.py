@@ -35,6 +35,13 @@ class Done(NamedTuple):
     stopped: bool  # sent SIGINT at the stop time
 
 
+def _answer_sigint() -> None:
+    """In a job, before its program starts: SIGINT's default action. A shell starts a
+    background command (`nohup ... &`) with SIGINT ignored, which its children would inherit,
+    and then the stop time could not stop them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_all(
     jobs: dict[Any, Job],
     *,
@@ -46,7 +53,8 @@ def run_all(
 ) -> dict[Any, Done]:
     """Starts every job at once and waits for them; at ``stop_at`` (a `time.time()`) the ones
     still running get SIGINT, which train.py answers by finishing the checkpoint in flight and
-    exiting (Ctrl-C), and ``grace_s`` later SIGKILL."""
+    exiting (Ctrl-C), and ``grace_s`` later SIGKILL. The jobs answer SIGINT even when the
+    sweep itself ignores it (started in the background: `nohup ... &`)."""
     start, procs, logs = time.time(), {}, []
     try:
         for key, job in jobs.items():
@@ -55,7 +63,9 @@ def run_all(
             # Where this run's lines begin in a log that earlier runs appended to.
             log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {" ".join(job.command)}\n')
             log.flush()
-            procs[key] = subprocess.Popen(job.command, cwd=cwd, env=env, stdout=log, stderr=log)
+            procs[key] = subprocess.Popen(
+                job.command, cwd=cwd, env=env, stdout=log, stderr=log, preexec_fn=_answer_sigint
+            )
         done: dict[Any, Done] = {}
         stopped, killed = False, False
         while len(done) < len(procs):

@@ -3,6 +3,7 @@ by side, one decoding choice per recipe on the mean validation BLEU, the test sp
 once per seed, mean +- std; on CPU with tiny settings."""
 
 import json
+import signal
 import statistics
 import sys
 import time
@@ -64,7 +65,8 @@ def test_summary_is_the_sample_mean_and_std():
 
 def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     """A job that ends by itself is not stopped; one still running at the stop time gets
-    SIGINT (Python: KeyboardInterrupt, exit code 1) and is marked stopped."""
+    SIGINT (Python: KeyboardInterrupt, exit code 1), even from a sweep that ignores SIGINT,
+    and is marked stopped."""
     quick = [sys.executable, '-c', 'print("done")']
     slow = [sys.executable, '-c', 'import time; time.sleep(60)']
     jobs = {
@@ -72,7 +74,15 @@ def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
         'slow': sweep_jobs.Job(slow, tmp_path / 'slow.log'),
     }
     start = time.time()
-    done = sweep_jobs.run_all(jobs, cwd=tmp_path, env={}, stop_at=start + 3, grace_s=5, poll_s=0.1)
+    # As a sweep started in the background (`nohup ... &`) is: SIGINT ignored, which the jobs
+    # must not inherit.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = sweep_jobs.run_all(
+            jobs, cwd=tmp_path, env={}, stop_at=start + 3, grace_s=5, poll_s=0.1
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done['quick'] == (0, done['quick'].seconds, False)
     assert done['slow'].stopped and done['slow'].returncode != 0
     assert 3 <= done['slow'].seconds < 8 and time.time() - start < 10
