@@ -39,6 +39,9 @@ def test_a_value_outside_the_rule_is_named_in_one_line(cls, field):
     if field.type == 'str':  # a choice among registered names (model/variants.py)
         bad = 'no_such_choice'
         assert not ok(bad)
+    elif field.type == 'bool':  # both values registered (model/variants.py): the type says it
+        assert ok(True) and ok(False)
+        bad, wanted = -1.0, 'of type bool'
     else:
         kind = int if field.type in ('int', 'int | None') else float
         bad = next(kind(v) for v in CANDIDATES if not ok(kind(v)))
