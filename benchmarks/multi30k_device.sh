@@ -16,9 +16,11 @@
 # about first + (S - 1) x later and the test split about first, S being the grid's 4 settings
 # (2 alphas x 2 rules), first a run's first setting (load, compile, decode) and later each
 # further one. On one H200 with six runs side by side (main 9f56641) first was 58-60 s with
-# gnmt and a later setting 18-20 s (each new alpha or rule recompiled), so
-# RESERVE_S >= 2 x 60 + 3 x 20 = 180 s scores the whole grid; with less, each run's validation
-# scores the first settings that fit and the test stage still runs.
+# gnmt and a later setting 18-20 s (each new alpha or rule recompiled then; one program now
+# serves every setting, so a later setting is a decode), so RESERVE_S >= 2 x 60 + 3 x 20 =
+# 180 s scored the whole grid then; with less, each run's validation scores the first settings
+# that fit and the test stage still runs. The R-Drop candidate's call and its plan:
+# benchmarks/README.md "The candidates' device plan".
 #
 # Knobs for a smaller run (a CPU smoke): SETS, more KEY=VALUE settings for every run
 # (e.g. "train.num_steps=40 train.checkpoint_every=10"); MAX_EXAMPLES, the sentences decoded
