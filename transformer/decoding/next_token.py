@@ -89,20 +89,6 @@ def output_limits(inputs: Array, loop_length: int, extra_length: int) -> Array:
     return jnp.minimum(input_lengths + extra_length, loop_length)
 
 
-def step_logits(
-    model: Transformer,
-    params: Params,
-    cache: Cache,
-    encoded: Array,
-    inputs: Array,
-    last_tokens: Array,
-    cache_mask: Array | None = None,
-) -> tuple[Array, Cache]:
-    """One cached decoder step: logits [B', V] for the next token and the updated cache
-    (``cache_mask``: `Transformer.decode`'s)."""
-    return decode_step(model, params, cache, encoded, inputs, last_tokens, cache_mask)
-
-
 @struct.dataclass
 class Ensemble:
     """M models of one architecture decoded together, given to the searches as their
@@ -126,7 +112,7 @@ class Ensemble:
     def next_log_probs(self, model, cache, encoded, inputs, last_tokens, cache_mask):
         log_probs, caches = [], []
         for params, member_cache, member_encoded in zip(self.members, cache, encoded, strict=True):
-            logits, member_cache = step_logits(
+            logits, member_cache = decode_step(
                 model, params, member_cache, member_encoded, inputs, last_tokens, cache_mask
             )
             log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
@@ -178,7 +164,7 @@ def next_scores(
     its logits, which rank the tokens the same (greedy's argmax needs no normalisation)."""
     if isinstance(params, Ensemble):
         return params.next_log_probs(model, cache, encoded, inputs, last_tokens, cache_mask)
-    logits, cache = step_logits(model, params, cache, encoded, inputs, last_tokens, cache_mask)
+    logits, cache = decode_step(model, params, cache, encoded, inputs, last_tokens, cache_mask)
     return (jax.nn.log_softmax(logits) if normalized else logits), cache
 
 

@@ -197,10 +197,10 @@ class Parallel:
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         self._compiled: dict[tuple, jax.stages.Compiled] = {}  # `compile_step`'s, by batch shape
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
+        train = {'accum_steps': accum_steps, 'rdrop_alpha': rdrop_alpha}  # not for _eval
         step = functools.partial(
-            steps.train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps, **loss
+            steps.train_step, model=model, tx=tx, schedule=schedule, **train, **loss
         )
-        step = functools.partial(step, rdrop_alpha=rdrop_alpha)  # training only, not _eval
         self._eval = jax.jit(functools.partial(steps.eval_step, model=model, **loss))
         specs = logical_specs(model, tx)
         if mode == 'pmap':
