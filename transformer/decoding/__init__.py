@@ -3,7 +3,7 @@
 Modules: next_token.py (the step both searches share; `Ensemble`), greedy.py (greedy search),
 beam.py (beam search), search.py (`translate_batch`: which search, by the beam size),
 ensemble.py (several runs as one model), translation.py (lines of text in, lines out).
-Callers import this face: ``from transformer import decoding``.
+Callers import its public API: ``from transformer import decoding``.
 
 Conventions shared by both searches:
 
