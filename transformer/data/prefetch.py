@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from absl import logging
+
 
 class Prefetcher(Iterator[tuple[Any, dict]]):
     """Iterates (put(batch), state) over ``iterator`` with ``depth`` batches ready ahead.
@@ -73,10 +75,14 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
             raise item
         return item
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
         """Stops the thread (a batch it is packing is finished and dropped). A producer stuck
-        in a batch that never ends is left behind after ``timeout_s`` (it is a daemon thread),
-        so a run that is stopping always stops."""
+        in a batch that does not end within ``timeout_s`` is left behind, with a warning (it
+        is a daemon thread), so a run that is stopping always stops."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logging.warning(
+                    'The input thread did not stop within %.0f s; left behind.', timeout_s
+                )
