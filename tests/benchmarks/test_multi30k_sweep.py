@@ -91,9 +91,11 @@ def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert done['quick'] == (0, done['quick'].seconds, False)
-    assert done['slow'].stopped and done['slow'].returncode != 0
-    assert 3 <= done['slow'].seconds < 8 and time.time() - start < 10
-    assert 'KeyboardInterrupt' in (tmp_path / 'slow.log').read_text()
+    assert done['slow'].stopped and 3 <= done['slow'].seconds < 8 and time.time() - start < 10
+    # SIGINT reached the job: Python's KeyboardInterrupt, or, on a host so loaded that the job
+    # had not yet installed Python's handler at the stop time, death by SIGINT itself.
+    interrupted = 'KeyboardInterrupt' in (tmp_path / 'slow.log').read_text()
+    assert (done['slow'].returncode, interrupted) in ((1, True), (-signal.SIGINT, False))
     assert len(_FORKS) == forks
 
 
