@@ -70,7 +70,7 @@ os.register_at_fork(before=lambda: _FORKS.append(1))
 
 def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     """A job that ends by itself is not stopped; one still running at the stop time gets
-    SIGINT (Python: KeyboardInterrupt, exit code 1), even from a sweep that ignores SIGINT,
+    SIGINT (Python: KeyboardInterrupt, then death by SIGINT), even from a sweep that ignores SIGINT,
     and is marked stopped. The jobs start without a fork that runs Python in the child (a
     deadlock risk beside jax's threads)."""
     forks = len(_FORKS)
@@ -92,10 +92,9 @@ def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert done['quick'] == (0, done['quick'].seconds, False)
     assert done['slow'].stopped and 3 <= done['slow'].seconds < 8 and time.time() - start < 10
-    # SIGINT reached the job: Python's KeyboardInterrupt, or, on a host so loaded that the job
-    # had not yet installed Python's handler at the stop time, death by SIGINT itself.
-    interrupted = 'KeyboardInterrupt' in (tmp_path / 'slow.log').read_text()
-    assert (done['slow'].returncode, interrupted) in ((1, True), (-signal.SIGINT, False))
+    # SIGINT reached the job and ended it: Python ends on an unhandled KeyboardInterrupt by
+    # SIGINT itself, as does a job that had not yet installed Python's handler (a loaded host).
+    assert done['slow'].returncode == -signal.SIGINT
     assert len(_FORKS) == forks
 
 
