@@ -7,7 +7,7 @@ run is timed (the first compiles one program per batch shape; its time is saved 
 CTranslate2 model translates a few sentences before it is timed. Both use every core
 (``--threads``). The beam searches are not the same: ours normalises scores by GNMT's
 ((5 + length) / 6)^alpha and limits outputs to input length + 50 tokens, CTranslate2 divides
-by length^alpha and is given the export's fixed limit (``model.max_len`` + ``eval.extra_length``
+by length^alpha and is given the export's fixed limit (``data.max_len`` + ``eval.extra_length``
 tokens), so BLEU may differ a little even in float32 (greedy outputs that end before either
 limit are identical; tests/test_export.py). Both are written as our translate command writes
 a line (single spaces). Prints the figures and saves them as JSON.
@@ -65,7 +65,7 @@ def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dic
             alpha=config.eval.alpha,
             extra_length=config.eval.extra_length,
             batch_size=args.batch_size,
-            max_input_tokens=config.model.max_len,
+            max_input_tokens=config.data.max_len,  # as the translate command's default
         )
         return out, time.perf_counter() - start
 
@@ -119,7 +119,7 @@ def main() -> None:
     hypotheses['ours'], results['ours'] = _ours(args, lines, config, tokenizer, model, params)
     # The exports' fixed output limit (generation_config.json's max_length less the start
     # token); ours is input length + eval.extra_length per sentence.
-    max_output_tokens = config.model.max_len + config.eval.extra_length
+    max_output_tokens = config.data.max_len + config.eval.extra_length
     with tempfile.TemporaryDirectory() as tmp:
         for name, quantization in (('ctranslate2_float32', None), ('ctranslate2_int8', 'int8')):
             directory = os.path.join(tmp, name)
