@@ -68,3 +68,10 @@ def test_every_relative_link_and_anchor_resolves(doc):
         elif fragment and path.suffix == '.md' and fragment not in anchors(path):
             broken.append(f'{target}: no heading #{fragment} in {path.relative_to(REPO)}')
     assert not broken, f'{doc.relative_to(REPO)}:\n' + '\n'.join(broken)
+
+
+def test_the_benchmarks_readme_holds_current_figures_not_history():
+    """benchmarks/README.md stays a page of each script's current figure (250 lines at most);
+    earlier measurements go to docs/experiments.md."""
+    lines = (REPO / 'benchmarks' / 'README.md').read_text().splitlines()
+    assert len(lines) <= 250, f'{len(lines)} lines: move history to docs/experiments.md'
