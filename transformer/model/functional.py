@@ -69,8 +69,9 @@ def logical_shardings(
 
 
 def _forward_args(packing: Packing | None, rng: Array | None) -> dict[str, Any]:
+    # The modules' dropout switch is Flax's ``deterministic``; here an rng turns it off.
     return {
-        'train': rng is not None,
+        'deterministic': rng is None,
         'rngs': {'dropout': rng} if rng is not None else None,
         'packing': packing,
     }
@@ -87,7 +88,8 @@ def teacher_forced_logits(
 ) -> Array:
     """float32 logits [B, T, V] for source [B, S] and target [B, T] tokens; position t
     predicts ``targets[:, t]``. ``packing``: several examples a row; ``rng``: the dropout
-    key of a training forward pass (None: no dropout)."""
+    key of a training forward pass; None means deterministic (no dropout), the modules'
+    ``deterministic=True``."""
     return model.apply({'params': params}, inputs, targets, **_forward_args(packing, rng))
 
 

@@ -119,7 +119,7 @@ class EncoderLayer(_SubLayers):
         attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: attn(y, y, mask, deterministic=deterministic),
+            lambda y: attn(y, None, mask, deterministic=deterministic),
             'self_attention',
             deterministic,
         )
@@ -143,7 +143,7 @@ class DecoderLayer(_SubLayers):
         self_attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: self_attn(y, y, self_mask, deterministic=deterministic, decode=decode),
+            lambda y: self_attn(y, None, self_mask, deterministic=deterministic, decode=decode),
             'self_attention',
             deterministic,
         )
