@@ -21,6 +21,7 @@ import einops
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer import backends
 from transformer.model import cache as cache_layout
@@ -35,6 +36,7 @@ from transformer.model.projections import (
     out_kernel_init,
     qkv_kernel_init,
 )
+from transformer.model.remat import ATTENTION_OUTPUT
 
 Array = jax.Array
 Dtype = Any
@@ -192,7 +194,8 @@ class MultiHeadAttention(nn.Module):
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         if backends.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
-            return out(self._fused(q, k, v, mask, self_attention and not decode))
+            heads = self._fused(q, k, v, mask, self_attention and not decode)
+            return out(checkpoint_name(heads, ATTENTION_OUTPUT))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
         if one_query and not static_kv:
@@ -218,7 +221,7 @@ class MultiHeadAttention(nn.Module):
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
         heads = backends.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
-        return out(heads)
+        return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
 
     def _projections(self, d_model: int, head_dim: int) -> tuple[Projection, ...]:
         """The query, key, value [D, N, H] and out [N, H, D] projections."""

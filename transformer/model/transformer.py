@@ -33,6 +33,7 @@ from transformer.model.layers import (
     sinusoidal_positions,
 )
 from transformer.model.packing import Packing
+from transformer.model.remat import rematerialized
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -76,11 +77,15 @@ class Transformer(nn.Module):
                 dot_general=backends.dense_dot_general,
                 name='logits_dense',
             )
+        # model.remat: each layer recomputed in the backward pass as the policy says; its
+        # flags (deterministic, decode) are static and passed by position.
+        encoder_layer = rematerialized(EncoderLayer, cfg.remat, static_argnums=(3,))
+        decoder_layer = rematerialized(DecoderLayer, cfg.remat, static_argnums=(5, 6))
         self.encoder_layers = [
-            EncoderLayer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
+            encoder_layer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
         ]
         self.decoder_layers = [
-            DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
+            decoder_layer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
         ]
         if cfg.pre_layer_norm:
             # Pre-LN leaves the residual stream un-normalised; a final norm closes it.
@@ -120,7 +125,7 @@ class Transformer(nn.Module):
         mask = attention_mask(valid, valid, segments, segments)
         x = self._embed(self.source_embedding, inputs, positions, deterministic)
         for layer in self.encoder_layers:
-            x = layer(x, mask, deterministic=deterministic)
+            x = layer(x, mask, deterministic)
         if self.config.pre_layer_norm:
             x = self.encoder_norm(x)
         return x
@@ -170,7 +175,7 @@ class Transformer(nn.Module):
             decoder_inputs = shift_right(targets, segments)
         y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
         for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+            y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
         return self._project(y) if logits else y
