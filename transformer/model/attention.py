@@ -26,6 +26,7 @@ from jax.ad_checkpoint import checkpoint_name
 from transformer import backends
 from transformer.model import cache as cache_layout
 from transformer.model import masks
+from transformer.model.constraints import HEADS, constrain
 from transformer.model.dropout import Dropout
 from transformer.model.masks import AttentionMask
 from transformer.model.projections import (
@@ -186,6 +187,8 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._static_cache(key, value, inputs_kv)
             else:
                 k, v = fused_projections(inputs_kv, (key, value))
+        if not decode:
+            q, k, v = (constrain(x, HEADS) for x in (q, k, v))
         if decode and not static_kv:
             k, v, mask = self._update_cache(k, v, mask)
 

@@ -68,6 +68,24 @@ def logical_shardings(
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def in_activation_layout(
+    fn: Callable, mesh: jax.sharding.Mesh, rules: tuple[tuple[str, str | None], ...]
+) -> Callable:
+    """``fn`` (a step that calls the model) traced with the model's activations constrained
+    (transformer/model/constraints.py: 'batch', 'length', 'embed' between the layers, 'heads'
+    and 'mlp' inside them) to ``mesh`` by ``rules``, the table that places the parameters;
+    on a mesh of one device, ``fn`` itself. Elsewhere the constraints do nothing."""
+    if mesh.size == 1:
+        return fn
+
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return fn(*args)
+
+    traced.__name__ = getattr(fn, 'func', fn).__name__  # jit names the program after it
+    return traced
+
+
 def _forward_args(packing: Packing | None, rng: Array | None) -> dict[str, Any]:
     # The modules' dropout switch is Flax's ``deterministic``; here an rng turns it off.
     return {
