@@ -8,6 +8,8 @@ import re
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_parallel
@@ -46,6 +48,8 @@ def _same(shardings, want) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize('layout', ['fsdp', 'model 2'])
 def test_the_state_keeps_its_layout_step_after_step_and_the_old_one_is_freed(layout):
+    """Explicit in / out shardings: the compiled step takes and gives the state's layout,
+    frees the donated state, and refuses a state in another layout."""
     par, state, batch, compiled = _compiled(layout)
     state = jax.device_put(jax.device_get(state), par.shardings)  # the cached one stays
     assert _same(compiled.input_shardings[0][0], par.shardings)
@@ -56,6 +60,10 @@ def test_the_state_keeps_its_layout_step_after_step_and_the_old_one_is_freed(lay
         assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old))  # donated
         assert _same(jax.tree.map(lambda x: x.sharding, state), par.shardings)
     assert np.isfinite(jax.device_get(sums['loss']))
+    # A state in another layout is refused, not stepped into whatever layout XLA picks.
+    replicated = jax.device_put(jax.device_get(state), NamedSharding(par.mesh, P()))
+    with pytest.raises(ValueError, match='sharding'):
+        par.train_step(replicated, batch, jax.random.key(1))
 
 
 # Counted on jax 0.10.2's CPU compiler. The data-parallel step reduces its gradients and
