@@ -15,9 +15,10 @@ local (a ``manual_dir``/``folder`` is given, or the built-in synthetic task), el
 Reports analytic matmul FLOPs per step (transformer/model/flops.py), achieved FLOP/s, MFU against
 the accelerator's data-sheet peak for the compute dtype or, on CPU, a measured jitted matmul,
 peak memory, the bytes of temporaries XLA's memory analysis gives the compiled step
-(``temp_bytes``), and the projected wall time of ``train.num_steps`` (the paper's 100k steps
-for configs/base.py). Saves a JSON in results/. ``--profile_steps N`` then traces N more steps
-with `jax.profiler` (benchmarks/gpu_check.py reads the trace).
+(``temp_bytes``), the seconds lowering and compiling it took (``compile_s``), and the
+projected wall time of ``train.num_steps`` (the paper's 100k steps for configs/base.py).
+Saves a JSON in results/. ``--profile_steps N`` then traces N more steps with `jax.profiler`
+(benchmarks/gpu_check.py reads the trace).
 """
 
 import json
@@ -170,7 +171,10 @@ def measure(config) -> None:
     step_flops = train_flops(model.config, tc.batch_size, config.data.max_len, config.data.max_len)
     # The step compiled ahead of time for XLA's own figures; `Parallel` keeps the executable,
     # so the first step below runs it without compiling again.
-    compiled = parallel.compile_step(state, parallel.put_batch(next(batches)), rng)
+    first = parallel.put_batch(next(batches))
+    compile_start = time.perf_counter()
+    compiled = parallel.compile_step(state, first, rng)
+    compile_s = time.perf_counter() - compile_start
     xla_flops = _xla_flops(compiled) if tc.parallelism == 'sharding' else None
     temp = temp_bytes(compiled)
     for _ in range(FLAGS.warmup):
@@ -203,6 +207,7 @@ def measure(config) -> None:
         'dropout_rate': config.model.dropout_rate,
         'dropout_prng': tc.get('dropout_prng', 'threefry'),
         'attention_impl': model.config.attention_impl,
+        'remat': model.config.remat,
         'params': int(num_params),
         'batch_rows': tc.batch_size,
         'max_len': config.data.max_len,
@@ -217,6 +222,7 @@ def measure(config) -> None:
         'flops_per_step': step_flops,
         'xla_flops_per_step': xla_flops,
         'temp_bytes': temp,
+        'compile_s': compile_s,
         'achieved_flops_per_s': achieved,
         'peak_flops_per_s': peak,
         'peak_source': peak_source,

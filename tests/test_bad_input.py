@@ -104,6 +104,7 @@ BAD_OVERRIDES = [
     ('train.batch_size=12', 'train.batch_size=12 must be a multiple of data-parallel'),
     ('opt.warmup_steps=0', 'opt.warmup_steps=0 must be an integer >= 1.'),
     ('eval.beam_size=0', 'eval.beam_size=0 must be an integer >= 1.'),
+    ('model.remat=layer', "model.remat='layer' must be one of 'none', 'full', 'dots'"),
 ]
 
 

@@ -49,10 +49,11 @@ MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
 # Settings a resumed run may change in its model or data section: paths to the same files,
-# and another way to compute the same attention or the same embedding gradient.
+# and another way to compute the same attention, the same embedding gradient or the same
+# backward pass (what it recomputes).
 RESUME_FREE = (
     *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
-    *('model.attention_impl', 'model.embedding_grad'),
+    *('model.attention_impl', 'model.embedding_grad', 'model.remat'),
 )
 # How one process joins a multi-host run: differs between processes, never recorded.
 LAUNCH_SETTINGS = (
@@ -277,8 +278,9 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
 
     Raises:
       WorkdirError: a change of the model or the data (what the checkpoints and the
-        vocabulary were made with), named in one line. Paths to the same files and the
-        attention implementation (`RESUME_FREE`) may change. Also a missing config.json or
+        vocabulary were made with), named in one line. Paths to the same files and how the
+        same model is computed (`RESUME_FREE`: attention, embedding gradient, remat) may
+        change. Also a missing config.json or
         vocabulary: training would write new ones that do not fit the checkpoints.
     """
     for needed, what in (

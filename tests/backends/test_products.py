@@ -120,6 +120,16 @@ def test_dense_dot_general_equals_flax_dense(dtype):
     np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tol, atol=tol)
 
 
+def test_dense_dot_general_passes_on_the_precision():
+    """A Dense layer's ``precision`` reaches the product of the einsum path (it was dropped)."""
+    x = jnp.ones((2, 3, 8))
+    ours = nn.Dense(5, precision=jax.lax.Precision.HIGHEST, dot_general=products.dense_dot_general)
+    params = ours.init(jax.random.key(1), x)
+    program = str(jax.make_jaxpr(ours.apply)(params, x))
+    assert program.count('dot_general') == 1
+    assert 'precision=(Precision.HIGHEST, Precision.HIGHEST)' in program
+
+
 @pytest.mark.parametrize('equation', sorted(EQUATIONS))
 def test_other_backends_take_plain_bfloat16_products(monkeypatch, equation):
     monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')

@@ -18,7 +18,7 @@ D, N = 16, 2
 
 
 def _loss(module, params, x, mask):
-    y = module.apply({'params': params}, x, x, mask)
+    y = module.apply({'params': params}, x, None, mask)
     return jnp.sum(y**2), y
 
 
@@ -43,7 +43,7 @@ def test_packed_self_attention_by_segments_equals_einsum(monkeypatch, name):
         mask = mask.replace(causal=False)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((3, t, D)), jnp.float32)
     params = nn.unbox(MultiHeadAttention(num_heads=N, use_bias=True).init(
-        jax.random.key(1), x, x)['params'])  # fmt: skip
+        jax.random.key(1), x)['params'])  # fmt: skip
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), params)
     y_ref, g_ref, _ = _outputs_and_grads('einsum', x, mask, params)
     y, grads, pallas = _outputs_and_grads('pallas', x, mask, params)

@@ -83,17 +83,17 @@ def test_rows_sharing_a_cache_attend_to_their_own_hypotheses():
     module = MultiHeadAttention(num_heads=2)
     rng = np.random.default_rng(0)
     steps = rng.standard_normal((length, rows, 1, d_model)).astype(np.float32)
-    params = module.init(jax.random.key(0), steps[0], steps[0])['params']
+    params = module.init(jax.random.key(0), steps[0])['params']
 
     @functools.partial(jax.jit, static_argnames='cache_rows')
     def new_cache(cache_rows):
         x = jnp.zeros((cache_rows, length, d_model))
-        return module.apply({'params': params}, x, x, decode=True, mutable=['cache'])[1]['cache']
+        return module.apply({'params': params}, x, decode=True, mutable=['cache'])[1]['cache']
 
     @jax.jit
     def step(cache, x, mask):
         y, variables = module.apply(
-            {'params': params, 'cache': cache}, x, x, mask, decode=True, mutable=['cache']
+            {'params': params, 'cache': cache}, x, None, mask, decode=True, mutable=['cache']
         )
         return y, variables['cache']
 

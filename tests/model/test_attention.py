@@ -272,7 +272,7 @@ def test_fused_attention_equals_einsum_with_empty_rows_and_self_attention():
     for kv, m in ((x_kv, mask), (x_q, self_mask)):
 
         def loss(module, params, x_q, x_kv, m=m, self_attention=kv is x_q):
-            x_kv = x_q if self_attention else x_kv
+            x_kv = None if self_attention else x_kv
             y = module.apply({'params': params}, x_q, x_kv, m)
             return jnp.sum(y**2), y
 
@@ -350,3 +350,20 @@ def test_auto_is_einsum_on_a_cpu_and_fused_on_a_gpu(monkeypatch):
     want = {'cpu': 'einsum', 'gpu': 'fused'}.get(jax.default_backend(), 'einsum')
     assert platform.attention_impl('auto') == want
     np.testing.assert_allclose(outputs['gpu'], outputs['cpu'], atol=1e-5)
+
+
+def test_self_attention_is_asked_for_by_no_inputs_kv():
+    """``inputs_kv=None`` is self-attention, its three projections one einsum of the
+    concatenated kernels; the same array passed as ``inputs_kv`` is attention to a copy of
+    the queries, projected apart, to the same output. A static key/value cache of
+    self-attention is refused."""
+    x = _normal(10, (2, 5, 16))
+    module = MultiHeadAttention(num_heads=2, use_bias=True)
+    params = _random_params(module, x, x)
+    mask = np.tril(np.ones((5, 5), bool))[None, None]
+    apply = lambda kv: module.apply({'params': params}, x, kv, mask)  # noqa: E731
+    np.testing.assert_allclose(apply(None), apply(x), atol=1e-6)
+    dots = lambda kv: str(jax.make_jaxpr(apply)(kv)).count('dot_general')  # noqa: E731
+    assert dots(None) == dots(x) - 1  # q, k, v in one product instead of q and (k, v)
+    with pytest.raises(ValueError, match='self-attention has none'):
+        module.apply({'params': params}, x, None, decode=True, static_kv=True, mutable=['cache'])

@@ -90,15 +90,15 @@ def test_token_dropout_drops_whole_tokens_in_training_only():
     tokens = jax.random.randint(jax.random.key(0), (16, 64), 3, 32)
     positions = jnp.broadcast_to(jnp.arange(64), tokens.shape)
 
-    def embed(m, train):
-        return m._embed(m.source_embedding, tokens, positions, train)
+    def embed(m, deterministic):
+        return m._embed(m.source_embedding, tokens, positions, deterministic)
 
     variables = model.init(jax.random.key(1), tokens[:1, :4], tokens[:1, :4])
     table = nn.unbox(variables['params']['shared_embedding']['embedding'])
     rows = np.asarray(table[tokens] * np.sqrt(32))
-    evaluated = np.asarray(model.apply(variables, False, method=embed))
+    evaluated = np.asarray(model.apply(variables, True, method=embed))
     trained = np.asarray(
-        model.apply(variables, True, method=embed, rngs={'dropout': jax.random.key(2)})
+        model.apply(variables, False, method=embed, rngs={'dropout': jax.random.key(2)})
     )
     at_positions = evaluated - rows  # evaluation keeps every token
     got = trained - at_positions

@@ -143,6 +143,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     done = _train_speed(
         tmp_path,
         '--config.model.attention_impl=fused',
+        '--config.model.remat=full',
         *(f'--config.{key}={value}' for key, value in small.items()),
         '--config.train.num_steps=1000',
         '--data=random',
@@ -157,6 +158,7 @@ def test_train_speed_command_runs_without_tensorflow(tmp_path):
     model_config = config_from_dict(config.model, config.data.vocab_size)
     rows, length = config.train.batch_size, config.data.max_len
     assert result['data'] == 'random' and result['attention_impl'] == 'fused'
+    assert result['remat'] == 'full' and result['compile_s'] > 0
     assert result['flops_per_step'] == flops.train_flops(model_config, rows, length, length)
     achieved = result['flops_per_step'] / (result['ms_per_step'] / 1e3)
     np.testing.assert_allclose(result['mfu'], achieved / result['peak_flops_per_s'])

@@ -107,7 +107,7 @@ def test_fused_attention_with_lengths_equals_einsum(name):
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), params)
 
     def loss(module, params, x_q, x_kv):
-        y = module.apply({'params': params}, x_q, x_q if self_attention else x_kv, mask)
+        y = module.apply({'params': params}, x_q, None if self_attention else x_kv, mask)
         return jnp.sum(y**2), y
 
     results = [

@@ -402,25 +402,27 @@ def test_sinusoidal_positions_match_paper_formula():
 
 
 @pytest.mark.slow
-def test_dropout_only_in_train_mode():
-    """Two dropout rngs give different logits with train=True and identical ones (equal to
-    a call with no rng at all) with train=False."""
+def test_dropout_only_when_not_deterministic():
+    """Two dropout rngs give different logits with deterministic=False and identical ones
+    (equal to a call with no rng at all) with deterministic=True."""
     cfg = tiny_config(dropout_rate=0.1, attention_dropout_rate=0.1, relu_dropout_rate=0.1)
     model = Transformer(cfg)
     params = random_params(cfg)
     inputs, targets = random_tokens(15, (2, 5)), random_tokens(16, (2, 6))
 
-    @functools.partial(jax.jit, static_argnames='train')
-    def run(p, rng, train):
-        return model.apply({'params': p}, inputs, targets, train=train, rngs={'dropout': rng})
+    @functools.partial(jax.jit, static_argnames='deterministic')
+    def run(p, rng, deterministic):
+        return model.apply(
+            {'params': p}, inputs, targets, deterministic=deterministic, rngs={'dropout': rng}
+        )
 
     # rbg keys: the property does not depend on the PRNG, and threefry dropout masks take
     # several seconds to compile on CPU.
     key_1, key_2 = jax.random.key(1, impl='rbg'), jax.random.key(2, impl='rbg')
-    train_1, train_2 = np.asarray(run(params, key_1, True)), np.asarray(run(params, key_2, True))
+    train_1, train_2 = (np.asarray(run(params, key, False)) for key in (key_1, key_2))
     assert np.abs(train_1 - train_2).max() > 1e-3
-    np.testing.assert_array_equal(run(params, key_1, True), train_1)  # same rng, same mask
-    eval_1, eval_2 = np.asarray(run(params, key_1, False)), np.asarray(run(params, key_2, False))
+    np.testing.assert_array_equal(run(params, key_1, False), train_1)  # same rng, same mask
+    eval_1, eval_2 = (np.asarray(run(params, key, True)) for key in (key_1, key_2))
     np.testing.assert_array_equal(eval_1, eval_2)
     np.testing.assert_allclose(eval_1, forward(cfg, params, inputs, targets), atol=1e-5)
     assert np.abs(train_1 - eval_1).max() > 1e-3

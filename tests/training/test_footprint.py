@@ -114,6 +114,12 @@ def test_a_compiled_step_past_the_room_is_refused_naming_the_batch_that_would_fi
     assert 'temporaries 9.0 GiB' in detail
     assert 'more than 4.5 GiB, 90% of the 5.0 GiB of host memory (MemAvailable)' in detail
     assert 'train.loss_chunk_tokens=4096' in detail and 'train.grad_accum_steps' in detail
+    assert "set model.remat='full' (now 'none'" in detail
+    full = dataclasses.replace(
+        experiment, model=dataclasses.replace(experiment.model, remat='full')
+    )
+    _, detail = footprint.step_refusal(full, _tiny_step(1, 9), cpu[:1]).split('\n')
+    assert 'model.remat' not in detail  # what it would suggest is already so
     # Every CPU device of the process takes its share of the same host memory.
     two = _experiment(batch_size=32)
     assert footprint.step_refusal(two, _tiny_step(0, 3), cpu[:2]) is not None

@@ -37,8 +37,9 @@ def _bfloat16_on_cpu(a: Array, b: Array) -> bool:
     return a.dtype == bf16 and b.dtype == bf16 and platform.on_cpu()
 
 
-def einsum(equation: str, a: Array, b: Array) -> Array:
-    """``jnp.einsum(equation, a, b)`` of two operands (see the module docstring).
+def einsum(equation: str, a: Array, b: Array, precision=None) -> Array:
+    """``jnp.einsum(equation, a, b, precision=precision)`` of two operands (see the module
+    docstring; the bfloat16 CPU path multiplies bfloat16 values whatever the precision).
 
     The equation names its output explicitly (``'BTD,DNH->BTNH'``). For the bfloat16 CPU path
     every index of an operand must also appear in the other operand or the output, as in every
@@ -48,7 +49,7 @@ def einsum(equation: str, a: Array, b: Array) -> Array:
     lhs, rhs, out = _split(equation)
     if _bfloat16_on_cpu(a, b) and not set(lhs) & set(rhs) & set(out):
         return _bf16_einsum(equation, a, b)
-    return jnp.einsum(equation, a, b)
+    return jnp.einsum(equation, a, b, precision=precision)
 
 
 def _split(equation: str) -> tuple[str, str, str]:
@@ -101,4 +102,4 @@ def dense_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
     if tuple(lhs_contract) != (lhs.ndim - 1,) or tuple(rhs_contract) != (0,) or batch != ((), ()):
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision)
     lead = 'abcdefgh'[: lhs.ndim - 1]
-    return einsum(f'{lead}x,xy->{lead}y', lhs, rhs)
+    return einsum(f'{lead}x,xy->{lead}y', lhs, rhs, precision=precision)

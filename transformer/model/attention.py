@@ -21,10 +21,12 @@ import einops
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer import backends
 from transformer.model import cache as cache_layout
 from transformer.model import masks
+from transformer.model.constraints import HEADS, constrain
 from transformer.model.dropout import Dropout
 from transformer.model.masks import AttentionMask
 from transformer.model.projections import (
@@ -35,6 +37,7 @@ from transformer.model.projections import (
     out_kernel_init,
     qkv_kernel_init,
 )
+from transformer.model.remat import ATTENTION_OUTPUT
 
 Array = jax.Array
 Dtype = Any
@@ -141,23 +144,25 @@ class MultiHeadAttention(nn.Module):
     def __call__(
         self,
         inputs_q: Array,
-        inputs_kv: Array,
+        inputs_kv: Array | None = None,
         mask: AttentionMask | Array | None = None,
         *,
         deterministic: bool = True,
         decode: bool = False,
         static_kv: bool = False,
     ) -> Array:
-        """Attends from ``inputs_q`` [B, T, D] to ``inputs_kv`` [B, S, D].
+        """Attends from ``inputs_q`` [B, T, D] to ``inputs_kv`` [B, S, D], or to itself.
 
         Args:
           inputs_q: queries, [B, T, D].
-          inputs_kv: keys and values, [B, S, D].
+          inputs_kv: keys and values, [B, S, D]; None: self-attention, keys and values from
+            ``inputs_q`` (S = T), the three projections applied as one einsum
+            (`fused_projections`).
           mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may attend.
           deterministic: disables dropout.
           decode: self-attention one position per call with a key/value cache in the
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
-            full-length ``inputs_kv``; later calls take T = 1 and attend to every cached
+            full-length inputs; later calls take T = 1 and attend to every cached
             position up to and including the current one (beam search's shared rows: see
             `_update_cache`).
           static_kv: with ``decode``, ``inputs_kv`` is the same at every call (the encoder
@@ -169,40 +174,21 @@ class MultiHeadAttention(nn.Module):
         Returns:
           [B, T, D].
         """
-        d_model = inputs_q.shape[-1]
-        num_heads = self.num_heads
-        head_dim = self.head_dim or d_model // num_heads
-
-        def project(name: str, equation: str, kernel_shape, bias_shape, init, axes):
-            return Projection(
-                equation=equation,
-                kernel_shape=kernel_shape,
-                bias_shape=bias_shape,
-                kernel_init=init,
-                kernel_axes=axes,
-                use_bias=self.use_bias,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name=name,
-            )
-
-        qkv_shape = (d_model, num_heads, head_dim)
-        heads_shape = (num_heads, head_dim)
-        qkv = (qkv_shape, heads_shape, qkv_kernel_init, QKV_AXES)
-        query = project('query', 'BTD,DNH->BTNH', *qkv)
-        key = project('key', 'BSD,DNH->BSNH', *qkv)
-        value = project('value', 'BSD,DNH->BSNH', *qkv)
-        out_shape = (num_heads, head_dim, d_model)
-        out = project('out', 'BTNH,NHD->BTD', out_shape, (d_model,), out_kernel_init, OUT_AXES)
-
-        if inputs_q is inputs_kv and not (decode and static_kv):
-            q, k, v = fused_projections(inputs_q, (query, key, value))  # self-attention
+        self_attention = inputs_kv is None
+        if self_attention and static_kv:
+            raise ValueError('static_kv caches the keys of inputs_kv; self-attention has none.')
+        head_dim = self.head_dim or inputs_q.shape[-1] // self.num_heads
+        query, key, value, out = self._projections(inputs_q.shape[-1], head_dim)
+        if self_attention:
+            q, k, v = fused_projections(inputs_q, (query, key, value))
         else:
             q = query(inputs_q)
             if decode and static_kv:
                 k, v = self._static_cache(key, value, inputs_kv)
             else:
                 k, v = fused_projections(inputs_kv, (key, value))
+        if not decode:
+            q, k, v = (constrain(x, HEADS) for x in (q, k, v))
         if decode and not static_kv:
             k, v, mask = self._update_cache(k, v, mask)
 
@@ -211,7 +197,8 @@ class MultiHeadAttention(nn.Module):
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         if backends.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
-            return out(self._fused(q, k, v, mask, inputs_q is inputs_kv and not decode))
+            heads = self._fused(q, k, v, mask, self_attention and not decode)
+            return out(checkpoint_name(heads, ATTENTION_OUTPUT))
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
         q = q / jnp.sqrt(head_dim).astype(self.dtype)
         if one_query and not static_kv:
@@ -237,7 +224,33 @@ class MultiHeadAttention(nn.Module):
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
         heads = backends.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
-        return out(heads)
+        return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
+
+    def _projections(self, d_model: int, head_dim: int) -> tuple[Projection, ...]:
+        """The query, key, value [D, N, H] and out [N, H, D] projections."""
+
+        def project(name: str, equation: str, kernel_shape, bias_shape, init, axes):
+            return Projection(
+                equation=equation,
+                kernel_shape=kernel_shape,
+                bias_shape=bias_shape,
+                kernel_init=init,
+                kernel_axes=axes,
+                use_bias=self.use_bias,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name=name,
+            )
+
+        heads_shape = (self.num_heads, head_dim)
+        qkv = ((d_model, *heads_shape), heads_shape, qkv_kernel_init, QKV_AXES)
+        out_shape = (*heads_shape, d_model)
+        return (
+            project('query', 'BTD,DNH->BTNH', *qkv),
+            project('key', 'BSD,DNH->BSNH', *qkv),
+            project('value', 'BSD,DNH->BSNH', *qkv),
+            project('out', 'BTNH,NHD->BTD', out_shape, (d_model,), out_kernel_init, OUT_AXES),
+        )
 
     def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
         """`fused_attention`, after the packed kernel 'pallas' names."""

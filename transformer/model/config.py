@@ -23,6 +23,7 @@ from transformer.fields import (
 from transformer.model import variants
 from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
+from transformer.model.remat import REMAT_POLICIES
 
 
 def _field(default: Any, doc: str, rule: dict[str, Any] | None = None) -> Any:
@@ -101,6 +102,12 @@ class TransformerConfig(Section):
     # sorted tokens); 'auto': the measured winner for the backend (backends/platform.py).
     embedding_grad: Literal[EMBEDDING_GRADS] = _field(
         'auto', "the embedding's gradient: 'scatter', 'one_hot', ... (measured)"
+    )
+    # What each layer keeps for the backward pass (transformer/model/remat.py): 'none' keeps
+    # everything; 'full' recomputes the layer; 'dots' keeps the matrix products' outputs;
+    # 'attention' keeps the attention's output. The same function either way.
+    remat: Literal[REMAT_POLICIES] = _field(
+        'none', "recomputed in the backward pass: 'none', 'full', 'dots', 'attention'"
     )
     dtype: Any = _field(
         jnp.float32, "computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs"

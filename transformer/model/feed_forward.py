@@ -13,6 +13,7 @@ from flax import linen as nn
 from transformer import backends
 from transformer.model import variants
 from transformer.model.config import TransformerConfig
+from transformer.model.constraints import HIDDEN, constrain
 from transformer.model.dropout import Dropout
 
 Array = jax.Array
@@ -41,6 +42,7 @@ class FeedForward(nn.Module):
     def __call__(self, x: Array, deterministic: bool) -> Array:
         cfg = self.config
         h = nn.relu(dense(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
+        h = constrain(h, HIDDEN)
         h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
         return dense(cfg, x.shape[-1], ('mlp', 'embed'), 'wo')(h)
 

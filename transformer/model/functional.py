@@ -68,9 +68,28 @@ def logical_shardings(
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def in_activation_layout(
+    fn: Callable, mesh: jax.sharding.Mesh, rules: tuple[tuple[str, str | None], ...]
+) -> Callable:
+    """``fn`` (a step that calls the model) traced with the model's activations constrained
+    (transformer/model/constraints.py: 'batch', 'length', 'embed' between the layers, 'heads'
+    and 'mlp' inside them) to ``mesh`` by ``rules``, the table that places the parameters;
+    on a mesh of one device, ``fn`` itself. Elsewhere the constraints do nothing."""
+    if mesh.size == 1:
+        return fn
+
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return fn(*args)
+
+    traced.__name__ = getattr(fn, 'func', fn).__name__  # jit names the program after it
+    return traced
+
+
 def _forward_args(packing: Packing | None, rng: Array | None) -> dict[str, Any]:
+    # The modules' dropout switch is Flax's ``deterministic``; here an rng turns it off.
     return {
-        'train': rng is not None,
+        'deterministic': rng is None,
         'rngs': {'dropout': rng} if rng is not None else None,
         'packing': packing,
     }
@@ -87,7 +106,8 @@ def teacher_forced_logits(
 ) -> Array:
     """float32 logits [B, T, V] for source [B, S] and target [B, T] tokens; position t
     predicts ``targets[:, t]``. ``packing``: several examples a row; ``rng``: the dropout
-    key of a training forward pass (None: no dropout)."""
+    key of a training forward pass; None means deterministic (no dropout), the modules'
+    ``deterministic=True``."""
     return model.apply({'params': params}, inputs, targets, **_forward_args(packing, rng))
 
 

@@ -17,6 +17,7 @@ from flax import linen as nn
 from transformer.model import variants
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import TransformerConfig
+from transformer.model.constraints import BETWEEN_LAYERS, constrain
 from transformer.model.dropout import Dropout
 from transformer.model.masks import AttentionMask
 from transformer.tokens import PAD_ID
@@ -116,15 +117,17 @@ class EncoderLayer(_SubLayers):
 
     @nn.compact
     def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        x = constrain(x, BETWEEN_LAYERS)
         attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: attn(y, y, mask, deterministic=deterministic),
+            lambda y: attn(y, None, mask, deterministic=deterministic),
             'self_attention',
             deterministic,
         )
         ffn = self.feed_forward()
-        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+        x = self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+        return constrain(x, BETWEEN_LAYERS)
 
 
 class DecoderLayer(_SubLayers):
@@ -140,10 +143,11 @@ class DecoderLayer(_SubLayers):
         deterministic: bool,
         decode: bool,
     ) -> Array:
+        x, encoded = constrain(x, BETWEEN_LAYERS), constrain(encoded, BETWEEN_LAYERS)
         self_attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: self_attn(y, y, self_mask, deterministic=deterministic, decode=decode),
+            lambda y: self_attn(y, None, self_mask, deterministic=deterministic, decode=decode),
             'self_attention',
             deterministic,
         )
@@ -164,7 +168,8 @@ class DecoderLayer(_SubLayers):
             deterministic,
         )
         ffn = self.feed_forward()
-        return self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+        x = self.residual(x, lambda y: ffn(y, deterministic), 'ffn', deterministic)
+        return constrain(x, BETWEEN_LAYERS)
 
 
 class DecodePosition(nn.Module):

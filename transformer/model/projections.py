@@ -114,13 +114,19 @@ class Projection(nn.Module):
 def fused_projections(x: Array, projections: tuple[Projection, ...]) -> tuple[Array, ...]:
     """``tuple(p(x) for p in projections)`` for [D, N, H] projections, as one einsum.
 
-    The kernels are concatenated on the head axis into one [D, P*N, H] view (the parameter
-    tree is unchanged): one [B*T, D] x [D, P*N*H] matmul keeps the CPU's matrix units busier
-    than P thin ones, and the backward pass reads ``x`` once instead of P times.
+    The P kernels are stacked on a new axis into one [D, P, N, H] view (the parameter tree is
+    unchanged): one [B*T, D] x [D, P*N*H] product keeps the CPU's matrix units busier than P
+    thin ones, and the backward pass reads ``x`` once instead of P times. Stacked, not
+    concatenated on the head axis: with heads split over devices ('heads' on the 'model'
+    mesh axis), each device's block of the view is its own heads of every kernel, so no
+    kernel or output moves between devices (concatenated, the split of [D, P*N, H] fell
+    across kernels, and XLA moved kernel shards and their gradients at every step:
+    docs/parallelism.md).
     """
     first = projections[0]
-    kernel = jnp.concatenate([p.kernel for p in projections], axis=1).astype(first.dtype)
-    y = backends.einsum('BTD,DKH->BTKH', x.astype(first.dtype), kernel)  # K = P * N
+    kernel = jnp.stack([p.kernel for p in projections], axis=1).astype(first.dtype)
+    y = backends.einsum('BTD,DPNH->BTPNH', x.astype(first.dtype), kernel)
     if first.bias is not None:
-        y = y + jnp.concatenate([p.bias for p in projections], axis=0).astype(first.dtype)
-    return tuple(jnp.split(y, len(projections), axis=2))
+        y = y + jnp.stack([p.bias for p in projections]).astype(first.dtype)
+    # split (whose gradient is one concatenate), not P slices (P pads and adds)
+    return tuple(part.squeeze(2) for part in jnp.split(y, len(projections), axis=2))

@@ -33,6 +33,7 @@ from transformer.model.layers import (
     sinusoidal_positions,
 )
 from transformer.model.packing import Packing
+from transformer.model.remat import rematerialized
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -76,11 +77,15 @@ class Transformer(nn.Module):
                 dot_general=backends.dense_dot_general,
                 name='logits_dense',
             )
+        # model.remat: each layer recomputed in the backward pass as the policy says; its
+        # flags (deterministic, decode) are static and passed by position.
+        encoder_layer = rematerialized(EncoderLayer, cfg.remat, static_argnums=(3,))
+        decoder_layer = rematerialized(DecoderLayer, cfg.remat, static_argnums=(5, 6))
         self.encoder_layers = [
-            EncoderLayer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
+            encoder_layer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
         ]
         self.decoder_layers = [
-            DecoderLayer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
+            decoder_layer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
         ]
         if cfg.pre_layer_norm:
             # Pre-LN leaves the residual stream un-normalised; a final norm closes it.
@@ -90,25 +95,27 @@ class Transformer(nn.Module):
         self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
 
-    def _embed(self, embedding: nn.Embed, tokens: Array, positions: Array, train: bool) -> Array:
+    def _embed(
+        self, embedding: nn.Embed, tokens: Array, positions: Array, deterministic: bool
+    ) -> Array:
         cfg = self.config
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
         # the sum is dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
-        if train and cfg.token_dropout_rate:
+        if not deterministic and cfg.token_dropout_rate:
             # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
             # a dropped token is its position alone.
             keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
             rows = (rows * keep).astype(cfg.dtype)
         x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
         x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
-        return self.embed_dropout(x, deterministic=not train)
+        return self.embed_dropout(x, deterministic=deterministic)
 
     def encode(
-        self, inputs: Array, *, packing: Packing | None = None, train: bool = False
+        self, inputs: Array, *, packing: Packing | None = None, deterministic: bool = True
     ) -> Array:
         """The encoder: source tokens [B, S] -> [B, S, D]. ``packing``: several examples a
-        row (`Packing`), None: one; ``train`` enables dropout."""
+        row (`Packing`), None: one; ``deterministic=False`` enables dropout."""
         if packing is None:
             positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
             segments = None
@@ -116,9 +123,9 @@ class Transformer(nn.Module):
             positions, segments = packing.inputs_positions, packing.inputs_segmentation
         valid = inputs != PAD_ID
         mask = attention_mask(valid, valid, segments, segments)
-        x = self._embed(self.source_embedding, inputs, positions, train)
+        x = self._embed(self.source_embedding, inputs, positions, deterministic)
         for layer in self.encoder_layers:
-            x = layer(x, mask, deterministic=not train)
+            x = layer(x, mask, deterministic)
         if self.config.pre_layer_norm:
             x = self.encoder_norm(x)
         return x
@@ -130,7 +137,7 @@ class Transformer(nn.Module):
         targets: Array,
         *,
         packing: Packing | None = None,
-        train: bool = False,
+        deterministic: bool = True,
         decode: bool = False,
         cache_mask: Array | None = None,
         logits: bool = True,
@@ -146,7 +153,7 @@ class Transformer(nn.Module):
           targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
             instead the single previous token [B, 1] (0 at the first step), not shifted.
           packing: several examples a row (`Packing`), None: one.
-          train: enables dropout.
+          deterministic: False enables dropout.
           decode: one step of autoregressive decoding with the key/value cache.
           cache_mask: with ``decode``, boolean [B, 1, 1, S'] over the self-attention cache's
             keys: which of them each row may attend to (beam search's rows sharing cache rows,
@@ -166,9 +173,9 @@ class Transformer(nn.Module):
             positions, self_mask, cross_mask = self._teacher_forcing_masks(inputs, targets, packing)
             segments = None if packing is None else packing.targets_segmentation
             decoder_inputs = shift_right(targets, segments)
-        y = self._embed(self.target_embedding, decoder_inputs, positions, train)
+        y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
         for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask, deterministic=not train, decode=decode)
+            y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
         return self._project(y) if logits else y
@@ -220,10 +227,12 @@ class Transformer(nn.Module):
         targets: Array,
         *,
         packing: Packing | None = None,
-        train: bool = False,
+        deterministic: bool = True,
         logits: bool = True,
     ) -> Array:
         """Teacher-forced logits [B, T, V] for source [B, S] and target [B, T] tokens
         (`encode`, then `decode`; ``logits=False``: the decoder's hidden states [B, T, D])."""
-        encoded = self.encode(inputs, packing=packing, train=train)
-        return self.decode(encoded, inputs, targets, packing=packing, train=train, logits=logits)
+        encoded = self.encode(inputs, packing=packing, deterministic=deterministic)
+        return self.decode(
+            encoded, inputs, targets, packing=packing, deterministic=deterministic, logits=logits
+        )

@@ -11,6 +11,7 @@ Modules:
 - rdrop.py: R-Drop's second dropout pass, its key and the two passes' symmetric KL.
 - optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3); AdamW's weight decay.
 - parallel.py: `Parallel`, data (and tensor / FSDP) parallelism behind one interface.
+- mesh.py: the ('data', 'model') mesh and which rows of the batch each process feeds.
 - validation.py, best.py: validation loss and BLEU, the best checkpoint, early stopping.
   Checkpoints themselves are transformer/checkpoint/'s: the loop calls its `Checkpoints`.
 - metrics.py: console lines, ``metrics.jsonl`` and TensorBoard events.

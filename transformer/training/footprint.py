@@ -4,11 +4,11 @@ A length or a batch far beyond what the machine holds (``data.max_len=1000000000
 fail after the run directory was written, in numpy's or XLA's allocator ("Unable to allocate
 119. GiB"). `check` refuses it first, in one line naming the settings. The figures are
 lower bounds, not a model of XLA's temporaries: only what a step cannot do without (the
-layers' weights with their gradient and Adam's two moments, the residual stream of every layer
-kept for the backward pass, the host's batch arrays, a decoder's key/value cache and, once
-the vocabulary is known and the loss is not chunked, the [tokens, vocabulary] logits with
-their gradient), so a config refused here can never run, and one that passes may still run
-out of memory.
+layers' weights with their gradient and Adam's two moments, the residual stream entering
+every layer, kept for the backward pass under every ``model.remat`` policy, the host's batch
+arrays, a decoder's key/value cache and, once the vocabulary is known and the loss is not
+chunked, the [tokens, vocabulary] logits with their gradient), so a config refused here can
+never run, and one that passes may still run out of memory.
 
 Training therefore also checks the step itself: `step_refusal` compares XLA's memory
 analysis of the compiled step (what it needs beyond its arguments, which are in memory
@@ -16,7 +16,11 @@ already: outputs + temporaries - donated) with the memory the process may still 
 (`room`: on a CPU, transformer/backends/host_memory.py's `available`, of which a step may
 take 90%; on an accelerator, the device's limit minus what it holds), before the first step
 runs. On a CPU an allocation past that is often granted (the kernel overcommits) and the
-process is killed once it touches the memory, with no message.
+process is killed once it touches the memory, with no message. That analysis is of the step
+as compiled, so it follows ``model.remat`` (transformer/model/remat.py): 'none' keeps every
+activation of every layer; 'full' only each layer's input (the bound's residual stream) and
+what one layer recomputes at a time; 'dots' also the outputs of the projections and the
+feed-forward's products; 'attention' also the attention's output.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def needs(
             params,
             f'model.d_model={m.d_model}, model.d_ff={m.d_ff} and {layers} layers',
         ),
-        "the layers' activations": (
+        # Each layer's input, which every model.remat policy keeps ('full' keeps only it).
+        "the layers' inputs": (
             rows * length * m.d_model * size * layers,
             f'train.batch_size={tc.batch_size} rows x data.max_len={length} tokens '
             f'(over {data_parallel} data-parallel devices, train.grad_accum_steps='
@@ -300,6 +305,10 @@ def _refusal_detail(experiment: Experiment, stats: dict, share: int, limit: str)
     if not tc.loss_chunk_tokens:
         remedies.append('set train.loss_chunk_tokens=4096 (no [tokens, vocabulary] logits)')
     remedies.append('raise train.grad_accum_steps (the same rows in smaller micro-batches)')
+    if m.remat != 'full':
+        remedies.append(
+            f"set model.remat='full' (now {m.remat!r}: each layer recomputed in the backward pass)"
+        )
     return (
         f'{settings}: the compiled training step needs {_size(stats["argument"] + need)} per '
         f"device (XLA's memory analysis: arguments {_size(stats['argument'])} + outputs "

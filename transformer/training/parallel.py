@@ -40,9 +40,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer import schema
-from transformer.model import Transformer, logical_partition_specs, logical_shardings
+from transformer.model import (
+    Transformer,
+    in_activation_layout,
+    logical_partition_specs,
+    logical_shardings,
+)
 from transformer.schema import PARALLELISMS
 from transformer.training import steps
+from transformer.training.mesh import data_groups, make_mesh, process_grid
 from transformer.training.steps import Batch, TrainState
 
 PyTree = Any
@@ -52,76 +58,17 @@ MODES = PARALLELISMS  # see the module docstring
 
 
 def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
-    """Logical axis -> mesh axis (None = replicated): the one table that decides every layout."""
+    """Logical axis -> mesh axis (None = replicated): the one table that decides every layout,
+    of parameters and activations (model/constraints.py); a mesh axis goes to the first rule."""
     return (
+        ('batch', 'data'),  # B, activations only: before 'embed' takes 'data' (FSDP)
+        ('length', None),  # T / S, activations only
         ('heads', 'model'),  # N: heads are independent until the output projection
         ('mlp', 'model'),  # F: the FFN's inner width
         ('embed', 'data' if fsdp else None),  # D: every parameter has it but biases of wi
         ('kv', None),  # H
         ('vocab', None),  # V
     )
-
-
-def make_mesh(model_parallelism: int = 1, devices=None) -> jax.sharding.Mesh:
-    """A ('data', 'model') mesh over ``devices`` (default: all processes'), Auto axis types.
-
-    ``jax.make_mesh`` now defaults to Explicit axes, under which ordinary Flax code does not
-    trace; Auto lets XLA propagate shardings from the inputs.
-    """
-    devices = jax.devices() if devices is None else devices
-    if len(devices) % model_parallelism:
-        raise ValueError(
-            f'train.model_parallelism={model_parallelism} does not divide the '
-            f'{len(devices)} devices.'
-        )
-    auto = jax.sharding.AxisType.Auto
-    return jax.make_mesh(
-        (len(devices) // model_parallelism, model_parallelism),
-        ('data', 'model'),
-        axis_types=(auto, auto),
-        devices=devices,
-    )
-
-
-def data_groups(process_of: np.ndarray) -> dict[int, tuple[int, int]]:
-    """Which rows of the global batch each process feeds, from the mesh's layout.
-
-    The batch is split over the mesh's ``data`` axis: data index i holds the i-th block of
-    rows. A process feeds the blocks of the data indices its devices hold, so processes
-    whose devices share their data indices (the ``model`` axis spans them) feed the same
-    rows; `jax.make_array_from_process_local_data` takes each such copy as the same global
-    rows.
-
-    Args:
-      process_of: [data, model] array, the process index of each mesh device.
-
-    Returns:
-      ``{process: (group, groups)}``: the process feeds block ``group`` of ``groups`` equal,
-      consecutive blocks of the global batch.
-
-    Raises:
-      ValueError: a layout whose processes hold overlapping but different, non-consecutive
-        or unequal sets of data indices (no block of rows fits each process).
-    """
-    held: dict[int, tuple[int, ...]] = {}
-    for p in np.unique(process_of):
-        held[int(p)] = tuple(int(i) for i in np.flatnonzero((process_of == p).any(axis=1)))
-    groups = sorted(set(held.values()))
-    covered = [i for g in groups for i in g]
-    if covered != list(range(process_of.shape[0])) or len({len(g) for g in groups}) != 1:
-        where = ', '.join(f'process {p}: {list(g)}' for p, g in sorted(held.items()))
-        raise ValueError(
-            f'The mesh ({process_of.shape[0]} data x {process_of.shape[1]} model) gives the '
-            f'processes data indices that no split of the batch fits ({where}): choose a '
-            'train.model_parallelism that divides, or is a multiple of, the devices of '
-            'each process.'
-        )
-    return {p: (groups.index(g), len(groups)) for p, g in held.items()}
-
-
-def process_grid(mesh: jax.sharding.Mesh) -> np.ndarray:
-    """[data, model]: the process index of each device of a ('data', 'model') mesh."""
-    return np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
 
 
 def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> TrainState:
@@ -201,7 +148,7 @@ class Parallel:
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, **train, **loss
         )
-        self._eval = jax.jit(functools.partial(steps.eval_step, model=model, **loss))
+        evaluate = functools.partial(steps.eval_step, model=model, **loss)
         specs = logical_specs(model, tx)
         if mode == 'pmap':
             self.shardings = jax.tree.map(
@@ -218,10 +165,29 @@ class Parallel:
                 donate_argnums=(0,),
                 devices=self.devices,
             )
+            self._eval = jax.jit(evaluate)  # on `host_params`, one device
         else:
             self.shardings = state_shardings(self.mesh, specs, fsdp)
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
-            self._step = jax.jit(step, donate_argnums=(0,))
+            self._step, self._eval = self._sharded(step, evaluate, rules(fsdp))
+
+    def _sharded(self, step: Callable, evaluate: Callable, layout) -> tuple[Callable, Callable]:
+        """The sharding mode's train and eval steps: explicit in and out shardings (the
+        state's, the batch's), so that the state keeps its layout step after step, and the
+        activations constrained by the rules table ``layout``."""
+        replicated = NamedSharding(self.mesh, P())
+        train = jax.jit(
+            in_activation_layout(step, self.mesh, layout),
+            in_shardings=(self.shardings, self._batch_sharding, replicated),
+            out_shardings=(self.shardings, replicated),
+            donate_argnums=(0,),
+        )
+        evaluation = jax.jit(
+            in_activation_layout(evaluate, self.mesh, layout),
+            in_shardings=(self.shardings.params, self._batch_sharding),
+            out_shardings=replicated,
+        )
+        return train, evaluation
 
     @classmethod
     def from_config(
@@ -364,6 +330,16 @@ class Parallel:
         compile without running (XLA's memory and cost analysis, its HLO)."""
         return self._step.lower(state, batch, rng)
 
+    def eval_params(self, state: TrainState) -> PyTree:
+        """``state``'s parameters as `eval_step` takes them: as they lie, `host_params` in pmap."""
+        return self.host_params(state) if self.mode == 'pmap' else state.params
+
     def eval_step(self, params: PyTree, batch: Batch) -> dict[str, jax.Array]:
-        """Summed loss metrics of one batch with `host_params` parameters."""
+        """Summed loss metrics of one batch (host rows, alike on every process) with `eval_params`
+        parameters; sharding mode pads it with padding rows to a multiple of the data devices."""
+        if self.mode == 'sharding':
+            params = jax.device_put(params, self.shardings.params)  # a no-op in that layout
+            rows = -len(batch['targets']) % self.mesh.shape['data']
+            pad = lambda v: np.pad(v, [(0, rows)] + [(0, 0)] * (v.ndim - 1))  # noqa: E731
+            batch = {k: jax.device_put(pad(v), self._batch_sharding) for k, v in batch.items()}
         return self._eval(params, batch)

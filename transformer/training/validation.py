@@ -62,7 +62,8 @@ class Validation:
         )
 
     def loss(self, params: PyTree) -> dict[str, float]:
-        """Summed validation loss / NLL / accuracy over every evaluation batch."""
+        """Summed validation loss / NLL / accuracy over every evaluation batch, with the
+        parameters in the layout `Parallel.eval_params` gives."""
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
             inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
@@ -105,9 +106,8 @@ def validate(
       Whether early stopping (``train.early_stop_patience``) ends the run here.
     """
     par, workdir = validation.parallel, validation.workdir
-    params = par.host_params(state)
     if loss:
-        final['validation'] = metrics = validation.loss(params)
+        final['validation'] = metrics = validation.loss(par.eval_params(state))
         logging.info(
             'step %d  validation loss %.4f  nll %.4f  perplexity %.2f  accuracy %.4f',
             *(step, metrics['loss'], metrics['nll'], metrics['perplexity']),
@@ -116,7 +116,7 @@ def validate(
         writer.write(step, 'validation', metrics)
     if not bleu:
         return False
-    scores = validation.bleu(params)
+    scores = validation.bleu(par.host_params(state))
     # Process 0's scores decide for every process (whether to save a best checkpoint, a
     # collective, and whether to stop): another process's BLEU may differ in its last bit.
     final['validation_bleu'] = scores = dict(
