@@ -206,11 +206,13 @@ def forbid(scores: Array, at_limit: Array) -> Array:
 def stage_sizes(batch: int, min_stage_batch: int) -> list[int]:
     """Batch sizes a search with early stopping runs at (`shrinking_loop`): B, then B/2 and B/4
     while those are whole and at least ``min_stage_batch``; B alone where staging does not
-    pay (`backends.staged_search`)."""
+    pay (`backends.staged_search`). Under a mesh (transformer/decoding/mesh.py) every size is
+    also a multiple of its ``data`` axis, so each stage's rows still split evenly over it."""
     sizes = [batch]
     if not backends.staged_search():
         return sizes
-    while len(sizes) < 3 and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= min_stage_batch:
+    shards = jax.sharding.get_abstract_mesh().shape.get('data', 1)
+    while len(sizes) < 3 and sizes[-1] % (2 * shards) == 0 and sizes[-1] // 2 >= min_stage_batch:
         sizes.append(sizes[-1] // 2)
     return sizes
 

@@ -35,7 +35,6 @@ import numpy as np
 import optax
 from absl import logging
 from flax import jax_utils
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -289,13 +288,6 @@ class Parallel:
             )
         return state
 
-    def host_params(self, state: TrainState) -> PyTree:
-        """Full parameters on this process's first device, for decoding and validation."""
-        params = self.global_state(state).params
-        if jax.process_count() > 1:
-            params = multihost_utils.process_allgather(params, tiled=True)
-        return jax.device_put(params, self.local_devices[0])
-
     # --- batches and steps --------------------------------------------------------------------
 
     def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -365,5 +357,6 @@ class Parallel:
         return self._step.lower(state, batch, rng)
 
     def eval_step(self, params: PyTree, batch: Batch) -> dict[str, jax.Array]:
-        """Summed loss metrics of one batch with `host_params` parameters."""
+        """Summed loss metrics of one batch: parameters in the training layout
+        (`global_state`), rows placed on the mesh by `decoding.place_rows`."""
         return self._eval(params, batch)

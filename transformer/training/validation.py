@@ -12,7 +12,7 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import multihost, rundir, schema
+from transformer import decoding, multihost, rundir, schema
 from transformer.backends import fetch
 from transformer.checkpoint import Checkpoints
 from transformer.evaluation import score_eval_set
@@ -21,6 +21,7 @@ from transformer.schema import METRICS
 from transformer.training import metrics as metrics_lib
 from transformer.training import parallel, steps
 from transformer.training.best import BestTracker
+from transformer.training.decode_layout import training_layout
 from transformer.training.steps import TrainState
 
 PyTree = Any
@@ -39,6 +40,9 @@ class Validation:
     ):
         self.config, self.tokenizer, self.model = config, tokenizer, model
         self.parallel, self.workdir = parallel, workdir
+        # Loss and BLEU run on the training mesh, each batch's rows split over its data axis
+        # and the processes, the parameters in the training layout.
+        self.layout = training_layout(parallel)
         self.loss_set = self._eval_set(None)
         if not self.loss_set.references:  # the last step is always validated
             data = config.data
@@ -62,11 +66,14 @@ class Validation:
         )
 
     def loss(self, params: PyTree) -> dict[str, float]:
-        """Summed validation loss / NLL / accuracy over every evaluation batch."""
+        """Summed validation loss / NLL / accuracy over every evaluation batch, each batch's
+        rows split over the mesh (`decoding.place_rows`; filler rows weigh nothing); the sums
+        are global, the same on every process."""
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
-            inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            for key, value in fetch(self.parallel.eval_step(params, inputs)).items():
+            rows = {'inputs': batch['inputs'], 'targets': batch['targets']}
+            placed = decoding.place_rows(rows, self.layout)
+            for key, value in fetch(self.parallel.eval_step(params, placed)).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         smoothing = self.config.train.label_smoothing
         return steps.summarize(totals, self.tokenizer.vocab_size, smoothing)
@@ -83,6 +90,7 @@ class Validation:
             self.bleu_set,
             beam_size=config.eval.beam_size,
             alpha=config.eval.alpha,
+            layout=self.layout,
         )
         return {key: scores[key] for key in METRICS}
 
@@ -105,7 +113,7 @@ def validate(
       Whether early stopping (``train.early_stop_patience``) ends the run here.
     """
     par, workdir = validation.parallel, validation.workdir
-    params = par.host_params(state)
+    params = validation.layout.place(par.global_state(state).params)  # the training layout
     if loss:
         final['validation'] = metrics = validation.loss(params)
         logging.info(
@@ -117,8 +125,9 @@ def validate(
     if not bleu:
         return False
     scores = validation.bleu(params)
-    # Process 0's scores decide for every process (whether to save a best checkpoint, a
-    # collective, and whether to stop): another process's BLEU may differ in its last bit.
+    # Every process scored the same gathered hypotheses; process 0's scores still decide for
+    # every process (whether to save a best checkpoint, a collective, and whether to stop),
+    # so that no decision hangs on two processes computing a float alike.
     final['validation_bleu'] = scores = dict(
         zip(scores, multihost.broadcast_floats(list(scores.values())), strict=True)
     )
