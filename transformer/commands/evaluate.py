@@ -7,6 +7,11 @@ Checkpoints are loaded (and averaged) by `transformer.checkpoint.load_model`, an
 decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
 of the scores to ``WORKDIR/eval/SPLIT-STEP[-avgK]-beamB-alphaA-RULE[-ensembleM].txt`` / ``.json``
 (STEP: the last step loaded, ``bestN`` with ``--best``), unless ``--output`` names the file.
+The sentences are split over the devices of the run's layout (``--parallelism``,
+``--model_parallelism``, ``--fsdp`` override its ``train`` keys) and over the processes of a
+multi-process evaluate (``--coordinator_address``, ``--num_processes``, ``--process_id``);
+process 0 writes the files, whose JSON holds ``devices``, ``processes`` and
+``sentences_per_process``.
 """
 
 from __future__ import annotations
