@@ -133,3 +133,20 @@ def test_filler_rows_never_fully_masked():
     assert inputs.shape == (16, 10)
     np.testing.assert_array_equal(inputs[ROWS:, 0], 1)  # [EOS], as the evaluation filler
     assert not targets[ROWS:].any()  # weighs nothing in a loss
+
+
+@pytest.mark.slow
+def test_an_ensemble_on_a_mesh_equals_one_device():
+    """Both members placed in the layout (`DecodeLayout.place`), greedy: one device's tokens."""
+    members = decoding.ensemble_params([_params(), fill_random(abstract_params(MODEL), seed=4)])
+    search = dict(beam_size=1, extra_length=5)
+    one = decoding.decode(decoding.translate_batch, MODEL, members, _inputs(), **search)
+    layout = _layout('data')
+    placed = layout.place(members)
+    assert all(_kernel_of(m).sharding.mesh == layout.mesh for m in placed.members)
+    mesh = decoding.decode(decoding.translate_batch, MODEL, placed, _inputs(), layout, **search)
+    np.testing.assert_array_equal(mesh, one)
+
+
+def _kernel_of(params):
+    return params['encoder_layer_0']['self_attention']['query']['kernel']

@@ -231,6 +231,26 @@ def take_examples(tree: Any, index: Array, batch: int) -> Any:
     return jax.tree_util.tree_map(take, tree)
 
 
+def split_rows(tree: Any) -> Any:
+    """``tree`` with every array's leading (rows) axis kept split over the ``data`` axis of
+    the mesh being decoded on (transformer/decoding/mesh.py), its other axes as XLA places
+    them; unchanged off a mesh. Without it the rows a stage of `shrinking_loop` gathers are
+    replicated: every device would decode every remaining row."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get('data', 1) == 1:
+        return tree
+
+    def split(x):
+        if not x.ndim:
+            return x
+        spec = jax.sharding.PartitionSpec(
+            'data', *[jax.sharding.PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)
+        )
+        return jax.lax.with_sharding_constraint(x, spec)
+
+    return jax.tree_util.tree_map(split, tree)
+
+
 def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):
     """``state = step(state)`` while ``more_steps(state)`` and an example is still
     ``searching``, on a batch that shrinks as its examples finish.
@@ -265,4 +285,5 @@ def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):
         if next_size:  # the examples still searching first, in their order
             keep = jnp.argsort(~searching(state), stable=True)[:next_size]
             state, where = take_examples(state, keep, len(where)), where[keep]
+            state = split_rows(state)
     return state, full
