@@ -87,6 +87,7 @@ def test_a_run_trained_with_fsdp_decodes_with_its_parameters_sharded(tmp_path, m
     assert sharded['sacrebleu'] == full['sacrebleu'] == one['sacrebleu']
 
 
+@pytest.mark.slow
 def test_checkpoints_are_averaged_straight_into_a_sharded_layout(run_dir):
     """Steps 2 and 4 restored FSDP-sharded over 8 devices and averaged shard by shard: the
     same bits as the average on one device, and still sharded."""
