@@ -1,9 +1,9 @@
-"""Decoding over processes: validation (loss and BLEU) and the evaluate command run as
-2 processes x 4 devices, each process decoding its rows, against 1 process x 8 devices.
+"""Decoding over processes: validation (loss and BLEU), the evaluate and translate commands
+run as 2 processes x 4 devices, each process decoding its rows, against 1 process x 8 devices.
 
-The processes are real (`python train.py` / `python -m transformer.evaluate` twice, joined by
-jax.distributed on localhost), started and always ended by the test
-(tests/training/test_multihost.py's launcher).
+The processes are real (`python train.py`, `python -m transformer.evaluate` and `translate`,
+twice each, joined by jax.distributed on localhost), started and always ended by the test
+(the launchers of tests/training/test_multihost.py and of this file).
 """
 
 import json
@@ -24,6 +24,7 @@ from tests.training.test_multihost import (
     _results,
     _run_two_processes,
 )
+from transformer import api
 from transformer.commands import evaluate
 from transformer.commands import train as trainer
 
@@ -38,12 +39,12 @@ def _validation(run_dir) -> dict[int, dict]:
     return found
 
 
-def _evaluate_two_processes(run_dir, out, timeout=240) -> list[tuple[int, str]]:
-    """``python -m transformer.evaluate`` as processes 0 and 1 (4 CPU devices each)."""
+def _decode_two_processes(command, flags, stdin=b'', timeout=240) -> list[tuple[int, str]]:
+    """``python -m transformer.COMMAND`` as processes 0 and 1 (4 CPU devices each), ``stdin``
+    given to process 0 alone: (exit code, stdout + stderr) of each."""
     env = repo_env(XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu')
     port = _free_port()
-    base = [sys.executable, '-m', 'transformer.evaluate', f'--workdir={run_dir}']
-    base += ['--beam_size=2', '--step=2', f'--output={out}']
+    base = [sys.executable, '-m', f'transformer.{command}', *flags]
     base += [f'--coordinator_address=localhost:{port}', '--num_processes=2']
     procs = []
     try:
@@ -53,11 +54,15 @@ def _evaluate_two_processes(run_dir, out, timeout=240) -> list[tuple[int, str]]:
                     [*base, f'--process_id={pid}'],
                     cwd=REPO,
                     env=env,
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                 )
             )
-        outputs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
+        outputs = [
+            p.communicate(stdin if pid == 0 else b'', timeout=timeout)[0].decode()
+            for pid, p in enumerate(procs)
+        ]
     finally:
         for p in procs:
             p.kill()
@@ -69,7 +74,9 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     """2 steps, validated (loss and BLEU) at step 2, as 2 processes x 4 devices and as
     1 process x 8 devices: the same validation loss (1e-5) and BLEU (0.01), and both processes
     decide the same best checkpoint. Then the 2-process run is evaluated by 2 processes and by
-    one: the same hypotheses and scores, each process decoding about half of the sentences."""
+    one: the same hypotheses and scores, each process decoding about half of the sentences.
+    Last, 2 processes translate stdin (process 0 reads it and writes the output): the lines
+    of one process, a blank line kept blank."""
     config = _config('sharding', 2)
     config.eval.bleu_every = 2
     config.train.eval_every = 2
@@ -89,7 +96,8 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
         assert abs(got[metric] - want[metric]) <= 0.01, (metric, got, want)
 
     out = tmp_path / 'two.txt'
-    for code, output in _evaluate_two_processes(two, out):
+    flags = [f'--workdir={two}', '--beam_size=2', '--step=2', f'--output={out}']
+    for code, output in _decode_two_processes('evaluate', flags):
         assert code == 0, output[-3000:]
     alone = evaluate.run(
         str(two), step=2, beam_size=2, output=str(tmp_path / 'one.txt'), devices=jax.devices('cpu')
@@ -102,3 +110,15 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     assert len(per_process) == 2 and sum(per_process) == scores['num_sentences'] == 20
     assert min(per_process) >= sum(per_process) // 3  # about half each (12 and 8 here)
     assert alone['sentences_per_process'] == [20]
+
+    # translate: process 0 reads stdin and broadcasts it, and alone writes the output.
+    hypotheses = (tmp_path / 'one.txt').read_text().splitlines()
+    source = ''.join(f'{line}\n' for line in ['dinds bap koft .', '', *hypotheses[:5]]).encode()
+    translated = tmp_path / 'translated.txt'
+    flags = [f'--workdir={two}', '--beam_size=1', '--step=2', f'--output={translated}']
+    for code, output in _decode_two_processes('translate', flags, stdin=source):
+        assert code == 0, output[-3000:]
+    alone = api.load(str(two), step=2, devices=jax.devices('cpu')).translate(
+        source.decode().splitlines(), beam_size=1
+    )
+    assert translated.read_text().splitlines() == alone and alone[1] == ''
