@@ -1,7 +1,7 @@
 """The collectives one decoding step runs on a mesh, per parameter layout, counted in the
 compiled program (nothing runs: the searches are lowered on abstract, sharded parameters).
 
-    python benchmarks/decode_collectives.py [--devices 8] [--out results/decode_collectives.json]
+    python benchmarks/decode_collectives.py [--devices 8] [--out FILE.json]
 
 On 8 host CPU devices (the flag below is set before jax loads) unless ``--devices`` names
 fewer. For each layout (data only, FSDP, FSDP with ``gather_params``, a model axis of 2) and

@@ -1,7 +1,7 @@
 """The tied pre-softmax logits y E^T with their embedding gradient laid out for a CPU's matmul.
 
 Autodiff writes the embedding's gradient as dE = dlogits^T y, and XLA's CPU matmul then copies
-the whole [B*T, V] dlogits transposed (a large share of a Multi30k step, benchmarks/README.md);
+the whole [B*T, V] dlogits transposed (a Multi30k step's largest copy: docs/performance.md);
 computing (y^T dlogits)^T transposes the small [B*T, D] and [D, V] arrays instead. The value
 and the gradient are the same; only the layout of the work differs. Other backends take
 autodiff's gradient (`platform.on_cpu`).

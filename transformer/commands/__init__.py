@@ -10,7 +10,7 @@ export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_
 Python API do before decoding (the processes joined, the run's layout, its checkpoints
 restored into it).
 
-The modules are this face's names (``from transformer.commands import train``), imported
+The modules are this package's public names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
 """
 

@@ -4,7 +4,7 @@ Modules: next_token.py (the step both searches share; `Ensemble`), greedy.py (gr
 beam.py (beam search), search.py (`translate_batch`: which search, by the beam size),
 ensemble.py (several runs as one model), translation.py (lines of text in, lines out),
 mesh.py (`decode`: any search on every device of a run's mesh and over its processes).
-Callers import this face: ``from transformer import decoding``.
+Callers import its public API: ``from transformer import decoding``.
 
 Conventions shared by both searches:
 

@@ -31,7 +31,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer.decoding.beam import beam_search
 from transformer.decoding.mesh import DecodeLayout, decode
-from transformer.decoding.next_token import length_penalty
+from transformer.decoding.next_token import length_penalty, penalty_alpha
 from transformer.decoding.search import translate_batch
 from transformer.model import Transformer
 from transformer.tokens import EOS_ID
@@ -209,6 +209,7 @@ def translate_lines(
     Returns:
       One translation (or list of hypotheses) per line.
     """
+    penalty_alpha(alpha)  # refused before anything is decoded, greedy included
     todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
     out: list = [[] for _ in lines] if nbest else [''] * len(lines)
     if not sources:
