@@ -229,6 +229,22 @@ BAD_DECODING_FLAGS = [
     # The beam of --nbest K is at least K: it went unchecked into an out-of-memory error
     # that said to lower --batch_size or --beam_size.
     ('translate', '--nbest=1000000', '--nbest=1000000 exceeds the vocabulary of'),
+    # The decoding layout: training's own check of a model axis (4 heads, 8 CPU devices or
+    # one GPU), a process outside the count, a coordinator that never answers.
+    ('evaluate', '--model_parallelism=8', 'train.model_parallelism=8 does not divide'),
+    ('translate', '--model_parallelism=8', 'train.model_parallelism=8 does not divide'),
+    ('evaluate', '--parallelism=pmap --fsdp', "need train.parallelism='sharding'"),
+    (
+        'evaluate',
+        '--coordinator_address=localhost:1 --num_processes=2 --process_id=2',
+        '--process_id=2 is not one of the 2 processes of --num_processes (0 .. 1)',
+    ),
+    (
+        'translate',
+        '--coordinator_address=localhost:1 --num_processes=2 --process_id=1 --init_timeout_s=1',
+        'No coordinator answers at localhost:1 (--coordinator_address) after 1 s',
+    ),
+    ('evaluate', '--num_processes=2', 'needs --coordinator_address, --num_processes and'),
     # A format matplotlib cannot write: its traceback came after the model had run.
     ('visualize', '--out=attention.txt', '--out=attention.txt: cannot write .txt files'),
 ]
@@ -244,12 +260,12 @@ def test_a_bad_decoding_flag_is_one_line_before_the_decode(
     shutil.copytree(run_dir, workdir)  # the shared run, with what earlier tests wrote into it
     before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob('*'))
     if command == 'evaluate':
-        cli, argv = evaluate.cli, ['evaluate', f'--workdir={workdir}', flag]
+        cli, argv = evaluate.cli, ['evaluate', f'--workdir={workdir}', *flag.split()]
     elif command == 'visualize':
         cli, argv = visualize.cli, ['visualize', f'--workdir={workdir}', '--text=dinds .', flag]
     else:
         (tmp_path / 'in.txt').write_text('dinds bap koft .\n')
-        cli, argv = translate.cli, ['translate', f'--workdir={workdir}', flag]
+        cli, argv = translate.cli, ['translate', f'--workdir={workdir}', *flag.split()]
         argv += [f'--input={tmp_path}/in.txt', f'--output={tmp_path}/out.txt']
     monkeypatch.setattr(sys, 'argv', argv)
     start = time.perf_counter()

@@ -29,8 +29,7 @@ import ml_collections
 import numpy as np
 
 from transformer import configs, data, decoding, schema
-from transformer.checkpoint import load_model
-from transformer.commands import console
+from transformer.commands import console, decoding_run
 from transformer.model import (
     Transformer,
     attention_maps,
@@ -99,6 +98,8 @@ class Run:
     model: Transformer
     params: Any
     steps: list[int]  # the checkpoints loaded (averaged when several)
+    # The mesh it decodes on (`decoding.DecodeLayout`; None: one device), params in its layout.
+    layout: decoding.DecodeLayout | None = None
 
     def translate(
         self,
@@ -129,6 +130,7 @@ class Run:
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,
             nbest=nbest,
+            layout=self.layout,
         )
 
     def attention(self, source: str, target: str | None = None) -> dict[tuple, np.ndarray]:
@@ -145,10 +147,22 @@ class Run:
 
 
 def load(
-    workdir: str, *, step: int | None = None, average_last: int | None = None, best: bool = False
+    workdir: str,
+    *,
+    step: int | None = None,
+    average_last: int | None = None,
+    best: bool = False,
+    devices: Sequence[Any] | None = None,
+    **layout: Any,
 ) -> Run:
     """A trained run, loaded as the commands load it (by default the average they choose:
-    `checkpoint.default_average`); ``step``, ``average_last`` and ``best`` as their flags."""
+    `checkpoint.default_average`); ``step``, ``average_last`` and ``best`` as their flags.
+    It decodes on ``devices`` (default: all) in the run's layout, as evaluate and translate
+    do; ``layout``: ``parallelism``, ``model_parallelism``, ``fsdp``, ``gather_params`` as
+    their flags."""
     with console.quiet_libraries():
-        cfg, tokenizer, model, params, steps = load_model(workdir, step, average_last, best)
-    return Run(cfg, tokenizer, model, params, steps)
+        loaded = decoding_run.load_run(
+            workdir, step=step, average_last=average_last, best=best, devices=devices, **layout
+        )
+    steps = loaded.member_steps[0]
+    return Run(loaded.config, loaded.tokenizer, loaded.model, loaded.params, steps, loaded.layout)

@@ -50,6 +50,19 @@ def broadcast_floats(values: Sequence[float]) -> list[float]:
     return [float(v) for v in _broadcast_int32(bits).view(np.float64)]
 
 
+def broadcast_bytes(data: bytes) -> bytes:
+    """Process 0's ``data`` on every process (e.g. the input process 0 alone read)."""
+    if jax.process_count() == 1:
+        return data
+    (length,) = broadcast_ints([len(data)])
+    if not length:
+        return b''
+    padded = np.zeros(-(-length // 4) * 4, np.uint8)
+    if is_main():
+        padded[:length] = np.frombuffer(data, np.uint8)
+    return _broadcast_int32(padded.view(np.int32)).view(np.uint8)[:length].tobytes()
+
+
 def all_ok(ok: bool) -> bool:
     """True on every process if ``ok`` on every process, else False on every process."""
     if jax.process_count() == 1:

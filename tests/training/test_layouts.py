@@ -13,8 +13,10 @@ from jax.sharding import PartitionSpec as P
 
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_parallel
+from transformer import decoding
 from transformer.model import abstract_params
 from transformer.training import parallel, steps
+from transformer.training.decode_layout import training_layout
 
 COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
 LAYOUTS = {
@@ -117,11 +119,14 @@ def test_activations_are_constrained_on_a_mesh_only():
 
 @pytest.mark.slow
 def test_the_eval_step_reads_the_state_layout_and_pads_rows_that_do_not_split():
-    """5 rows over 4 data devices, parameters as the train state holds them: the summed
-    metrics equal one device's."""
+    """5 rows over 4 data devices, placed as validation places them (filler rows weigh
+    nothing), parameters as the train state holds them: the summed metrics equal one
+    device's."""
     par, state, _, _ = _compiled('model 2')
     rows = {k: v[:5, :] for k, v in packed_batch(1).items() if k in ('inputs', 'targets')}
-    got = jax.device_get(par.eval_step(par.eval_params(state), rows))
+    layout = training_layout(par)
+    placed = decoding.place_rows(rows, layout)
+    got = jax.device_get(par.eval_step(layout.place(par.global_state(state).params), placed))
     params = jax.device_get(state.params)
     model = tiny_parallel(jax.devices('cpu')[:1])[1]
     want = steps.eval_step(params, rows, model=model, label_smoothing=0.1)

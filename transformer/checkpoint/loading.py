@@ -4,7 +4,7 @@ first. A step that cannot be read raises one line that names it and says what to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -84,13 +84,17 @@ def default_average(workdir: str, config: schema.Experiment) -> list[int]:
     return steps
 
 
-def abstract_params(model: Transformer) -> PyTree:
-    """Shapes and dtypes of the model's parameters on this process's first device, without
-    allocating them. The explicit sharding lets Orbax restore a checkpoint written by any
-    number of devices or processes."""
+def abstract_params(model: Transformer, shardings: PyTree | None = None) -> PyTree:
+    """Shapes and dtypes of the model's parameters in ``shardings`` (default: on this
+    process's first device), without allocating them. The explicit sharding lets Orbax
+    restore a checkpoint written by any number of devices or processes straight into it."""
     shapes = model_params(model)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    if shardings is None:
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        shardings = jax.tree.map(lambda _: device, shapes)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+    )
 
 
 def best_step(workdir: str) -> int:
@@ -101,11 +105,18 @@ def best_step(workdir: str) -> int:
     return step
 
 
-def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = False) -> PyTree:
+def restore_params(
+    workdir: str,
+    step: int,
+    model: Transformer,
+    *,
+    best: bool = False,
+    shardings: PyTree | None = None,
+) -> PyTree:
     """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), verified against the
-    step's manifest (when it has one), checked against the model's shapes, on one local
-    device whatever the saving run's device count."""
-    target = abstract_params(model)
+    step's manifest (when it has one), checked against the model's shapes, in ``shardings``
+    (default: on one local device) whatever the saving run's device count."""
+    target = abstract_params(model, shardings)
     try:
         verify_step(workdir, step, items=('params',), best=best)
         check_params_fit(workdir, step, target, best=best)
@@ -128,15 +139,33 @@ def restore_params(workdir: str, step: int, model: Transformer, *, best: bool = 
     return params
 
 
+def _mean(*xs: Any) -> Any:
+    """The float64 mean of arrays, cast to float32; of sharded arrays shard by shard, each
+    process averaging only the shards on its devices (nothing is gathered)."""
+    if not isinstance(xs[0], jax.Array):
+        return sum(np.asarray(x, np.float64) for x in xs) / len(xs)
+    shards = []
+    for group in zip(*(x.addressable_shards for x in xs), strict=True):
+        mean = sum(np.asarray(s.data, np.float64) for s in group) / len(xs)
+        shards.append(jax.device_put(mean.astype(np.float32), group[0].device))
+    return jax.make_array_from_single_device_arrays(xs[0].shape, xs[0].sharding, shards)
+
+
 def average_params(trees: Sequence[PyTree]) -> PyTree:
-    """The element-wise mean of parameter trees (the paper averages checkpoints, Sec. 6.1)."""
+    """The element-wise mean of parameter trees (the paper averages checkpoints, Sec. 6.1),
+    in float64 then float32; jax arrays keep their sharding."""
     if not trees:
         raise ValueError('No parameter trees to average.')
-    return jax.tree.map(lambda *xs: sum(np.asarray(x, np.float64) for x in xs) / len(xs), *trees)
+    return jax.tree.map(_mean, *trees)
 
 
 def load_model(
-    workdir: str, step: int | None = None, average_last: int | None = None, best: bool = False
+    workdir: str,
+    step: int | None = None,
+    average_last: int | None = None,
+    best: bool = False,
+    *,
+    shardings: Callable[[Transformer], PyTree] | None = None,
 ) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
     """Config, tokenizer, model and parameters of a training run.
 
@@ -146,13 +175,16 @@ def load_model(
       average_last: average the last K checkpoints (default without ``step``: the run's
         ``eval.average_last``, without the warm-up's and the first half's: `default_average`).
       best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
+      shardings: the model -> its parameters' shardings (a decoding layout): each checkpoint
+        is restored, and averaged, straight into them; default: this process's first device.
 
     Returns:
-      (config, tokenizer, model, params, the steps loaded).
+      (config, tokenizer, model, params (float32), the steps loaded).
     """
     config = read_config(workdir)
     tokenizer = load_tokenizer(config, workdir)
     model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
+    placed = None if shardings is None else shardings(model)
     if best and (step is not None or average_last is not None):
         raise WorkdirError('Load the best checkpoint or a step / an average, not both.')
     for attempt in range(_READ_ATTEMPTS):
@@ -163,7 +195,7 @@ def load_model(
         else:
             steps = checkpoint_steps(workdir, step, average_last or 1)
         try:
-            trees = [restore_params(workdir, s, model, best=best) for s in steps]
+            trees = [restore_params(workdir, s, model, best=best, shardings=placed) for s in steps]
             break
         except CheckpointRemoved as e:
             # A run training there saved a newer step and removed an old one: choose again,
@@ -172,5 +204,10 @@ def load_model(
                 raise
             logging.info('%s Choosing the steps again.', e)
     params = trees[0] if len(trees) == 1 else average_params(trees)
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    params = jax.tree.map(
+        lambda x: (
+            x.astype(jnp.float32) if isinstance(x, jax.Array) else jnp.asarray(x, jnp.float32)
+        ),
+        params,
+    )
     return config, tokenizer, model, params, steps

@@ -6,7 +6,9 @@ visualize.py and export.py (``python -m transformer.NAME``, ``transformer-NAME``
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
 console) and shared_flags.py (the flags several commands define); marian.py, the files of
 export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_flag.py, the
-``--config`` flag's errors in one line.
+``--config`` flag's errors in one line; decoding_run.py, what evaluate, translate and the
+Python API do before decoding (the processes joined, the run's layout, its checkpoints
+restored into it).
 
 The modules are this package's public names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
@@ -15,6 +17,7 @@ when a caller names one: starting one command does not import the others.
 __all__ = [
     'config_flag',
     'console',
+    'decoding_run',
     'evaluate',
     'export',
     'library_logs',

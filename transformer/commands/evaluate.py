@@ -7,6 +7,11 @@ Checkpoints are loaded (and averaged) by `transformer.checkpoint.load_model`, an
 decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
 of the scores to ``WORKDIR/eval/SPLIT-STEP[-avgK]-beamB-alphaA-RULE[-ensembleM].txt`` / ``.json``
 (STEP: the last step loaded, ``bestN`` with ``--best``), unless ``--output`` names the file.
+The sentences are split over the devices of the run's layout (``--parallelism``,
+``--model_parallelism``, ``--fsdp`` override its ``train`` keys) and over the processes of a
+multi-process evaluate (``--coordinator_address``, ``--num_processes``, ``--process_id``);
+process 0 writes the files, whose JSON holds ``devices``, ``processes`` and
+``sentences_per_process``.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import decoding, files, rundir, training
+from transformer import decoding, files, multihost, rundir, training
 from transformer.checkpoint import load_model
-from transformer.commands import console
+from transformer.commands import console, decoding_run
 from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
 from transformer.schema import ConfigError
@@ -50,6 +55,9 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.check_paths(outputs={'output': FLAGS.output})
+        decoding_run.join_processes(
+            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.init_timeout_s
+        )
         try:
             run(
                 FLAGS.workdir,
@@ -64,6 +72,8 @@ def cli(argv: list[str] | None = None) -> None:
                 max_examples=FLAGS.max_examples,
                 output=FLAGS.output,
                 ensemble=FLAGS.ensemble,
+                gather_params=FLAGS.gather_params,
+                **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -149,32 +159,44 @@ def run(
     max_examples: int = 0,
     output: str | None = None,
     ensemble: Sequence[str] = (),
+    gather_params: bool = False,
+    devices: Sequence[Any] | None = None,
+    **layout_flags: Any,
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
 
     ``ensemble``: other runs decoded together with ``run_dir`` (`ensemble.load_ensemble`): the
-    next-token distribution is the mean of the runs' probabilities.
+    next-token distribution is the mean of the runs' probabilities. The sentences are split
+    over ``devices`` (default: every process's) on the run's layout
+    (`decoding_run.load_run`; ``layout_flags``: ``parallelism``, ``model_parallelism``,
+    ``fsdp`` override the run's); process 0 alone prints and writes.
     """
     start = time.time()
     ensemble = [os.fspath(other) for other in ensemble]
-    config, tokenizer, model, params, member_steps = load(
-        run_dir, step, average_last, best, ensemble
+    loaded = decoding_run.load_run(
+        run_dir,
+        **dict(step=step, average_last=average_last, best=best, ensemble=ensemble),
+        **dict(gather_params=gather_params, devices=devices, **layout_flags),
     )
-    steps = member_steps[0]
+    config, tokenizer, layout = loaded.config, loaded.tokenizer, loaded.layout
+    steps = loaded.member_steps[0]
     split = split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
     length_penalty = length_penalty or config.eval.length_penalty
     sentences = batch_size or config.eval.batch_size
-    training.check_decoding(config, sentences, beam_size, tokenizer.vocab_size)
-    logging.info(
-        'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f (%s).',
-        ' + '.join([run_dir, *ensemble]),
-        split,
-        steps,
+    training.check_decoding(
+        config,
+        sentences,
         beam_size,
-        alpha,
-        length_penalty,
+        tokenizer.vocab_size,
+        devices=layout.local_devices,
+        data_shards=layout.data_shards,
+    )
+    logging.info(
+        'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f (%s), %d devices.',
+        *(' + '.join([run_dir, *ensemble]), split, steps, beam_size, alpha, length_penalty),
+        len(layout.devices),
     )
     stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
     stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
@@ -185,14 +207,8 @@ def run(
     output = output or _eval_output(run_dir, stem)  # before the decode it would hold
     eval_set = make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
     scores, hypotheses = score_eval_set(
-        config,
-        tokenizer,
-        model,
-        params,
-        eval_set,
-        beam_size=beam_size,
-        alpha=alpha,
-        length_penalty=length_penalty,
+        *(config, tokenizer, loaded.model, loaded.params, eval_set),
+        **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, layout=layout),
     )
     scores.update(
         split=split,
@@ -203,12 +219,21 @@ def run(
         direction=f'{config.data.source_lang}->{config.data.target_lang}',
         # Whether line i of the hypotheses is sentence i of the official test set.
         order=data_lib.order_note(config.data, split) or 'original',
+        **decoding_run.layout_summary(
+            layout, decoding.sentences_per_process(eval_set.batches, layout)
+        ),
         wall_time_s=time.time() - start,
     )
     if ensemble:
-        scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
-    # The scores first, so that a disk that fills up while the files are written loses nothing
-    # of the decode but the files.
+        scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=loaded.member_steps)
+    if multihost.is_main():
+        _report(output, hypotheses, scores)
+    return scores
+
+
+def _report(output: str, hypotheses: Sequence[str], scores: dict[str, Any]) -> None:
+    """The scores on stdout, then the files. The scores first, so that a disk that fills up
+    while the files are written loses nothing of the decode but the files."""
     print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')
     print(f'tokenized BLEU {scores["tokenized_bleu"]:.2f}  ({scores["tokenized_bleu_convention"]})')
     print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}', flush=True)
@@ -216,7 +241,6 @@ def run(
     print(f'hypotheses: {output}')
     if scores['order'] != 'original':
         print(f'order: {scores["order"]}')
-    return scores
 
 
 if __name__ == '__main__':

@@ -97,6 +97,7 @@ def define_decoding_flags() -> None:
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
     _define_search_flags()
+    _define_layout_flags()
     define_flag(
         'batch_size',
         flags.DEFINE_integer,
@@ -137,4 +138,55 @@ def _define_search_flags() -> None:
         None,
         schema.LENGTH_PENALTIES,
         "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
+    )
+
+
+def _define_layout_flags() -> None:
+    """Where evaluate and translate decode: the run's parallel settings (flags named as its
+    config keys override them) and the processes of a multi-process decode."""
+    define_flag(
+        'parallelism',
+        flags.DEFINE_enum,
+        None,
+        schema.PARALLELISMS,
+        "The mesh to decode on: 'sharding' (the run's ('data', 'model') mesh) or 'pmap' (data "
+        'only, parameters replicated) (default: train.parallelism).',
+    )
+    define_flag(
+        'model_parallelism',
+        flags.DEFINE_integer,
+        None,
+        "Devices of the mesh's model axis (default: train.model_parallelism).",
+        lower_bound=1,
+    )
+    define_flag(
+        'fsdp',
+        flags.DEFINE_bool,
+        None,
+        "Shard every parameter's d_model axis over the data axis (default: train.fsdp).",
+    )
+    define_flag(
+        'gather_params',
+        flags.DEFINE_bool,
+        False,
+        'Gather sharded (FSDP) parameters onto every device once, before decoding: no '
+        'per-step all-gathers, a full copy per device (docs/parallelism.md).',
+    )
+    define_flag(
+        'coordinator_address',
+        flags.DEFINE_string,
+        None,
+        'HOST:PORT of process 0 of a multi-process decode (with --num_processes, '
+        '--process_id); process 0 reads the input and writes every output.',
+    )
+    define_flag(
+        'num_processes', flags.DEFINE_integer, None, 'Processes of the decode.', lower_bound=1
+    )
+    define_flag('process_id', flags.DEFINE_integer, None, 'This process: 0 .. N-1.', lower_bound=0)
+    define_flag(
+        'init_timeout_s',
+        flags.DEFINE_integer,
+        60,
+        'A process that cannot reach the coordinator stops after this many seconds.',
+        lower_bound=1,
     )

@@ -3,6 +3,11 @@
 
 ``python -m transformer.translate --workdir DIR < in.txt > out.txt``
 
+The sentences of each batch are split over the devices of the run's layout and over the
+processes of a multi-process decode (``--coordinator_address``, ``--num_processes``,
+``--process_id``), where process 0 reads the input and writes the output
+(transformer/decoding/mesh.py).
+
 Progress and warnings go to stderr, translations to stdout: output line i is the translation
 of input line i, or with ``--nbest K`` the K best hypotheses of each non-blank line as
 tab-separated rows. What each line holds (blank lines, long lines, invalid UTF-8, the n-best
@@ -17,9 +22,8 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import decoding, rundir, training
-from transformer.checkpoint import load_model
-from transformer.commands import console
+from transformer import multihost, rundir, training
+from transformer.commands import console, decoding_run
 from transformer.decoding import format_nbest, translate_lines
 from transformer.schema import ConfigError
 
@@ -53,18 +57,24 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.check_paths({'input': FLAGS.input}, {'output': FLAGS.output})
-        config, tokenizer, model, params, steps = _load(FLAGS)
+        decoding_run.join_processes(
+            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.init_timeout_s
+        )
+        loaded = _load(FLAGS)
+        config = loaded.config
+        # Process 0 reads the input; every process decodes its rows of each batch of it.
         if FLAGS.input:
-            with open(FLAGS.input, 'rb') as f:
-                lines = data_lib.decode_lines(f.read(), FLAGS.input)
+            lines = decoding_run.read_on_main(lambda: _read(FLAGS.input))
+            lines = data_lib.decode_lines(lines, FLAGS.input)
         else:
-            lines = data_lib.decode_lines(sys.stdin.buffer.read(), 'stdin')
-        logging.info('Translating %d lines with checkpoints %s.', len(lines), steps)
+            lines = decoding_run.read_on_main(sys.stdin.buffer.read)
+            lines = data_lib.decode_lines(lines, 'stdin')
+        logging.info('Translating %d lines with checkpoints %s.', len(lines), loaded.member_steps)
         translations = translate_lines(
             lines,
-            tokenizer,
-            model,
-            params,
+            loaded.tokenizer,
+            loaded.model,
+            loaded.params,
             beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
             alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
             length_penalty=FLAGS.length_penalty or config.eval.length_penalty,
@@ -72,7 +82,10 @@ def cli(argv: list[str] | None = None) -> None:
             batch_size=FLAGS.batch_size or config.eval.batch_size,
             max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
             nbest=FLAGS.nbest,
+            layout=loaded.layout,
         )
+        if not multihost.is_main():
+            return  # process 0 writes every output
         if FLAGS.nbest:
             text = format_nbest(translations)
         else:
@@ -87,25 +100,35 @@ def cli(argv: list[str] | None = None) -> None:
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
 
 
-def _load(FLAGS: Any) -> tuple:
-    """The run (or the ensemble) the flags name, once the search they ask for is known to
-    fit (`training.check_decoding`); one ``error:`` line otherwise."""
+def _read(path: str) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read()
+
+
+def _load(FLAGS: Any) -> decoding_run.LoadedRun:
+    """The run (or the ensemble) the flags name on its decoding layout, once the search they
+    ask for is known to fit (`training.check_decoding`); one ``error:`` line otherwise."""
     try:
-        if FLAGS.ensemble:
-            loaded = decoding.load_ensemble(
-                [FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last, FLAGS.best
-            )
-        else:
-            loaded = load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best)
-        config, tokenizer = loaded[:2]
+        loaded = decoding_run.load_run(
+            FLAGS.workdir,
+            step=FLAGS.step,
+            average_last=FLAGS.average_last,
+            best=FLAGS.best,
+            ensemble=FLAGS.ensemble,
+            gather_params=FLAGS.gather_params,
+            **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
+        )
+        config, layout = loaded.config, loaded.layout
         beam = config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size
         flag = '--nbest' if FLAGS.nbest > beam else '--beam_size'  # a beam of max(both)
         training.check_decoding(
             config,
             FLAGS.batch_size or config.eval.batch_size,
             max(beam, FLAGS.nbest),
-            tokenizer.vocab_size,
+            loaded.tokenizer.vocab_size,
+            devices=layout.local_devices,
             beam_flag=flag,
+            data_shards=layout.data_shards,
         )
     except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
         raise SystemExit(f'error: {e}') from None

@@ -2,7 +2,8 @@
 
 Modules: next_token.py (the step both searches share; `Ensemble`), greedy.py (greedy search),
 beam.py (beam search), search.py (`translate_batch`: which search, by the beam size),
-ensemble.py (several runs as one model), translation.py (lines of text in, lines out).
+ensemble.py (several runs as one model), translation.py (lines of text in, lines out),
+mesh.py (`decode`: any search on every device of a run's mesh and over its processes).
 Callers import its public API: ``from transformer import decoding``.
 
 Conventions shared by both searches:
@@ -31,6 +32,13 @@ Conventions shared by both searches:
 from transformer.decoding.beam import beam_search
 from transformer.decoding.ensemble import load_ensemble
 from transformer.decoding.greedy import greedy_search
+from transformer.decoding.mesh import (
+    DecodeLayout,
+    decode,
+    gather,
+    place_rows,
+    sentences_per_process,
+)
 from transformer.decoding.next_token import (
     Ensemble,
     ensemble_params,
@@ -47,16 +55,21 @@ from transformer.decoding.translation import (
 )
 
 __all__ = [
+    'DecodeLayout',
     'Ensemble',
     'Hypothesis',
     'beam_search',
+    'decode',
     'ensemble_params',
     'format_nbest',
+    'gather',
     'greedy_search',
     'length_penalty',
     'length_power',
     'load_ensemble',
     'nbest_batches',
+    'place_rows',
+    'sentences_per_process',
     'translate_batch',
     'translate_batches',
     'translate_lines',

@@ -25,12 +25,15 @@ def load_ensemble(
     step: int | None = None,
     average_last: int | None = None,
     best: bool = False,
+    *,
+    shardings=None,
 ) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, Ensemble, list[list[int]]]:
     """Runs decoded together as one `Ensemble`.
 
     Every run is loaded as `load_model` loads it (the same ``step`` / ``average_last`` /
-    ``best``); they must share the model (dropout rates aside) and the vocabulary: train them
-    with one ``data.vocab_path``. The first run's config, tokenizer and model are returned.
+    ``best``, restored into ``shardings``: a decoding layout's, model -> shardings); they
+    must share the model (dropout rates aside) and the vocabulary: train them with one
+    ``data.vocab_path``. The first run's config, tokenizer and model are returned.
 
     Returns:
       (config, tokenizer, model, the runs' parameters as an `Ensemble`, the steps
@@ -38,7 +41,7 @@ def load_ensemble(
     """
     if not workdirs:
         raise rundir.WorkdirError('An ensemble needs at least one workdir.')
-    loaded = [load_model(w, step, average_last, best) for w in workdirs]
+    loaded = [load_model(w, step, average_last, best, shardings=shardings) for w in workdirs]
     config, tokenizer, model = loaded[0][:3]
     for other, (_, other_tokenizer, other_model, _, _) in zip(
         workdirs[1:], loaded[1:], strict=True

@@ -215,11 +215,13 @@ def forbid(scores: Array, at_limit: Array) -> Array:
 def stage_sizes(batch: int, min_stage_batch: int) -> list[int]:
     """Batch sizes a search with early stopping runs at (`shrinking_loop`): B, then B/2 and B/4
     while those are whole and at least ``min_stage_batch``; B alone where staging does not
-    pay (`backends.staged_search`)."""
+    pay (`backends.staged_search`). Under a mesh (transformer/decoding/mesh.py) every size is
+    also a multiple of its ``data`` axis, so each stage's rows still split evenly over it."""
     sizes = [batch]
     if not backends.staged_search():
         return sizes
-    while len(sizes) < 3 and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= min_stage_batch:
+    shards = jax.sharding.get_abstract_mesh().shape.get('data', 1)
+    while len(sizes) < 3 and sizes[-1] % (2 * shards) == 0 and sizes[-1] // 2 >= min_stage_batch:
         sizes.append(sizes[-1] // 2)
     return sizes
 
@@ -236,6 +238,26 @@ def take_examples(tree: Any, index: Array, batch: int) -> Any:
         return rows[index].reshape(-1, *x.shape[1:])
 
     return jax.tree_util.tree_map(take, tree)
+
+
+def split_rows(tree: Any) -> Any:
+    """``tree`` with every array's leading (rows) axis kept split over the ``data`` axis of
+    the mesh being decoded on (transformer/decoding/mesh.py), its other axes as XLA places
+    them; unchanged off a mesh. Without it the rows a stage of `shrinking_loop` gathers are
+    replicated: every device would decode every remaining row."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get('data', 1) == 1:
+        return tree
+
+    def split(x):
+        if not x.ndim:
+            return x
+        spec = jax.sharding.PartitionSpec(
+            'data', *[jax.sharding.PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)
+        )
+        return jax.lax.with_sharding_constraint(x, spec)
+
+    return jax.tree_util.tree_map(split, tree)
 
 
 def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):
@@ -272,4 +294,5 @@ def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):
         if next_size:  # the examples still searching first, in their order
             keep = jnp.argsort(~searching(state), stable=True)[:next_size]
             state, where = take_examples(state, keep, len(where)), where[keep]
+            state = split_rows(state)
     return state, full

@@ -25,13 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
 from transformer import data as data_lib
-from transformer.backends import fetch
 from transformer.decoding.beam import beam_search
+from transformer.decoding.mesh import DecodeLayout, decode
 from transformer.decoding.next_token import length_penalty, penalty_alpha
 from transformer.decoding.search import translate_batch
 from transformer.model import Transformer
@@ -48,21 +47,25 @@ def translate_batches(
     alpha: float,
     extra_length: int,
     length_penalty: str = 'gnmt',
+    layout: DecodeLayout | None = None,
 ) -> list[str]:
     """Detokenized best hypotheses of evaluation batches, in the original example order
-    (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`)."""
+    (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`);
+    with a ``layout``, each batch's rows are split over its mesh and processes
+    (`mesh.decode`) and every process returns every hypothesis."""
     outputs = []
     for i, batch in enumerate(batches):
-        tokens = translate_batch(
+        tokens = decode(
+            translate_batch,
             model,
             params,
-            jnp.asarray(batch['inputs']),
+            batch['inputs'],
+            layout,
             beam_size=beam_size,
             alpha=alpha,
             length_penalty=length_penalty,
             extra_length=extra_length,
         )
-        tokens = np.asarray(fetch(tokens))
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
             logging.info('Decoded %d/%d batches.', i + 1, len(batches))
@@ -100,21 +103,23 @@ def nbest_batches(
     alpha: float,
     extra_length: int,
     length_penalty: str = 'gnmt',
+    layout: DecodeLayout | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
-    first, in the original example order."""
+    first, in the original example order (on ``layout``'s mesh as `translate_batches`)."""
     outputs = []
     for batch in batches:
-        sequences, scores = beam_search(
+        sequences, scores = decode(
+            beam_search,
             model,
             params,
-            jnp.asarray(batch['inputs']),
+            batch['inputs'],
+            layout,
             beam_size=max(beam_size, nbest),
             alpha=alpha,
             length_penalty=length_penalty,
             extra_length=extra_length,
         )
-        sequences, scores = (np.asarray(x) for x in fetch((sequences, scores)))
         log_probs = sequence_log_probs(sequences, scores, alpha, length_penalty)
         outputs.append(
             [
@@ -181,6 +186,7 @@ def translate_lines(
     max_input_tokens: int,
     nbest: int = 0,
     length_penalty: str = 'gnmt',
+    layout: DecodeLayout | None = None,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
     K > 0 the K best `Hypothesis` of each line ([] for blank lines).
@@ -198,6 +204,7 @@ def translate_lines(
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
       length_penalty: its rule, 'gnmt' or 'fairseq' (`next_token.length_penalty`).
+      layout: the mesh and processes to decode on (`mesh.DecodeLayout`); None: one device.
 
     Returns:
       One translation (or list of hypotheses) per line.
@@ -208,7 +215,9 @@ def translate_lines(
     if not sources:
         return out
     batches = data_lib.batch_examples(sources, None, batch_size)
-    search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
+    search = dict(
+        alpha=alpha, extra_length=extra_length, length_penalty=length_penalty, layout=layout
+    )
     if nbest:
         hypotheses = nbest_batches(
             model, params, tokenizer, batches, nbest=nbest, beam_size=beam_size, **search

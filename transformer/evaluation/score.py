@@ -28,10 +28,13 @@ def score_eval_set(
     beam_size: int,
     alpha: float,
     length_penalty: str | None = None,
+    layout: decoding.DecodeLayout | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
     be an `Ensemble` (`ensemble.load_ensemble`); ``length_penalty`` defaults to the run's
-    ``eval.length_penalty``.
+    ``eval.length_penalty``. With a ``layout`` the sentences are split over its mesh and
+    processes (`decoding.decode`); every process gets every hypothesis, so every process
+    computes the same scores.
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -45,6 +48,7 @@ def score_eval_set(
         alpha=alpha,
         extra_length=config.eval.extra_length,
         length_penalty=length_penalty or config.eval.length_penalty,
+        layout=layout,
     )
     scores = bleu.bleu_scores(
         hypotheses,

@@ -12,6 +12,8 @@ Modules:
 - optim.py: the paper's learning-rate schedule and Adam (Sec. 5.3); AdamW's weight decay.
 - parallel.py: `Parallel`, data (and tensor / FSDP) parallelism behind one interface.
 - mesh.py: the ('data', 'model') mesh and which rows of the batch each process feeds.
+- decode_layout.py: the mesh and parameter layout a run decodes on (validation, evaluate,
+  translate), from its parallel settings.
 - validation.py, best.py: validation loss and BLEU, the best checkpoint, early stopping.
   Checkpoints themselves are transformer/checkpoint/'s: the loop calls its `Checkpoints`.
 - metrics.py: console lines, ``metrics.jsonl`` and TensorBoard events.
@@ -25,12 +27,13 @@ from transformer.training.config_checks import (
     TRAINING_OUT_OF_MEMORY,
 )
 from transformer.training.config_checks import check as check_config
+from transformer.training.decode_layout import ParallelSettings, decode_layout, training_layout
 from transformer.training.footprint import check_decoding
 from transformer.training.loop import train_and_evaluate
 from transformer.training.loss import fused_cross_entropy
 from transformer.training.optim import make_optimizer
 from transformer.training.parallel import Parallel
-from transformer.training.run_setup import setup
+from transformer.training.run_setup import init_distributed, setup
 from transformer.training.steps import (
     build_model,
     cross_entropy_with_smoothing,
@@ -45,16 +48,20 @@ __all__ = [
     'TRAINING_OUT_OF_MEMORY',
     'Interrupted',
     'Parallel',
+    'ParallelSettings',
     'TrainingError',
     'build_model',
     'check_config',
     'check_decoding',
     'cross_entropy_with_smoothing',
+    'decode_layout',
     'dropout_key',
     'fused_cross_entropy',
+    'init_distributed',
     'init_state',
     'make_optimizer',
     'setup',
     'train_and_evaluate',
     'train_step',
+    'training_layout',
 ]

@@ -171,12 +171,15 @@ def check_decoding(
     vocab_size: int,
     devices: Sequence[Any] | None = None,
     beam_flag: str = '--beam_size',
+    data_shards: int = 1,
 ) -> None:
     """`ConfigError` naming ``--beam_size`` / ``--batch_size`` for a search that cannot work
-    (evaluate, translate): a beam wider than the vocabulary, or a decoder cache of
-    ``sentences`` x ``beam`` hypotheses that alone exceeds the memory of the device that
-    decodes (default: this process's first). ``beam_flag``: the flag that set the beam
-    (translate's ``--nbest`` K searches with a beam of at least K)."""
+    (evaluate, translate): a beam wider than the vocabulary, or a decoder cache of one
+    device's share of ``sentences`` x ``beam`` hypotheses that alone exceeds the memory of
+    ``devices`` (default: this process's first). A batch's sentences are split over a mesh's
+    ``data_shards`` devices (transformer/decoding/mesh.py), each device caching its share.
+    ``beam_flag``: the flag that set the beam (translate's ``--nbest`` K searches with a
+    beam of at least K)."""
     if devices is None:
         import jax
 
@@ -187,13 +190,15 @@ def check_decoding(
             'hold more hypotheses than the first step has words.'
         )
     length = 1 + experiment.eval.extra_length
-    size = decode_cache_bytes(experiment, sentences, beam, length)
+    per_device = -(-sentences // data_shards)
+    size = decode_cache_bytes(experiment, per_device, beam, length)
     limit, where = device_bytes(devices)
     if limit is not None and size > limit:
         raise ConfigError(
             f'--batch_size={sentences} sentences x {beam_flag}={beam} x (1 + eval.extra_length='
             f'{experiment.eval.extra_length}) tokens: the decoder cache alone needs at least '
-            f'{size / GiB:,.1f} GiB, more than the {limit / GiB:,.1f} GiB of {where}; lower them.'
+            f'{size / GiB:,.1f} GiB per device ({per_device} sentences on each of '
+            f'{data_shards}), more than the {limit / GiB:,.1f} GiB of {where}; lower them.'
         )
 
 

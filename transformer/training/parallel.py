@@ -35,7 +35,6 @@ import numpy as np
 import optax
 from absl import logging
 from flax import jax_utils
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -165,7 +164,7 @@ class Parallel:
                 donate_argnums=(0,),
                 devices=self.devices,
             )
-            self._eval = jax.jit(evaluate)  # on `host_params`, one device
+            self._eval = jax.jit(evaluate)  # on the decoding layout's data-only mesh
         else:
             self.shardings = state_shardings(self.mesh, specs, fsdp)
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
@@ -255,13 +254,6 @@ class Parallel:
             )
         return state
 
-    def host_params(self, state: TrainState) -> PyTree:
-        """Full parameters on this process's first device, for decoding and validation."""
-        params = self.global_state(state).params
-        if jax.process_count() > 1:
-            params = multihost_utils.process_allgather(params, tiled=True)
-        return jax.device_put(params, self.local_devices[0])
-
     # --- batches and steps --------------------------------------------------------------------
 
     def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -330,16 +322,7 @@ class Parallel:
         compile without running (XLA's memory and cost analysis, its HLO)."""
         return self._step.lower(state, batch, rng)
 
-    def eval_params(self, state: TrainState) -> PyTree:
-        """``state``'s parameters as `eval_step` takes them: as they lie, `host_params` in pmap."""
-        return self.host_params(state) if self.mode == 'pmap' else state.params
-
     def eval_step(self, params: PyTree, batch: Batch) -> dict[str, jax.Array]:
-        """Summed loss metrics of one batch (host rows, alike on every process) with `eval_params`
-        parameters; sharding mode pads it with padding rows to a multiple of the data devices."""
-        if self.mode == 'sharding':
-            params = jax.device_put(params, self.shardings.params)  # a no-op in that layout
-            rows = -len(batch['targets']) % self.mesh.shape['data']
-            pad = lambda v: np.pad(v, [(0, rows)] + [(0, 0)] * (v.ndim - 1))  # noqa: E731
-            batch = {k: jax.device_put(pad(v), self._batch_sharding) for k, v in batch.items()}
+        """Summed loss metrics of one batch: parameters in the training layout
+        (`global_state`), rows placed on the mesh by `decoding.place_rows`."""
         return self._eval(params, batch)

@@ -55,12 +55,13 @@ class Run:
         return jax.process_index() == 0
 
 
-def init_distributed(tc: Any) -> None:
+def init_distributed(tc: Any, keys: str = 'train.') -> None:
     """Joins the processes of a multi-host run (``train.distributed``), before jax is used.
 
     ``train.coordinator_address`` / ``num_processes`` / ``process_id`` go to
     ``jax.distributed.initialize``; unset, the cluster (SLURM, TPU pods, ...) is detected.
     A process that cannot reach the coordinator stops after ``train.init_timeout_s``.
+    ``keys``: how the errors name those settings (``'--'``: the decoding commands' flags).
     """
     if not tc.distributed:
         return
@@ -69,11 +70,17 @@ def init_distributed(tc: Any) -> None:
         for key in ('coordinator_address', 'num_processes', 'process_id')
         if getattr(tc, key) is not None
     }
+    count, index = kwargs.get('num_processes'), kwargs.get('process_id')
+    if count is not None and index is not None and index >= count:
+        raise TrainingError(
+            f'{keys}process_id={index} is not one of the {count} processes of '
+            f'{keys}num_processes (0 .. {count - 1}).'
+        )
     address = kwargs.get('coordinator_address')
     if address and kwargs.get('process_id', 0) != 0:
         # jax aborts the process (after its own timeout, with a page of C++ stack) when the
         # coordinator never answers; a plain TCP probe first turns that into one line.
-        _wait_for_coordinator(address, tc.init_timeout_s)
+        _wait_for_coordinator(address, tc.init_timeout_s, keys)
     try:
         jax.distributed.initialize(**kwargs, initialization_timeout=int(tc.init_timeout_s))
     except Exception as e:  # noqa: BLE001 - jax raises several types here; all mean the same
@@ -81,13 +88,13 @@ def init_distributed(tc: Any) -> None:
         raise TrainingError(
             f'Could not join the run of {kwargs.get("num_processes", "?")} processes at '
             f'{kwargs.get("coordinator_address", "the auto-detected coordinator")} within '
-            f'{tc.init_timeout_s} s (train.init_timeout_s): {first_line}'
+            f'{tc.init_timeout_s} s ({keys}init_timeout_s): {first_line}'
         ) from None
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)  # only process 0 logs progress
 
 
-def _wait_for_coordinator(address: str, timeout_s: float) -> None:
+def _wait_for_coordinator(address: str, timeout_s: float, keys: str) -> None:
     host, _, port = address.rpartition(':')
     deadline = time.monotonic() + timeout_s
     while True:
@@ -97,8 +104,8 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
         except OSError as e:
             if time.monotonic() > deadline:
                 raise TrainingError(
-                    f'No coordinator answers at {address} (train.coordinator_address) after '
-                    f'{timeout_s} s (train.init_timeout_s): {e.strerror or e}. Start process 0 '
+                    f'No coordinator answers at {address} ({keys}coordinator_address) after '
+                    f'{timeout_s} s ({keys}init_timeout_s): {e.strerror or e}. Start process 0 '
                     'first, or check the address and port.'
                 ) from None
             time.sleep(0.2)

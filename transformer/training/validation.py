@@ -12,7 +12,7 @@ from typing import Any
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import multihost, rundir, schema
+from transformer import decoding, multihost, rundir, schema
 from transformer.backends import fetch
 from transformer.checkpoint import Checkpoints
 from transformer.evaluation import score_eval_set
@@ -21,6 +21,7 @@ from transformer.schema import METRICS
 from transformer.training import metrics as metrics_lib
 from transformer.training import parallel, steps
 from transformer.training.best import BestTracker
+from transformer.training.decode_layout import training_layout
 from transformer.training.steps import TrainState
 
 PyTree = Any
@@ -39,6 +40,9 @@ class Validation:
     ):
         self.config, self.tokenizer, self.model = config, tokenizer, model
         self.parallel, self.workdir = parallel, workdir
+        # Loss and BLEU run on the training mesh, each batch's rows split over its data axis
+        # and the processes, the parameters in the training layout.
+        self.layout = training_layout(parallel)
         self.loss_set = self._eval_set(None)
         if not self.loss_set.references:  # the last step is always validated
             data = config.data
@@ -62,12 +66,14 @@ class Validation:
         )
 
     def loss(self, params: PyTree) -> dict[str, float]:
-        """Summed validation loss / NLL / accuracy over every evaluation batch, with the
-        parameters in the layout `Parallel.eval_params` gives."""
+        """Summed validation loss / NLL / accuracy over every evaluation batch, each batch's
+        rows split over the mesh (`decoding.place_rows`; filler rows weigh nothing); the sums
+        are global, the same on every process."""
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
-            inputs = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            for key, value in fetch(self.parallel.eval_step(params, inputs)).items():
+            rows = {'inputs': batch['inputs'], 'targets': batch['targets']}
+            placed = decoding.place_rows(rows, self.layout)
+            for key, value in fetch(self.parallel.eval_step(params, placed)).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         smoothing = self.config.train.label_smoothing
         return steps.summarize(totals, self.tokenizer.vocab_size, smoothing)
@@ -84,6 +90,7 @@ class Validation:
             self.bleu_set,
             beam_size=config.eval.beam_size,
             alpha=config.eval.alpha,
+            layout=self.layout,
         )
         return {key: scores[key] for key in METRICS}
 
@@ -106,8 +113,9 @@ def validate(
       Whether early stopping (``train.early_stop_patience``) ends the run here.
     """
     par, workdir = validation.parallel, validation.workdir
+    params = validation.layout.place(par.global_state(state).params)  # the training layout
     if loss:
-        final['validation'] = metrics = validation.loss(par.eval_params(state))
+        final['validation'] = metrics = validation.loss(params)
         logging.info(
             'step %d  validation loss %.4f  nll %.4f  perplexity %.2f  accuracy %.4f',
             *(step, metrics['loss'], metrics['nll'], metrics['perplexity']),
@@ -116,9 +124,10 @@ def validate(
         writer.write(step, 'validation', metrics)
     if not bleu:
         return False
-    scores = validation.bleu(par.host_params(state))
-    # Process 0's scores decide for every process (whether to save a best checkpoint, a
-    # collective, and whether to stop): another process's BLEU may differ in its last bit.
+    scores = validation.bleu(params)
+    # Every process scored the same gathered hypotheses; process 0's scores still decide for
+    # every process (whether to save a best checkpoint, a collective, and whether to stop),
+    # so that no decision hangs on two processes computing a float alike.
     final['validation_bleu'] = scores = dict(
         zip(scores, multihost.broadcast_floats(list(scores.values())), strict=True)
     )

@@ -1,0 +1,124 @@
+"""What evaluate, translate and the Python API do before they decode: join the processes of a
+multi-process decode, build the run's decoding layout from its parallel settings (flags named
+as the config keys override them) and restore its checkpoints (averaged, or an ensemble's)
+straight into that layout (transformer/decoding/mesh.py says how a decode then runs on it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from transformer import data as data_lib
+from transformer import decoding, multihost, rundir, schema, training
+from transformer.checkpoint import load_model
+from transformer.model import Transformer
+
+PyTree = Any
+LAYOUT_KEYS = ('parallelism', 'model_parallelism', 'fsdp')  # flags named as train.KEY
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    """A run (or an ensemble of runs) ready to decode on its layout."""
+
+    config: schema.Experiment
+    tokenizer: data_lib.Tokenizer
+    model: Transformer
+    params: PyTree  # in ``layout.shardings()``; an `Ensemble` for several runs
+    member_steps: list[list[int]]  # the checkpoints loaded of each run
+    layout: decoding.DecodeLayout
+
+
+def join_processes(
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    init_timeout_s: int = 60,
+) -> None:
+    """``jax.distributed.initialize`` for a decode of several processes (all three flags
+    given), before jax is used; nothing for one process. One ``error:`` line for a process id
+    outside the count or a coordinator that does not answer within ``init_timeout_s``."""
+    given = (coordinator_address, num_processes, process_id)
+    if all(v is None for v in given):
+        return
+    if any(v is None for v in given):
+        raise SystemExit(
+            'error: a multi-process decode needs --coordinator_address, --num_processes and '
+            '--process_id together.'
+        )
+    settings = types.SimpleNamespace(
+        distributed=True,
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        init_timeout_s=init_timeout_s,
+    )
+    try:
+        training.init_distributed(settings, keys='--')
+    except training.TrainingError as e:
+        raise SystemExit(f'error: {e}') from None
+
+
+def load_run(
+    workdir: str,
+    *,
+    step: int | None = None,
+    average_last: int | None = None,
+    best: bool = False,
+    ensemble: Sequence[str] = (),
+    gather_params: bool = False,
+    devices: Sequence[Any] | None = None,
+    **layout_flags: Any,
+) -> LoadedRun:
+    """The run of ``workdir`` (with the ``ensemble`` runs) on its decoding layout.
+
+    ``layout_flags``: ``parallelism`` / ``model_parallelism`` / ``fsdp``, each overriding the
+    run's ``train`` key of that name when not None. ``devices``: default every process's.
+
+    Raises:
+      ConfigError: a layout that the devices or the model cannot take (training's checks),
+        before any checkpoint is read. WorkdirError, DataError as `load_model`.
+    """
+    config = rundir.read_config(workdir)
+    settings = training.ParallelSettings.of(config.train, **layout_flags)
+    layouts: list[decoding.DecodeLayout] = []
+
+    def shardings(model: Transformer) -> PyTree:
+        if not layouts:
+            layouts.append(
+                training.decode_layout(
+                    model, settings, gather_params=gather_params, devices=devices
+                )
+            )
+        return layouts[0].shardings()
+
+    if ensemble:
+        config, tokenizer, model, params, member_steps = decoding.load_ensemble(
+            [workdir, *ensemble], step, average_last, best, shardings=shardings
+        )
+    else:
+        config, tokenizer, model, params, steps = load_model(
+            workdir, step, average_last, best, shardings=shardings
+        )
+        member_steps = [steps]
+    return LoadedRun(config, tokenizer, model, params, member_steps, layouts[0])
+
+
+def layout_summary(layout: decoding.DecodeLayout, sentences: list[int]) -> dict[str, Any]:
+    """What evaluate's JSON says of where it decoded: ``devices``, ``processes`` and
+    ``sentences_per_process`` (one count per process)."""
+    return {
+        'devices': len(layout.devices),
+        'processes': jax.process_count(),
+        'mesh': dict(layout.mesh.shape),
+        'sentences_per_process': sentences,
+    }
+
+
+def read_on_main(read) -> bytes:
+    """``read()`` (the input's bytes) on process 0, the same bytes on every process."""
+    return multihost.broadcast_bytes(read() if multihost.is_main() else b'')
