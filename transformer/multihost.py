@@ -3,8 +3,8 @@
 Anything that changes control flow (which checkpoint to resume from, whether a validation
 score is the best so far, whether to stop early) must come out the same on every process,
 or one process enters a collective (a save, a train step) that the others never reach and
-the run hangs. Deciding independently is not enough even from identical inputs: a
-validation BLEU computed on two GPUs can differ in its last bit. So the value the decision
+the run hangs. Deciding independently from identical inputs would hang the run on two
+processes computing a float alike (a sum's order, a library's build). So the value the decision
 is made from is computed (or chosen) by process 0 and broadcast, bit for bit; in a
 single-process run every function here is the identity.
 """
