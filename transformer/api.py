@@ -108,14 +108,38 @@ class Run:
         length_penalty: str | None = None,
         nbest: int = 0,
         batch_size: int | None = None,
+        sampling: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        num_samples: int = 1,
+        min_length: int = 0,
+        no_repeat_ngram: int = 0,
+        prefixes: Sequence[str] | None = None,
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config.
 
         ``length_penalty`` is the rule, 'gnmt' or 'fairseq' (`decoding.length_penalty`). A new
         ``alpha`` or rule reuses the search already compiled for this beam and batch shape.
+
+        ``sampling`` draws the outputs instead (``temperature``, ``top_k`` (0 = all tokens),
+        ``top_p``; line i seeded by fold_in(key(``seed``), i)); with ``num_samples`` N > 1
+        each line gets its N samples as `Hypothesis` lists, in sample order. ``min_length``
+        and ``no_repeat_ngram`` constrain any search; ``prefixes`` (one a line, '' = none)
+        are target text each output starts with. A new value of any of these settings
+        reuses the compiled search. Settings that cannot work raise a one-line ValueError
+        before anything is decoded.
         """
         ev = self.config.eval
+        if sampling and beam_size not in (None, 1):
+            raise ValueError(f'sampling draws outputs; it takes no beam_size={beam_size}.')
+        settings = (
+            decoding.Sampling(temperature, top_k, top_p, seed, num_samples) if sampling else None
+        )
+        constraints = decoding.Constraints(min_length, no_repeat_ngram)
+        constraints.check()
         return decoding.translate_lines(
             list(lines),
             self.tokenizer,
@@ -128,6 +152,9 @@ class Run:
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,
             nbest=nbest,
+            sampling=settings,
+            constraints=constraints if constraints.active else None,
+            prefixes=None if prefixes is None else list(prefixes),
         )
 
     def attention(self, source: str, target: str | None = None) -> dict[tuple, np.ndarray]:

@@ -7,10 +7,13 @@ Checkpoints are loaded (and averaged) by `transformer.checkpoint.load_model`, an
 decoded and scored by transformer/evaluation/score.py; `run` writes the hypotheses and a JSON
 of the scores to ``WORKDIR/eval/SPLIT-STEP[-avgK]-beamB-alphaA-RULE[-ensembleM].txt`` / ``.json``
 (STEP: the last step loaded, ``bestN`` with ``--best``), unless ``--output`` names the file.
+With ``--sampling``, ``sample-tT-kK-pP-seedS`` takes the place of the beam settings; with
+``--min_length`` or ``--no_repeat_ngram``, ``-minL-ngramN`` follows them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -50,6 +53,12 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.check_paths(outputs={'output': FLAGS.output})
+        sampling, constraints = console.search_settings()
+        if sampling is not None and sampling.num_samples > 1:
+            console.usage_exit(
+                'evaluate scores one output a sentence: --num_samples must be 1 (translate '
+                '--num_samples N writes N).'
+            )
         try:
             run(
                 FLAGS.workdir,
@@ -64,6 +73,8 @@ def cli(argv: list[str] | None = None) -> None:
                 max_examples=FLAGS.max_examples,
                 output=FLAGS.output,
                 ensemble=FLAGS.ensemble,
+                sampling=sampling,
+                constraints=constraints,
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -135,6 +146,30 @@ def _write_outputs(output: str, hypotheses: Sequence[str], scores: dict[str, Any
             raise OSError(e.errno, e.strerror, e.filename or file) from None
 
 
+def _stem(
+    split: str,
+    steps: Sequence[int],
+    best: bool,
+    beam_size: int,
+    alpha: float,
+    length_penalty: str,
+    sampling: decoding.Sampling | None,
+    constraints: decoding.Constraints | None,
+) -> str:
+    """The output's name without ``.txt``: the split, the checkpoints and every setting that
+    changes the output, so that a grid of settings keeps one file each (benchmarks/
+    eval_sweep.py's names end alike) and a sampled file never replaces a beam one."""
+    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
+    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    if sampling is not None:
+        stem += f'-{sampling.name}'
+    else:
+        stem += f'-beam{beam_size}-alpha{alpha}-{length_penalty}'
+    if constraints is not None:
+        stem += f'-min{constraints.min_length}-ngram{constraints.no_repeat_ngram}'
+    return stem
+
+
 def run(
     run_dir: str,
     *,
@@ -149,13 +184,20 @@ def run(
     max_examples: int = 0,
     output: str | None = None,
     ensemble: Sequence[str] = (),
+    sampling: decoding.Sampling | None = None,
+    constraints: decoding.Constraints | None = None,
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
 
     ``ensemble``: other runs decoded together with ``run_dir`` (`ensemble.load_ensemble`): the
-    next-token distribution is the mean of the runs' probabilities.
+    next-token distribution is the mean of the runs' probabilities. ``sampling``: one sample
+    a sentence instead of the search, seeded by the sentence's index in the split.
+    ``constraints``: a minimum length and n-gram blocking.
     """
     start = time.time()
+    for settings in (sampling, constraints):
+        if settings is not None:
+            settings.check()
     ensemble = [os.fspath(other) for other in ensemble]
     config, tokenizer, model, params, member_steps = load(
         run_dir, step, average_last, best, ensemble
@@ -176,10 +218,7 @@ def run(
         alpha,
         length_penalty,
     )
-    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
-    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
-    # A grid of settings keeps one file each (benchmarks/eval_sweep.py's names end alike).
-    stem += f'-beam{beam_size}-alpha{alpha}-{length_penalty}'
+    stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     data_lib.check_split(config.data, split)
     output = output or _eval_output(run_dir, stem)  # before the decode it would hold
@@ -193,6 +232,8 @@ def run(
         beam_size=beam_size,
         alpha=alpha,
         length_penalty=length_penalty,
+        sampling=sampling,
+        constraints=constraints,
     )
     scores.update(
         split=split,
@@ -207,6 +248,10 @@ def run(
     )
     if ensemble:
         scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
+    if sampling is not None:
+        scores.update(sampling=dataclasses.asdict(sampling))
+    if constraints is not None:
+        scores.update(constraints=dataclasses.asdict(constraints))
     # The scores first, so that a disk that fills up while the files are written loses nothing
     # of the decode but the files.
     print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')

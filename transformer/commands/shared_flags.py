@@ -97,6 +97,7 @@ def define_decoding_flags() -> None:
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
     _define_search_flags()
+    _define_sampling_flags()
     define_flag(
         'batch_size',
         flags.DEFINE_integer,
@@ -138,3 +139,50 @@ def _define_search_flags() -> None:
         schema.LENGTH_PENALTIES,
         "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
     )
+    define_flag(
+        'min_length',
+        flags.DEFINE_integer,
+        0,
+        'Forbid EOS before this many output tokens (the output limit still ends an output).',
+    )
+    define_flag(
+        'no_repeat_ngram',
+        flags.DEFINE_integer,
+        0,
+        'Forbid any n-gram of this size from appearing twice in an output (0 = off).',
+    )
+
+
+def _define_sampling_flags() -> None:
+    """Sampling instead of a search; each setting unset (None) unless given, so that one given
+    without --sampling is refused rather than ignored."""
+    define_flag(
+        'sampling',
+        flags.DEFINE_bool,
+        False,
+        "Draw each output token from the model's distribution instead of searching.",
+    )
+    for name, define, doc in (
+        ('temperature', flags.DEFINE_float, 'Sampling: divide the logits by T (default 1).'),
+        (
+            'top_k',
+            flags.DEFINE_integer,
+            'Sampling: only the K most probable tokens (default: all).',
+        ),
+        (
+            'top_p',
+            flags.DEFINE_float,
+            'Sampling: only the most probable tokens holding probability P (default 1: all).',
+        ),
+        (
+            'seed',
+            flags.DEFINE_integer,
+            "Sampling: the seed (default 0); line i's key is fold_in(key(seed), i).",
+        ),
+        (
+            'num_samples',
+            flags.DEFINE_integer,
+            'Sampling: outputs per input line (default 1); more are written as n-best rows.',
+        ),
+    ):
+        define_flag(name, define, None, doc)

@@ -28,10 +28,13 @@ def score_eval_set(
     beam_size: int,
     alpha: float,
     length_penalty: str | None = None,
+    sampling: decoding.Sampling | None = None,
+    constraints: decoding.Constraints | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
     be an `Ensemble` (`ensemble.load_ensemble`); ``length_penalty`` defaults to the run's
-    ``eval.length_penalty``.
+    ``eval.length_penalty``. With ``sampling``, each sentence's sample is seeded by its
+    index in the split; ``constraints`` apply to either.
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -45,6 +48,8 @@ def score_eval_set(
         alpha=alpha,
         extra_length=config.eval.extra_length,
         length_penalty=length_penalty or config.eval.length_penalty,
+        sampling=sampling,
+        constraints=constraints,
     )
     scores = bleu.bleu_scores(
         hypotheses,
