@@ -10,6 +10,8 @@ translate with it and read its attention (docs/api.md walks through each).
     run = api.load('runs/tiny')                       # the commands' default checkpoints
     run.translate(['dinds bap koft big ze draft bap .'])
     run.translate(lines, nbest=3)                     # [[Hypothesis(text, score, log_prob)]]
+    run.translate(lines, sampling=True, top_p=0.9, seed=1)  # one sample a line
+    run.score(sources, targets)                       # [PairScore(score, log_prob, tokens, ...)]
     run.attention('dinds bap koft .')                 # {(stack, layer, kind): [N, T, S]}
 
 Parameters are plain arrays; the model is called through functions of (model, parameters,
@@ -42,8 +44,10 @@ from transformer.model import teacher_forced_logits as logits
 from transformer.tokens import EOS_ID
 
 Hypothesis = decoding.Hypothesis
+PairScore = decoding.PairScore
 __all__ = [
     'Hypothesis',
+    'PairScore',
     'Run',
     'attention_maps',
     'build',
@@ -155,6 +159,30 @@ class Run:
             sampling=settings,
             constraints=constraints if constraints.active else None,
             prefixes=None if prefixes is None else list(prefixes),
+        )
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        alpha: float | None = None,
+        length_penalty: str | None = None,
+        batch_size: int | None = None,
+    ) -> list[decoding.PairScore]:
+        """The model's score of each (source, target) pair: `PairScore` (score, log_prob,
+        tokens, token_log_probs), log_prob being log P(target | source) with EOS, score that
+        over the run's length penalty (``alpha`` and the rule default to its config)."""
+        ev = self.config.eval
+        return decoding.score_pairs(
+            self.model,
+            self.params,
+            self.tokenizer,
+            list(sources),
+            list(targets),
+            alpha=ev.alpha if alpha is None else alpha,
+            rule=length_penalty or ev.length_penalty,
+            batch_size=batch_size or ev.batch_size,
         )
 
     def attention(self, source: str, target: str | None = None) -> dict[tuple, np.ndarray]:

@@ -27,8 +27,10 @@ from transformer.commands.library_logs import (
 )
 from transformer.commands.shared_flags import (
     _COMMAND_FLAGS,
+    define_checkpoint_flags,
     define_decoding_flags,
     define_flag,
+    define_penalty_flags,
     resolve_config_arg,
 )
 
@@ -38,7 +40,9 @@ __all__ = [
     'USAGE_EXIT_CODE',
     'argv_verbosity',
     'check_paths',
+    'define_checkpoint_flags',
     'define_decoding_flags',
+    'define_penalty_flags',
     'define_flag',
     'out_of_memory_line',
     'quiet_libraries',

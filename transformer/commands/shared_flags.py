@@ -72,8 +72,8 @@ def resolve_config_arg(argv: Sequence[str]) -> list[str]:
     return args
 
 
-def define_decoding_flags() -> None:
-    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+def define_checkpoint_flags() -> None:
+    """Flags shared by the commands that load a trained run: which run, which checkpoints."""
     define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
     define_flag(
         'step',
@@ -96,6 +96,11 @@ def define_decoding_flags() -> None:
         False,
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
+
+
+def define_decoding_flags() -> None:
+    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+    define_checkpoint_flags()
     _define_search_flags()
     _define_sampling_flags()
     define_flag(
@@ -115,7 +120,7 @@ def define_decoding_flags() -> None:
 
 
 def _define_search_flags() -> None:
-    """The search's own flags: beam size, length penalty alpha and rule."""
+    """The search's own flags: beam size, length penalty alpha and rule, constraints."""
     define_flag(
         'beam_size',
         flags.DEFINE_integer,
@@ -123,6 +128,23 @@ def _define_search_flags() -> None:
         'Beam size; 1 = greedy (default: config).',
         lower_bound=1,
     )
+    define_penalty_flags()
+    define_flag(
+        'min_length',
+        flags.DEFINE_integer,
+        0,
+        'Forbid EOS before this many output tokens (the output limit still ends an output).',
+    )
+    define_flag(
+        'no_repeat_ngram',
+        flags.DEFINE_integer,
+        0,
+        'Forbid any n-gram of this size from appearing twice in an output (0 = off).',
+    )
+
+
+def define_penalty_flags() -> None:
+    """The length penalty's alpha and rule (the searches' and the score command's)."""
     define_flag(
         'alpha',
         flags.DEFINE_float,
@@ -138,18 +160,6 @@ def _define_search_flags() -> None:
         None,
         schema.LENGTH_PENALTIES,
         "Length penalty rule: 'gnmt' or 'fairseq' (default: eval.length_penalty).",
-    )
-    define_flag(
-        'min_length',
-        flags.DEFINE_integer,
-        0,
-        'Forbid EOS before this many output tokens (the output limit still ends an output).',
-    )
-    define_flag(
-        'no_repeat_ngram',
-        flags.DEFINE_integer,
-        0,
-        'Forbid any n-gram of this size from appearing twice in an output (0 = off).',
     )
 
 

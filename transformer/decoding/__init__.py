@@ -43,6 +43,7 @@ from transformer.decoding.next_token import (
     length_power,
 )
 from transformer.decoding.sampling import Sampling, sample_search
+from transformer.decoding.scoring import PairScore, format_scores, score_pairs
 from transformer.decoding.search import hypotheses_batch, translate_batch
 from transformer.decoding.translation import (
     Hypothesis,
@@ -56,10 +57,12 @@ __all__ = [
     'Constraints',
     'Ensemble',
     'Hypothesis',
+    'PairScore',
     'Sampling',
     'beam_search',
     'ensemble_params',
     'format_nbest',
+    'format_scores',
     'greedy_search',
     'hypotheses_batch',
     'length_penalty',
@@ -67,6 +70,7 @@ __all__ = [
     'load_ensemble',
     'nbest_batches',
     'sample_search',
+    'score_pairs',
     'translate_batch',
     'translate_batches',
     'translate_lines',
