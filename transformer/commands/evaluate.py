@@ -170,6 +170,11 @@ def _stem(
     return stem
 
 
+def _settings_record(**settings: Any) -> dict[str, Any]:
+    """The JSON record of the sampling and constraint settings that are on."""
+    return {name: dataclasses.asdict(value) for name, value in settings.items() if value}
+
+
 def run(
     run_dir: str,
     *,
@@ -195,9 +200,7 @@ def run(
     ``constraints``: a minimum length and n-gram blocking.
     """
     start = time.time()
-    for settings in (sampling, constraints):
-        if settings is not None:
-            settings.check()
+    _ = [settings.check() for settings in (sampling, constraints) if settings is not None]
     ensemble = [os.fspath(other) for other in ensemble]
     config, tokenizer, model, params, member_steps = load(
         run_dir, step, average_last, best, ensemble
@@ -248,10 +251,7 @@ def run(
     )
     if ensemble:
         scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=member_steps)
-    if sampling is not None:
-        scores.update(sampling=dataclasses.asdict(sampling))
-    if constraints is not None:
-        scores.update(constraints=dataclasses.asdict(constraints))
+    scores.update(_settings_record(sampling=sampling, constraints=constraints))
     # The scores first, so that a disk that fills up while the files are written loses nothing
     # of the decode but the files.
     print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')

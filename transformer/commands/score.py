@@ -21,7 +21,7 @@ from transformer import data as data_lib
 from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import console
-from transformer.decoding.scoring import format_scores, score_pairs
+from transformer.decoding import format_scores, score_pairs
 from transformer.schema import ConfigError
 
 

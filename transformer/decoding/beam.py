@@ -101,6 +101,7 @@ def _beam_search(
     without them).
     """
     batch, width = inputs.shape
+    rows = batch * beam_size
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
     cache_length = padded_length(loop_length)
@@ -181,17 +182,12 @@ def _beam_search(
         alive_log_probs=jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0),
         finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
-        history=jnp.zeros((batch * beam_size, cache_length), jnp.int32),
+        history=jnp.zeros((rows, cache_length), jnp.int32),
         cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, params),
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
         encoded=encoded,
-        controls=init_controls(
-            constraints,
-            None if prefixes is None else jnp.repeat(prefixes, beam_size, axis=0),
-            batch * beam_size,
-            loop_length,
-        ),
+        controls=init_controls(constraints, _repeat(prefixes, beam_size), rows, loop_length),
     )
     state, (sequences, scores) = shrinking_loop(
         decode_step,
@@ -204,6 +200,10 @@ def _beam_search(
     # Slots no hypothesis reached (tiny vocabularies) hold no sequence.
     sequences = jnp.where(jnp.isfinite(scores)[:, :, None], sequences, PAD_ID)
     return sequences, scores, state.step
+
+
+def _repeat(prefixes: Array | None, beam_size: int) -> Array | None:
+    return None if prefixes is None else jnp.repeat(prefixes, beam_size, axis=0)
 
 
 def _offer_finished(
@@ -258,14 +258,11 @@ def beam_search(
         ((5 + |y|) / 6)^alpha (Wu et al., 2016), or 'fairseq', |y|^alpha.
       max_decode_len: loop length T; defaults to S + extra_length.
       extra_length: output length limit = input length + this, EOS included (Sec. 6.1).
-      early_stop: end as soon as, for every example, the worst of the K finished scores is
-        at least the best score any alive hypothesis could still reach; the result is the
-        same as without it.
+      early_stop: end once, for every example, the worst of the K finished scores is at
+        least the best any alive hypothesis could still reach (the same result, sooner).
       min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
         this many rows (`next_token.shrinking_loop`).
-      constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
-      prefixes: [B, P] int32 target prefixes every hypothesis starts with, right-padded
-        with 0; their tokens' log-probabilities count in the scores.
+      constraints, prefixes: as `greedy_search`'s (a prefix's log-probs count in the scores).
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in

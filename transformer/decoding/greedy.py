@@ -73,11 +73,10 @@ def token_search(
     extra_length: int,
     min_stage_batch: int,
     normalized: bool,
-) -> TokenState:
-    """Runs ``choose(scores, state) -> (tokens [R], draws)`` once per step, scores being the
-    next-token logits (log-probabilities with ``normalized``) with the impossible and
-    forbidden tokens at -inf; returns the last state, with the tokens (and ``draws.log_probs``)
-    of every row as they were when the row finished."""
+) -> tuple[Array, Array | None]:
+    """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token
+    logits (log-probabilities with ``normalized``), impossible and forbidden tokens at -inf.
+    Returns each row's tokens [R, T] and ``draws.log_probs`` [R] (None without draws)."""
     rows, _ = inputs.shape
     encoded, cache = encode_and_cache(model, params, inputs, loop_length)
 
@@ -87,9 +86,8 @@ def token_search(
             normalized=normalized,
         )
         at_limit = state.step + 1 >= state.limits
-        scores = constrain(
-            forbid(scores, at_limit), state.controls, state.step, state.tokens, at_limit
-        )
+        scores = forbid(scores, at_limit)
+        scores = constrain(scores, state.controls, state.step, state.tokens, at_limit)
         chosen, draws = choose(scores, state)
         next_tokens = jnp.where(state.done, PAD_ID, chosen)
         return state._replace(
@@ -114,7 +112,7 @@ def token_search(
         controls=controls,
         draws=draws,
     )
-    _, final = shrinking_loop(
+    _, outputs = shrinking_loop(
         decode_step,
         state,
         more_steps=lambda state: state.step < loop_length,
@@ -122,9 +120,7 @@ def token_search(
         sizes=stage_sizes(rows, min_stage_batch),
         outputs=lambda state: (state.tokens, None if draws is None else state.draws.log_probs),
     )
-    if draws is None:
-        return state._replace(tokens=final[0])
-    return state._replace(tokens=final[0], draws=state.draws._replace(log_probs=final[1]))
+    return outputs
 
 
 def _argmax(logits: Array, state: TokenState) -> tuple[Array, None]:
@@ -169,7 +165,7 @@ def greedy_search(
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
-    state = token_search(
+    tokens, _ = token_search(
         model,
         params,
         inputs,
@@ -181,4 +177,4 @@ def greedy_search(
         min_stage_batch=min_stage_batch,
         normalized=False,
     )
-    return state.tokens
+    return tokens

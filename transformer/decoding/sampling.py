@@ -179,7 +179,7 @@ def sample_search(
     )
     if prefixes is not None:
         prefixes = jnp.repeat(prefixes, n, axis=0)
-    state = token_search(
+    tokens, log_probs = token_search(
         model,
         params,
         jnp.repeat(inputs, n, axis=0),
@@ -191,4 +191,4 @@ def sample_search(
         min_stage_batch=min_stage_batch,
         normalized=True,
     )
-    return state.tokens.reshape(batch, n, -1), state.draws.log_probs.reshape(batch, n)
+    return tokens.reshape(batch, n, -1), log_probs.reshape(batch, n)

@@ -228,16 +228,18 @@ def check_options(
     constraints: Constraints | None,
     prefixes: Sequence[str] | None,
     nbest: int,
-) -> None:
-    """One `ValueError` line for settings that cannot work together, before any decoding."""
+) -> Constraints | None:
+    """One `ValueError` line for settings that cannot work together, before any decoding;
+    returns the constraints the searches get (None when they are off)."""
     if sampling is not None:
         sampling.check()
         if nbest:
             raise ValueError('nbest lists come from beam search; sampling draws num_samples.')
-    if constraints is not None:
-        constraints.check()
     if prefixes is not None and len(prefixes) != len(lines):
         raise ValueError(f'{len(prefixes)} prefixes for {len(lines)} lines: give one a line.')
+    if constraints is not None:
+        constraints.check()
+    return constraints if constraints is not None and constraints.active else None
 
 
 def translate_lines(
@@ -274,32 +276,23 @@ def translate_lines(
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
       length_penalty: its rule, 'gnmt' or 'fairseq' (`next_token.length_penalty`).
-      sampling: draw the outputs instead (`sampling.Sampling`; ``beam_size`` unused); line
-        i's samples are seeded by i.
+      sampling: draw the outputs (`sampling.Sampling`; line i seeded by i), no beam search.
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`).
-      prefixes: one target prefix a line that its output starts with ('' = none); a blank
-        line's is unused.
+      prefixes: a target prefix a line, for its output to start with ('' = none).
 
     Returns:
       One translation (or list of hypotheses) per line.
     """
-    check_options(lines, sampling, constraints, prefixes, nbest)
+    constraints = check_options(lines, sampling, constraints, prefixes, nbest)
     todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
     many = nbest or (sampling is not None and sampling.num_samples > 1)
     out: list = [[] for _ in lines] if many else [''] * len(lines)
     if not sources:
         return out
-    search = dict(
-        alpha=alpha,
-        extra_length=extra_length,
-        length_penalty=length_penalty,
-        sampling=sampling,
-        constraints=constraints if constraints is not None and constraints.active else None,
-        line_indices=todo,
-        prefixes=None
-        if prefixes is None
-        else encode_prefixes(prefixes, todo, sources, tokenizer, extra_length),
-    )
+    search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
+    search.update(sampling=sampling, constraints=constraints, line_indices=todo)
+    if prefixes is not None:
+        search['prefixes'] = encode_prefixes(prefixes, todo, sources, tokenizer, extra_length)
     batches = data_lib.batch_examples(sources, None, batch_size)
     if many:
         hypotheses = nbest_batches(
