@@ -137,3 +137,18 @@ def test_new_settings_and_prefixes_compile_nothing(params):
     assert entries == [
         f._cache_size() for f in (greedy.greedy_search, beam._beam_search, sampling.sample_search)
     ]
+
+
+def test_beam_scores_count_the_prefix_tokens_log_probs(params):
+    """A prefixed hypothesis' beam score is the full teacher-forced log P(y|x), prefix
+    included, over the length penalty."""
+    sequences, scores = decoding.beam_search(
+        MODEL, params, EIGHT_INPUTS, beam_size=3, extra_length=EXTRA, constraints=OFF,
+        prefixes=_prefixes(),
+    )  # fmt: skip
+    best, scores = np.asarray(sequences)[:, 0], np.asarray(scores)[:, 0]
+    forward = np.asarray(_full_forward(params, EIGHT_INPUTS, best))
+    picked = np.take_along_axis(forward, best[..., None], axis=-1)[..., 0]
+    log_probs = np.where(best != PAD_ID, picked, 0.0).sum(-1)
+    penalty = ((5.0 + output_lengths(best)) / 6.0) ** 0.6
+    np.testing.assert_allclose(scores, log_probs / penalty, rtol=1e-5, atol=1e-5)
