@@ -34,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 
-def _parse_args() -> argparse.Namespace:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--dataset', default='multi30k', help="'multi30k' or 'synthetic'")
     parser.add_argument(
@@ -51,7 +51,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         '--out', default=str(REPO / 'benchmarks' / 'results' / 'data_pipeline.json')
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def _timed(fn):
@@ -75,8 +75,9 @@ def _throughput(iterator: data.TrainIterator, num_batches: int) -> dict[str, flo
     }
 
 
-def main() -> None:
-    args = _parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark with the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    args = _parse_args(argv)
     logging.set_verbosity(logging.WARNING)
     workdir = args.workdir or tempfile.mkdtemp(prefix='data-pipeline-')
     config = schema.default_config().data

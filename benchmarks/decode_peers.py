@@ -2,7 +2,7 @@ r"""Decoding speed beside flax examples/wmt: beam 4 and greedy, same sizes, same
 
   FLAX_WMT_DIR=<checkout of google/flax>/examples/wmt python benchmarks/decode_peers.py
 
-flax-wmt's ``models.py`` and ``greedy.py`` are loaded at run time from ``$FLAX_WMT_DIR``
+flax-wmt's ``models.py`` and ``decode.py`` are loaded at run time from ``$FLAX_WMT_DIR``
 (never copied here) and run as its ``train.predict_step`` does: encode, expand to the beam,
 ``decoding.beam_search`` over its cache. Greedy there is its beam search with beam 1. Both
 models have random parameters of the same sizes (the Multi30k model by default: d 256,
@@ -48,11 +48,27 @@ def _load(directory: str, name: str):
     return module
 
 
-def flax_wmt_search(args, inputs, beam_size: int):
-    """A jitted () -> [B, beam, T] of flax-wmt's beam search, as its predict_step runs it."""
+def flax_wmt_dir() -> str:
+    """``$FLAX_WMT_DIR``, checked before anything is built: a one-line exit where it is unset
+    or lacks the two files this script loads."""
     directory = os.environ.get('FLAX_WMT_DIR')
     if not directory:
-        raise RuntimeError('set FLAX_WMT_DIR to a checkout of google/flax examples/wmt')
+        raise SystemExit(
+            'decode_peers.py: set FLAX_WMT_DIR to the examples/wmt folder of a google/flax '
+            'checkout.'
+        )
+    missing = [f for f in ('models.py', 'decode.py') if not os.path.isfile(f'{directory}/{f}')]
+    if missing:
+        raise SystemExit(
+            f'decode_peers.py: FLAX_WMT_DIR={directory} has no {" or ".join(missing)}; '
+            'point it at the examples/wmt folder of a google/flax checkout.'
+        )
+    return directory
+
+
+def flax_wmt_search(directory: str, args, inputs, beam_size: int):
+    """A jitted () -> [B, beam, T] of flax-wmt's beam search, as its predict_step runs it;
+    ``directory`` holds flax-wmt's files (`flax_wmt_dir`)."""
     models, wmt_decode = _load(directory, 'models'), _load(directory, 'decode')
     cfg = models.TransformerConfig(
         vocab_size=args.vocab_size,
@@ -129,19 +145,21 @@ def ours_search(args, inputs, beam_size: int):
     )[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark with the command line ``argv`` (default: ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser, repeats=5)
     parser.add_argument('--attention_impl', default='einsum', choices=('einsum', 'fused'))
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/decode_peers.json'))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    directory = flax_wmt_dir()
     inputs = random_sources(args)
     results = {}
     for beam in (args.beam_size, 1):
         label = 'greedy' if beam == 1 else f'beam_{beam}'
         fns = {
             'ours': ours_search(args, inputs, beam),
-            'flaxwmt': flax_wmt_search(args, inputs, beam),
+            'flaxwmt': flax_wmt_search(directory, args, inputs, beam),
         }
         first = {}
         for name, fn in fns.items():

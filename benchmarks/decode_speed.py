@@ -52,14 +52,14 @@ def add_size_flags(parser: argparse.ArgumentParser, repeats: int) -> None:
     parser.add_argument('--seed', type=int, default=0)
 
 
-def _parse_args() -> argparse.Namespace:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser, repeats=3)
     parser.add_argument(
         '--ensemble', type=int, default=1, help='M > 1: M random models decoded together'
     )
     parser.add_argument('--out', default=str(REPO / 'benchmarks' / 'results' / 'decode_speed.json'))
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def random_sources(args: argparse.Namespace) -> np.ndarray:
@@ -109,8 +109,9 @@ def _output_lengths(tokens: np.ndarray) -> np.ndarray:
     return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
 
 
-def main() -> None:
-    args = _parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark with the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    args = _parse_args(argv)
     model = Transformer(model_config(args))
     inputs = random_sources(args)
     init = jax.jit(lambda rng: init_params(model, rng, inputs.shape[1]))

@@ -5,14 +5,15 @@ sentences with beam 4 three ways: our translate path (jax, the ``transformer.tra
 command's code), CTranslate2 float32 and CTranslate2 int8. Ours is run twice and the second
 run is timed (the first compiles one program per batch shape; its time is saved too); each
 CTranslate2 model translates a few sentences before it is timed. Both use every core
-(``--threads``). The beam searches are not the same: ours normalises scores by GNMT's
-((5 + length) / 6)^alpha and limits outputs to input length + 50 tokens, CTranslate2 divides
-by length^alpha and is given the export's fixed limit (``model.max_len`` + ``eval.extra_length``
-tokens), so BLEU may differ a little even in float32 (greedy outputs that end before either
-limit are identical; tests/test_export.py). Both are written as our translate command writes
-a line (single spaces). Prints the figures and saves them as JSON.
+(``--threads``). The beam searches are not the same: ours normalises scores by the run's
+``eval.length_penalty`` (GNMT's ((5 + length) / 6)^alpha for configs/multi30k.py) and limits
+outputs to input length + 50 tokens, CTranslate2 divides by length^alpha and is given the
+export's fixed limit (``data.max_len`` + ``eval.extra_length`` tokens), so BLEU may differ a
+little even in float32 (greedy outputs that end before either limit are identical;
+tests/test_export.py). Both are written as our translate command writes a line (single
+spaces). Prints the figures and saves them as JSON.
 
-    python benchmarks/export_speed.py --workdir runs/multi30k
+    python benchmarks/export_speed.py --workdir runs/m30k_800 --step 800
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from transformer import decoding, schema  # noqa: E402
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 
-def _parse_args() -> argparse.Namespace:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--workdir', required=True, help='a trained Multi30k run')
     parser.add_argument('--step', type=int, default=None, help='one checkpoint (default: avg)')
@@ -44,7 +45,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument('--batch_size', type=int, default=64, help='sentences per batch')
     parser.add_argument('--threads', type=int, default=os.cpu_count() or 1)
     parser.add_argument('--out', default=str(REPO / 'benchmarks' / 'results' / 'export_speed.json'))
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -63,9 +64,10 @@ def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dic
             params,
             beam_size=args.beam_size,
             alpha=config.eval.alpha,
+            length_penalty=config.eval.length_penalty,
             extra_length=config.eval.extra_length,
             batch_size=args.batch_size,
-            max_input_tokens=config.model.max_len,
+            max_input_tokens=config.data.max_len,  # as the translate command's default
         )
         return out, time.perf_counter() - start
 
@@ -105,8 +107,9 @@ def _ctranslate2(
     return hypotheses, {'seconds': seconds, 'compute_type': compute_type}
 
 
-def main() -> None:
-    args = _parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark with the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    args = _parse_args(argv)
     from transformer import export
     from transformer.evaluation import bleu_scores
 
@@ -119,7 +122,7 @@ def main() -> None:
     hypotheses['ours'], results['ours'] = _ours(args, lines, config, tokenizer, model, params)
     # The exports' fixed output limit (generation_config.json's max_length less the start
     # token); ours is input length + eval.extra_length per sentence.
-    max_output_tokens = config.model.max_len + config.eval.extra_length
+    max_output_tokens = config.data.max_len + config.eval.extra_length
     with tempfile.TemporaryDirectory() as tmp:
         for name, quantization in (('ctranslate2_float32', None), ('ctranslate2_int8', 'int8')):
             directory = os.path.join(tmp, name)
@@ -140,8 +143,8 @@ def main() -> None:
             hypotheses[name],
             references,
             target_lang=config.data.target_lang,
-            lowercase_tokenized=bool(config.eval.get('lowercase_tokenized', False)),
-            compound_split=bool(config.eval.get('compound_split', False)),
+            lowercase_tokenized=config.eval.lowercase_tokenized,
+            compound_split=config.eval.compound_split,
         )
         pairs = list(zip(hypotheses[name], hypotheses['ours'], strict=True))
         same = sum(a == b for a, b in pairs)

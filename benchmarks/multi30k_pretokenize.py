@@ -33,7 +33,7 @@ THEIR_NAMES = {'test2016': 'test.2016', 'validation': 'valid', 'train': 'train'}
 LANGUAGES = {'source': 'en', 'target': 'de'}
 
 
-def _parse_args() -> argparse.Namespace:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--reference', required=True, help='Revisit-MMT checkout or bare git dir')
     parser.add_argument('--manual_dir', default=str(DEFAULT_MULTI30K), help='raw Multi30k files')
@@ -41,7 +41,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         '--out', default=str(REPO / 'benchmarks' / 'results' / 'multi30k_pretokenize.json')
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def their_lines(reference: str, split: str, lang: str) -> list[str]:
@@ -81,8 +81,9 @@ def compare(ours: list[str], theirs: list[str]) -> dict:
     }
 
 
-def main() -> None:
-    args = _parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark with the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    args = _parse_args(argv)
     config = schema.default_config().data
     config.update(dict(dataset='multi30k', manual_dir=args.manual_dir))
     report = {'reference': f'LividWo/Revisit-MMT@{their_commit(args.reference)}', 'splits': {}}

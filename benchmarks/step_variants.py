@@ -70,7 +70,7 @@ RESOLVED = {'model.attention_impl': 'attention_impl', 'model.embedding_grad': 'e
 # name -> XLA flags, each set timed in a process of its own (module docstring). Triton for every
 # fusion goes after the reductions and elementwise fusions (a third of the kernel time,
 # docs/performance.md); cuBLAS for every matrix product after the matmuls' share. cuDNN's layer
-# norm measured +0.5% on an H200 and was dropped (docs/experiments.md, "Retired levers").
+# norm measured +0.5% on an H200 and was dropped (docs/experiments.md, "Removed options").
 FLAG_SETS = {
     'triton_fusions': '--xla_gpu_experimental_all_fusions_with_triton=true',
     'cublas_gemm': '--xla_gpu_enable_triton_gemm=false',

@@ -15,6 +15,7 @@ import re
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -35,11 +36,18 @@ class Done(NamedTuple):
     stopped: bool  # sent SIGINT at the stop time
 
 
-def _answer_sigint() -> None:
-    """In a job, before its program starts: SIGINT's default action. A shell starts a
-    background command (`nohup ... &`) with SIGINT ignored, which its children would inherit,
-    and then the stop time could not stop them."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _answering_sigint(command: list[str]) -> list[str]:
+    """``command`` started with SIGINT's default action. A shell starts a background command
+    (`nohup ... &`) with SIGINT ignored, which its children would inherit (an ignored signal
+    stays ignored across exec), and then the stop time could not stop them. A small Python
+    restores the default and becomes ``command`` (exec keeps the pid, so the SIGINT sent to it
+    reaches the job); no ``preexec_fn``, which forks and runs Python in the child, a deadlock
+    risk when the caller runs threads (jax does)."""
+    restore = (
+        'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
+        'os.execvp(sys.argv[1], sys.argv[1:])'
+    )
+    return [sys.executable, '-c', restore, *command]
 
 
 def run_all(
@@ -64,7 +72,7 @@ def run_all(
             log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {" ".join(job.command)}\n')
             log.flush()
             procs[key] = subprocess.Popen(
-                job.command, cwd=cwd, env=env, stdout=log, stderr=log, preexec_fn=_answer_sigint
+                _answering_sigint(job.command), cwd=cwd, env=env, stdout=log, stderr=log
             )
         done: dict[Any, Done] = {}
         stopped, killed = False, False

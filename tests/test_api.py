@@ -101,3 +101,8 @@ def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
             length = len(run.tokenizer.encode(h.text)) + 1  # its pieces and EOS
             penalty = float(length_penalty(length, 1.3, rule))
             np.testing.assert_allclose(h.score * penalty, h.log_prob, rtol=1e-3, atol=1e-3)
+    # A negative alpha (which the config and the flags refuse) is refused here too, greedy
+    # included, before anything is decoded.
+    for beam_size in (1, 2):
+        with pytest.raises(ValueError, match=r'^alpha must be >= 0 .*, got -0\.2\.$'):
+            run.translate(lines, beam_size=beam_size, alpha=-0.2)

@@ -1,4 +1,4 @@
-"""Bad input stops at the door: each value that cannot work ends the train command in one
+"""Bad input stops before any work: each value that cannot work ends the train command in one
 line naming its key, with exit code 2, before anything is written, within seconds.
 
 Each table below is a list of cases anyone can extend: an override (or a config file) and

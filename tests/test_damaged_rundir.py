@@ -283,7 +283,8 @@ def test_a_checkpoint_removed_while_being_read_is_named_and_the_reader_moves_on(
     """A run training in the directory deletes its oldest step between the reader's choice and
     its read: the reader chooses again among the steps that exist; a step asked for by number
     stops in one line that says what happened (it said the checkpoint did not fit the model)."""
-    # The race is staged where a read verifies its step, behind the package's face.
+    # The race is staged where a read verifies its step, inside the package (not through its
+    # public API).
     from transformer.checkpoint import CheckpointRemoved, load_model, loading
 
     workdir = _damaged(run_dir, tmp_path, lambda w: None)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 
 import pytest
 
@@ -55,6 +56,15 @@ def test_installed_train_command_finds_config_by_name(tmp_path):
     pip = (sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q')
     _run(*pip, 'wheel', '--no-deps', '--no-build-isolation', '-w', str(tmp_path), str(src))
     wheel = next(tmp_path.glob('transformer-*.whl'))
+    # The licence pyproject.toml declares ships with it, and is that licence's text.
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith('.dist-info/METADATA')))
+        licence = [n for n in names if n.endswith('.dist-info/licenses/LICENSE')]
+        assert licence, names
+        text = archive.read(licence[0]).decode()
+    assert b'License-Expression: Apache-2.0' in metadata
+    assert 'Apache License' in text and 'Version 2.0, January 2004' in text
     venv = tmp_path / 'venv'
     _run(sys.executable, '-m', 'venv', '--without-pip', str(venv))
     python = venv / 'bin' / 'python'

@@ -1,5 +1,5 @@
 """The package's layout: imports go down the layers, never up or in a circle; each subpackage
-names its API in its __init__'s ``__all__`` (its face) and is imported through it from
+names its public API in its __init__'s ``__all__`` and is imported through it from
 elsewhere; modules and functions stay short enough to read (the exceptions are listed, with
 why).
 
@@ -170,20 +170,20 @@ def test_modules_and_functions_stay_short():
     assert not long_functions, long_functions
 
 
-# --- Faces: each subpackage names its public API in its __init__'s __all__ -------------------
+# --- Public APIs: each subpackage names its API in its __init__'s __all__ --------------------
 
 REPO = PACKAGE.parent
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob('*/__init__.py'))
-_STAGES = 'times the data pipeline stage by stage: the modules behind the face are what it measures'
-# Imports of a module behind a face, by (importing file, imported module): each with why.
-BEHIND_THE_FACE = {
+_STAGES = 'times the data pipeline stage by stage: the modules outside its API are what it measures'
+# Imports of a module outside its subpackage's API, by (importing file, module): each with why.
+PRIVATE_IMPORTS = {
     ('benchmarks/data_pipeline.py', 'transformer.data.packing'): _STAGES,
     ('benchmarks/data_pipeline.py', 'transformer.data.tokenized'): _STAGES,
     ('benchmarks/data_pipeline.py', 'transformer.data.tokenizer'): _STAGES,
 }
 
 
-def _face(package: str) -> tuple[str | None, list[str] | None, set[str]]:
+def _public_api(package: str) -> tuple[str | None, list[str] | None, set[str]]:
     """A subpackage's __init__: its docstring, its ``__all__`` (None without one) and the
     names it binds at the top."""
     tree = ast.parse((PACKAGE / package / '__init__.py').read_text())
@@ -209,9 +209,9 @@ def _callers() -> list[pathlib.Path]:
     ]
 
 
-def _behind_the_face(path: pathlib.Path, faces: dict[str, list[str]]) -> list[tuple[str, str]]:
+def _private_imports(path: pathlib.Path, apis: dict[str, list[str]]) -> list[tuple[str, str]]:
     """(importing file, imported module) for each import in ``path`` of another
-    subpackage's module other than through its face (``faces``: package -> __all__)."""
+    subpackage's module other than through its public API (``apis``: package -> __all__)."""
     rel = str(path.relative_to(REPO))
     parts = path.relative_to(PACKAGE).parts if path.is_relative_to(PACKAGE) else ()
     own = parts[0] if len(parts) > 1 else None
@@ -224,50 +224,50 @@ def _behind_the_face(path: pathlib.Path, faces: dict[str, list[str]]) -> list[tu
         if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
             continue
         module = node.module.split('.')
-        if module[0] != 'transformer' or len(module) < 2 or module[1] not in faces:
+        if module[0] != 'transformer' or len(module) < 2 or module[1] not in apis:
             continue
         if len(module) > 2:
             found.append((rel, node.module))
         else:
-            face = faces[module[1]]
-            found += [(rel, f'{node.module}.{a.name}') for a in node.names if a.name not in face]
+            api = apis[module[1]]
+            found += [(rel, f'{node.module}.{a.name}') for a in node.names if a.name not in api]
     return [(rel, module) for rel, module in found if module.split('.')[1] != own]
 
 
-def test_every_subpackage_has_a_face():
+def test_every_subpackage_names_its_public_api():
     """Each subpackage's __init__ says what the layer does and names its API in __all__."""
-    faceless = []
+    unnamed = []
     for package in SUBPACKAGES:
-        docstring, names, _ = _face(package)
+        docstring, names, _ = _public_api(package)
         if not docstring or names is None:
-            faceless.append(package)
-    assert not faceless, f'give these an __init__ docstring and __all__: {faceless}'
+            unnamed.append(package)
+    assert not unnamed, f'give these an __init__ docstring and __all__: {unnamed}'
 
 
-def test_every_name_of_a_face_exists():
-    """Every name in a face's __all__ is bound in its __init__ or is one of its modules."""
+def test_every_name_in_a_public_api_exists():
+    """Every name in a public API's __all__ is bound in its __init__ or is one of its modules."""
     missing = []
     for package in SUBPACKAGES:
-        _, names, bound = _face(package)
+        _, names, bound = _public_api(package)
         modules = {p.stem for p in (PACKAGE / package).glob('*.py')}
         modules |= {p.parent.name for p in (PACKAGE / package).glob('*/__init__.py')}
         missing += [f'{package}.{n}' for n in names or () if n not in bound | modules]
     assert not missing, missing
 
 
-def test_callers_outside_a_subpackage_import_its_face():
-    """transformer/, benchmarks/ and train.py import another subpackage only through its face:
+def test_callers_outside_a_subpackage_import_its_public_api():
+    """transformer/, benchmarks/ and train.py import another subpackage only through its public API:
     ``from transformer import training`` or ``from transformer.training import X`` with X in
     its __all__; never one of its modules (the exceptions are listed, with why)."""
-    faces = {package: _face(package)[1] or [] for package in SUBPACKAGES}
-    behind = [found for path in _callers() for found in _behind_the_face(path, faces)]
-    unlisted = sorted(set(behind) - set(BEHIND_THE_FACE))
-    assert not unlisted, f'import these through the face (__all__): {unlisted}'
-    stale = sorted(set(BEHIND_THE_FACE) - set(behind))
-    assert not stale, f'no longer imported behind the face; drop from BEHIND_THE_FACE: {stale}'
+    apis = {package: _public_api(package)[1] or [] for package in SUBPACKAGES}
+    behind = [found for path in _callers() for found in _private_imports(path, apis)]
+    unlisted = sorted(set(behind) - set(PRIVATE_IMPORTS))
+    assert not unlisted, f'import these through the public API (__all__): {unlisted}'
+    stale = sorted(set(PRIVATE_IMPORTS) - set(behind))
+    assert not stale, f'no longer imported outside the API; drop from PRIVATE_IMPORTS: {stale}'
 
 
-# --- One door to the model: Flax's module API stays inside transformer/model/ ---------------
+# --- The model's functional interface: Flax's module API stays inside transformer/model/ ----
 
 # Files outside transformer/model/ that may import flax.linen, each with why.
 LINEN_OUTSIDE_THE_MODEL = {

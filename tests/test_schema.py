@@ -74,7 +74,7 @@ def test_read_config_completes_a_saved_config_json(tmp_path):
     assert 'model.max_len' not in rundir.flat_config(config)
 
 
-def test_a_saved_config_with_a_retired_value_loads_or_says_what_became_of_it(tmp_path, caplog):
+def test_a_saved_config_with_a_removed_value_loads_or_says_what_became_of_it(tmp_path, caplog):
     """config.json as 2698791-9f56641 wrote it: train.loss_pass 'float32' (the one pass left)
     is dropped silently; model.attention_impl 'cudnn_packed' (also through a resume's change,
     config_history.jsonl) loads as 'auto' with one warning line; 'accumulate' stops in one line
@@ -89,8 +89,8 @@ def test_a_saved_config_with_a_retired_value_loads_or_says_what_became_of_it(tmp
     assert 'train.loss_pass' not in rundir.flat_config(config)
     warnings = [r.getMessage() for r in caplog.records if 'cudnn_packed' in r.getMessage()]
     assert warnings == [
-        "model.attention_impl='cudnn_packed' was removed (docs/experiments.md, \"Retired "
-        "levers\"): its gradients were wrong on an H200; it loads as 'auto'."
+        "model.attention_impl='cudnn_packed' was removed (docs/experiments.md, \"Removed "
+        "options\"): its gradients were wrong on an H200; it loads as 'auto'."
     ]
     values['model']['attention_impl'] = 'einsum'
     (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps(values))
@@ -103,7 +103,7 @@ def test_a_saved_config_with_a_retired_value_loads_or_says_what_became_of_it(tmp
         rundir.read_config(str(tmp_path))
     assert str(info.value) == (
         f"{tmp_path / rundir.CONFIG_FILE}: train.loss_pass='accumulate' was removed "
-        '(docs/experiments.md, "Retired levers"): no faster than the float32 loss on an H200; '
+        '(docs/experiments.md, "Removed options"): no faster than the float32 loss on an H200; '
         'delete the key to use that one.'
     )
     with pytest.raises(schema.ConfigError, match="loss_pass='accumulate' was removed"):

@@ -15,8 +15,9 @@ translate with it and read its attention (docs/api.md walks through each).
     run.attention('dinds bap koft .')                 # {(stack, layer, kind): [N, T, S]}
 
 Parameters are plain arrays; the model is called through functions of (model, parameters,
-arrays), transformer/model's face (`logits` here is its ``teacher_forced_logits``). Loading is
-as quiet as the commands: the libraries' routine notes are filtered while a run loads.
+arrays), transformer/model's functional interface (`logits` here is its
+``teacher_forced_logits``). Loading is as quiet as the commands: the libraries' routine notes
+are filtered while a run loads.
 """
 
 from __future__ import annotations

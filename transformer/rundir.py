@@ -195,7 +195,7 @@ def read_config(workdir: str) -> schema.Experiment:
         where = f'{history}, line {line}'
         try:
             _apply(config, change)
-            config = schema.complete(config)  # a change to a value since retired
+            config = schema.complete(config)  # a change to a value since removed
             experiment = schema.parse(config)
         except (schema.ConfigError, KeyError, TypeError) as e:
             raise WorkdirError(f'{where}: {e.args[0] if e.args else e}') from None

@@ -3,6 +3,7 @@ by side, one decoding choice per recipe on the mean validation BLEU, the test sp
 once per seed, mean +- std; on CPU with tiny settings."""
 
 import json
+import os
 import signal
 import statistics
 import sys
@@ -63,10 +64,16 @@ def test_summary_is_the_sample_mean_and_std():
     assert sweep_jobs.mean_std(sweep_jobs.summary([40.0])) == '40.00 (n=1)'
 
 
+_FORKS = []  # one entry per os.fork-style fork of this process (jax warns at each one)
+os.register_at_fork(before=lambda: _FORKS.append(1))
+
+
 def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     """A job that ends by itself is not stopped; one still running at the stop time gets
-    SIGINT (Python: KeyboardInterrupt, exit code 1), even from a sweep that ignores SIGINT,
-    and is marked stopped."""
+    SIGINT (Python: KeyboardInterrupt, then death by SIGINT), even from a sweep that ignores SIGINT,
+    and is marked stopped. The jobs start without a fork that runs Python in the child (a
+    deadlock risk beside jax's threads)."""
+    forks = len(_FORKS)
     quick = [sys.executable, '-c', 'print("done")']
     slow = [sys.executable, '-c', 'import time; time.sleep(60)']
     jobs = {
@@ -84,9 +91,11 @@ def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert done['quick'] == (0, done['quick'].seconds, False)
-    assert done['slow'].stopped and done['slow'].returncode != 0
-    assert 3 <= done['slow'].seconds < 8 and time.time() - start < 10
-    assert 'KeyboardInterrupt' in (tmp_path / 'slow.log').read_text()
+    assert done['slow'].stopped and 3 <= done['slow'].seconds < 8 and time.time() - start < 10
+    # SIGINT reached the job and ended it: Python ends on an unhandled KeyboardInterrupt by
+    # SIGINT itself, as does a job that had not yet installed Python's handler (a loaded host).
+    assert done['slow'].returncode == -signal.SIGINT
+    assert len(_FORKS) == forks
 
 
 def test_training_speed_reads_the_runs_own_logs(tmp_path):

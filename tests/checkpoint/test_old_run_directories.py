@@ -3,8 +3,8 @@ and evaluate the same: ``tests/fixtures/run_before_layers`` was trained (2 steps
 model on the synthetic task) by the code of that time, which also wrote ``expected.json``:
 its parameters' absolute sums, greedy translations and beam-3 n-best lists of six sentences.
 The optimizer state is left out (the commands read parameters only). Its config.json is given
-train.loss_pass='float32', as 2698791-9f56641 wrote it (a key since retired: docs/experiments.md,
-"Retired levers")."""
+train.loss_pass='float32', as 2698791-9f56641 wrote it (a key since removed: docs/experiments.md,
+"Removed options")."""
 
 import json
 import pathlib

@@ -277,6 +277,37 @@ def test_temporary_directories_of_killed_saves_are_removed_on_start(run_dir, tmp
     assert sorted(p.name for p in (run / 'checkpoints').iterdir()) == ['2', '4', '5']
 
 
+# The training run of the full-disk test, in a process of its own: the file-size limit is
+# process-wide, and in a test worker it would also cut the writes of everything else there,
+# and Orbax's failed writes report their errors when their event loop is collected, after the
+# test. The limit starts after step 5, when everything is compiled: the entries of the shared
+# compilation cache are larger than it.
+FULL_DISK = r"""
+import json, resource, signal, sys
+from tests.tiny_run import tiny_run_config
+from transformer import rundir
+from transformer.commands import train as trainer
+
+config = tiny_run_config(6)
+config.train.checkpoint_every = 2
+config.train.async_checkpointing = True
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def limit_files_after_step_5(step, metrics):
+    if step == 5:
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, hard))
+
+
+try:
+    trainer.train_and_evaluate(config, sys.argv[1], on_step=limit_files_after_step_5)
+except rundir.WorkdirError as e:
+    print(json.dumps({'error': str(e)}), flush=True)
+"""
+
+
+@pytest.mark.slow
 def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp_path):
     """Checkpoint files that the OS refuses to write (async checkpoints): one line naming
     the step, and the steps saved before still verify.
@@ -286,27 +317,22 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     write past 40 kB with EFBIG, as a full disk refuses with ENOSPC: parameter files are
     larger, metrics and logs smaller. The refusal comes from the OS inside tensorstore's
     writer thread, with no Python code patched."""
-    import resource
-    import signal
+    import subprocess
+    import sys
 
-    from tests.tiny_run import tiny_run_config
-    from transformer.commands import train as trainer
+    from tests.subprocess_env import REPO, repo_env
 
     run = tmp_path / 'run'
     shutil.copytree(run_dir, run)
-    config = tiny_run_config(6)
-    config.train.checkpoint_every = 2
-    config.train.async_checkpointing = True
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, limits[1]))
-    try:
-        with pytest.raises(rundir.WorkdirError, match='Could not write checkpoint step 6') as info:
-            trainer.train_and_evaluate(config, str(run))
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, handler)
-    assert '\n' not in str(info.value) and 'intact: [2, 4]' in str(info.value)
+    proc = subprocess.run(
+        [sys.executable, '-c', FULL_DISK, str(run)],
+        cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    errors = [json.loads(line)['error'] for line in lines if line.startswith('{')]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert 'Could not write checkpoint step 6' in errors[0], errors[0]
+    assert '\n' not in errors[0] and 'intact: [2, 4]' in errors[0]
     assert all(verify_step(str(run), s) for s in (2, 4))
     assert not (run / 'checkpoints' / '6').exists()
 

@@ -1,5 +1,5 @@
 """Tests of the searches (transformer/decoding/: greedy.py, beam.py, search.py) through the
-package's face: scores, exhaustive search, cache, padding, output limits.
+package's public API: scores, exhaustive search, cache, padding, output limits.
 
 A tiny model with random parameters (drawn in numpy on the real parameter tree, as in
 tests/model/test_model.py) and 6 tokens: pad/start, EOS and 4 others. ``sharpness`` scales the

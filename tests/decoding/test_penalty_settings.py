@@ -144,3 +144,18 @@ def test_new_alphas_and_the_other_rule_compile_nothing(params):
 def test_a_bad_rule_is_one_line_before_anything_compiles(params):
     with pytest.raises(ValueError, match=r"one of \('gnmt', 'fairseq'\), got 'wu'"):
         decoding.beam_search(MODEL, params, EIGHT_INPUTS, length_penalty='wu')
+
+
+@pytest.mark.parametrize('alpha', [-0.5, float('nan')])
+def test_a_negative_alpha_is_one_line_before_anything_decodes(params, alpha):
+    """Beam search's early stop assumes a penalty that grows with the length (alpha >= 0):
+    the Python entry points refuse another alpha, as the config and the flags do."""
+    entries = beam._beam_search._cache_size()
+    with pytest.raises(ValueError, match=r'^alpha must be >= 0 .*, got (-0\.5|nan)\.$'):
+        decoding.beam_search(MODEL, params, EIGHT_INPUTS, alpha=alpha)
+    with pytest.raises(ValueError, match=r'^alpha must be >= 0'):
+        translation.translate_lines(
+            ['a b'], None, MODEL, params, beam_size=1, alpha=alpha, extra_length=2,
+            batch_size=1, max_input_tokens=8,
+        )  # fmt: skip
+    assert beam._beam_search._cache_size() == entries

@@ -1,7 +1,8 @@
 """The train state's tree and the train step's lowered program are those written in
 tests/fixtures/snapshots/ (tests/model/snapshots.py says what they hold and how to refresh
 them): a change of how the model is built or called (another Flax API behind transformer/model's
-face) keeps every parameter path, shape and logical spec, and the program the step compiles."""
+functional interface) keeps every parameter path, shape and logical spec, and the program the
+step compiles."""
 
 import json
 

@@ -85,7 +85,7 @@ def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
     path to the same data files may change freely. A run started with dropout_prng 'rbg' and
     resumed with the default 'threefry' draws other masks from then on: one warning line naming
     both and the flag that keeps the saved one, and none on the next resume. The last resume
-    reads a config.json as 2698791-9f56641 wrote it, with settings since retired
+    reads a config.json as 2698791-9f56641 wrote it, with settings since removed
     (train.loss_pass 'float32', dropped; model.attention_impl 'cudnn_packed', loaded as 'auto'
     with a warning, no change recorded)."""
     first = tiny_run_config(2)
@@ -135,7 +135,7 @@ def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
     ]
     assert any("'cudnn_packed' was removed" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if 'dropout_prng' in r.getMessage()]
-    assert checkpoint_steps(str(tmp_path)) == [4]  # the retired settings' run trained on
+    assert checkpoint_steps(str(tmp_path)) == [4]  # the removed settings' run trained on
 
 
 def test_train_py_smoke(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Device- and host-specific settings, one file each, named for what it does. Every choice
 that depends on the accelerator is made here; the model, the training step and the searches
-ask for it through this face (``from transformer import backends``; ``backends.einsum``), and
+ask for it through this public API (``from transformer import backends``; ``backends.einsum``), and
 nothing here knows the model.
 
 Modules:

@@ -8,7 +8,7 @@ console) and shared_flags.py (the flags several commands define); marian.py, the
 export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_flag.py, the
 ``--config`` flag's errors in one line.
 
-The modules are this face's names (``from transformer.commands import train``), imported
+The modules are this package's public names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
 """
 

@@ -2,7 +2,7 @@
 process-wide settings it opts in to), usage errors in one line, the checks of its path flags.
 
 The libraries' log lines are library_logs.py's, the shared flags shared_flags.py's; the
-names of those the commands call are this face's too (``console.define_flag``).
+names of those the commands call are part of this public API too (``console.define_flag``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ layouts differ and are mapped here (`marian_state_dict`):
 
 Layer norm epsilon is hard-coded to 1e-5 in Hugging Face Marian; ``model.layer_norm_epsilon``
 (1e-6 by default) is kept in CTranslate2's config, and its effect on the Hugging Face logits is
-measured in the README ("Using a trained model elsewhere").
+measured in docs/export.md ("Exact, and where it still differs").
 """
 
 from __future__ import annotations

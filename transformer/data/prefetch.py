@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from absl import logging
+
 
 class Prefetcher(Iterator[tuple[Any, dict]]):
     """Iterates (put(batch), state) over ``iterator`` with ``depth`` batches ready ahead.
@@ -28,6 +30,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
         self.depth = depth
         self.wait_s = 0.0
         self._stop = threading.Event()
+        self._error: BaseException | None = None
         self._thread = None
         if depth > 0:
             self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -38,29 +41,48 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
         batch = next(self._iterator)
         return self._put(batch), self._iterator.get_state()
 
+    def _offer(self, item) -> bool:
+        """Puts ``item`` on the queue, waiting while it is full until ``close()`` is called;
+        False when it was closed first (the item is dropped)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _fill(self) -> None:
         try:
-            while not self._stop.is_set():
-                item = self._produce()
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+            while not self._stop.is_set() and self._offer(self._produce()):
+                pass
         except BaseException as e:  # noqa: BLE001 - handed to the loop, which re-raises it
-            self._queue.put(e)
+            # Kept beside the queue as well: with the queue full and the loop gone, the put
+            # below gives up at close(), and the loop's next call still raises it.
+            self._error = e
+            self._offer(e)
 
     def __next__(self) -> tuple[Any, dict]:
         start = time.perf_counter()
-        item = self._produce() if self._thread is None else self._queue.get()
+        if self._thread is None:
+            item = self._produce()
+        elif self._stop.is_set() and self._queue.empty():
+            item = self._error or StopIteration()
+        else:
+            item = self._queue.get()
         self.wait_s += time.perf_counter() - start
         if isinstance(item, BaseException):
             raise item
         return item
 
-    def close(self) -> None:
-        """Stops the thread (a batch it is packing is finished and dropped)."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stops the thread (a batch it is packing is finished and dropped). A producer stuck
+        in a batch that does not end within ``timeout_s`` is left behind, with a warning (it
+        is a daemon thread), so a run that is stopping always stops."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logging.warning(
+                    'The input thread did not stop within %.0f s; left behind.', timeout_s
+                )

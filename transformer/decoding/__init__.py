@@ -7,7 +7,7 @@ top-p; `Sampling`), beam.py (beam search), constraints.py (minimum length, n-gra
 forced prefixes; `Constraints`), search.py (`translate_batch`: which search, by the beam size
 and the sampling settings), ensemble.py (several runs as one model), translation.py (lines of
 text in, lines out), scoring.py (log P(target | source) of given pairs).
-Callers import this face: ``from transformer import decoding``.
+Callers import its public API: ``from transformer import decoding``.
 
 Conventions shared by the searches:
 

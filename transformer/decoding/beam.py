@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer.decoding.constraints import (
     Constraints,
@@ -28,6 +27,7 @@ from transformer.decoding.next_token import (
     map_cache,
     next_scores,
     output_limits,
+    penalty_alpha,
     penalty_rule,
     shrinking_loop,
     stage_sizes,
@@ -273,7 +273,7 @@ def beam_search(
         model,
         params,
         inputs,
-        alpha=np.float32(alpha),
+        alpha=penalty_alpha(alpha),
         rule=penalty_rule(length_penalty),
         beam_size=beam_size,
         max_decode_len=max_decode_len,

@@ -12,7 +12,7 @@ encoder output's keys and values for encoder-decoder attention are projected onc
 token 0, later steps the previous token.
 
 The conventions both searches share (output length, EOS, scores, ensembles) are written in
-the package's face, transformer/decoding/__init__.py.
+the package's public API, transformer/decoding/__init__.py.
 """
 
 from __future__ import annotations

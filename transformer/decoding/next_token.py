@@ -32,6 +32,15 @@ def penalty_rule(rule: str) -> np.int32:
     return np.int32(LENGTH_PENALTIES.index(rule))
 
 
+def penalty_alpha(alpha: float) -> np.float32:
+    """``alpha`` as the searches take it (a traced float32), refused when negative: beam
+    search's early stop bounds an alive hypothesis by the penalty at the output limit, which
+    holds only while the penalty grows with the length (alpha >= 0)."""
+    if not np.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be >= 0 (the length penalty's exponent), got {alpha}.")
+    return np.float32(alpha)
+
+
 def length_penalty(length: Array | int, alpha: float | Array, rule: str | Array = 'gnmt') -> Array:
     """The divisor of a hypothesis' log-probability in beam search (``eval.length_penalty``).
 

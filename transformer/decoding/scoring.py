@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer import data as data_lib
 from transformer.backends import fetch
-from transformer.decoding.next_token import Ensemble, length_penalty
+from transformer.decoding.next_token import Ensemble, length_penalty, penalty_alpha, penalty_rule
 from transformer.model import PAD_ID, Transformer, teacher_forced_logits
 from transformer.tokens import EOS_ID
 
@@ -86,7 +86,7 @@ def score_pairs(
     """
     if len(sources) != len(targets):
         raise ValueError(f'{len(targets)} targets for {len(sources)} sources: give one a source.')
-    length_penalty(1, alpha, rule)  # a bad rule: one line before anything runs
+    penalty_alpha(alpha), penalty_rule(rule)  # bad ones: one line before anything runs
     if not sources:
         return []
     batches = data_lib.batch_examples(

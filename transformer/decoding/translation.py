@@ -32,7 +32,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer.backends import fetch
 from transformer.decoding.constraints import Constraints
-from transformer.decoding.next_token import decode_length
+from transformer.decoding.next_token import decode_length, penalty_alpha
 from transformer.decoding.sampling import Sampling
 from transformer.decoding.search import hypotheses_batch, sequence_log_probs, translate_batch
 from transformer.model import Transformer
@@ -283,6 +283,7 @@ def translate_lines(
     Returns:
       One translation (or list of hypotheses) per line.
     """
+    penalty_alpha(alpha)  # refused before anything is decoded, greedy included
     constraints = check_options(lines, sampling, constraints, prefixes, nbest)
     todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
     many = nbest or (sampling is not None and sampling.num_samples > 1)

@@ -1,4 +1,4 @@
-"""The paper's network in pure Flax. Callers import this face: ``from transformer.model import
+"""The paper's network in pure Flax. Callers import its public API: ``from transformer.model import
 Transformer, TransformerConfig``, and call the network only through its functions
 (functional.py: parameters, their logical specs and shardings, logits, hidden states and the
 output projection, encode, the decoding cache and one step, attention maps); no module outside

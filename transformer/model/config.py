@@ -75,7 +75,7 @@ class TransformerConfig(Section):
     )
     # Accepted from Python callers and ignored: the network has no length limit (sinusoidal
     # positions, caches sized by the caller); the longest training row is the data's max_len.
-    # A config file's model.max_len is dropped when it is read (schema.RETIRED_KEYS).
+    # A config file's model.max_len is dropped when it is read (schema.REMOVED_KEYS).
     max_len: dataclasses.InitVar[int | None] = None
     # 'all': source, target and pre-softmax share one matrix (joint vocabulary, Sec. 3.4);
     # 'target': target embedding == pre-softmax projection, separate source embedding;

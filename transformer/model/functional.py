@@ -1,7 +1,7 @@
 """What the rest of the package does with the model, as functions of (model, parameters,
-arrays): its one door. Training, decoding, checkpoints, the API and the benchmarks call these
-and nothing of Flax's module API (``init``, ``apply``, ``method=``, boxed parameters, logical
-partitioning), so the Flax API the network is written in is this package's business alone
+arrays): its functional interface. Training, decoding, checkpoints, the API and the benchmarks
+call these and nothing of Flax's module API (``init``, ``apply``, ``method=``, boxed parameters,
+logical partitioning), so the Flax API the network is written in is this package's business alone
 (docs/nnx.md says what a port to Flax NNX would change here and what it must keep).
 
 ``model`` is the `Transformer` of a config (its ``config`` is the only attribute callers

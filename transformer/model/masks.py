@@ -74,7 +74,7 @@ def fused_arguments(
     ones in every unpacked batch here (evaluation batches, decoding, the API). Packed rows and
     plain arrays go as the dense boolean ``mask``: the public API has no segment ids (jax's
     private cuDNN wrapper takes packed offsets on Hopper GPUs; handed them, an H200 computed
-    wrong gradients: docs/experiments.md, "Retired levers").
+    wrong gradients: docs/experiments.md, "Removed options").
 
     Args:
       mask: the mask, or None (everything attends).

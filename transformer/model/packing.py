@@ -3,8 +3,8 @@
 A packed training batch (transformer/data/packing.py) holds, beside the tokens, each token's
 example id in its row (segmentation: 1, 2, ... and 0 for padding) and its position within that
 example, for the source and the target side. `Packing` carries the four arrays as one value
-through the model's doors (`Transformer.encode`, `decode`, `__call__`); None means one example
-a row, positions 0, 1, 2, ...
+through the model's entry points (`Transformer.encode`, `decode`, `__call__`); None means one
+example a row, positions 0, 1, 2, ...
 """
 
 from __future__ import annotations

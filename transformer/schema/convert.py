@@ -20,8 +20,8 @@ from transformer.data import sources as data_sources
 from transformer.fields import ConfigError, check_keys
 from transformer.model import TransformerConfig, config_from_dict
 from transformer.schema.sections import (
-    RETIRED_KEYS,
-    RETIRED_VALUES,
+    REMOVED_KEYS,
+    REMOVED_VALUES,
     SECTIONS,
     DataSection,
     Experiment,
@@ -97,7 +97,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
             raise ConfigError(f'config section {section} is missing.')
     sections = {name: _section(cls, plain(values[name], name)) for name, cls in SECTIONS.items()}
     model = plain(values['model'], 'model')
-    model = {k: v for k, v in model.items() if f'model.{k}' not in RETIRED_KEYS}
+    model = {k: v for k, v in model.items() if f'model.{k}' not in REMOVED_KEYS}
     try:
         model_config = config_from_dict(model, sections['data'].vocab_size)
     except (ValueError, TypeError) as e:
@@ -107,11 +107,11 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
 
 def complete(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict:
     """The plain dict of ``config`` with the optional fields it predates set to their defaults
-    (the values its run used) and retired keys removed (for a run directory's config.json
-    written by an earlier version); ``config`` itself is left as it is. A retired value
-    (`RETIRED_VALUES`) loads as its replacement with one warning line, or stops in one line."""
+    (the values its run used) and removed keys dropped (for a run directory's config.json
+    written by an earlier version); ``config`` itself is left as it is. A removed value
+    (`REMOVED_VALUES`) loads as its replacement with one warning line, or stops in one line."""
     values = copy.deepcopy(plain(config))
-    _retire_values(values)
+    _replace_removed_values(values)
     for name, cls in SECTIONS.items():
         section = values.setdefault(name, {})
         if not isinstance(section, Mapping):
@@ -119,24 +119,24 @@ def complete(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict:
         for f in dataclasses.fields(cls):
             if f.name != 'sources' and f.metadata['optional']:
                 section.setdefault(f.name, f.default)
-    for key in RETIRED_KEYS:
+    for key in REMOVED_KEYS:
         section, name = key.split('.')
         if isinstance(values.get(section), Mapping):
             values[section].pop(name, None)
     return values
 
 
-def _retire_values(values: dict) -> None:
-    """Replaces each retired value of ``values`` in place (`RETIRED_VALUES`), with a warning;
+def _replace_removed_values(values: dict) -> None:
+    """Replaces each removed value of ``values`` in place (`REMOVED_VALUES`), with a warning;
     ConfigError for one that has no replacement."""
-    for (key, old), (new, why) in RETIRED_VALUES.items():
+    for (key, old), (new, why) in REMOVED_VALUES.items():
         section, name = key.split('.')
         if not isinstance(values.get(section), Mapping) or values[section].get(name) != old:
             continue
-        retired = f'{key}={old!r} was removed (docs/experiments.md, "Retired levers"): {why}'
+        removed = f'{key}={old!r} was removed (docs/experiments.md, "Removed options"): {why}'
         if new is None:
-            raise ConfigError(f'{retired}.')
-        logging.warning('%s; it loads as %r.', retired, new)
+            raise ConfigError(f'{removed}.')
+        logging.warning('%s; it loads as %r.', removed, new)
         values[section][name] = new
 
 

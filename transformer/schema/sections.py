@@ -51,10 +51,10 @@ LENGTH_PENALTIES: tuple[str, ...] = get_args(LengthPenalty)
 # Keys of configs written by earlier versions that no longer exist; dropped when read.
 # model.max_len: the longest row is data.max_len (the model has no length limit of its own).
 # train.loss_pass: the loss reads the logits through one float32 copy, its 'float32' pass.
-RETIRED_KEYS = ('model.max_len', 'train.loss_pass')
-# Values earlier versions accepted that an H200 refuted (docs/experiments.md, "Retired levers"):
+REMOVED_KEYS = ('model.max_len', 'train.loss_pass')
+# Values earlier versions accepted that an H200 refuted (docs/experiments.md, "Removed options"):
 # (key, value) -> (what a stored one loads as, with one warning line; None: refused), and why.
-RETIRED_VALUES = {
+REMOVED_VALUES = {
     ('train.loss_pass', 'accumulate'): (
         None,
         'no faster than the float32 loss on an H200; delete the key to use that one',

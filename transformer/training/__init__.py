@@ -1,4 +1,4 @@
-"""Training: the loop and everything it runs. Callers import this face: ``from transformer
+"""Training: the loop and everything it runs. Callers import its public API: ``from transformer
 import training``; ``training.train_and_evaluate(config, workdir)``.
 
 Modules:

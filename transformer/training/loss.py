@@ -23,7 +23,7 @@ them); the softmax statistics, dz and the dW accumulation are float32.
 
 The loss reads the logits through one float32 copy (for 16-bit logits a second [tokens, V]
 array): reading them in their own dtype with float32 sums instead measured no faster on an H200
-(docs/experiments.md, "Retired levers").
+(docs/experiments.md, "Removed options").
 """
 
 from __future__ import annotations

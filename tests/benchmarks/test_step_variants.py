@@ -1,5 +1,6 @@
-"""The GPU levers' benchmark parts, on a CPU: the PyTorch peer at tiny shapes and without torch,
-the XLA flag check, and what step_variants leaves out off a GPU (its figures are not results)."""
+"""The GPU step variants' benchmark parts, on a CPU: the PyTorch peer at tiny shapes and
+without torch, the XLA flag check, and what step_variants leaves out off a GPU (its figures are
+not results)."""
 
 import argparse
 import json
