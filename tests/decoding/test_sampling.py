@@ -2,9 +2,11 @@
 top-k and top-p keep to their support, top-k 1 is greedy, and a sentence's samples depend on
 the seed and its line index only (not on its batch, its row or the device).
 
-Chi-square tests run at the 0.001 level on a fixed seed: with a correct sampler they pass for
-this seed (and would for 999 in 1000 others); a sampler that ignored the temperature or the
-filters would give p-values below 1e-10 with these draw counts.
+Chi-square tests run at the 0.001 level on fixed seeds: a correct sampler fails one in 1000
+seeds (seed 3 of the prefix test is one: p = 0.00097 at T = 0.7, while `draw` on that
+distribution gave p-values over seeds 0-19 that a Kolmogorov-Smirnov test finds uniform, p =
+0.56); a sampler that ignored the temperature or the filters would give p-values below 1e-10
+with these draw counts.
 """
 
 import jax
@@ -68,7 +70,7 @@ def test_one_step_from_a_prefix_draws_the_tempered_model_distribution(params):
     for temperature in (0.7, 1.5):
         tokens, _ = decoding.sample_search(
             MODEL, params, inputs, prefixes=prefix, max_decode_len=4, extra_length=EXTRA,
-            sampling=Sampling(temperature=temperature, seed=3, num_samples=4000),
+            sampling=Sampling(temperature=temperature, seed=4, num_samples=4000),
             min_stage_batch=4000,  # one loop, no shrinking stages to compile
         )  # fmt: skip
         tokens = np.asarray(tokens)[0]

@@ -102,9 +102,26 @@ def sentence_keys(seed: Array, lines: Array, samples: Array, step: Array) -> Arr
     return jax.vmap(key)(lines, samples)
 
 
+def inverse_cdf(probs: Array, keys: Array) -> Array:
+    """[R] one token of each row of ``probs`` [R, V] (unnormalised, >= 0), drawn with one
+    uniform number per row: the first token whose cumulative probability exceeds it.
+
+    Gumbel-max (`jax.random.categorical`) draws V random numbers and two logarithms per row
+    and step; this draws one. A token of probability 0 is never drawn: its cumulative
+    probability equals its predecessor's (and where float rounding puts the draw past the
+    last token, the most probable one is taken).
+    """
+    cdf = jnp.cumsum(probs, axis=-1)
+    uniform = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+    token = jnp.sum(cdf <= (uniform * cdf[:, -1])[:, None], axis=-1)
+    token = jnp.minimum(token, probs.shape[-1] - 1)
+    drawn = jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0] > 0
+    return jnp.where(drawn, token, jnp.argmax(probs, axis=-1)).astype(jnp.int32)
+
+
 def draw(log_probs: Array, settings: Sampling, keys: Array) -> Array:
     """[R] tokens drawn from softmax(log_probs / temperature), cut to top-k and top-p, one
-    row with each key (Gumbel-max: argmax(scaled + Gumbel noise), `jax.random.categorical`)."""
+    row with each key (`inverse_cdf`)."""
     scaled = log_probs / settings.temperature
     scaled = jax.lax.cond(
         (settings.top_k > 0) | (settings.top_p < 1),
@@ -112,7 +129,9 @@ def draw(log_probs: Array, settings: Sampling, keys: Array) -> Array:
         lambda x, *_: x,
         *(scaled, settings.top_k, settings.top_p),
     )
-    return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    # The row's maximum is subtracted so that no exp overflows; exp(-inf) = 0 stays 0.
+    probs = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
+    return inverse_cdf(probs, keys)
 
 
 class _Draws(NamedTuple):
