@@ -13,8 +13,9 @@ One compiled program serves every setting: temperature, top-k, top-p and the see
 values (`Sampling` is a traced argument; only ``num_samples`` is static, being a shape).
 Top-k and top-p share one descending sort of each row per step, which runs only when one of
 them is on (``lax.cond``); top-k is a traced rank below the vocabulary size, no static
-maximum. Shapes and the conventions of output length, EOS, scores and ensembles are those of
-the package's public API (transformer/decoding/__init__.py).
+maximum. A token is drawn by inverse CDF (`inverse_cdf`). Shapes and the conventions of
+output length, EOS, scores and ensembles are those of the package's public API
+(transformer/decoding/__init__.py).
 """
 
 from __future__ import annotations
