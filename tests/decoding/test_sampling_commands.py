@@ -52,6 +52,7 @@ def test_translate_samples_are_nbest_rows_and_the_api_gives_the_same(run_dir, tm
         (['--sampling', '--top_p=0'], '--top_p must be in (0, 1], got 0.0.'),
         (['--sampling', '--top_p=1.01'], '--top_p must be in (0, 1]'),
         (['--sampling', '--top_k=-2'], '--top_k must be >= 1'),
+        (['--sampling', '--top_k=0'], '--top_k must be >= 1, got 0.'),
         (['--sampling', '--num_samples=0'], '--num_samples must be >= 1, got 0.'),
         (['--sampling', '--beam_size=4'], '--sampling draws outputs; it takes no --beam_size=4.'),
         (['--sampling', '--nbest=2'], '--nbest lists come from beam search'),

@@ -124,6 +124,8 @@ def search_settings() -> tuple[decoding.Sampling | None, decoding.Constraints | 
         constraints.check()
         if flags.FLAGS.sampling:
             given = {name: value for name, value in values.items() if value is not None}
+            if given.get('top_k', 1) < 1:  # unset means every token; a given K keeps K
+                raise ValueError(f'top_k must be >= 1, got {given["top_k"]}.')
             sampling = decoding.Sampling(**given)
             sampling.check()
     except ValueError as e:
