@@ -11,10 +11,10 @@ of samples.
 
 One compiled program serves every setting: temperature, top-k, top-p and the seed are traced
 values (`Sampling` is a traced argument; only ``num_samples`` is static, being a shape).
-Top-k and top-p share one descending sort of each row per step, which runs only when one of
-them is on (``lax.cond``); top-k is a traced rank below the vocabulary size, no static
-maximum. A token is drawn by inverse CDF (`inverse_cdf`). Shapes and the conventions of
-output length, EOS, scores and ensembles are those of the package's public API
+Top-k and top-p find their thresholds by bisection (`filter_logits`), only when one of them
+is on (``lax.cond``); top-k is a traced count below the vocabulary size, no static maximum.
+A token is drawn by inverse CDF (`inverse_cdf`). Shapes and the conventions of output length,
+EOS, scores and ensembles are those of the package's public API
 (transformer/decoding/__init__.py).
 """
 
@@ -72,25 +72,47 @@ class Sampling:
 DEFAULT = Sampling()  # the model's own distribution, seed 0, one sample
 
 
+def _order_keys(x: Array) -> Array:
+    """uint32 keys of float32 ``x`` in the same order (-inf lowest): the bits, all flipped for
+    negative numbers and the sign bit set for the others."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _largest_threshold(keys: Array, enough) -> Array:
+    """[R] the largest key t of each row with ``enough(keys >= t)``, by bisection over the 2^32
+    keys (32 halvings: exact); ``enough`` holds at key 0 and only falls as t grows."""
+
+    def halve(_, bounds):
+        low, high = bounds  # enough at low; the answer lies in [low, high]
+        gap = high - low
+        middle = low + gap // 2 + gap % 2  # the upper middle, without overflow
+        ok = enough(keys >= middle[:, None])
+        return jnp.where(ok, middle, low), jnp.where(ok, high, middle - 1)
+
+    rows = keys.shape[0]
+    bounds = (jnp.zeros(rows, jnp.uint32), jnp.full(rows, 0xFFFFFFFF, jnp.uint32))
+    return jax.lax.fori_loop(0, 32, halve, bounds)[0]
+
+
 def filter_logits(logits: Array, top_k: Array, top_p: Array) -> Array:
     """``logits`` [R, V] with the tokens outside the top-k and outside the nucleus at -inf.
 
-    Ranks come from one stable descending sort (ties to the lower index, as greedy's argmax).
-    The nucleus is taken over the top-k tokens' renormalised distribution (top-k first, then
-    top-p, as Hugging Face's and fairseq's samplers): a token is kept when the tokens ranked
-    before it hold less than ``top_p`` of the probability, so the most probable token always
-    is. ``top_k`` 0 keeps every rank.
+    Top-k keeps the tokens at least as probable as the k-th; the nucleus is taken over their
+    renormalised distribution (top-k first, then top-p, as Hugging Face's and fairseq's
+    samplers) and keeps the most probable tokens until they hold ``top_p``: the tokens at least
+    as probable as the last one needed, so the most probable token always stays. Tokens tied
+    with the k-th or the last one all stay. ``top_k`` 0 keeps every token. Each threshold is
+    found by bisection over the values (`_largest_threshold`): 32 masked sums over V per row,
+    20x faster than a sort of [64, 8000] rows on a CPU (benchmarks/README.md).
     """
-    rows, vocab = logits.shape
-    order = jnp.argsort(-logits, axis=-1, stable=True)
-    ranked = jnp.take_along_axis(logits, order, axis=-1)
-    rank = jnp.arange(vocab)
-    in_top_k = rank < jnp.where(top_k > 0, top_k, vocab)
-    probs = jax.nn.softmax(jnp.where(in_top_k, ranked, -jnp.inf), axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs
-    keep_ranked = in_top_k & ((before < top_p) | (rank == 0))
-    keep = jnp.zeros((rows, vocab), bool).at[jnp.arange(rows)[:, None], order].set(keep_ranked)
-    return jnp.where(keep, logits, -jnp.inf)
+    vocab = logits.shape[-1]
+    keys = _order_keys(logits)
+    k = jnp.where(top_k > 0, top_k, vocab)
+    in_top_k = keys >= _largest_threshold(keys, lambda kept: kept.sum(-1) >= k)[:, None]
+    probs = jax.nn.softmax(jnp.where(in_top_k, logits, -jnp.inf), axis=-1)
+    nucleus = _largest_threshold(keys, lambda kept: jnp.where(kept, probs, 0.0).sum(-1) >= top_p)
+    return jnp.where(in_top_k & (keys >= nucleus[:, None]), logits, -jnp.inf)
 
 
 def sentence_keys(seed: Array, lines: Array, samples: Array, step: Array) -> Array:
