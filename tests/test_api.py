@@ -34,15 +34,27 @@ def test_the_documented_python_blocks_run(name, run_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog):
+@pytest.mark.parametrize('after_a_command', [False, True])
+def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog, after_a_command):
+    """Also in a process where a command already filtered the libraries' logs for good (as a
+    test worker that ran a command in-process before): those filters stay."""
     import logging
 
-    before = [list(logging.getLogger(n).filters) for n in ('absl', 'sacrebleu')]
-    with caplog.at_level('WARNING'):
-        run = api.load(str(run_dir))
-    assert run.steps == [4]
-    assert not [r for r in caplog.records if 'read only' in r.getMessage()]
-    assert [list(logging.getLogger(n).filters) for n in ('absl', 'sacrebleu')] == before
+    from transformer.commands import library_logs
+
+    loggers = [logging.getLogger(n) for n in ('absl', 'sacrebleu')]
+    if after_a_command:
+        library_logs.quiet_library_logs()
+    try:
+        before = [list(logger.filters) for logger in loggers]
+        with caplog.at_level('WARNING'):
+            run = api.load(str(run_dir))
+        assert run.steps == [4]
+        assert not [r for r in caplog.records if 'read only' in r.getMessage()]
+        assert [list(logger.filters) for logger in loggers] == before
+    finally:
+        if after_a_command:
+            library_logs.verbose_library_logs()
 
 
 def test_build_checks_the_config_through_the_schema_as_the_commands_do():

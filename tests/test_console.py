@@ -335,7 +335,7 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130(tmp_path):
 
 
 @pytest.mark.parametrize(
-    'command', ['commands.train', 'evaluate', 'translate', 'visualize', 'export']
+    'command', ['commands.train', 'evaluate', 'translate', 'score', 'visualize', 'export']
 )
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_help_lists_the_command_flags_and_config_fields_and_exits_0(command, flag, capsys):

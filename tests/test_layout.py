@@ -15,10 +15,11 @@ Layers, from the ground up (a module may import its own package and any lower la
     5  decoding/                                searches over the model, text in and out
     6  evaluation/                              BLEU, decode-and-score
     7  training/                                steps, devices, checkpoints policy, the loop
-    8  commands/                                train, evaluate, translate, visualize, export;
+    8  commands/                                train, evaluate, translate, score, visualize,
+                                                export;
                                                 their console and help
     9  api                                      the commands' work from Python
-    The names evaluate, translate, visualize and export at the top are the commands' modules
+    The names evaluate, translate, score, visualize and export at the top are the commands' modules
     under their earlier paths (``python -m transformer.evaluate``).
 """
 
@@ -45,6 +46,7 @@ LAYERS = {
     'commands': 8,
     'evaluate': 9,
     'translate': 9,
+    'score': 9,
     'visualize': 9,
     'export': 9,
     'api': 9,

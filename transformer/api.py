@@ -10,6 +10,8 @@ translate with it and read its attention (docs/api.md walks through each).
     run = api.load('runs/tiny')                       # the commands' default checkpoints
     run.translate(['dinds bap koft big ze draft bap .'])
     run.translate(lines, nbest=3)                     # [[Hypothesis(text, score, log_prob)]]
+    run.translate(lines, sampling=True, top_p=0.9, seed=1)  # one sample a line
+    run.score(sources, targets)                       # [PairScore(score, log_prob, tokens, ...)]
     run.attention('dinds bap koft .')                 # {(stack, layer, kind): [N, T, S]}
 
 Parameters are plain arrays; the model is called through functions of (model, parameters,
@@ -42,8 +44,10 @@ from transformer.model import teacher_forced_logits as logits
 from transformer.tokens import EOS_ID
 
 Hypothesis = decoding.Hypothesis
+PairScore = decoding.PairScore
 __all__ = [
     'Hypothesis',
+    'PairScore',
     'Run',
     'attention_maps',
     'build',
@@ -110,14 +114,38 @@ class Run:
         length_penalty: str | None = None,
         nbest: int = 0,
         batch_size: int | None = None,
+        sampling: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        num_samples: int = 1,
+        min_length: int = 0,
+        no_repeat_ngram: int = 0,
+        prefixes: Sequence[str] | None = None,
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config.
 
         ``length_penalty`` is the rule, 'gnmt' or 'fairseq' (`decoding.length_penalty`). A new
         ``alpha`` or rule reuses the search already compiled for this beam and batch shape.
+
+        ``sampling`` draws the outputs instead (``temperature``, ``top_k`` (0 = all tokens),
+        ``top_p``; line i seeded by fold_in(key(``seed``), i)); with ``num_samples`` N > 1
+        each line gets its N samples as `Hypothesis` lists, in sample order. ``min_length``
+        and ``no_repeat_ngram`` constrain any search; ``prefixes`` (one a line, '' = none)
+        are target text each output starts with. A new value of any of these settings
+        reuses the compiled search. Settings that cannot work raise a one-line ValueError
+        before anything is decoded.
         """
         ev = self.config.eval
+        if sampling and beam_size not in (None, 1):
+            raise ValueError(f'sampling draws outputs; it takes no beam_size={beam_size}.')
+        settings = (
+            decoding.Sampling(temperature, top_k, top_p, seed, num_samples) if sampling else None
+        )
+        constraints = decoding.Constraints(min_length, no_repeat_ngram)
+        constraints.check()
         return decoding.translate_lines(
             list(lines),
             self.tokenizer,
@@ -130,6 +158,34 @@ class Run:
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,
             nbest=nbest,
+            sampling=settings,
+            constraints=constraints if constraints.active else None,
+            prefixes=None if prefixes is None else list(prefixes),
+            layout=self.layout,
+        )
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        alpha: float | None = None,
+        length_penalty: str | None = None,
+        batch_size: int | None = None,
+    ) -> list[decoding.PairScore]:
+        """The model's score of each (source, target) pair: `PairScore` (score, log_prob,
+        tokens, token_log_probs), log_prob being log P(target | source) with EOS, score that
+        over the run's length penalty (``alpha`` and the rule default to its config)."""
+        ev = self.config.eval
+        return decoding.score_pairs(
+            self.model,
+            self.params,
+            self.tokenizer,
+            list(sources),
+            list(targets),
+            alpha=ev.alpha if alpha is None else alpha,
+            rule=length_penalty or ev.length_penalty,
+            batch_size=batch_size or ev.batch_size,
             layout=self.layout,
         )
 

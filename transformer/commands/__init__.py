@@ -1,6 +1,6 @@
 """The commands, one room above the layers: flags, the console, errors and exit codes.
 
-train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py,
+train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py, score.py,
 visualize.py and export.py (``python -m transformer.NAME``, ``transformer-NAME``), each a
 ``cli()``; console.py, what every command shares (its run, errors, exit codes, the
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
@@ -22,6 +22,7 @@ __all__ = [
     'export',
     'library_logs',
     'marian',
+    'score',
     'shared_flags',
     'train',
     'translate',

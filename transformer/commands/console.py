@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from absl import app, flags, logging
 
-from transformer import files
+from transformer import decoding, files
 from transformer.backends import compile_cache, host_memory
 from transformer.commands import help as command_help
 from transformer.commands import library_logs
@@ -27,17 +27,22 @@ from transformer.commands.library_logs import (
 )
 from transformer.commands.shared_flags import (
     _COMMAND_FLAGS,
+    define_checkpoint_flags,
     define_decoding_flags,
     define_flag,
+    define_penalty_flags,
     resolve_config_arg,
 )
 
 __all__ = [
     'DECODING_OUT_OF_MEMORY',
+    'search_settings',
     'USAGE_EXIT_CODE',
     'argv_verbosity',
     'check_paths',
+    'define_checkpoint_flags',
     'define_decoding_flags',
+    'define_penalty_flags',
     'define_flag',
     'out_of_memory_line',
     'quiet_libraries',
@@ -104,6 +109,34 @@ def _parse_flags(
     except Exception as e:  # noqa: BLE001 - whatever parsing raised, the line says it
         message = explain(e, argv) if explain is not None else None
         usage_exit(message or (str(e).strip().splitlines() or [type(e).__name__])[0])
+
+
+SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p', 'seed', 'num_samples')
+
+
+def search_settings() -> tuple[decoding.Sampling | None, decoding.Constraints | None]:
+    """The sampling settings (None without --sampling) and the constraints (None when off)
+    of the decoding flags; one usage line for a value or a combination that cannot work."""
+    values = {name: flags.FLAGS[name].value for name in SAMPLING_FLAGS}
+    constraints = decoding.Constraints(flags.FLAGS.min_length, flags.FLAGS.no_repeat_ngram)
+    sampling = None
+    try:
+        constraints.check()
+        if flags.FLAGS.sampling:
+            given = {name: value for name, value in values.items() if value is not None}
+            if given.get('top_k', 1) < 1:  # unset means every token; a given K keeps K
+                raise ValueError(f'top_k must be >= 1, got {given["top_k"]}.')
+            sampling = decoding.Sampling(**given)
+            sampling.check()
+    except ValueError as e:
+        usage_exit(f'--{e}')
+    if not flags.FLAGS.sampling:
+        given = [name for name, value in values.items() if value is not None]
+        if given:
+            usage_exit(f'--{given[0]} is a sampling setting: add --sampling.')
+    elif flags.FLAGS.beam_size not in (None, 1):
+        usage_exit(f'--sampling draws outputs; it takes no --beam_size={flags.FLAGS.beam_size}.')
+    return sampling, constraints if constraints.active else None
 
 
 # The end of the one line that decoding commands stop with when they run out of memory.

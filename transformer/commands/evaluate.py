@@ -12,10 +12,13 @@ The sentences are split over the devices of the run's layout (``--parallelism``,
 multi-process evaluate (``--coordinator_address``, ``--num_processes``, ``--process_id``);
 process 0 writes the files, whose JSON holds ``devices``, ``processes`` and
 ``sentences_per_process``.
+With ``--sampling``, ``sample-tT-kK-pP-seedS`` takes the place of the beam settings; with
+``--min_length`` or ``--no_repeat_ngram``, ``-minL-ngramN`` follows them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -55,6 +58,12 @@ def cli(argv: list[str] | None = None) -> None:
     def main(_):
         console.require('workdir')
         console.check_paths(outputs={'output': FLAGS.output})
+        sampling, constraints = console.search_settings()
+        if sampling is not None and sampling.num_samples > 1:
+            console.usage_exit(
+                'evaluate scores one output a sentence: --num_samples must be 1 (translate '
+                '--num_samples N writes N).'
+            )
         decoding_run.join_processes(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.init_timeout_s
         )
@@ -74,6 +83,8 @@ def cli(argv: list[str] | None = None) -> None:
                 ensemble=FLAGS.ensemble,
                 gather_params=FLAGS.gather_params,
                 **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
+                sampling=sampling,
+                constraints=constraints,
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -145,6 +156,35 @@ def _write_outputs(output: str, hypotheses: Sequence[str], scores: dict[str, Any
             raise OSError(e.errno, e.strerror, e.filename or file) from None
 
 
+def _stem(
+    split: str,
+    steps: Sequence[int],
+    best: bool,
+    beam_size: int,
+    alpha: float,
+    length_penalty: str,
+    sampling: decoding.Sampling | None,
+    constraints: decoding.Constraints | None,
+) -> str:
+    """The output's name without ``.txt``: the split, the checkpoints and every setting that
+    changes the output, so that a grid of settings keeps one file each (benchmarks/
+    eval_sweep.py's names end alike) and a sampled file never replaces a beam one."""
+    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
+    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
+    if sampling is not None:
+        stem += f'-{sampling.name}'
+    else:
+        stem += f'-beam{beam_size}-alpha{alpha}-{length_penalty}'
+    if constraints is not None:
+        stem += f'-min{constraints.min_length}-ngram{constraints.no_repeat_ngram}'
+    return stem
+
+
+def _settings_record(**settings: Any) -> dict[str, Any]:
+    """The JSON record of the sampling and constraint settings that are on."""
+    return {name: dataclasses.asdict(value) for name, value in settings.items() if value}
+
+
 def run(
     run_dir: str,
     *,
@@ -161,6 +201,8 @@ def run(
     ensemble: Sequence[str] = (),
     gather_params: bool = False,
     devices: Sequence[Any] | None = None,
+    sampling: decoding.Sampling | None = None,
+    constraints: decoding.Constraints | None = None,
     **layout_flags: Any,
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
@@ -169,9 +211,12 @@ def run(
     next-token distribution is the mean of the runs' probabilities. The sentences are split
     over ``devices`` (default: every process's) on the run's layout
     (`decoding_run.load_run`; ``layout_flags``: ``parallelism``, ``model_parallelism``,
-    ``fsdp`` override the run's); process 0 alone prints and writes.
+    ``fsdp`` override the run's); process 0 alone prints and writes. ``sampling``: one sample
+    a sentence instead of the search, seeded by the sentence's index in the split.
+    ``constraints``: a minimum length and n-gram blocking.
     """
     start = time.time()
+    _ = [settings.check() for settings in (sampling, constraints) if settings is not None]
     ensemble = [os.fspath(other) for other in ensemble]
     loaded = decoding_run.load_run(
         run_dir,
@@ -186,22 +231,15 @@ def run(
     length_penalty = length_penalty or config.eval.length_penalty
     sentences = batch_size or config.eval.batch_size
     training.check_decoding(
-        config,
-        sentences,
-        beam_size,
-        tokenizer.vocab_size,
-        devices=layout.local_devices,
-        data_shards=layout.data_shards,
-    )
+        config, sentences, beam_size, tokenizer.vocab_size,
+        devices=layout.local_devices, data_shards=layout.data_shards,
+    )  # fmt: skip
     logging.info(
         'Evaluating %s on %s: checkpoints %s, beam %d, alpha %.2f (%s), %d devices.',
         *(' + '.join([run_dir, *ensemble]), split, steps, beam_size, alpha, length_penalty),
         len(layout.devices),
     )
-    stem = f'{split}-' + (f'best{steps[0]}' if best else f'{steps[-1]}')
-    stem += f'-avg{len(steps)}' if len(steps) > 1 else ''
-    # A grid of settings keeps one file each (benchmarks/eval_sweep.py's names end alike).
-    stem += f'-beam{beam_size}-alpha{alpha}-{length_penalty}'
+    stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     data_lib.check_split(config.data, split)
     output = output or _eval_output(run_dir, stem)  # before the decode it would hold
@@ -209,6 +247,8 @@ def run(
     scores, hypotheses = score_eval_set(
         *(config, tokenizer, loaded.model, loaded.params, eval_set),
         **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, layout=layout),
+        sampling=sampling,
+        constraints=constraints,
     )
     scores.update(
         split=split,
@@ -226,6 +266,7 @@ def run(
     )
     if ensemble:
         scores.update(ensemble=[run_dir, *ensemble], ensemble_steps=loaded.member_steps)
+    scores.update(_settings_record(sampling=sampling, constraints=constraints))
     if multihost.is_main():
         _report(output, hypotheses, scores)
     return scores

@@ -106,7 +106,9 @@ def quiet_library_logs() -> None:
 def quiet_libraries() -> Iterator[None]:
     """The libraries' loggers filtered as at the default verbosity for a block only (the Python
     API: nothing stays changed in the caller's process)."""
-    targets = _filtered()
+    # Only where it is not already (a command earlier in this process installed it for good):
+    # removing it there would change the caller's logging.
+    targets = [target for target in _filtered() if _FILTER not in target.filters]
     for target in targets:
         target.addFilter(_FILTER)
     try:

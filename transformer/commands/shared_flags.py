@@ -72,8 +72,8 @@ def resolve_config_arg(argv: Sequence[str]) -> list[str]:
     return args
 
 
-def define_decoding_flags() -> None:
-    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+def define_checkpoint_flags() -> None:
+    """Flags shared by the commands that load a trained run: which run, which checkpoints."""
     define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
     define_flag(
         'step',
@@ -96,8 +96,14 @@ def define_decoding_flags() -> None:
         False,
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
+
+
+def define_decoding_flags() -> None:
+    """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
+    define_checkpoint_flags()
     _define_search_flags()
     _define_layout_flags()
+    _define_sampling_flags()
     define_flag(
         'batch_size',
         flags.DEFINE_integer,
@@ -115,7 +121,7 @@ def define_decoding_flags() -> None:
 
 
 def _define_search_flags() -> None:
-    """The search's own flags: beam size, length penalty alpha and rule."""
+    """The search's own flags: beam size, length penalty alpha and rule, constraints."""
     define_flag(
         'beam_size',
         flags.DEFINE_integer,
@@ -123,6 +129,23 @@ def _define_search_flags() -> None:
         'Beam size; 1 = greedy (default: config).',
         lower_bound=1,
     )
+    define_penalty_flags()
+    define_flag(
+        'min_length',
+        flags.DEFINE_integer,
+        0,
+        'Forbid EOS before this many output tokens (the output limit still ends an output).',
+    )
+    define_flag(
+        'no_repeat_ngram',
+        flags.DEFINE_integer,
+        0,
+        'Forbid any n-gram of this size from appearing twice in an output (0 = off).',
+    )
+
+
+def define_penalty_flags() -> None:
+    """The length penalty's alpha and rule (the searches' and the score command's)."""
     define_flag(
         'alpha',
         flags.DEFINE_float,
@@ -190,3 +213,38 @@ def _define_layout_flags() -> None:
         'A process that cannot reach the coordinator stops after this many seconds.',
         lower_bound=1,
     )
+
+
+def _define_sampling_flags() -> None:
+    """Sampling instead of a search; each setting unset (None) unless given, so that one given
+    without --sampling is refused rather than ignored."""
+    define_flag(
+        'sampling',
+        flags.DEFINE_bool,
+        False,
+        "Draw each output token from the model's distribution instead of searching.",
+    )
+    for name, define, doc in (
+        ('temperature', flags.DEFINE_float, 'Sampling: divide the logits by T (default 1).'),
+        (
+            'top_k',
+            flags.DEFINE_integer,
+            'Sampling: only the K most probable tokens (default: all).',
+        ),
+        (
+            'top_p',
+            flags.DEFINE_float,
+            'Sampling: only the most probable tokens holding probability P (default 1: all).',
+        ),
+        (
+            'seed',
+            flags.DEFINE_integer,
+            "Sampling: the seed (default 0); line i's key is fold_in(key(seed), i).",
+        ),
+        (
+            'num_samples',
+            flags.DEFINE_integer,
+            'Sampling: outputs per input line (default 1); more are written as n-best rows.',
+        ),
+    ):
+        define_flag(name, define, None, doc)

@@ -28,8 +28,7 @@ from transformer.decoding import format_nbest, translate_lines
 from transformer.schema import ConfigError
 
 
-def cli(argv: list[str] | None = None) -> None:
-    """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
+def _define_flags() -> None:
     from absl import flags
 
     console.define_decoding_flags()
@@ -50,52 +49,77 @@ def cli(argv: list[str] | None = None) -> None:
         'translation per line.',
         lower_bound=0,
     )
+    define(
+        'prefix',
+        flags.DEFINE_string,
+        None,
+        'File of target prefixes, one a line aligned with the input: each output starts with '
+        'its line (an empty line: no prefix).',
+    )
     define('input', flags.DEFINE_string, None, 'Input file (default: stdin).')
     define('output', flags.DEFINE_string, None, 'Output file (default: stdout).')
+
+
+def _read_lines(path: str | None) -> list[str]:
+    """The lines of ``path`` (stdin without one), read by process 0 and broadcast."""
+    read = (lambda: _read(path)) if path else sys.stdin.buffer.read
+    return data_lib.decode_lines(decoding_run.read_on_main(read), path or 'stdin')
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.translate --workdir DIR < in.txt > out.txt``."""
+    from absl import flags
+
+    _define_flags()
     FLAGS = flags.FLAGS
 
     def main(_):
         console.require('workdir')
-        console.check_paths({'input': FLAGS.input}, {'output': FLAGS.output})
+        console.check_paths(
+            {'input': FLAGS.input, 'prefix': FLAGS.prefix}, {'output': FLAGS.output}
+        )
+        sampling, constraints = console.search_settings()
+        if sampling is not None and FLAGS.nbest:
+            console.usage_exit(
+                '--nbest lists come from beam search; --sampling draws --num_samples.'
+            )
         decoding_run.join_processes(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.init_timeout_s
         )
         loaded = _load(FLAGS)
         config = loaded.config
-        # Process 0 reads the input; every process decodes its rows of each batch of it.
-        if FLAGS.input:
-            lines = decoding_run.read_on_main(lambda: _read(FLAGS.input))
-            lines = data_lib.decode_lines(lines, FLAGS.input)
-        else:
-            lines = decoding_run.read_on_main(sys.stdin.buffer.read)
-            lines = data_lib.decode_lines(lines, 'stdin')
+        # Process 0 reads the input and the prefixes; every process decodes its rows of each
+        # batch of them.
+        lines = _read_lines(FLAGS.input)
+        prefixes = _read_lines(FLAGS.prefix) if FLAGS.prefix else None
+        if prefixes is not None and len(prefixes) != len(lines):
+            console.usage_exit(
+                f'--prefix={FLAGS.prefix} has {len(prefixes)} lines and the input {len(lines)}: '
+                'give one prefix a line.'
+            )
         logging.info('Translating %d lines with checkpoints %s.', len(lines), loaded.member_steps)
-        translations = translate_lines(
-            lines,
-            loaded.tokenizer,
-            loaded.model,
-            loaded.params,
-            beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
-            alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
-            length_penalty=FLAGS.length_penalty or config.eval.length_penalty,
-            extra_length=config.eval.extra_length,
-            batch_size=FLAGS.batch_size or config.eval.batch_size,
-            max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
-            nbest=FLAGS.nbest,
-            layout=loaded.layout,
-        )
-        if not multihost.is_main():
-            return  # process 0 writes every output
-        if FLAGS.nbest:
-            text = format_nbest(translations)
-        else:
-            text = ''.join(t + '\n' for t in translations)
-        if FLAGS.output:
-            with open(FLAGS.output, 'w', encoding='utf-8') as f:
-                f.write(text)
-        else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        try:
+            translations = translate_lines(
+                lines,
+                loaded.tokenizer,
+                loaded.model,
+                loaded.params,
+                beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
+                alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
+                length_penalty=FLAGS.length_penalty or config.eval.length_penalty,
+                extra_length=config.eval.extra_length,
+                batch_size=FLAGS.batch_size or config.eval.batch_size,
+                max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
+                nbest=FLAGS.nbest,
+                sampling=sampling,
+                constraints=constraints,
+                prefixes=prefixes,
+                layout=loaded.layout,
+            )
+        except ValueError as e:  # a prefix too long for its line's output (before decoding)
+            raise SystemExit(f'error: {e}') from None
+        if multihost.is_main():  # process 0 writes every output
+            _write(translations, nbest=bool(FLAGS.nbest or (sampling and sampling.num_samples > 1)))
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
 
@@ -103,6 +127,18 @@ def cli(argv: list[str] | None = None) -> None:
 def _read(path: str) -> bytes:
     with open(path, 'rb') as f:
         return f.read()
+
+
+def _write(translations: list, *, nbest: bool) -> None:
+    from absl import flags
+
+    text = format_nbest(translations) if nbest else ''.join(t + '\n' for t in translations)
+    if flags.FLAGS.output:
+        with open(flags.FLAGS.output, 'w', encoding='utf-8') as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def _load(FLAGS: Any) -> decoding_run.LoadedRun:
@@ -121,10 +157,13 @@ def _load(FLAGS: Any) -> decoding_run.LoadedRun:
         config, layout = loaded.config, loaded.layout
         beam = config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size
         flag = '--nbest' if FLAGS.nbest > beam else '--beam_size'  # a beam of max(both)
+        rows = max(beam, FLAGS.nbest)
+        if FLAGS.sampling:  # N samples of an input decode as N rows, as N beams do
+            rows, flag = FLAGS.num_samples or 1, '--num_samples'
         training.check_decoding(
             config,
             FLAGS.batch_size or config.eval.batch_size,
-            max(beam, FLAGS.nbest),
+            rows,
             loaded.tokenizer.vocab_size,
             devices=layout.local_devices,
             beam_flag=flag,

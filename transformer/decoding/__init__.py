@@ -1,12 +1,16 @@
-"""Decoding a trained model: greedy and beam search over the decoder's key/value cache.
+"""Decoding a trained model: greedy search, beam search and sampling over the decoder's
+key/value cache, and the model's score of given translations.
 
-Modules: next_token.py (the step both searches share; `Ensemble`), greedy.py (greedy search),
-beam.py (beam search), search.py (`translate_batch`: which search, by the beam size),
-ensemble.py (several runs as one model), translation.py (lines of text in, lines out),
-mesh.py (`decode`: any search on every device of a run's mesh and over its processes).
+Modules: next_token.py (the step the searches share; `Ensemble`), greedy.py (greedy search
+and the one-token-per-step loop it shares with sampling), sampling.py (temperature, top-k,
+top-p; `Sampling`), beam.py (beam search), constraints.py (minimum length, n-gram blocking,
+forced prefixes; `Constraints`), search.py (`translate_batch`: which search, by the beam size
+and the sampling settings), ensemble.py (several runs as one model), translation.py (lines of
+text in, lines out), scoring.py (log P(target | source) of given pairs), mesh.py
+(`decode`: any search on every device of a run's mesh and over its processes).
 Callers import its public API: ``from transformer import decoding``.
 
-Conventions shared by both searches:
+Conventions shared by the searches:
 
 * Output length. The paper decodes up to "input length + 50" tokens (Sec. 6.1). An example's
   limit is its own input length (its non-pad tokens, EOS included, so inputs must be
@@ -30,6 +34,7 @@ Conventions shared by both searches:
 """
 
 from transformer.decoding.beam import beam_search
+from transformer.decoding.constraints import Constraints
 from transformer.decoding.ensemble import load_ensemble
 from transformer.decoding.greedy import greedy_search
 from transformer.decoding.mesh import (
@@ -45,7 +50,9 @@ from transformer.decoding.next_token import (
     length_penalty,
     length_power,
 )
-from transformer.decoding.search import translate_batch
+from transformer.decoding.sampling import Sampling, sample_search
+from transformer.decoding.scoring import PairScore, format_scores, score_pairs
+from transformer.decoding.search import hypotheses_batch, translate_batch
 from transformer.decoding.translation import (
     Hypothesis,
     format_nbest,
@@ -56,20 +63,27 @@ from transformer.decoding.translation import (
 
 __all__ = [
     'DecodeLayout',
+    'Constraints',
     'Ensemble',
     'Hypothesis',
+    'PairScore',
+    'Sampling',
     'beam_search',
     'decode',
     'ensemble_params',
     'format_nbest',
     'gather',
+    'format_scores',
     'greedy_search',
+    'hypotheses_batch',
     'length_penalty',
     'length_power',
     'load_ensemble',
     'nbest_batches',
     'place_rows',
     'sentences_per_process',
+    'sample_search',
+    'score_pairs',
     'translate_batch',
     'translate_batches',
     'translate_lines',

@@ -12,6 +12,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from transformer.decoding.constraints import (
+    Constraints,
+    Controls,
+    advance,
+    constrain,
+    init_controls,
+    take_rows,
+)
 from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
@@ -51,6 +59,7 @@ class _BeamState(NamedTuple):
     inputs: Array  # [B*K, S] each row's source
     limits: Array  # [B*K] each row's output limit (`output_limits`)
     encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
+    controls: Controls | None  # constraints and prefixes, one row per hypothesis
 
 
 _BEAM_STATIC = (
@@ -76,6 +85,8 @@ def _beam_search(
     extra_length: int,
     early_stop: bool,
     min_stage_batch: int = 8,
+    constraints: Constraints | None = None,
+    prefixes: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
 
@@ -85,8 +96,12 @@ def _beam_search(
     With ``early_stop``, the batch shrinks as its examples finish (`shrinking_loop`, down to
     ``min_stage_batch`` rows): a finished example's result can no longer change, and the
     examples of a batch finish at very different steps.
+
+    ``constraints`` and ``prefixes`` as `beam_search`'s (None: the search compiles as
+    without them).
     """
     batch, width = inputs.shape
+    rows = batch * beam_size
     loop_length = decode_length(width, max_decode_len, extra_length)
     limits = output_limits(inputs, loop_length, extra_length)
     cache_length = padded_length(loop_length)
@@ -125,29 +140,29 @@ def _beam_search(
             cache_mask,
             normalized=True,
         )
-        log_probs = forbid(log_probs, step + 1 >= state.limits)
+        at_limit = step + 1 >= state.limits
+        log_probs = constrain(
+            forbid(log_probs, at_limit), state.controls, step, state.alive_seqs.reshape(rows, -1),
+            at_limit,
+        )  # fmt: skip
         vocab = log_probs.shape[-1]
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
-
-        # Every alive hypothesis + EOS is a candidate for the finished set (not just those
-        # among the top candidates), so no short hypothesis is lost to a crowded beam.
-        eos_seqs = state.alive_seqs.at[:, :, step].set(EOS_ID)
-        eos_scores = log_probs[:, :, EOS_ID] / penalty(step + 1, alpha, rule)
-        finished_scores, order = jax.lax.top_k(
-            jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
-        )
-        finished_seqs = jnp.take_along_axis(
-            jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), order[:, :, None], axis=1
-        )
+        finished_seqs, finished_scores = _offer_finished(state, log_probs, alpha, rule)
 
         # The K best continuations that do not end here stay alive.
         continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(-1, beam_size * vocab)
         alive_log_probs, flat = top_k(continuing, beam_size)
         parents, tokens = flat // vocab, flat % vocab
-        alive_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
-        alive_seqs = alive_seqs.at[:, :, step].set(tokens.astype(jnp.int32))
+        parent_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
+        alive_seqs = parent_seqs.at[:, :, step].set(tokens.astype(jnp.int32))
         row_offsets = jnp.arange(rows // beam_size)[:, None] * beam_size
-        history = jnp.take(history, (row_offsets + parents).reshape(-1), axis=0)
+        parent_rows = (row_offsets + parents).reshape(-1)
+        history = jnp.take(history, parent_rows, axis=0)
+        controls = advance(
+            take_rows(state.controls, parent_rows),
+            parent_seqs.reshape(rows, -1),
+            tokens.reshape(-1).astype(jnp.int32),
+        )
         return state._replace(
             step=step + 1,
             alive_seqs=alive_seqs,
@@ -156,6 +171,7 @@ def _beam_search(
             finished_scores=finished_scores,
             history=history,
             cache=cache,
+            controls=controls,
         )
 
     state = _BeamState(
@@ -166,11 +182,12 @@ def _beam_search(
         alive_log_probs=jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0),
         finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
-        history=jnp.zeros((batch * beam_size, cache_length), jnp.int32),
+        history=jnp.zeros((rows, cache_length), jnp.int32),
         cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, params),
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
         encoded=encoded,
+        controls=init_controls(constraints, _repeat(prefixes, beam_size), rows, loop_length),
     )
     state, (sequences, scores) = shrinking_loop(
         decode_step,
@@ -185,6 +202,28 @@ def _beam_search(
     return sequences, scores, state.step
 
 
+def _repeat(prefixes: Array | None, beam_size: int) -> Array | None:
+    return None if prefixes is None else jnp.repeat(prefixes, beam_size, axis=0)
+
+
+def _offer_finished(
+    state: _BeamState, log_probs: Array, alpha: Array, rule: Array
+) -> tuple[Array, Array]:
+    """The K best of the finished set and every alive hypothesis + EOS (``log_probs``
+    [B, K, V] being each extension's log-prob): every hypothesis + EOS is a candidate, not
+    just those among the top candidates, so no short hypothesis is lost to a crowded beam."""
+    beam_size = log_probs.shape[1]
+    eos_seqs = state.alive_seqs.at[:, :, state.step].set(EOS_ID)
+    eos_scores = log_probs[:, :, EOS_ID] / penalty(state.step + 1, alpha, rule)
+    finished_scores, order = jax.lax.top_k(
+        jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
+    )
+    finished_seqs = jnp.take_along_axis(
+        jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), order[:, :, None], axis=1
+    )
+    return finished_seqs, finished_scores
+
+
 def beam_search(
     model: Transformer,
     params: Params,
@@ -197,6 +236,8 @@ def beam_search(
     extra_length: int = 50,
     early_stop: bool = True,
     min_stage_batch: int = 8,
+    constraints: Constraints | None = None,
+    prefixes: Array | None = None,
 ) -> tuple[Array, Array]:
     """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
 
@@ -217,11 +258,11 @@ def beam_search(
         ((5 + |y|) / 6)^alpha (Wu et al., 2016), or 'fairseq', |y|^alpha.
       max_decode_len: loop length T; defaults to S + extra_length.
       extra_length: output length limit = input length + this, EOS included (Sec. 6.1).
-      early_stop: end as soon as, for every example, the worst of the K finished scores is
-        at least the best score any alive hypothesis could still reach; the result is the
-        same as without it.
+      early_stop: end once, for every example, the worst of the K finished scores is at
+        least the best any alive hypothesis could still reach (the same result, sooner).
       min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
         this many rows (`next_token.shrinking_loop`).
+      constraints, prefixes: as `greedy_search`'s (a prefix's log-probs count in the scores).
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
@@ -239,5 +280,7 @@ def beam_search(
         extra_length=extra_length,
         early_stop=early_stop,
         min_stage_batch=min_stage_batch,
+        constraints=constraints,
+        prefixes=prefixes,
     )
     return sequences, scores

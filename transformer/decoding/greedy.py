@@ -18,11 +18,19 @@ the package's public API, transformer/decoding/__init__.py.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from transformer.decoding.constraints import (
+    Constraints,
+    Controls,
+    advance,
+    constrain,
+    init_controls,
+)
 from transformer.decoding.next_token import (
     decode_length,
     encode_and_cache,
@@ -38,15 +46,87 @@ Array = jax.Array
 Params = Any
 
 
-class _GreedyState(NamedTuple):
+class TokenState(NamedTuple):
+    """The state of a search that picks one token per row and step (greedy, sampling)."""
+
     step: Array  # tokens decoded so far
-    tokens: Array  # [B, T] output, 0 from `step` on and after EOS
-    last_tokens: Array  # [B] the token fed at this step
-    done: Array  # [B] produced EOS
+    tokens: Array  # [R, T] output, 0 from `step` on and after EOS
+    last_tokens: Array  # [R] the token fed at this step
+    done: Array  # [R] produced EOS
     cache: Any
-    inputs: Array  # [B, S]
-    limits: Array  # [B] output limits (`output_limits`)
-    encoded: Array  # [B, S, D] (a tuple of them for an ensemble); the steps never read it
+    inputs: Array  # [R, S]
+    limits: Array  # [R] output limits (`output_limits`)
+    encoded: Array  # [R, S, D] (a tuple of them for an ensemble); the steps never read it
+    controls: Controls | None  # constraints and prefixes (`constraints.init_controls`)
+    draws: Any  # what choosing a token carries (sampling's), with ``log_probs`` [R]; or None
+
+
+def token_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    choose: Callable[[Array, TokenState], tuple[Array, Any]],
+    draws: Any,
+    controls: Controls | None,
+    loop_length: int,
+    extra_length: int,
+    min_stage_batch: int,
+    normalized: bool,
+) -> tuple[Array, Array | None]:
+    """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token
+    logits (log-probabilities with ``normalized``), impossible and forbidden tokens at -inf.
+    Returns each row's tokens [R, T] and ``draws.log_probs`` [R] (None without draws)."""
+    rows, _ = inputs.shape
+    encoded, cache = encode_and_cache(model, params, inputs, loop_length)
+
+    def decode_step(state: TokenState) -> TokenState:
+        scores, cache = next_scores(
+            *(model, params, state.cache, state.encoded, state.inputs, state.last_tokens),
+            normalized=normalized,
+        )
+        at_limit = state.step + 1 >= state.limits
+        scores = forbid(scores, at_limit)
+        scores = constrain(scores, state.controls, state.step, state.tokens, at_limit)
+        chosen, draws = choose(scores, state)
+        next_tokens = jnp.where(state.done, PAD_ID, chosen)
+        return state._replace(
+            step=state.step + 1,
+            tokens=state.tokens.at[:, state.step].set(next_tokens),
+            last_tokens=next_tokens,
+            done=state.done | (next_tokens == EOS_ID),
+            cache=cache,
+            controls=advance(state.controls, state.tokens, next_tokens),
+            draws=draws,
+        )
+
+    state = TokenState(
+        step=jnp.array(0, jnp.int32),
+        tokens=jnp.zeros((rows, loop_length), jnp.int32),
+        last_tokens=jnp.full((rows,), PAD_ID, jnp.int32),
+        done=jnp.zeros((rows,), bool),
+        cache=cache,
+        inputs=inputs,
+        limits=output_limits(inputs, loop_length, extra_length),
+        encoded=encoded,
+        controls=controls,
+        draws=draws,
+    )
+    _, outputs = shrinking_loop(
+        decode_step,
+        state,
+        more_steps=lambda state: state.step < loop_length,
+        searching=lambda state: ~state.done,
+        sizes=stage_sizes(rows, min_stage_batch),
+        outputs=lambda state: (state.tokens, None if draws is None else state.draws.log_probs),
+    )
+    return outputs
+
+
+def _argmax(logits: Array, state: TokenState) -> tuple[Array, None]:
+    # log_softmax keeps each row's order: the argmax of the logits is greedy's token
+    # (ties to the lower index). XLA's CPU top_k(., 1) took ~4x argmax's time here.
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
 
 
 _GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch')
@@ -61,6 +141,8 @@ def greedy_search(
     max_decode_len: int | None = None,
     extra_length: int = 50,
     min_stage_batch: int = 8,
+    constraints: Constraints | None = None,
+    prefixes: Array | None = None,
 ) -> Array:
     """Greedy decoding: the most probable token at every step.
 
@@ -74,6 +156,8 @@ def greedy_search(
         EOS included (input length + 50, Sec. 6.1).
       min_stage_batch: the batch shrinks as its examples produce EOS, down to this many rows
         (`next_token.shrinking_loop`).
+      constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
+      prefixes: [B, P] int32 target prefixes the outputs start with, right-padded with 0.
 
     Returns:
       [B, T] int32 tokens, EOS included where produced, 0 after it. The loop ends as soon as
@@ -81,42 +165,16 @@ def greedy_search(
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
-    encoded, cache = encode_and_cache(model, params, inputs, loop_length)
-
-    def decode_step(state: _GreedyState) -> _GreedyState:
-        logits, cache = next_scores(
-            *(model, params, state.cache, state.encoded, state.inputs, state.last_tokens),
-            normalized=False,
-        )
-        # log_softmax keeps each row's order: the argmax of the logits is greedy's token
-        # (ties to the lower index). XLA's CPU top_k(., 1) took ~4x argmax's time here.
-        at_limit = state.step + 1 >= state.limits
-        best = jnp.argmax(forbid(logits, at_limit), axis=-1).astype(jnp.int32)
-        next_tokens = jnp.where(state.done, PAD_ID, best)
-        return state._replace(
-            step=state.step + 1,
-            tokens=state.tokens.at[:, state.step].set(next_tokens),
-            last_tokens=next_tokens,
-            done=state.done | (next_tokens == EOS_ID),
-            cache=cache,
-        )
-
-    state = _GreedyState(
-        step=jnp.array(0, jnp.int32),
-        tokens=jnp.zeros((batch, loop_length), jnp.int32),
-        last_tokens=jnp.full((batch,), PAD_ID, jnp.int32),
-        done=jnp.zeros((batch,), bool),
-        cache=cache,
-        inputs=inputs,
-        limits=output_limits(inputs, loop_length, extra_length),
-        encoded=encoded,
-    )
-    _, tokens = shrinking_loop(
-        decode_step,
-        state,
-        more_steps=lambda state: state.step < loop_length,
-        searching=lambda state: ~state.done,
-        sizes=stage_sizes(batch, min_stage_batch),
-        outputs=lambda state: state.tokens,
+    tokens, _ = token_search(
+        model,
+        params,
+        inputs,
+        choose=_argmax,
+        draws=None,
+        controls=init_controls(constraints, prefixes, batch, loop_length),
+        loop_length=loop_length,
+        extra_length=extra_length,
+        min_stage_batch=min_stage_batch,
+        normalized=False,
     )
     return tokens

@@ -138,22 +138,29 @@ def decode(
     params: PyTree,
     inputs: np.ndarray,
     layout: DecodeLayout | None = None,
+    *,
+    row_options: Mapping[str, np.ndarray] | None = None,
     **options: Any,
 ) -> PyTree:
-    """``search(model, params, inputs, **options)`` of a whole batch [B, S], on the mesh of
-    ``layout`` (or on one device without it), as numpy arrays with B rows on every process.
+    """``search(model, params, inputs, **row_options, **options)`` of a whole batch [B, S], on
+    the mesh of ``layout`` (or on one device without it), as numpy arrays with B rows on every
+    process.
 
     The search is any of the package's (`translate_batch`, `beam_search`, ...) or one with
-    the same form: its outputs' leading axis is the batch's rows. ``params`` must be in
+    the same form: its outputs' leading axis is the batch's rows. ``row_options`` are per-row
+    arrays [B, ...] (a sentence's line index, its forced prefix), split over the mesh with the
+    inputs (filler rows 0); ``options`` go to the search as they are. ``params`` must be in
     ``layout.shardings()`` (`DecodeLayout.place`).
     """
     rows = inputs.shape[0]
+    per_row = {key: np.asarray(value) for key, value in (row_options or {}).items()}
     if layout is None:
-        outputs = search(model, params, jnp.asarray(inputs), **options)
+        per_row = {key: jnp.asarray(value) for key, value in per_row.items()}
+        outputs = search(model, params, jnp.asarray(inputs), **per_row, **options)
         return jax.tree.map(np.asarray, fetch(outputs))
-    placed = place_rows({'inputs': np.asarray(inputs)}, layout)['inputs']
+    placed = place_rows({'inputs': np.asarray(inputs), **per_row}, layout)
     with jax.set_mesh(layout.mesh):  # the searches read the data axis (`stage_sizes`)
-        outputs = search(model, params, placed, **options)
+        outputs = search(model, params, placed.pop('inputs'), **placed, **options)
     return jax.tree.map(lambda x: x[:rows], gather(outputs))
 
 

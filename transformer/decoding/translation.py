@@ -29,12 +29,37 @@ import numpy as np
 from absl import logging
 
 from transformer import data as data_lib
-from transformer.decoding.beam import beam_search
+from transformer.decoding.constraints import Constraints
 from transformer.decoding.mesh import DecodeLayout, decode
-from transformer.decoding.next_token import length_penalty, penalty_alpha
-from transformer.decoding.search import translate_batch
+from transformer.decoding.next_token import decode_length, penalty_alpha
+from transformer.decoding.sampling import Sampling
+from transformer.decoding.search import hypotheses_batch, sequence_log_probs, translate_batch
 from transformer.model import Transformer
-from transformer.tokens import EOS_ID
+from transformer.tokens import EOS_ID, PAD_ID
+
+__all__ = ['sequence_log_probs']  # n-best's log P(y|x), here for its callers
+
+
+def _batch_arguments(
+    batch: dict[str, np.ndarray],
+    prefixes: Sequence[np.ndarray] | None,
+    line_indices: Sequence[int] | None,
+    extra_length: int,
+) -> dict[str, Any]:
+    """A batch's per-row search arguments: ``line_indices`` [B] (filler rows 0; the example's
+    own index when none are given) and ``prefixes`` [B, T] padded to the loop length T, so
+    that every prefix of a batch shape runs one compiled search."""
+    index = batch['index']
+    lines = index if line_indices is None else np.asarray(line_indices)[np.maximum(index, 0)]
+    out: dict[str, Any] = {'line_indices': np.where(index >= 0, lines, 0).astype(np.int32)}
+    if prefixes is not None:
+        rows, width = batch['inputs'].shape
+        forced = np.full((rows, decode_length(width, None, extra_length)), PAD_ID, np.int32)
+        for row, i in enumerate(index):
+            if i >= 0:
+                forced[row, : len(prefixes[i])] = prefixes[i]
+        out['prefixes'] = forced
+    return out
 
 
 def translate_batches(
@@ -47,12 +72,20 @@ def translate_batches(
     alpha: float,
     extra_length: int,
     length_penalty: str = 'gnmt',
+    sampling: Sampling | None = None,
+    constraints: Constraints | None = None,
+    prefixes: Sequence[np.ndarray] | None = None,
+    line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
 ) -> list[str]:
-    """Detokenized best hypotheses of evaluation batches, in the original example order
-    (``params`` may be an `Ensemble`: models decoded together, `ensemble.load_ensemble`);
-    with a ``layout``, each batch's rows are split over its mesh and processes
-    (`mesh.decode`) and every process returns every hypothesis."""
+    """Detokenized best hypotheses (with ``sampling``, samples) of evaluation batches, in the
+    original example order (``params`` may be an `Ensemble`: models decoded together,
+    `ensemble.load_ensemble`); with a ``layout``, each batch's rows are split over its mesh
+    and processes (`mesh.decode`) and every process returns every hypothesis.
+
+    ``prefixes`` (token ids, no EOS) and ``line_indices`` (the seed of each example's samples;
+    default its index) are per example, indexed as the batches' ``index``.
+    """
     outputs = []
     for i, batch in enumerate(batches):
         tokens = decode(
@@ -61,10 +94,13 @@ def translate_batches(
             params,
             batch['inputs'],
             layout,
+            row_options=_batch_arguments(batch, prefixes, line_indices, extra_length),
             beam_size=beam_size,
             alpha=alpha,
             length_penalty=length_penalty,
             extra_length=extra_length,
+            sampling=sampling,
+            constraints=constraints,
         )
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
@@ -80,18 +116,6 @@ class Hypothesis(NamedTuple):
     log_prob: float  # log P(y|x)
 
 
-def sequence_log_probs(
-    sequences: np.ndarray, scores: np.ndarray, alpha: float, rule: str = 'gnmt'
-) -> np.ndarray:
-    """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
-    times the length penalty (``rule``, `length_penalty`) of |y| (EOS included); -inf where
-    the score is -inf."""
-    lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
-    penalty = np.asarray(length_penalty(lengths, alpha, rule))
-    with np.errstate(invalid='ignore'):
-        return np.where(np.isfinite(scores), scores * penalty, -np.inf)
-
-
 def nbest_batches(
     model: Transformer,
     params: Any,
@@ -103,31 +127,36 @@ def nbest_batches(
     alpha: float,
     extra_length: int,
     length_penalty: str = 'gnmt',
+    sampling: Sampling | None = None,
+    constraints: Constraints | None = None,
+    prefixes: Sequence[np.ndarray] | None = None,
+    line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
-    first, in the original example order (on ``layout``'s mesh as `translate_batches`)."""
+    first, or with ``sampling`` its ``num_samples`` samples in sample order; in the original
+    example order. ``prefixes``, ``line_indices`` and ``layout`` as `translate_batches`'."""
     outputs = []
     for batch in batches:
-        sequences, scores = decode(
-            beam_search,
+        sequences, scores, log_probs = hypotheses_batch(
             model,
             params,
             batch['inputs'],
-            layout,
-            beam_size=max(beam_size, nbest),
+            layout=layout,
+            nbest=nbest,
+            beam_size=beam_size,
             alpha=alpha,
             length_penalty=length_penalty,
             extra_length=extra_length,
+            sampling=sampling,
+            constraints=constraints,
+            **_batch_arguments(batch, prefixes, line_indices, extra_length),
         )
-        log_probs = sequence_log_probs(sequences, scores, alpha, length_penalty)
         outputs.append(
             [
                 [
-                    Hypothesis(
-                        ' '.join(tokenizer.decode(seq.tolist()).split()), float(s), float(lp)
-                    )
-                    for seq, s, lp in zip(seqs[:nbest], row[:nbest], lps[:nbest], strict=True)
+                    Hypothesis(_one_line(tokenizer.decode(seq.tolist())), float(s), float(lp))
+                    for seq, s, lp in zip(seqs, row, lps, strict=True)
                     if np.isfinite(s)
                 ]
                 for seqs, row, lps in zip(sequences, scores, log_probs, strict=True)
@@ -173,6 +202,50 @@ def _encode_lines(
     return todo, sources
 
 
+def encode_prefixes(
+    prefixes: Sequence[str],
+    todo: Sequence[int],
+    sources: Sequence[np.ndarray],
+    tokenizer: data_lib.Tokenizer,
+    extra_length: int,
+) -> list[np.ndarray]:
+    """Token ids (no EOS, tokenized as a training target) of the prefixes of the lines
+    ``todo``, whose sources are ``sources``; a `ValueError` naming the first line whose prefix
+    leaves no room for EOS within its output limit (input length + ``extra_length``)."""
+    encoded = []
+    for number, source in zip(todo, sources, strict=True):
+        text = prefixes[number].strip()
+        ids = np.array(tokenizer.encode(text, 'target') if text else [], np.int32)
+        limit = len(source) + extra_length
+        if len(ids) + 1 > limit:
+            raise ValueError(
+                f'The prefix of line {number + 1} has {len(ids)} tokens; its output may hold '
+                f'{limit - 1} and EOS (input tokens + {extra_length}): shorten it.'
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def check_options(
+    lines: Sequence[str],
+    sampling: Sampling | None,
+    constraints: Constraints | None,
+    prefixes: Sequence[str] | None,
+    nbest: int,
+) -> Constraints | None:
+    """One `ValueError` line for settings that cannot work together, before any decoding;
+    returns the constraints the searches get (None when they are off)."""
+    if sampling is not None:
+        sampling.check()
+        if nbest:
+            raise ValueError('nbest lists come from beam search; sampling draws num_samples.')
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise ValueError(f'{len(prefixes)} prefixes for {len(lines)} lines: give one a line.')
+    if constraints is not None:
+        constraints.check()
+    return constraints if constraints is not None and constraints.active else None
+
+
 def translate_lines(
     lines: Sequence[str],
     tokenizer: data_lib.Tokenizer,
@@ -186,10 +259,14 @@ def translate_lines(
     max_input_tokens: int,
     nbest: int = 0,
     length_penalty: str = 'gnmt',
+    sampling: Sampling | None = None,
+    constraints: Constraints | None = None,
+    prefixes: Sequence[str] | None = None,
     layout: DecodeLayout | None = None,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
-    K > 0 the K best `Hypothesis` of each line ([] for blank lines).
+    K > 0 (or ``sampling.num_samples`` > 1) the K best `Hypothesis` (the samples) of each
+    line ([] for blank lines).
 
     Args:
       lines: source sentences (no trailing newlines).
@@ -204,21 +281,24 @@ def translate_lines(
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
       length_penalty: its rule, 'gnmt' or 'fairseq' (`next_token.length_penalty`).
+      sampling: draw the outputs (`sampling.Sampling`; line i seeded by i), no beam search.
+      constraints: a minimum length and n-gram blocking (`constraints.Constraints`).
+      prefixes: a target prefix a line, for its output to start with ('' = none).
       layout: the mesh and processes to decode on (`mesh.DecodeLayout`); None: one device.
-
-    Returns:
-      One translation (or list of hypotheses) per line.
     """
     penalty_alpha(alpha)  # refused before anything is decoded, greedy included
+    constraints = check_options(lines, sampling, constraints, prefixes, nbest)
     todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
-    out: list = [[] for _ in lines] if nbest else [''] * len(lines)
+    many = nbest or (sampling is not None and sampling.num_samples > 1)
+    out: list = [[] for _ in lines] if many else [''] * len(lines)
     if not sources:
         return out
+    search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
+    search.update(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
+    if prefixes is not None:
+        search['prefixes'] = encode_prefixes(prefixes, todo, sources, tokenizer, extra_length)
     batches = data_lib.batch_examples(sources, None, batch_size)
-    search = dict(
-        alpha=alpha, extra_length=extra_length, length_penalty=length_penalty, layout=layout
-    )
-    if nbest:
+    if many:
         hypotheses = nbest_batches(
             model, params, tokenizer, batches, nbest=nbest, beam_size=beam_size, **search
         )

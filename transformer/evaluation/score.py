@@ -29,12 +29,15 @@ def score_eval_set(
     alpha: float,
     length_penalty: str | None = None,
     layout: decoding.DecodeLayout | None = None,
+    sampling: decoding.Sampling | None = None,
+    constraints: decoding.Constraints | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
     be an `Ensemble` (`ensemble.load_ensemble`); ``length_penalty`` defaults to the run's
     ``eval.length_penalty``. With a ``layout`` the sentences are split over its mesh and
     processes (`decoding.decode`); every process gets every hypothesis, so every process
-    computes the same scores.
+    computes the same scores. With ``sampling``, each sentence's sample is seeded by its
+    index in the split; ``constraints`` apply to either.
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -49,6 +52,8 @@ def score_eval_set(
         extra_length=config.eval.extra_length,
         length_penalty=length_penalty or config.eval.length_penalty,
         layout=layout,
+        sampling=sampling,
+        constraints=constraints,
     )
     scores = bleu.bleu_scores(
         hypotheses,
