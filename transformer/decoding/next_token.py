@@ -47,8 +47,8 @@ def length_penalty(length: Array | int, alpha: float | Array, rule: str | Array 
     * 'gnmt': ((5 + |y|) / 6)^alpha (Wu et al., 2016, Sec. 7; the paper's alpha 0.6, Sec. 6.1).
     * 'fairseq': |y|^alpha, fairseq's ``--lenpen`` (default 1): its sequence_generator
       divides a finished hypothesis' summed log-probability by (step + 1)^lenpen, step + 1
-      being the tokens generated, EOS included (the start token is not generated). Hugging
-      Face's ``length_penalty`` and CTranslate2's divide by length^alpha too.
+      being the tokens generated, EOS included (the start token is not generated).
+      Hugging Face's ``length_penalty`` and CTranslate2's divide by length^alpha too.
 
     Both are base^alpha; the rule picks the base with a select, not a Python branch, so
     ``alpha`` and ``rule`` may be traced values of one compiled search (a new setting
