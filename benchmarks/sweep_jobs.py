@@ -42,12 +42,25 @@ def _answering_sigint(command: list[str]) -> list[str]:
     stays ignored across exec), and then the stop time could not stop them. A small Python
     restores the default and becomes ``command`` (exec keeps the pid, so the SIGINT sent to it
     reaches the job); no ``preexec_fn``, which forks and runs Python in the child, a deadlock
-    risk when the caller runs threads (jax does)."""
+    risk when the caller runs threads (jax does). The caller starts it with SIGINT blocked
+    (`_started`): a SIGINT sent before the default is restored stays pending (an ignored one
+    would be lost) and ends the job when the small Python unblocks it."""
     restore = (
         'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
+        'signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); '
         'os.execvp(sys.argv[1], sys.argv[1:])'
     )
     return [sys.executable, '-c', restore, *command]
+
+
+def _started(command: list[str], **popen) -> subprocess.Popen:
+    """``command`` started by `_answering_sigint` with SIGINT blocked in this thread meanwhile
+    (a child inherits the mask of the thread that starts it; this thread's is restored)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return subprocess.Popen(_answering_sigint(command), **popen)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def run_all(
@@ -61,8 +74,10 @@ def run_all(
 ) -> dict[Any, Done]:
     """Starts every job at once and waits for them; at ``stop_at`` (a `time.time()`) the ones
     still running get SIGINT, which train.py answers by finishing the checkpoint in flight and
-    exiting (Ctrl-C), and ``grace_s`` later SIGKILL. The jobs answer SIGINT even when the
-    sweep itself ignores it (started in the background: `nohup ... &`)."""
+    exiting (Ctrl-C), half of ``grace_s`` later a second SIGINT (Python loses a
+    KeyboardInterrupt raised inside a garbage-collection callback, which jax installs: seen
+    while a job imported jax), and ``grace_s`` later SIGKILL. The jobs answer SIGINT even when
+    the sweep itself ignores it (started in the background: `nohup ... &`)."""
     start, procs, logs = time.time(), {}, []
     try:
         for key, job in jobs.items():
@@ -71,26 +86,20 @@ def run_all(
             # Where this run's lines begin in a log that earlier runs appended to.
             log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {" ".join(job.command)}\n')
             log.flush()
-            procs[key] = subprocess.Popen(
-                _answering_sigint(job.command), cwd=cwd, env=env, stdout=log, stderr=log
-            )
+            procs[key] = _started(job.command, cwd=cwd, env=env, stdout=log, stderr=log)
         done: dict[Any, Done] = {}
-        stopped, killed = False, False
+        signals = [(stop_at, signal.SIGINT), (stop_at + grace_s / 2, signal.SIGINT)]
+        signals.append((stop_at + grace_s, signal.SIGKILL))
         while len(done) < len(procs):
-            now = time.time()
+            now, stopped = time.time(), len(signals) < 3  # SIGINT sent
             for key, proc in procs.items():
                 if key not in done and proc.poll() is not None:
                     done[key] = Done(proc.returncode, now - start, stopped)
-            if not stopped and now >= stop_at:
-                stopped = True
+            while signals and now >= signals[0][0]:
                 for key, proc in procs.items():
                     if key not in done:
-                        proc.send_signal(signal.SIGINT)
-            elif stopped and not killed and now >= stop_at + grace_s:
-                killed = True
-                for key, proc in procs.items():
-                    if key not in done:
-                        proc.kill()
+                        proc.send_signal(signals[0][1])
+                signals.pop(0)
             time.sleep(poll_s if len(done) < len(procs) else 0)
         return done
     finally:

@@ -8,6 +8,7 @@ sweep to its scores."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -37,7 +38,14 @@ def test_device_script_plans_runs_and_copies_its_outputs(tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     assert said[0].startswith('multi30k_device.sh: RECIPES="tiny" SEEDS="0" DEADLINE_S=2')
     assert said[1].startswith('Time plan (D = 2 s, R = 1 s): trainings stopped at D - R = 1 s')
-    assert '| tiny | 0 | - (deadline) | - | - | - | - | - |' in said
+    # No update, no score; a compile time where the first SIGINT was lost (a KeyboardInterrupt
+    # raised in jax's garbage-collection callback while it imports) and the second one came
+    # after the compilation (benchmarks/sweep_jobs.run_all).
+    rows = [line for line in said if line.startswith('| tiny |')]
+    assert len(rows) == 1, said
+    assert re.fullmatch(
+        r'\| tiny \| 0 \| - \(deadline\) \| - \| (-|[\d.]+) \| - \| - \| - \|', rows[0]
+    )
     assert 'error: no run was scored on validation' in done.stderr + done.stdout
     assert {p.name for p in out.iterdir()} == {'sweep.md', 'sweep.json', 'logs.tar.gz'}
     report = json.loads((out / 'sweep.json').read_text())

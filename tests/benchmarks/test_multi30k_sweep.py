@@ -98,6 +98,36 @@ def test_jobs_still_running_at_the_stop_time_get_sigint(tmp_path):
     assert len(_FORKS) == forks
 
 
+def test_a_stop_time_already_past_stops_jobs_that_are_still_starting(tmp_path):
+    """The SIGINT goes out right after the jobs start, while each is still in the small Python
+    that restores SIGINT's default: from a sweep that ignores SIGINT it would be lost there
+    (the job then ran until SIGKILL at the end of the grace time); it is kept and ends them."""
+    slow = [sys.executable, '-c', 'import time; time.sleep(60)']
+    jobs = {i: sweep_jobs.Job(slow, tmp_path / f'{i}.log') for i in range(3)}
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = sweep_jobs.run_all(
+            jobs, cwd=tmp_path, env={}, stop_at=time.time() - 1, grace_s=30, poll_s=0.05
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert all(d.stopped and d.returncode == -signal.SIGINT for d in done.values()), done
+    assert max(d.seconds for d in done.values()) < 15  # well before the SIGKILL at 30 s
+
+
+def test_a_lost_sigint_is_sent_again_before_the_kill(tmp_path):
+    """A job that loses the first KeyboardInterrupt (as one raised inside a garbage-collection
+    callback is lost) gets a second SIGINT half the grace time later, before SIGKILL."""
+    deaf_once = (
+        'import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    pass\ntime.sleep(60)'
+    )
+    jobs = {'job': sweep_jobs.Job([sys.executable, '-c', deaf_once], tmp_path / 'job.log')}
+    start = time.time()
+    done = sweep_jobs.run_all(jobs, cwd=tmp_path, env={}, stop_at=start + 2, grace_s=16)
+    assert done['job'].stopped and done['job'].returncode == -signal.SIGINT, done
+    assert 10 <= done['job'].seconds < 16  # the second SIGINT at 2 + 8 s, no SIGKILL
+
+
 def test_training_speed_reads_the_runs_own_logs(tmp_path):
     log = tmp_path / 'seed0.log'
     log.write_text(
