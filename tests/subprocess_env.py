@@ -14,6 +14,14 @@ def repo_env(**overrides: str) -> dict[str, str]:
     return {**os.environ, 'PYTHONPATH': os.pathsep.join(path), **overrides}
 
 
+def xla_flags(devices: int) -> str:
+    """This process's ``XLA_FLAGS`` (tests/conftest.py's) for a process with ``devices`` CPU
+    devices instead of 8: the same compiler settings as the computations it is compared with."""
+    flags = os.environ.get('XLA_FLAGS', '').split()
+    count = '--xla_force_host_platform_device_count'
+    return ' '.join([*(f for f in flags if not f.startswith(count)), f'{count}={devices}'])
+
+
 def memory_capped(command: list[str], gib: int) -> list[str]:
     """``command`` run with its address space capped at ``gib`` GiB: an allocation past it
     fails in the child (jax's RESOURCE_EXHAUSTED) on every machine, where without it a machine

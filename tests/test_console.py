@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.subprocess_env import repo_env
+from tests.subprocess_env import repo_env, xla_flags
 from transformer import configs
 from transformer.commands import console, library_logs
 
@@ -26,8 +26,7 @@ NOISE_FRAGMENTS = (
 
 
 def _python(code, cwd, *args):
-    env = repo_env(JAX_PLATFORMS='')
-    env.pop('XLA_FLAGS', None)  # one CPU device is enough, and faster to start
+    env = repo_env(JAX_PLATFORMS='', XLA_FLAGS=xla_flags(1))  # one CPU device: faster to start
     return subprocess.run(
         [sys.executable, '-c', textwrap.dedent(code), *args],
         cwd=cwd,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.subprocess_env import repo_env
+from tests.subprocess_env import repo_env, xla_flags
 from tests.tiny_run import tiny_run_config
 from transformer import lock
 from transformer.commands import train as trainer
@@ -39,8 +39,7 @@ def test_the_lock_of_a_killed_process_does_not_block(tmp_path):
         'import sys, time; from transformer import lock; '
         'held = lock.acquire(sys.argv[1]); print("held", flush=True); time.sleep(600)'
     )
-    env = repo_env()
-    env.pop('XLA_FLAGS', None)
+    env = repo_env(XLA_FLAGS=xla_flags(1))
     proc = subprocess.Popen(
         [sys.executable, '-c', code, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
     )

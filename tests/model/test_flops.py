@@ -100,11 +100,13 @@ def _train_speed(tmp_path, *args, pythonpath=(), memory_gib=None):
     import sys
     from pathlib import Path
 
+    from tests.subprocess_env import xla_flags
+
     repo = Path(__file__).resolve().parents[2]
     path = [*map(str, pythonpath), str(repo), os.environ.get('PYTHONPATH', '')]
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, path))}
     env['JAX_PLATFORMS'] = 'cpu'  # also on a machine with a GPU
-    env.pop('XLA_FLAGS', None)  # one CPU device
+    env['XLA_FLAGS'] = xla_flags(1)
     script = repo / 'benchmarks' / 'train_speed.py'
     out = f'--out={tmp_path / "speed.json"}'
     command = [sys.executable, str(script), '--config=configs/tiny.py', *args, out]

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.subprocess_env import xla_flags
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer.checkpoint import best_step, load_model, verify_step
 from transformer.commands import train as trainer
@@ -63,7 +64,7 @@ def _run_two_processes(
     Both are always ended, whatever happens."""
     env = {
         **os.environ,
-        'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices_per_process}',
+        'XLA_FLAGS': xla_flags(devices_per_process),
         'JAX_PLATFORMS': 'cpu',  # the CPU devices above, also on a machine with a GPU
         **(env or {}),
     }

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.subprocess_env import repo_env
+from tests.subprocess_env import repo_env, xla_flags
 from tests.training.test_multihost import (
     REPO,
     _config,
@@ -42,7 +42,7 @@ def _validation(run_dir) -> dict[int, dict]:
 def _decode_two_processes(command, flags, stdin=b'', timeout=240) -> list[tuple[int, str]]:
     """``python -m transformer.COMMAND`` as processes 0 and 1 (4 CPU devices each), ``stdin``
     given to process 0 alone: (exit code, stdout + stderr) of each."""
-    env = repo_env(XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu')
+    env = repo_env(XLA_FLAGS=xla_flags(4), JAX_PLATFORMS='cpu')
     port = _free_port()
     base = [sys.executable, '-m', f'transformer.{command}', *flags]
     base += [f'--coordinator_address=localhost:{port}', '--num_processes=2']

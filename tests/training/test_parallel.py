@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.subprocess_env import repo_env
+from tests.subprocess_env import repo_env, xla_flags
 from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
 from transformer.training import optim, parallel, steps
@@ -249,8 +249,7 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
             print('raised:', str(e).splitlines()[0])
         """
     )
-    env = repo_env(JAX_PLATFORMS='cpu')
-    env.pop('XLA_FLAGS', None)
+    env = repo_env(JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(1))
     done = subprocess.run(
         [sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120
     )
