@@ -45,15 +45,21 @@ def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_le
     # The weight products per token of the chosen variants (model/variants.py): q, k, v and
     # out; the feed-forward's; a norm's (none for LayerNorm, whose weights are vectors), one
     # per sub-layer and, with pre-LN, one closing each stack.
-    projections = variants.matmul_flops_per_token(cfg, 'attention')
+    # The query's and output's products run on the queries' tokens, the key's and value's on
+    # the keys' tokens: cross-attention's differ, and so do the two with fewer key/value
+    # heads than query heads (model.num_kv_heads).
+    on_queries = variants.matmul_flops_per_token(cfg, 'attention', ('query', 'out'))
+    on_keys = variants.matmul_flops_per_token(cfg, 'attention', ('key', 'value'))
+    projections = on_queries + on_keys
     ffn = variants.matmul_flops_per_token(cfg, 'ffn')
     norm = variants.matmul_flops_per_token(cfg, 'norm')
-    # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair.
+    # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair, whatever the
+    # key/value heads (each query head reads H values of its key).
     pairs = lambda q_len, k_len: batch * q_len * k_len * 2 * 2 * nh  # noqa: E731
     encoder_layer = s * (projections + ffn + 2 * norm) + pairs(source_len, source_len)
     decoder_self = t * projections + pairs(target_len, target_len)
     # Cross attention: queries and output on target tokens, keys and values on source tokens.
-    decoder_cross = (t + s) * projections // 2 + pairs(target_len, source_len)
+    decoder_cross = t * on_queries + s * on_keys + pairs(target_len, source_len)
     decoder_layer = decoder_self + decoder_cross + t * (ffn + 3 * norm)
     final_norms = (s + t) * norm if cfg.pre_layer_norm else 0
     return (
