@@ -44,6 +44,7 @@ from transformer.model import (
     in_activation_layout,
     logical_partition_specs,
     logical_shardings,
+    settings,
 )
 from transformer.schema import PARALLELISMS
 from transformer.training import steps
@@ -89,11 +90,13 @@ def check_layout(model: Transformer, model_parallelism: int, data_shards: int, f
     """One-line errors, before anything compiles, for a layout the model cannot take."""
     cfg = model.config
     if model_parallelism > 1:
-        for name, size in (('model.num_heads', cfg.num_heads), ('model.d_ff', cfg.d_ff)):
+        # Query heads, key/value heads and d_ff are split over the 'model' axis (`rules`).
+        kv_heads = ('model.num_kv_heads', settings.num_kv_heads(cfg))
+        for name, size in (('model.num_heads', cfg.num_heads), kv_heads, ('model.d_ff', cfg.d_ff)):
             if size % model_parallelism:
                 raise ValueError(
                     f'train.model_parallelism={model_parallelism} does not divide '
-                    f'{name}={size}: choose a divisor of both heads and d_ff.'
+                    f'{name}={size}: choose a divisor of the heads, key/value heads and d_ff.'
                 )
     if fsdp and cfg.d_model % data_shards:
         raise ValueError(
