@@ -45,12 +45,12 @@ def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_le
     # The weight products per token of the chosen variants (model/variants.py): q, k, v and
     # out; the feed-forward's; a norm's (none for LayerNorm, whose weights are vectors), one
     # per sub-layer and, with pre-LN, one closing each stack.
-    # The query's and output's products run on the queries' tokens, the key's and value's on
-    # the keys' tokens: cross-attention's differ, and so do the two with fewer key/value
+    # The key's and value's products run on the keys' tokens, the others (the query's, the
+    # output's) on the queries' tokens: cross-attention's differ, and so do the two with fewer key/value
     # heads than query heads (model.num_kv_heads).
-    on_queries = variants.matmul_flops_per_token(cfg, 'attention', ('query', 'out'))
+    projections = variants.matmul_flops_per_token(cfg, 'attention')
     on_keys = variants.matmul_flops_per_token(cfg, 'attention', ('key', 'value'))
-    projections = on_queries + on_keys
+    on_queries = projections - on_keys
     ffn = variants.matmul_flops_per_token(cfg, 'ffn')
     norm = variants.matmul_flops_per_token(cfg, 'norm')
     # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair, whatever the

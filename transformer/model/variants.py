@@ -229,7 +229,7 @@ def matmul_flops_per_token(
     """Forward FLOPs (2 per multiply-add) that one instance of ``part`` spends per token on
     its weight products: every weight of two or more axes multiplies each token's vector once
     (biases and norm scales are not products). ``names``: only the weights below these
-    (the attention's 'query' and 'out', which read the queries' tokens)."""
+    (the attention's 'key' and 'value', which read the keys' tokens)."""
     return 2 * sum(
         math.prod(shape)
         for path, shape in weights(cfg, part).items()
