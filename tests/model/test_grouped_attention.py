@@ -136,6 +136,17 @@ def test_outputs_and_gradients_equal_the_repeated_heads(impl, case, num_kv_heads
         assert np.abs(np.asarray(got[0]) - np.asarray(other)).max() > 1e-2
 
 
+def test_attention_maps_stay_one_per_query_head():
+    x_q, x_kv, mask = _inputs(CASES[1])
+    module = _module(1)
+    apply = lambda p: module.apply(  # noqa: E731
+        {'params': p}, x_q, x_kv, mask, mutable=['intermediates']
+    )
+    _, state = jax.eval_shape(apply, _params(1, x_q, x_kv))
+    (maps,) = state['intermediates']['attention_weights']
+    assert maps.shape == (3, N, x_q.shape[1], x_kv.shape[1])  # [B, N, T, S]
+
+
 def test_packed_self_attention_by_segments_repeats_the_key_value_heads(monkeypatch):
     """model.attention_impl='pallas' (Pallas's kernel, in its interpreter here) takes grouped
     heads as the explicit computation does."""

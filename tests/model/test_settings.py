@@ -167,3 +167,9 @@ def test_a_config_error_names_a_bad_key_value_head_count():
     ):
         with pytest.raises(fields.ConfigError, match=message):
             TransformerConfig(vocab_size=8, num_heads=4, num_kv_heads=value)
+
+
+def test_the_decoder_cache_bound_counts_the_key_value_heads():
+    full, one = _experiment(), _experiment(num_kv_heads=1)  # tiny: 4 heads
+    bytes_of = lambda e: footprint.decode_cache_bytes(e, 8, 4, 20)  # noqa: E731
+    assert bytes_of(full) == 4 * bytes_of(one) > 0

@@ -26,6 +26,10 @@ default and resume refusal follow from the field, its FLOPs, memory and paramete
 imports every module that registers entries (feed_forward.py, norms.py), so all of them exist
 once the package is imported. docs/model_variants.md walks through adding one.
 
+A number that changes the network (a head count, the head size) is no entry but a numeric
+setting, declared in transformer/model/settings.py: the shapes it sets in a part's entry are
+laid over the entry's own (`weights`), and the exports' refusals include its own.
+
 Shape legend (transformer/model/attention.py): D d_model · N heads · H head dim · F d_ff ·
 V vocabulary.
 """
