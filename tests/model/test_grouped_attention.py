@@ -55,7 +55,7 @@ def explicit(params, x_q, x_kv, mask, group, num_kv_heads):
 
 
 def _module(num_kv_heads, impl='einsum'):
-    return MultiHeadAttention(N, num_kv_heads, use_bias=True, attention_impl=impl)
+    return MultiHeadAttention(N, num_kv_heads=num_kv_heads, use_bias=True, attention_impl=impl)
 
 
 def _inputs(case):

@@ -170,7 +170,6 @@ class MultiHeadAttention(nn.Module):
 
     Attributes:
       num_heads: N.
-      num_kv_heads: K, the key and value heads, a divisor of N; None: N (the paper's).
       head_dim: H (d_k = d_v); defaults to D // N.
       dropout_rate: dropout on the attention probabilities.
       dtype: computation dtype (softmax always runs in float32).
@@ -181,16 +180,17 @@ class MultiHeadAttention(nn.Module):
         weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
         packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
         'auto' (the measured winner on this backend: `backends.attention_impl`).
+      num_kv_heads: K, the key and value heads, a divisor of N; None: N (the paper's).
     """
 
     num_heads: int
-    num_kv_heads: int | None = None
     head_dim: int | None = None
     dropout_rate: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     use_bias: bool = False
     attention_impl: str = 'einsum'
+    num_kv_heads: int | None = None  # last: positional callers of the fields above keep theirs
 
     @nn.compact
     def __call__(
