@@ -97,7 +97,7 @@ def test_help_shows_the_declared_description(toy, capsys):
     line = next(x for x in lines if f'model.{SLOTS} =' in x)
     assert line.endswith('M, learned memory slots each attention reads (exports: 0)')
     kv = next(x for x in lines if 'model.num_kv_heads =' in x)
-    assert 'grouped-query attention' in kv and kv.endswith('(exports: None)')
+    assert 'grouped-query attention' in kv and kv.endswith('(exports: None or num_heads)')
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,8 @@ def test_a_resume_that_changes_a_setting_is_refused(toy, tmp_path, key, old, new
         (
             'num_kv_heads',
             2,
-            'MarianMT has one key/value head per query head; only num_kv_heads=None exports.',
+            'MarianMT has one key/value head per query head; only num_kv_heads=None (or '
+            'num_heads) exports.',
         ),
         (
             'head_dim',

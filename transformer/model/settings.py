@@ -160,7 +160,10 @@ def _marian_head_dim(cfg: TransformerConfig) -> str | None:
 def _marian_kv_heads(cfg: TransformerConfig) -> str | None:
     if num_kv_heads(cfg) == cfg.num_heads:
         return None
-    return 'MarianMT has one key/value head per query head; only num_kv_heads=None exports.'
+    return (
+        'MarianMT has one key/value head per query head; only num_kv_heads=None (or num_heads) '
+        'exports.'
+    )
 
 
 declare(
@@ -188,6 +191,6 @@ declare(
         fields.POSITIVE_OR_NONE,
         lambda cfg: {'attention': {f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')}},
         unexportable=_marian_kv_heads,
-        exports='None',
+        exports='None or num_heads',
     )
 )
