@@ -6,17 +6,20 @@ user would write instead, so that a GPU figure reads as ours / torch.compile.
   python benchmarks/torch_peer.py --smoke --modes eager,compile   # tiny shapes, CPU, seconds
 
 The model is the config's: its rows x max_len target slots (the same number of source slots),
-joint vocabulary, d_model, heads, head_dim, d_ff, encoder and decoder layers, dropout on the
-embedding sums and the sub-layers' outputs, on the attention probabilities and on the FFN's
-hidden layer (model's three rates), LayerNorm with model.layer_norm_epsilon, post-LN (or
-pre-LN with model.pre_layer_norm, final norms included), one embedding shared by source,
-target and the output projection scaled by sqrt(d_model) (Sec. 3.4), label-smoothed
+joint vocabulary, d_model, heads, key/value heads, head_dim, d_ff, encoder and decoder layers,
+dropout on the embedding sums and the sub-layers' outputs, on the attention probabilities and
+on the FFN's hidden layer (model's three rates), LayerNorm with model.layer_norm_epsilon,
+post-LN (or pre-LN with model.pre_layer_norm, final norms included), one embedding shared by
+source, target and the output projection scaled by sqrt(d_model) (Sec. 3.4), label-smoothed
 cross-entropy (Sec. 5.4) and Adam (beta2 0.98, eps 1e-9; fused), in bfloat16 autocast on a GPU.
 A config whose model the peer does not build (another feed-forward, norm or embedding sharing:
-`BUILDS`) is refused in one line, so a time is never one of a different model's. Attention is
-`F.scaled_dot_product_attention` (flash; causal by flag). The rows are whole sequences, with
-no packing mask: that favours the peer, whose attention skips no segment work and reads no
-mask. Modes: ``eager`` and ``compile`` (`torch.compile` of the whole step).
+`BUILDS`), or a numeric setting's value it does not build (the declarations of
+transformer/model/settings.py, `model.peer_refusal`), is refused in one line, so a time is
+never one of a different model's. Attention is `F.scaled_dot_product_attention` (flash; causal
+by flag; grouped key/value heads by ``enable_gqa``, query head i reading key head i // (N/K)).
+The rows are whole sequences, with no packing mask: that favours the peer, whose attention
+skips no segment work and reads no mask. Modes: ``eager`` and ``compile`` (`torch.compile` of
+the whole step).
 
 Prints one JSON line per mode (ms/step: median of ``--rounds`` rounds of ``--steps`` steps)
 and writes them to ``--out``. Without torch it prints one line saying so and writes
@@ -38,6 +41,7 @@ import tempfile
 import time
 
 SMOKE = {'rows': 4, 'length': 16, 'vocab': 500, 'd_model': 64, 'heads': 4, 'd_ff': 128}
+SMOKE |= {'kv_heads': 4}
 SMOKE |= {'encoder_layers': 1, 'decoder_layers': 1, 'dropout': 0.1, 'label_smoothing': 0.1}
 SMOKE |= {'pre_ln': False, 'head_dim': 16, 'epsilon': 1e-6}
 SMOKE |= {'attention_dropout': 0.0, 'relu_dropout': 0.0}
@@ -51,8 +55,11 @@ class Refused(SystemExit):
 
 
 def refusal(model) -> str | None:
-    """One line for the first of ``model``'s (the config's model section) variant fields that
-    the peer does not build; None where it builds them all."""
+    """One line for the first of ``model``'s (the config's model section) variant fields, or
+    numeric settings (their declarations: `transformer.model.peer_refusal`), that the peer
+    does not build; None where it builds them all."""
+    from transformer.model import peer_refusal
+
     for key, built in BUILDS.items():
         value = model[key]
         if value not in built:
@@ -60,7 +67,8 @@ def refusal(model) -> str | None:
                 f'model.{key}={value!r} is not built by the PyTorch peer (it builds '
                 f"{' or '.join(map(repr, built))}): its time would be a different model's."
             )
-    return None
+    refused = peer_refusal(model)
+    return f"{refused}: its time would be a different model's." if refused else None
 
 
 def config_shapes(name: str, settings: list[str] = ()) -> dict:
@@ -79,6 +87,8 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
             except (ValueError, KeyError):
                 pass
         config.update_from_flattened_dict({key: value})
+    from transformer.model import settings
+
     m = config.model
     refused = refusal(m)
     if refused:
@@ -89,13 +99,14 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
         'vocab': config.data.vocab_size,
         'd_model': m.d_model,
         'heads': m.num_heads,
+        'kv_heads': settings.num_kv_heads(m),
         'd_ff': m.d_ff,
         'encoder_layers': m.num_encoder_layers,
         'decoder_layers': m.num_decoder_layers,
         'dropout': m.dropout_rate,
         'label_smoothing': config.train.label_smoothing,
         'pre_ln': bool(m.pre_layer_norm),
-        'head_dim': m.head_dim or m.d_model // m.num_heads,
+        'head_dim': settings.head_dim(m),
         'epsilon': m.layer_norm_epsilon,
         'attention_dropout': m.attention_dropout_rate,
         'relu_dropout': m.relu_dropout_rate,
@@ -103,11 +114,11 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
 
 
 def param_count(shapes: dict) -> int:
-    """The parameters `build` makes, counted without torch: per attention q, k, v [D, N*H]
-    and out [N*H, D], no biases; per FFN two biased linears; per sub-layer (and with pre-LN
+    """The parameters `build` makes, counted without torch: per attention q [D, N*H], k, v
+    [D, K*H] and out [N*H, D], no biases; per FFN two biased linears; per sub-layer (and with pre-LN
     per stack) a LayerNorm's scale and bias; one [V, D] embedding."""
     d, f = shapes['d_model'], shapes['d_ff']
-    attention = 4 * d * shapes['heads'] * shapes['head_dim']
+    attention = 2 * d * (shapes['heads'] + shapes['kv_heads']) * shapes['head_dim']
     ffn = d * f + f + f * d + d
     encoder = attention + ffn + 2 * 2 * d
     decoder = 2 * attention + ffn + 3 * 2 * d
@@ -120,26 +131,28 @@ def build(torch, shapes: dict):
     """The peer model: an `nn.Module` taking (source ids, target input ids) -> logits."""
     nn, F = torch.nn, torch.nn.functional
     d, heads, p = shapes['d_model'], shapes['heads'], shapes['dropout']
-    hd, eps = shapes['head_dim'], shapes['epsilon']
+    hd, eps, kv_heads = shapes['head_dim'], shapes['epsilon'], shapes['kv_heads']
 
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v = (nn.Linear(d, heads * hd, bias=False) for _ in range(3))
+            self.q = nn.Linear(d, heads * hd, bias=False)
+            self.k, self.v = (nn.Linear(d, kv_heads * hd, bias=False) for _ in range(2))
             self.o = nn.Linear(heads * hd, d, bias=False)
 
         def forward(self, x, y, causal):
             b, t, _ = x.shape
 
-            def split(z):
-                return z.view(b, -1, heads, hd).transpose(1, 2)
+            def split(z, n):
+                return z.view(b, -1, n, hd).transpose(1, 2)
 
             a = F.scaled_dot_product_attention(
-                split(self.q(x)),
-                split(self.k(y)),
-                split(self.v(y)),
+                split(self.q(x), heads),
+                split(self.k(y), kv_heads),
+                split(self.v(y), kv_heads),
                 dropout_p=shapes['attention_dropout'] if self.training else 0.0,
                 is_causal=causal,
+                enable_gqa=kv_heads != heads,
             )
             return self.o(a.transpose(1, 2).reshape(b, t, heads * hd))
 

@@ -98,6 +98,14 @@ BAD_OVERRIDES = [
     ('data.dataset=folder data.folder={tmp}', "Missing file for split 'train' (en)"),
     ('data.dataset=multi30k data.eval_split=val', "multi30k has no split 'val' (data.eval_split)"),
     ('data.dataset=multi30k data.test_split=test2016 data.source_lang=fr', "no language 'fr'"),
+    # Key/value heads (model.num_kv_heads): a divisor of the heads, of which the model axis
+    # holds a whole number.
+    ('model.num_kv_heads=3', 'model.num_kv_heads=3 must divide model.num_heads=4: each'),
+    ('model.num_kv_heads=0', 'model.num_kv_heads=0 must be an integer >= 1 (or None).'),
+    (
+        'model.num_kv_heads=1 train.model_parallelism=2 train.parallelism=sharding',
+        'train.model_parallelism=2 does not divide model.num_kv_heads=1',
+    ),
     # Cases that held before: they keep holding.
     ('model.d_modle=8', 'unknown config key model.d_modle; did you mean model.d_model?'),
     ('model.d_model=abc', "invalid literal for int() with base 10: 'abc'"),

@@ -19,6 +19,7 @@ MIRRORED = [
     {},
     {'pre_layer_norm': True, 'head_dim': 24, 'layer_norm_epsilon': 1e-5},
     {'attention_dropout_rate': 0.2, 'relu_dropout_rate': 0.3},
+    {'num_kv_heads': 2},
 ]
 
 
@@ -32,6 +33,7 @@ def test_the_peer_builds_the_configs_model(name, model):
     config.model.update(model)
     m = schema.parse(config).model
     assert shapes['head_dim'] == (m.head_dim or m.d_model // m.num_heads)
+    assert shapes['kv_heads'] == (m.num_kv_heads or m.num_heads)
     assert shapes['epsilon'] == m.layer_norm_epsilon
     assert (shapes['dropout'], shapes['attention_dropout'], shapes['relu_dropout']) == (
         m.dropout_rate,
@@ -74,3 +76,17 @@ def test_the_built_module_has_the_counted_parameters():
     assert sum(p.numel() for p in model.parameters()) == torch_peer.param_count(shapes)
     assert model.encoder[0].norms[0].eps == 1e-5 and len(model.final_norms) == 2
     assert model.encoder[0].parts[0].q.weight.shape == (4 * 24, 128)  # [N*H, D], head_dim 24
+
+
+def test_the_built_module_groups_key_value_heads():
+    """model.num_kv_heads=2 of 4 heads: [K*H, D] key and value layers, and a forward pass
+    through scaled_dot_product_attention's grouped heads."""
+    torch = pytest.importorskip('torch')
+    shapes = torch_peer.config_shapes('tiny', ['model.num_kv_heads=2'])
+    shapes |= {'length': 4, 'encoder_layers': 1, 'decoder_layers': 1}
+    model = torch_peer.build(torch, shapes).eval()
+    attention = model.decoder[0].parts[1]
+    assert attention.k.weight.shape == attention.v.weight.shape == (2 * 32, 128)
+    assert sum(p.numel() for p in model.parameters()) == torch_peer.param_count(shapes)
+    tokens = torch.ones((1, 4), dtype=torch.long)
+    assert model(tokens, tokens).shape == (1, 4, shapes['vocab'])

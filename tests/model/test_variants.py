@@ -137,6 +137,7 @@ def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, c
         {'norm': 'rms'},
         {'norm': 'rms', 'pre_layer_norm': True, 'ffn': 'gated'},
         {'share_embeddings': 'none', 'head_dim': 4},
+        {'num_kv_heads': 1, 'head_dim': 4},
     ],
 )
 def test_declared_weights_are_the_models_parameter_tree(toys, overrides):

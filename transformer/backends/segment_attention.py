@@ -29,7 +29,8 @@ def packed_self_attention(q: Array, k: Array, v: Array, mask: Any) -> Array | No
       q: queries [B, T, N, H] (not yet scaled).
       k: keys [B, T, N, H] of the same rows (self-attention: the query segmentation is the
         keys').
-      v: values [B, T, N, H].
+      v: values [B, T, N, H]. Keys and values of K < N heads (grouped heads) are repeated
+        to N for the kernel, head j serving query heads j * N / K .. (j + 1) * N / K - 1.
       mask: the self-attention's `model.masks.AttentionMask`.
     """
     segments = getattr(mask, 'query_segmentation', None)
@@ -40,6 +41,8 @@ def packed_self_attention(q: Array, k: Array, v: Array, mask: Any) -> Array | No
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
     length = q.shape[1]
+    if k.shape[2] != q.shape[2]:  # grouped heads (K < N): the kernel takes N of each
+        k, v = (jnp.repeat(x, q.shape[2] // k.shape[2], axis=2) for x in (k, v))
     forward, backward = min(FORWARD_BLOCK, length), min(BACKWARD_BLOCK, length)
     if length % forward or length % backward:
         return None

@@ -47,7 +47,8 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     """The list of refusals: an `ExportError` (one line) for a run that ``format`` cannot
     represent, decided from its config alone, before the format's packages are asked for or a
     checkpoint is read. The model's variants say which formats represent them
-    (transformer/model/variants.py); then MarianMT's own limits."""
+    (transformer/model/variants.py), and so do the numeric settings' declarations
+    (transformer/model/settings.py); then MarianMT's own limits."""
     if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
             f'data.pretokenize={config.data.pretokenize!r} cannot be exported: --format={format} '
@@ -58,12 +59,6 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     refusal = export_refusal(cfg, format)
     if refusal:
         raise ExportError(refusal)
-    if cfg.head_dim is not None and cfg.head_dim * cfg.num_heads != cfg.d_model:
-        raise ExportError(
-            f'model.head_dim={cfg.head_dim} with num_heads={cfg.num_heads} cannot be exported: '
-            f'MarianMT fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; '
-            'only head_dim=None (or equal to that) exports.'
-        )
     if cfg.d_model % 2:
         raise ExportError(f'model.d_model={cfg.d_model} must be even for sinusoidal positions.')
 

@@ -40,6 +40,7 @@ from transformer.model.layers import attention_mask, shift_right, sinusoidal_pos
 from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
 from transformer.model.projections import fused, per_head
+from transformer.model.settings import Setting, peer_refusal
 from transformer.model.transformer import Transformer
 from transformer.model.variants import (
     EXPORT_FORMATS,
@@ -60,6 +61,7 @@ __all__ = [
     'FeedForward',
     'PAD_ID',
     'Packing',
+    'Setting',
     'Transformer',
     'TransformerConfig',
     'Variant',
@@ -86,7 +88,9 @@ __all__ = [
     'param_count',
     'param_shapes',
     'peak_flops',
+    'peer_refusal',
     'per_head',
+    'settings',
     'share_across_beams',
     'shift_right',
     'sinusoidal_positions',

@@ -4,6 +4,7 @@ Shape legend, used in every einsum of this package:
 
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k = d_v) · F d_ff · V vocabulary
+    K key/value heads · G query heads per key/value head (N = K * G)
 
 What stays different between heads is the attention itself: each head forms its own T x S
 matrix softmax(Q_i K_i^T / sqrt(d_k)), which is why the einsums below keep N as an axis of
@@ -11,6 +12,13 @@ their own instead of folding it into D. Those [B, N, T, S] probabilities are sow
 ``intermediates`` collection as ``attention_weights`` so that every head can be inspected.
 The projections' parameters, one [D, N, H] array that is both head i's W_i and the fused
 matrix, are model/projections.py's.
+
+Keys and values may have fewer heads than queries, K dividing N (multi-query attention, K = 1:
+Shazeer, 2019, "Fast Transformer Decoding"; grouped-query attention: Ainslie et al., 2023,
+"GQA"): query head i reads key/value head i // G, G = N / K, as `jax.nn.dot_product_attention`
+groups them. The key and value kernels are then [D, K, H] and the decoding caches hold K
+heads; the attention weights stay one [T, S] matrix per query head. K = N is the paper's
+multi-head attention, computed by the same einsums as before.
 """
 
 from __future__ import annotations
@@ -62,6 +70,29 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
 ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
 
 
+def attention_logits(q: Array, k: Array) -> Array:
+    """q [B, T, N, H] . k [B, S, K, H] -> logits [B, N, T, S]; query head i reads key head
+    i // (N / K)."""
+    num_heads, num_kv_heads = q.shape[2], k.shape[2]
+    if num_kv_heads == num_heads:
+        return backends.einsum('BTNH,BSNH->BNTS', q, k)
+    q = q.reshape(*q.shape[:2], num_kv_heads, num_heads // num_kv_heads, q.shape[3])
+    logits = backends.einsum('BTKGH,BSKH->BKGTS', q, k)
+    return logits.reshape(logits.shape[0], num_heads, *logits.shape[3:])
+
+
+def attention_values(probs: Array, v: Array) -> Array:
+    """probs [B, N, T, S] . v [B, S, K, H] -> heads [B, T, N, H]; query head i reads value
+    head i // (N / K)."""
+    num_heads, num_kv_heads = probs.shape[1], v.shape[2]
+    if num_kv_heads == num_heads:
+        return backends.einsum('BNTS,BSNH->BTNH', probs, v)
+    group = num_heads // num_kv_heads
+    probs = probs.reshape(probs.shape[0], num_kv_heads, group, *probs.shape[2:])
+    heads = backends.einsum('BKGTS,BSKH->BTKGH', probs, v)
+    return heads.reshape(*heads.shape[:2], num_heads, heads.shape[-1])
+
+
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
     """softmax(q k^T / sqrt(H)) v over [B, T, N, H] inputs by `jax.nn.dot_product_attention`.
 
@@ -70,8 +101,9 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | 
     reference implementation. Unpacked rows reach it as sequence lengths and a causal flag,
     packed rows as the dense mask (`masks.fused_arguments`). Queries with no valid key get
     zeros, as in `masked_softmax` (both implementations would otherwise average or return
-    garbage there). q [B, T, N, H] (not yet scaled), k and v [B, S, N, H]; ``mask`` an
-    `AttentionMask`, or boolean broadcastable to [B, N, T, S] (True = may attend).
+    garbage there). q [B, T, N, H] (not yet scaled), k and v [B, S, K, H] (K divides N:
+    grouped heads, which both implementations take); ``mask`` an `AttentionMask`, or boolean
+    broadcastable to [B, N, T, S] (True = may attend).
     """
     arguments, attends = masks.fused_arguments(mask, q.shape[0], q.shape[1], k.shape[1])
     out = None
@@ -88,14 +120,17 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | 
 
 
 def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """A decoding step: q [R, 1, N, H] (scaled) over head-major caches k, v [B, N, S, H].
+    """A decoding step: q [R, 1, N, H] (scaled) over head-major caches k, v [B, K, S, H].
 
     Every decoding cache is head-major: there a single query's products with the keys and
     values are batched matrix products without transposes (in [B, S, N, H], XLA transposed
     every cache at every step; docs/performance.md). R may be a multiple G * B of the caches'
     rows: query rows g*G .. g*G + G-1 then share cache row g (beam search's G = K beams of one
-    source read its encoder keys/values once, not K copies).
+    source read its encoder keys/values once, not K copies). Caches of fewer heads than the
+    query: `_one_query_grouped`.
     """
+    if k.shape[1] != q.shape[2]:
+        return _one_query_grouped(q, k, v, mask)
     rows, batch, num_heads, length = q.shape[0], *k.shape[:3]
     if rows % batch:
         raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
@@ -111,12 +146,27 @@ def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
     return heads.reshape(rows, 1, *heads.shape[2:])
 
 
+def _one_query_grouped(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """`_one_query` for caches of K < N heads: query head i reads cache head i // G. Here R
+    is the query rows per cache row."""
+    rows, batch, num_kv_heads, length = q.shape[0], *k.shape[:3]
+    if rows % batch:
+        raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
+    num_heads, head_dim = q.shape[2:]
+    grouped = (batch, rows // batch, num_kv_heads, num_heads // num_kv_heads)
+    q = q.reshape(*grouped, head_dim)  # [B, R, K, G, H]
+    logits = jnp.einsum('BRKGH,BKSH->BRKGS', q, k).reshape(rows, num_heads, 1, length)
+    probs = masked_softmax(logits, mask).reshape(*grouped, length).astype(v.dtype)
+    heads = jnp.einsum('BRKGS,BKSH->BRKGH', probs, v)
+    return heads.reshape(rows, 1, num_heads, head_dim)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, Sec. 3.2.2.
 
-    Parameters: ``query/kernel``, ``key/kernel``, ``value/kernel`` [D, N, H] and
+    Parameters: ``query/kernel`` [D, N, H], ``key/kernel``, ``value/kernel`` [D, K, H] and
     ``out/kernel`` [N, H, D] (plus ``bias`` entries when ``use_bias``). See the module
-    docstring for why each kernel is at once the N per-head matrices and the fused matrix.
+    docstring for why each kernel is at once the per-head matrices and the fused matrix.
 
     Attributes:
       num_heads: N.
@@ -130,6 +180,7 @@ class MultiHeadAttention(nn.Module):
         weights are sown, and attention dropout falls back to 'einsum'), 'pallas' ('fused',
         packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
         'auto' (the measured winner on this backend: `backends.attention_impl`).
+      num_kv_heads: K, the key and value heads, a divisor of N; None: N (the paper's).
     """
 
     num_heads: int
@@ -139,6 +190,7 @@ class MultiHeadAttention(nn.Module):
     param_dtype: Dtype = jnp.float32
     use_bias: bool = False
     attention_impl: str = 'einsum'
+    num_kv_heads: int | None = None  # last: positional callers of the fields above keep theirs
 
     @nn.compact
     def __call__(
@@ -167,7 +219,7 @@ class MultiHeadAttention(nn.Module):
             `_update_cache`).
           static_kv: with ``decode``, ``inputs_kv`` is the same at every call (the encoder
             output that encoder-decoder attention reads). The call that creates the cache
-            projects it into ``cached_static_key`` / ``cached_static_value`` [B, N, S, H];
+            projects it into ``cached_static_key`` / ``cached_static_value`` [B, K, S, H];
             later calls attend to those and never read ``inputs_kv``, so the S x D x N x H
             projections run once per decoding instead of once per position.
 
@@ -218,16 +270,19 @@ class MultiHeadAttention(nn.Module):
             return out(jax.lax.switch(index, branches, q, k, v, mask))
         if one_query:
             return out(_one_query(q, k, v, mask))
-        logits = backends.einsum('BTNH,BSNH->BNTS', q, k)
+        logits = attention_logits(q, k)
         probs = masked_softmax(logits, mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        heads = backends.einsum('BNTS,BSNH->BTNH', probs.astype(self.dtype), v)
+        heads = attention_values(probs.astype(self.dtype), v)
         return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
 
     def _projections(self, d_model: int, head_dim: int) -> tuple[Projection, ...]:
-        """The query, key, value [D, N, H] and out [N, H, D] projections."""
+        """The query [D, N, H], key, value [D, K, H] and out [N, H, D] projections."""
+        num_kv_heads = self.num_kv_heads or self.num_heads
+        if num_kv_heads < 1 or self.num_heads % num_kv_heads:
+            raise ValueError(f'num_kv_heads={num_kv_heads} must divide num_heads={self.num_heads}.')
 
         def project(name: str, equation: str, kernel_shape, bias_shape, init, axes):
             return Projection(
@@ -242,13 +297,14 @@ class MultiHeadAttention(nn.Module):
                 name=name,
             )
 
-        heads_shape = (self.num_heads, head_dim)
-        qkv = ((d_model, *heads_shape), heads_shape, qkv_kernel_init, QKV_AXES)
+        heads_shape, kv_shape = (self.num_heads, head_dim), (num_kv_heads, head_dim)
+        q = ((d_model, *heads_shape), heads_shape, qkv_kernel_init, QKV_AXES)
+        kv = ((d_model, *kv_shape), kv_shape, qkv_kernel_init, QKV_AXES)
         out_shape = (*heads_shape, d_model)
         return (
-            project('query', 'BTD,DNH->BTNH', *qkv),
-            project('key', 'BSD,DNH->BSNH', *qkv),
-            project('value', 'BSD,DNH->BSNH', *qkv),
+            project('query', 'BTD,DNH->BTNH', *q),
+            project('key', 'BSD,DKH->BSKH', *kv),
+            project('value', 'BSD,DKH->BSKH', *kv),
             project('out', 'BTNH,NHD->BTD', out_shape, (d_model,), out_kernel_init, OUT_AXES),
         )
 
@@ -263,7 +319,8 @@ class MultiHeadAttention(nn.Module):
         """Writes this step's key/value into the head-major cache and masks the keys not yet
         written. Returns the caches (head-major) and the mask.
 
-        The cache is [B, N, T', H], or, when it has fewer rows than the step (beam search,
+        The cache is [B, N, T', H] (N: the key/value heads, fewer than the queries' with
+        grouped heads), or, when it has fewer rows than the step (beam search,
         transformer/model/cache.py), [B, N, T' * K, H] for K = rows / B: key t * K + j holds
         position t of row b * K + j, and the rows b*K .. b*K + K-1 share cache row b. A row
         then sees the other rows' keys too; the ``mask`` it is given says which are its own
@@ -299,7 +356,7 @@ class MultiHeadAttention(nn.Module):
     def _static_cache(
         self, key: Projection, value: Projection, inputs_kv: Array
     ) -> tuple[Array, Array]:
-        """Head-major keys/values [B, N, S, H] of an ``inputs_kv`` that does not change.
+        """Head-major keys/values [B, K, S, H] of an ``inputs_kv`` that does not change.
 
         Projected and stored by the call that finds them missing from the cache, read back by
         every later one (see `_one_query` for the layout).

@@ -13,14 +13,13 @@ import jax.numpy as jnp
 from transformer.fields import (
     ABOVE_ZERO,
     POSITIVE,
-    POSITIVE_OR_NONE,
     RATE,
     ConfigError,
     Section,
     check_keys,
     field,
 )
-from transformer.model import variants
+from transformer.model import settings, variants
 from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.remat import REMAT_POLICIES
@@ -47,9 +46,10 @@ class TransformerConfig(Section):
         512, "D (Table 3, base): the width of every layer's input and output", POSITIVE
     )
     num_heads: int = _field(8, 'N, attention heads per layer', POSITIVE)
-    head_dim: int | None = _field(
-        None, 'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)', POSITIVE_OR_NONE
-    )
+    # Numeric settings declared in transformer/model/settings.py: default, rule, description,
+    # the shapes they set and what the exports and the PyTorch peer take.
+    head_dim: int | None = settings.config_field('head_dim')
+    num_kv_heads: int | None = settings.config_field('num_kv_heads')
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
     # The feed-forward's variant (transformer/model/feed_forward.py). Each field read by
     # variants.config_field chooses a part of model/variants.py: its default, description and
@@ -121,6 +121,11 @@ class TransformerConfig(Section):
             raise ConfigError(
                 f'model.d_model={self.d_model} must be a multiple of model.num_heads='
                 f'{self.num_heads} (or set model.head_dim).'
+            )
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f'model.num_kv_heads={self.num_kv_heads} must divide model.num_heads='
+                f'{self.num_heads}: each key/value head serves N / K query heads.'
             )
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import backends
-from transformer.model import variants
+from transformer.model import settings, variants
 from transformer.model.config import TransformerConfig
 
 # Dense peak FLOP/s per chip (vendor data sheets; SXM parts for NVIDIA), by dtype. Matched
@@ -40,20 +40,26 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_len: int) -> int:
     """Matmul FLOPs of one teacher-forced forward pass over [batch, S] -> [batch, T] tokens."""
     d, v = cfg.d_model, cfg.vocab_size
-    nh = cfg.num_heads * (cfg.head_dim or d // cfg.num_heads)
+    nh = cfg.num_heads * settings.head_dim(cfg)
     s, t = batch * source_len, batch * target_len  # token rows
     # The weight products per token of the chosen variants (model/variants.py): q, k, v and
     # out; the feed-forward's; a norm's (none for LayerNorm, whose weights are vectors), one
     # per sub-layer and, with pre-LN, one closing each stack.
+    # The key's and value's products run on the keys' tokens, the others (the query's, the
+    # output's) on the queries' tokens: cross-attention's differ, and so do the two with
+    # fewer key/value heads than query heads (model.num_kv_heads).
     projections = variants.matmul_flops_per_token(cfg, 'attention')
+    on_keys = variants.matmul_flops_per_token(cfg, 'attention', ('key', 'value'))
+    on_queries = projections - on_keys
     ffn = variants.matmul_flops_per_token(cfg, 'ffn')
     norm = variants.matmul_flops_per_token(cfg, 'norm')
-    # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair.
+    # Scores q k^T and probs v: 2 products of 2 * N * H per (query, key) pair, whatever the
+    # key/value heads (each query head reads H values of its key).
     pairs = lambda q_len, k_len: batch * q_len * k_len * 2 * 2 * nh  # noqa: E731
     encoder_layer = s * (projections + ffn + 2 * norm) + pairs(source_len, source_len)
     decoder_self = t * projections + pairs(target_len, target_len)
     # Cross attention: queries and output on target tokens, keys and values on source tokens.
-    decoder_cross = (t + s) * projections // 2 + pairs(target_len, source_len)
+    decoder_cross = t * on_queries + s * on_keys + pairs(target_len, source_len)
     decoder_layer = decoder_self + decoder_cross + t * (ffn + 3 * norm)
     final_norms = (s + t) * norm if cfg.pre_layer_norm else 0
     return (

@@ -100,6 +100,7 @@ class _SubLayers(nn.Module):
         cfg = self.config
         return MultiHeadAttention(
             num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
             dropout_rate=cfg.attention_dropout_rate,
             dtype=cfg.dtype,

@@ -112,18 +112,33 @@ class Projection(nn.Module):
 
 
 def fused_projections(x: Array, projections: tuple[Projection, ...]) -> tuple[Array, ...]:
-    """``tuple(p(x) for p in projections)`` for [D, N, H] projections, as one einsum.
+    """``tuple(p(x) for p in projections)`` for [D, N, H] projections, as few einsums.
 
-    The P kernels are stacked on a new axis into one [D, P, N, H] view (the parameter tree is
-    unchanged): one [B*T, D] x [D, P*N*H] product keeps the CPU's matrix units busier than P
-    thin ones, and the backward pass reads ``x`` once instead of P times. Stacked, not
-    concatenated on the head axis: with heads split over devices ('heads' on the 'model'
-    mesh axis), each device's block of the view is its own heads of every kernel, so no
-    kernel or output moves between devices (concatenated, the split of [D, P*N, H] fell
+    The kernels of one shape are stacked on a new axis into one [D, P, N, H] view (the
+    parameter tree is unchanged): one [B*T, D] x [D, P*N*H] product keeps the CPU's matrix
+    units busier than P thin ones, and the backward pass reads ``x`` once instead of P times.
+    Stacked, not concatenated on the head axis: with heads split over devices ('heads' on the
+    'model' mesh axis), each device's block of the view is its own heads of every kernel, so
+    no kernel or output moves between devices (concatenated, the split of [D, P*N, H] fell
     across kernels, and XLA moved kernel shards and their gradients at every step:
-    docs/parallelism.md).
+    docs/parallelism.md). Kernels of different shapes (the query's N heads beside the keys'
+    and values' K < N heads) are never stacked together: each run of equal shapes is one
+    product, and each output has its own kernel's shape.
     """
+    groups: list[list[Projection]] = []
+    for p in projections:
+        if groups and groups[-1][0].kernel_shape == p.kernel_shape:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return tuple(y for group in groups for y in _stacked(x, group))
+
+
+def _stacked(x: Array, projections: list[Projection]) -> tuple[Array, ...]:
+    """The outputs of projections of one kernel shape, as one einsum over their stack."""
     first = projections[0]
+    if len(projections) == 1:
+        return (first(x),)
     kernel = jnp.stack([p.kernel for p in projections], axis=1).astype(first.dtype)
     y = backends.einsum('BTD,DPNH->BTPNH', x.astype(first.dtype), kernel)
     if first.bias is not None:

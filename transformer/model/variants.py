@@ -26,6 +26,10 @@ default and resume refusal follow from the field, its FLOPs, memory and paramete
 imports every module that registers entries (feed_forward.py, norms.py), so all of them exist
 once the package is imported. docs/model_variants.md walks through adding one.
 
+A number that changes the network (a head count, the head size) is no entry but a numeric
+setting, declared in transformer/model/settings.py: the shapes it sets in a part's entry are
+laid over the entry's own (`weights`), and the exports' refusals include its own.
+
 Shape legend (transformer/model/attention.py): D d_model · N heads · H head dim · F d_ff ·
 V vocabulary.
 """
@@ -38,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transformer import fields
+from transformer.model import settings
 
 # A TransformerConfig (transformer/model/config.py), which reads this module for its fields'
 # choices: named here by its fields alone.
@@ -179,12 +184,18 @@ def chosen(cfg: TransformerConfig, part: str) -> Variant:
     return _REGISTRY[part][getattr(cfg, field)]
 
 
+def weights(cfg: TransformerConfig, part: str) -> Shapes:
+    """One instance of ``part``'s parameter shapes by path: its entry's, with the shapes the
+    numeric settings set (transformer/model/settings.py: the heads, the head size)."""
+    return chosen(cfg, part).weights(cfg) | settings.weights(cfg, part)
+
+
 def layer_shapes(cfg: TransformerConfig, stack: str) -> Shapes:
     """One layer of ``stack`` ('encoder', 'decoder'): its parameters' shapes by path."""
-    norm = chosen(cfg, 'norm').weights(cfg)
+    norm = weights(cfg, 'norm')
     shapes = {}
     for sublayer, part in SUBLAYERS[stack].items():
-        shapes |= {f'{sublayer}/{k}': s for k, s in chosen(cfg, part).weights(cfg).items()}
+        shapes |= {f'{sublayer}/{k}': s for k, s in weights(cfg, part).items()}
         shapes |= {f'{sublayer}_norm/{k}': s for k, s in norm.items()}
     return shapes
 
@@ -216,12 +227,17 @@ def layer_param_count(cfg: TransformerConfig) -> int:
     )
 
 
-def matmul_flops_per_token(cfg: TransformerConfig, part: str) -> int:
+def matmul_flops_per_token(
+    cfg: TransformerConfig, part: str, names: tuple[str, ...] | None = None
+) -> int:
     """Forward FLOPs (2 per multiply-add) that one instance of ``part`` spends per token on
     its weight products: every weight of two or more axes multiplies each token's vector once
-    (biases and norm scales are not products)."""
+    (biases and norm scales are not products). ``names``: only the weights below these
+    (the attention's 'key' and 'value', which read the keys' tokens)."""
     return 2 * sum(
-        math.prod(shape) for shape in chosen(cfg, part).weights(cfg).values() if len(shape) > 1
+        math.prod(shape)
+        for path, shape in weights(cfg, part).items()
+        if len(shape) > 1 and (names is None or path.split('/')[0] in names)
     )
 
 
@@ -231,26 +247,28 @@ def describe(cfg: TransformerConfig) -> str:
 
 
 def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
-    """One line for the first part ``cfg`` chooses that ``format`` cannot represent; None if
-    every part exports."""
+    """One line for the first part ``cfg`` chooses, or numeric setting it sets
+    (transformer/model/settings.py), that ``format`` cannot represent; None if all export."""
     for part, field in FIELDS.items():
         variant = chosen(cfg, part)
         if format not in variant.exports:
             name = f'model.{field}={variant.value!r}' if field else f'the {part} {variant.value!r}'
             return f'{name} cannot be exported as --format={format}: {variant.unexportable}'
-    return None
+    return settings.export_refusal(cfg, format)
 
 
 # The entries of the paper's network and of the choices that need no module of their own.
 def _heads(cfg: TransformerConfig) -> tuple[int, int]:
-    return cfg.num_heads, cfg.head_dim or cfg.d_model // cfg.num_heads
+    return cfg.num_heads, cfg.d_model // cfg.num_heads
 
 
 register(
     Variant(
         'attention',
         'multi_head',
-        # q, k, v kernels [D, N, H] and the output kernel [N, H, D], no biases.
+        # q, k, v kernels [D, N, H] and the output kernel [N, H, D], no biases, H = D / N; the
+        # numeric settings model.head_dim and model.num_kv_heads set H and the keys' and
+        # values' heads K (transformer/model/settings.py).
         lambda cfg: {
             **{f'{n}/kernel': (cfg.d_model, *_heads(cfg)) for n in ('query', 'key', 'value')},
             'out/kernel': (*_heads(cfg), cfg.d_model),

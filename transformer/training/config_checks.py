@@ -73,6 +73,10 @@ def check(
             f'train.batch_size={tc.batch_size} must be a multiple of data-parallel devices x '
             f'train.grad_accum_steps = {rows}.'
         )
+    # The model axis splits the heads, key/value heads and d_ff; FSDP splits d_model.
+    data_shards = len(devices) // model_parallelism
+    fsdp = tc.fsdp and tc.parallelism == 'sharding'
+    parallel.check_model_layout(experiment.model, model_parallelism, data_shards, fsdp)
     footprint.check(experiment, devices)
     if not data:
         return experiment

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from transformer.model import layer_param_count
+from transformer.model import settings as model_settings
 from transformer.schema import ConfigError, Experiment
 
 GiB = 2**30
@@ -120,9 +121,10 @@ def needs(
 
 
 def decode_cache_bytes(experiment: Experiment, sentences: int, beam: int, length: int) -> int:
-    """The decoder's key/value cache for ``sentences`` x ``beam`` hypotheses of ``length``."""
+    """The decoder's key/value cache for ``sentences`` x ``beam`` hypotheses of ``length``:
+    K = model.num_kv_heads heads of H each, per layer, for the keys and the values."""
     m = experiment.model
-    inner = m.num_heads * (m.head_dim or m.d_model // m.num_heads)
+    inner = model_settings.num_kv_heads(m) * model_settings.head_dim(m)
     return 2 * m.num_decoder_layers * sentences * beam * length * inner * _itemsize(m.dtype)
 
 

@@ -44,6 +44,7 @@ from transformer.model import (
     in_activation_layout,
     logical_partition_specs,
     logical_shardings,
+    settings,
 )
 from transformer.schema import PARALLELISMS
 from transformer.training import steps
@@ -86,17 +87,25 @@ def state_shardings(mesh: jax.sharding.Mesh, specs: PyTree, fsdp: bool = False) 
 
 
 def check_layout(model: Transformer, model_parallelism: int, data_shards: int, fsdp: bool):
-    """One-line errors, before anything compiles, for a layout the model cannot take."""
-    cfg = model.config
+    """One-line errors (`schema.ConfigError`, a ValueError), before anything compiles, for a
+    layout the model cannot take."""
+    check_model_layout(model.config, model_parallelism, data_shards, fsdp)
+
+
+def check_model_layout(cfg, model_parallelism: int, data_shards: int, fsdp: bool) -> None:
+    """`check_layout` of the model section ``cfg`` (a TransformerConfig), before a run writes
+    anything (transformer/training/config_checks.py)."""
     if model_parallelism > 1:
-        for name, size in (('model.num_heads', cfg.num_heads), ('model.d_ff', cfg.d_ff)):
+        # Query heads, key/value heads and d_ff are split over the 'model' axis (`rules`).
+        kv_heads = ('model.num_kv_heads', settings.num_kv_heads(cfg))
+        for name, size in (('model.num_heads', cfg.num_heads), kv_heads, ('model.d_ff', cfg.d_ff)):
             if size % model_parallelism:
-                raise ValueError(
+                raise schema.ConfigError(
                     f'train.model_parallelism={model_parallelism} does not divide '
-                    f'{name}={size}: choose a divisor of both heads and d_ff.'
+                    f'{name}={size}: choose a divisor of the heads, key/value heads and d_ff.'
                 )
     if fsdp and cfg.d_model % data_shards:
-        raise ValueError(
+        raise schema.ConfigError(
             f'train.fsdp shards model.d_model={cfg.d_model} over {data_shards} data devices, '
             'which does not divide it: change the device count or turn fsdp off.'
         )

@@ -1,0 +1,196 @@
+"""The model's numeric settings, one declaration each: what a number (a head count, a width)
+changes in the network and what the exports and the PyTorch peer can represent of it.
+
+A part's choice is one entry of transformer/model/variants.py; a numeric setting has no entry
+per value, so its `Setting` declares, in one place, what the rest of the package reads:
+
+* the config field (TransformerConfig's line is ``name: type = settings.config_field(name)``):
+  its default (the value of runs written before the field existed), rule and description,
+  which --help prints with what the exports and the peer take;
+* ``weights``: the parameter shapes it sets in a part's entry, by part and path
+  ({'attention': {'key/kernel': (D, K, H)}}), over the entry's own: `variants.param_shapes`
+  places them in the model's tree, and from there follow the parameter count, the FLOPs
+  (transformer/model/flops.py) and the layers' weight memory (transformer/training/footprint.py);
+* ``unexportable``: why the export formats (all of which write MarianMT's files) cannot
+  represent a config's value, or None where they can (`export_refusal`);
+* ``unbuilt``: why the PyTorch peer (benchmarks/torch_peer.py) does not build it, or None
+  where it does (`peer_refusal`).
+
+A resume that changes a setting is refused, as every ``model.*`` field's change is
+(transformer/rundir.py). docs/model_variants.md walks through adding one.
+
+Shape legend (transformer/model/attention.py): D d_model · N heads · K key/value heads ·
+H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from transformer import fields
+
+TransformerConfig = Any  # transformer/model/config.py's, which reads this module
+Shapes = dict[str, tuple[int, ...]]
+
+
+def _none(cfg: TransformerConfig) -> str | None:
+    del cfg
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One numeric model setting; see the module docstring.
+
+    Attributes:
+      field: the TransformerConfig field.
+      default: its default, the value of runs written before it existed.
+      doc: its one-line description (--help adds the exports' and the peer's limits).
+      rule: its rule (transformer/fields.py: POSITIVE, POSITIVE_OR_NONE, ...).
+      weights: (cfg) -> {part: {path: shape}}, the shapes it sets in each part's entry.
+      unexportable: (cfg) -> why no export format represents ``cfg``'s value, or None.
+      exports: the values the exports take, as --help says it ('' for all).
+      unbuilt: (cfg) -> why the PyTorch peer does not build ``cfg``'s value, or None.
+    """
+
+    field: str
+    default: Any
+    doc: str
+    rule: dict[str, Any]
+    weights: Callable[[TransformerConfig], dict[str, Shapes]]
+    unexportable: Callable[[TransformerConfig], str | None] = _none
+    exports: str = ''
+    unbuilt: Callable[[TransformerConfig], str | None] = _none
+
+
+_SETTINGS: dict[str, Setting] = {}
+
+
+def declare(setting: Setting) -> Setting:
+    """Adds ``setting`` (or replaces the declaration of its field); returns it."""
+    _SETTINGS[setting.field] = setting
+    return setting
+
+
+def undeclare(field: str) -> None:
+    """Removes the declaration of ``field``."""
+    del _SETTINGS[field]
+
+
+def declared() -> tuple[Setting, ...]:
+    """The declared settings, in the order they were declared."""
+    return tuple(_SETTINGS.values())
+
+
+class _Doc:
+    """A setting's --help description, with what the exports take (read when printed)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __str__(self) -> str:
+        setting = _SETTINGS[self.field]
+        return setting.doc + (f' (exports: {setting.exports})' if setting.exports else '')
+
+
+def config_field(name: str) -> Any:
+    """The TransformerConfig field of the setting ``name``: its default, rule and description;
+    optional (config.json of an earlier run)."""
+    setting = _SETTINGS[name]
+    return fields.field(setting.default, setting.rule, doc=_Doc(name), optional=True)
+
+
+def weights(cfg: TransformerConfig, part: str) -> Shapes:
+    """The shapes the declared settings set in ``part``'s entry, by path below it."""
+    shapes: Shapes = {}
+    for setting in _SETTINGS.values():
+        if hasattr(cfg, setting.field):  # a config of a program that lacks the field
+            shapes |= setting.weights(cfg).get(part, {})
+    return shapes
+
+
+def _refusal(cfg: TransformerConfig, why: str, ending: str) -> str | None:
+    for setting in _SETTINGS.values():
+        if not hasattr(cfg, setting.field):
+            continue
+        reason = getattr(setting, why)(cfg)
+        if reason:
+            return f'model.{setting.field}={getattr(cfg, setting.field)!r} {ending}: {reason}'
+    return None
+
+
+def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
+    """One line for the first setting whose value in ``cfg`` ``format`` cannot represent."""
+    return _refusal(cfg, 'unexportable', f'cannot be exported as --format={format}')
+
+
+def peer_refusal(cfg: TransformerConfig) -> str | None:
+    """One line for the first setting whose value in ``cfg`` (a TransformerConfig or the
+    config's model section) the PyTorch peer does not build."""
+    return _refusal(cfg, 'unbuilt', 'is not built by the PyTorch peer')
+
+
+# The settings of the attention's shapes (Sec. 3.2.2).
+def head_dim(cfg: TransformerConfig) -> int:
+    """H = d_k = d_v: model.head_dim, or d_model / num_heads (Sec. 3.2.2)."""
+    return cfg.head_dim or cfg.d_model // cfg.num_heads
+
+
+def num_kv_heads(cfg: TransformerConfig) -> int:
+    """K, the key/value heads: model.num_kv_heads, or num_heads (the paper's)."""
+    return getattr(cfg, 'num_kv_heads', None) or cfg.num_heads
+
+
+def _key_value(cfg: TransformerConfig) -> tuple[int, int, int]:
+    """The key and value kernels' shape: [D, K, H]."""
+    return cfg.d_model, num_kv_heads(cfg), head_dim(cfg)
+
+
+def _marian_head_dim(cfg: TransformerConfig) -> str | None:
+    if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
+        return None
+    return (
+        f'MarianMT fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; only '
+        'head_dim=None (or equal to that) exports.'
+    )
+
+
+def _marian_kv_heads(cfg: TransformerConfig) -> str | None:
+    if num_kv_heads(cfg) == cfg.num_heads:
+        return None
+    return (
+        'MarianMT has one key/value head per query head; only num_kv_heads=None (or num_heads) '
+        'exports.'
+    )
+
+
+declare(
+    Setting(
+        'head_dim',
+        None,
+        'H = d_k = d_v; None = d_model // num_heads (Sec. 3.2.2)',
+        fields.POSITIVE_OR_NONE,
+        lambda cfg: {
+            'attention': {
+                'query/kernel': (cfg.d_model, cfg.num_heads, head_dim(cfg)),
+                **{f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')},
+                'out/kernel': (cfg.num_heads, head_dim(cfg), cfg.d_model),
+            }
+        },
+        unexportable=_marian_head_dim,
+        exports='None or d_model // num_heads',
+    )
+)
+declare(
+    Setting(
+        'num_kv_heads',
+        None,
+        'K, key/value heads, a divisor of N (grouped-query attention); None = N',
+        fields.POSITIVE_OR_NONE,
+        lambda cfg: {'attention': {f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')}},
+        unexportable=_marian_kv_heads,
+        exports='None or num_heads',
+    )
+)
