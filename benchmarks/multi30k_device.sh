@@ -24,7 +24,8 @@
 #
 # Knobs for a smaller run (a CPU smoke): SETS, more KEY=VALUE settings for every run
 # (e.g. "train.num_steps=40 train.checkpoint_every=10"); MAX_EXAMPLES, the sentences decoded
-# per split (default 0: all).
+# per split (default 0: all); GRACE_S, the seconds a stopped training has to save and exit
+# before SIGKILL (default 60).
 set -uo pipefail
 
 if compgen -G '.whl/*.whl' >/dev/null; then
@@ -46,13 +47,13 @@ for setting in ${SETS:-}; do
 done
 echo "multi30k_device.sh: RECIPES=\"${RECIPES:-tiny tiny_fairseq}\" SEEDS=\"${SEEDS:-0 1 2}\"" \
   "DEADLINE_S=${DEADLINE_S:-480} RESERVE_S=${RESERVE_S:-210} SETS=\"${SETS:-}\"" \
-  "MAX_EXAMPLES=${MAX_EXAMPLES:-0} RUNS=$RUNS"
+  "MAX_EXAMPLES=${MAX_EXAMPLES:-0} GRACE_S=${GRACE_S:-60} RUNS=$RUNS"
 
 python3 benchmarks/multi30k_sweep.py --out "$RUNS" --seeds ${SEEDS:-0 1 2} "${recipes[@]}" \
   --set "data.manual_dir=$PWD/.m30k" --set eval.bleu_every=0 "${sets[@]}" \
   --average_last 10 --beam_size 5 --alpha 1.0 1.4 --length_penalty gnmt fairseq \
   --max_examples "${MAX_EXAMPLES:-0}" \
-  --deadline_s "${DEADLINE_S:-480}" --reserve_s "${RESERVE_S:-210}"
+  --deadline_s "${DEADLINE_S:-480}" --reserve_s "${RESERVE_S:-210}" --grace_s "${GRACE_S:-60}"
 status=$?
 
 if [ -n "${OUT:-}" ]; then

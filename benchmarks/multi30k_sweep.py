@@ -40,7 +40,8 @@ The time plan (printed first). ``--deadline_s`` D bounds the whole sweep (from i
 ``--reserve_s`` R, default D / 4):
 
 - Training: runs still going at D - R get SIGINT (train.py saves the checkpoint in flight and
-  exits) and are scored at their last checkpoint; the table marks them "(deadline)".
+  exits) and are scored at their last checkpoint; the table marks them "(deadline)". One still
+  running ``--grace_s`` / 2 later gets a second SIGINT, and SIGKILL at ``--grace_s``.
 - Validation: each run's eval_sweep starts its next setting only if it is predicted to end by
   the validation stop time D - R / 3 and to leave one test evaluate before D:
 
@@ -107,11 +108,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help='kept for scoring before the deadline (default: a quarter of --deadline_s)',
     )
+    parser.add_argument(
+        '--grace_s',
+        type=float,
+        default=60.0,
+        help='seconds a training stopped at D - R has to save and exit before SIGKILL',
+    )
     args = parser.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f'--seeds {args.seeds} repeats a seed; give each once.')
-    if args.deadline_s < 0 or (args.reserve_s or 0) < 0:
-        parser.error('--deadline_s and --reserve_s must be >= 0.')
+    if min(args.deadline_s, args.reserve_s or 0, args.grace_s) < 0:
+        parser.error('--deadline_s, --reserve_s and --grace_s must be >= 0.')
     if args.reserve_s is None:
         args.reserve_s = args.deadline_s / 4
     return args
@@ -143,7 +150,7 @@ def _train(args, recipes, common, out: pathlib.Path, stop_at: float) -> dict:
             cmd += [*common, *flags, f'--config.train.seed={seed}']
             jobs[name, seed] = Job(cmd, workdir.parent / f'seed{seed}.log')
     env = sweep_jobs.memory_fraction(len(jobs), dict(os.environ))
-    done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=stop_at)
+    done = sweep_jobs.run_all(jobs, cwd=REPO, env=env, stop_at=stop_at, grace_s=args.grace_s)
     runs, failed, notes = {}, [], []
     for (name, seed), result in done.items():
         job, workdir = jobs[name, seed], out / name / f'seed{seed}'

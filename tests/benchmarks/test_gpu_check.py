@@ -16,6 +16,7 @@ import gpu_check  # noqa: E402
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     """Every part with tiny settings (a one-layer model of width 32): the six files,
     train_speed figures with XLA's temporaries, a kernel table from a real jax.profiler trace
@@ -107,6 +108,7 @@ def test_variants_leave_out_what_is_the_default_on_this_backend():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gpu_check_variants_on_cpu(tmp_path):
     """--variants end to end with one variant on CPU: its three files, both rows timed in every
     round, a change against the default, temporaries and a non-GEMM share from a trace."""

@@ -23,7 +23,7 @@ def test_device_script_plans_runs_and_copies_its_outputs(tmp_path):
             (root / '.m30k' / f'{stem}.{lang}').write_text('a b c\nd e f\n')
     (root / 'benchmarks').symlink_to(pathlib.Path(REPO) / 'benchmarks')
     out.mkdir()
-    env = repo_env(RECIPES='tiny', SEEDS='0', DEADLINE_S='2', RESERVE_S='1')
+    env = repo_env(RECIPES='tiny', SEEDS='0', DEADLINE_S='2', RESERVE_S='1', GRACE_S='6')
     env |= {'RUNS': str(runs), 'OUT': str(out)}
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']  # its python3
     done = subprocess.run(
