@@ -18,7 +18,8 @@ next one needs it), each skipped with ``--skip_PART``:
    ``python -m transformer.evaluate --split validation`` on it (the config's checkpoint
    averaging, beam and alpha): validation BLEU. train.py and the evaluate command import
    sacremoses (tokenized BLEU): without it this part is skipped, saying so.
-4. ``tests``: the whole test suite (``--tests``, default every test, slow ones included) in
+4. ``tests``: the whole test suite (``--tests``, default every test, slow ones and the long
+   tier included: ``-m ''``) in
    ``--test_workers`` pytest-xdist processes; the summary names every failed test.
 
 ``--variants`` runs instead benchmarks/step_variants.py on ``--train_speed_config`` in
@@ -245,7 +246,7 @@ def tests(args, runner: Runner) -> dict:
     cmd = [sys.executable, '-m', 'pytest', '-v', '-rfE', '-p', 'no:cacheprovider']
     if args.test_workers > 1:
         cmd += ['-n', str(args.test_workers)]
-    cmd += shlex.split(args.tests)
+    cmd += shlex.split(args.tests) if args.tests else ['-m', '']  # '': the long tier too
     runner.say(f'tests: {shlex.join(cmd[1:])} ...')
     code, seconds = runner.run(cmd, 'tests.log', env={'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'})
     line = runner.tail('tests.log')

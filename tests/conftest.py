@@ -102,14 +102,9 @@ def cpu_choices(monkeypatch):
 def pytest_configure(config):
     """Under pytest-xdist (``-n``), hand each worker one test at a time (``--maxschedchunk=1``
     unless given): with the slow files first (`pytest_collection_modifyitems`), xdist's
-    default first chunks (a quarter of each worker's share) would give one worker most of them.
-    Tests marked ``xdist_group`` go to one worker together (``--dist loadgroup`` in place of the
-    default ``load``, which hands out single tests as well): the files whose module fixtures
-    train a run for their tests build it once, not once per worker."""
+    default first chunks (a quarter of each worker's share) would give one worker most of them."""
     if getattr(config.option, 'maxschedchunk', False) is None:
         config.option.maxschedchunk = 1
-    if getattr(config.option, 'dist', None) == 'load':
-        config.option.dist = 'loadgroup'
 
 
 def pytest_collection_modifyitems(config, items):

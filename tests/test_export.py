@@ -25,8 +25,6 @@ pytest.importorskip('safetensors', reason=_SKIP.format('safetensors'))
 MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.MarianTokenizer
 
 NUM_TEST = 120
-# The tests share the module's trained run: on one pytest-xdist worker, it is trained once.
-pytestmark = pytest.mark.xdist_group('export')
 
 
 @pytest.fixture(scope='module')
