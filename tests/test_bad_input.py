@@ -131,6 +131,18 @@ def test_a_bad_override_is_one_line_exit_2_and_writes_nothing(
     assert seconds < 5
 
 
+def test_a_bad_override_given_again_in_the_same_process_says_the_same(
+    tmp_path, monkeypatch, capsys
+):
+    """A command that stopped at a bad --config.KEY value leaves ml_collections' flag for KEY
+    defined; the next command of the process (tests, the Python API) given KEY again said
+    "The flag 'config.KEY' is defined twice" instead of checking the value."""
+    base = command_line({**SMALL, 'train.num_steps': 0})
+    argv = ['train.py', '--config=configs/tiny.py', f'--workdir={tmp_path / "run"}', *base]
+    said = [_train(argv, monkeypatch, capsys)[:2] for _ in range(2)]
+    assert said[0] == said[1] == (2, ['error: train.num_steps=0 must be an integer >= 1.'])
+
+
 @pytest.mark.parametrize(
     'workdir, message',
     [

@@ -213,6 +213,11 @@ def run(
     # Every command starts from the flags' defaults, not the values an earlier command of the
     # same process (tests) parsed.
     flags.FLAGS.unparse_flags()
+    # ml_collections defines a flag for each --config.KEY override it parses; one left by an
+    # earlier command of this process would be "defined twice" once that command had stopped
+    # at a bad value. The overrides this command is given are defined again as it parses.
+    for name in [n for n in flags.FLAGS if '.' in n and n.split('.', 1)[0] in flags.FLAGS]:
+        delattr(flags.FLAGS, name)
     app.run(
         wrapped,
         argv=args,
