@@ -98,6 +98,15 @@ def check_paths(
             usage_exit(f'--{name}={file}: the directory {directory} is not writable ({problem}).')
 
 
+def _forget_config_overrides() -> None:
+    """Removes the --config.KEY flags an earlier command of this process left: ml_collections
+    defines one for each override it parses, and one left would be "defined twice" once that
+    command had stopped at a bad value. The overrides a command is given are defined again
+    as it parses."""
+    for name in [n for n in flags.FLAGS if '.' in n and n.split('.', 1)[0] in flags.FLAGS]:
+        delattr(flags.FLAGS, name)
+
+
 def _parse_flags(
     argv: list[str], explain: Callable[[Exception, list[str]], str | None] | None
 ) -> list[str]:
@@ -213,11 +222,7 @@ def run(
     # Every command starts from the flags' defaults, not the values an earlier command of the
     # same process (tests) parsed.
     flags.FLAGS.unparse_flags()
-    # ml_collections defines a flag for each --config.KEY override it parses; one left by an
-    # earlier command of this process would be "defined twice" once that command had stopped
-    # at a bad value. The overrides this command is given are defined again as it parses.
-    for name in [n for n in flags.FLAGS if '.' in n and n.split('.', 1)[0] in flags.FLAGS]:
-        delattr(flags.FLAGS, name)
+    _forget_config_overrides()
     app.run(
         wrapped,
         argv=args,
