@@ -113,3 +113,18 @@ def data_config(**overrides):
     config.vocab_size = 500
     config.update(overrides)
     return config
+
+
+def run_dir_with(tmp_path, **model):
+    """(workdir, config): a run directory under ``tmp_path`` holding config.json and an empty
+    vocabulary file of `tiny_run_config` with ``model`` fields replaced, and that config."""
+    from transformer import rundir
+
+    config = tiny_run_config(1)
+    config.model.update(model)
+    workdir = tmp_path / 'run'
+    workdir.mkdir(exist_ok=True)
+    rundir.write_config(str(workdir), schema.parse(config))
+    (workdir / 'vocab').mkdir(exist_ok=True)
+    open(rundir.vocab_path(config, str(workdir)), 'w').close()
+    return workdir, config

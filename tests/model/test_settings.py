@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import run_dir_with, tiny_run_config
 from transformer import fields, rundir, schema
 from transformer.commands import export
 from transformer.model import TransformerConfig, flops, settings, variants
@@ -57,18 +57,6 @@ def _experiment(**model) -> schema.Experiment:
     return schema.parse(config)
 
 
-def _run_with(tmp_path, **model):
-    """A run directory holding config.json (and a vocabulary file) of the tiny config."""
-    config = tiny_run_config(1)
-    config.model.update(model)
-    workdir = tmp_path / 'run'
-    workdir.mkdir(exist_ok=True)
-    rundir.write_config(str(workdir), schema.parse(config))
-    (workdir / 'vocab').mkdir(exist_ok=True)
-    open(rundir.vocab_path(config, str(workdir)), 'w').close()
-    return workdir, config
-
-
 def test_the_count_flops_and_memory_bound_read_the_declared_shapes(toy):
     plain, slots = (
         toy(vocab_size=40, d_model=16, num_heads=2, d_ff=24, **{SLOTS: m}) for m in (0, 3)
@@ -104,7 +92,7 @@ def test_help_shows_the_declared_description(toy, capsys):
     'key, old, new', [(SLOTS, 0, 2), ('num_kv_heads', None, 2), ('num_kv_heads', 2, 1)]
 )
 def test_a_resume_that_changes_a_setting_is_refused(toy, tmp_path, key, old, new):
-    workdir, config = _run_with(tmp_path, **{key: old})
+    workdir, config = run_dir_with(tmp_path, **{key: old})
     config.model[key] = new
     with pytest.raises(rundir.WorkdirError, match=f'model.{key}={old!r}, not {new!r}'):
         rundir.resume_changes(str(workdir), schema.parse(config))
@@ -132,7 +120,7 @@ def test_the_exports_refuse_a_value_in_one_line_before_asking_for_packages(
     toy, tmp_path, monkeypatch, key, value, reason
 ):
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
-    workdir, _ = _run_with(tmp_path, **{key: value})
+    workdir, _ = run_dir_with(tmp_path, **{key: value})
     for format in export.FORMATS:
         with pytest.raises(export.ExportError) as info:
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
@@ -145,7 +133,7 @@ def test_the_exports_refuse_a_value_in_one_line_before_asking_for_packages(
 def test_values_marian_holds_pass_the_refusals(toy, tmp_path, monkeypatch, key, value):
     """The toy's 0, K = N = 4 and H = D / N = 8 (tiny: D 32): on to the package check."""
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
-    workdir, _ = _run_with(tmp_path, **{key: value})
+    workdir, _ = run_dir_with(tmp_path, **{key: value})
     with pytest.raises(export.ExportError, match='needs the export extra'):
         export.export(str(workdir), str(tmp_path / 'out'))
 

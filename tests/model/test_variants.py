@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 from flax import linen as nn
 
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import run_dir_with, tiny_run_config
 from transformer import rundir, schema
 from transformer.commands import export
 from transformer.fields import ConfigError
@@ -185,19 +185,6 @@ def test_flops_and_memory_bound_follow_the_registered_variant(toys, part, pre_la
     assert footprint.layer_params(experiment) == in_layers
 
 
-def _run_with(tmp_path, **model):
-    """A run directory holding config.json (and a vocabulary file) of the tiny config."""
-    config = tiny_run_config(1)
-    config.model.update(model)
-    workdir = tmp_path / 'run'
-    workdir.mkdir(exist_ok=True)
-    rundir.write_config(str(workdir), schema.parse(config))
-    vocab = rundir.vocab_path(config, str(workdir))
-    (tmp_path / 'run' / 'vocab').mkdir(exist_ok=True)
-    open(vocab, 'w').close()
-    return workdir, config
-
-
 @pytest.mark.parametrize('part', TOYS)
 def test_export_refuses_the_variant_before_asking_for_its_packages(
     toys, part, tmp_path, monkeypatch
@@ -208,7 +195,7 @@ def test_export_refuses_the_variant_before_asking_for_its_packages(
 
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
     toy = TOYS[part]
-    workdir, _ = _run_with(tmp_path, **{part: toy.value})
+    workdir, _ = run_dir_with(tmp_path, **{part: toy.value})
     for format in export.FORMATS:
         with pytest.raises(export.ExportError) as info:
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
@@ -217,7 +204,7 @@ def test_export_refuses_the_variant_before_asking_for_its_packages(
             + toy.unexportable
         )
     # The paper's entry passes the refusals and reaches the package check.
-    workdir, _ = _run_with(tmp_path, **{part: BUILT[part]})
+    workdir, _ = run_dir_with(tmp_path, **{part: BUILT[part]})
     with pytest.raises(export.ExportError, match='needs the export extra'):
         export.export(str(workdir), str(tmp_path / 'out'))
     assert not (tmp_path / 'out').exists()
@@ -225,7 +212,7 @@ def test_export_refuses_the_variant_before_asking_for_its_packages(
 
 @pytest.mark.parametrize('part', TOYS)
 def test_a_resume_that_changes_the_variant_is_refused(toys, part, tmp_path):
-    workdir, config = _run_with(tmp_path, **{part: BUILT[part]})
+    workdir, config = run_dir_with(tmp_path, **{part: BUILT[part]})
     config.model[part] = TOYS[part].value
     message = f'model.{part}={BUILT[part]!r}, not {TOYS[part].value!r}'
     with pytest.raises(rundir.WorkdirError, match=message):
