@@ -138,8 +138,8 @@ class Variant:
 
     def compile(self) -> Variant:
         start = time.perf_counter()
-        lowered = self.parallel.lower_step(self.state, self.batches[0], self.rng)
-        self.compiled = lowered.compile()
+        # As training compiles it (with the options of transformer/model/remat.py).
+        self.compiled = self.parallel.compile_step(self.state, self.batches[0], self.rng)
         self.compile_s = time.perf_counter() - start
         self.temp_bytes = train_speed.temp_bytes(self.compiled)
         return self

@@ -52,8 +52,8 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     """Only when run as a script: tests import `random_packed_batches` from this module."""
     config_flags.DEFINE_config_file('config', None, 'Experiment config.', lock_config=True)
-    flags.DEFINE_integer('steps', 30, 'Timed steps.')
-    flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).')
+    flags.DEFINE_integer('steps', 30, 'Timed steps.', lower_bound=1)
+    flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation).', lower_bound=0)
     flags.DEFINE_enum('data', 'auto', ['auto', 'real', 'random'], 'Batches to time.')
     flags.DEFINE_string('out', None, 'JSON path (default: results/train_speed_<name>.json).')
     flags.DEFINE_integer('profile_steps', 0, 'Steps traced with jax.profiler after the timing.')
@@ -178,8 +178,8 @@ def measure(config) -> None:
     xla_flops = _xla_flops(compiled) if tc.parallelism == 'sharding' else None
     temp = temp_bytes(compiled)
     for _ in range(FLAGS.warmup):
-        state, sums = parallel.train_step(state, next(batches), rng)
-    jax.block_until_ready(sums)
+        state, _ = parallel.train_step(state, next(batches), rng)
+    jax.block_until_ready(state)
     tokens = 0.0
     start = time.perf_counter()
     for _ in range(FLAGS.steps):

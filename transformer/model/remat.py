@@ -16,6 +16,14 @@ with one of these policies; the parameter tree is the same under all of them:
 
 Every policy keeps each layer's input, as the plain model does. A forward pass without a
 gradient (validation, decoding) computes the same as without the wrapper.
+
+jax keeps the recomputation in the backward pass with optimisation barriers on its inputs.
+XLA's CPU compiler removes those barriers (its pass 'cse_barrier_expander') before it
+schedules the program, and then computes the recomputation beside the forward pass and keeps
+its results until the backward pass: no policy lowered XLA's temporaries on a CPU
+(docs/experiments.md, "Rematerialisation policies on a CPU"). `compiler_options` turns that
+pass off for a CPU train step with a policy, as the training step's compilation does
+(transformer/training/parallel.py).
 """
 
 from __future__ import annotations
@@ -36,6 +44,16 @@ def _policy(name: str):
     if name == 'attention':
         return jax.checkpoint_policies.save_only_these_names(ATTENTION_OUTPUT)
     raise ValueError(f'model.remat={name!r} must be one of ' + ', '.join(map(repr, REMAT_POLICIES)))
+
+
+def compiler_options(policy: str, platform: str) -> dict[str, str] | None:
+    """XLA options for compiling a train step of a model with ``policy`` on ``platform`` (a
+    device's ``platform``): on a CPU with a policy other than 'none', the optimisation
+    barriers that keep the recomputation in the backward pass stay until the program is
+    scheduled (see the module's docstring); elsewhere None (the compiler's defaults)."""
+    if policy == 'none' or platform != 'cpu':
+        return None
+    return {'xla_disable_hlo_passes': 'cse_barrier_expander'}
 
 
 def rematerialized(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]):

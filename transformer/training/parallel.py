@@ -44,6 +44,7 @@ from transformer.model import (
     in_activation_layout,
     logical_partition_specs,
     logical_shardings,
+    remat,
     settings,
 )
 from transformer.schema import PARALLELISMS
@@ -151,6 +152,10 @@ class Parallel:
         self.batch_size = batch_size  # global rows; None: this process's rows x data_groups
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         self._compiled: dict[tuple, jax.stages.Compiled] = {}  # `compile_step`'s, by batch shape
+        # model.remat on a CPU: options that keep the recomputation in the backward pass.
+        self._compiler_options = remat.compiler_options(
+            model.config.remat, self.devices[0].platform
+        )
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
         train = {'accum_steps': accum_steps, 'rdrop_alpha': rdrop_alpha}  # not for _eval
         step = functools.partial(
@@ -313,13 +318,15 @@ class Parallel:
         if key not in self._compiled:
             logging.info('Compiling the training step ...')
             start = time.perf_counter()
-            compiled = self.lower_step(state, batch, rng).compile()
+            lowered = self.lower_step(state, batch, rng)
+            compiled = lowered.compile(compiler_options=self._compiler_options)
             logging.info('Compiled the training step in %.1f s.', time.perf_counter() - start)
             if self.check_compiled is not None:
                 self.check_compiled(compiled, self.devices)
             if self.mode == 'pmap' and jax.process_count() > 1:
                 # jax checks a multi-process pmap's AOT executable against the global
-                # shapes, not this process's: the pmap itself runs (and compiles once more).
+                # shapes, not this process's: the pmap itself runs (and compiles once more,
+                # without `_compiler_options`).
                 compiled = self._step
             self._compiled[key] = compiled
         return self._compiled[key]
