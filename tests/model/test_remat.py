@@ -11,7 +11,13 @@ import pytest
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_model
 from transformer import rundir, schema
-from transformer.model import abstract_params, decode_step, encode, init_cache, remat
+from transformer.model import (
+    abstract_params,
+    decode_step,
+    encode,
+    init_cache,
+    remat_compiler_options,
+)
 from transformer.model.remat import REMAT_POLICIES
 from transformer.training import footprint, parallel, steps
 
@@ -73,7 +79,7 @@ def _temp_bytes(policy: str, options: bool = True) -> int:
     """XLA's temporary bytes of the train step of a 4 + 4-layer model whose activations
     outweigh its parameters (16 rows x 64 tokens, width 32, d_ff 256) on one CPU device, as
     `Parallel.compile_step` compiles it; ``options=False``: without
-    `remat.compiler_options`."""
+    `remat_compiler_options`."""
     model = tiny_model(remat=policy, d_ff=256, num_encoder_layers=4, num_decoder_layers=4)
     tx = optax.sgd(1.0)
     par = parallel.Parallel(
@@ -100,7 +106,7 @@ def _temp_bytes(policy: str, options: bool = True) -> int:
 def test_full_recomputation_keeps_under_half_the_temporaries_on_a_cpu():
     """What the memory check reads (`footprint.step_bytes` of the compiled step) follows the
     policy: 'full' keeps under half of the plain step's temporaries, and 'dots' and
-    'attention' fewer than the plain step. Without `remat.compiler_options` XLA's CPU
+    'attention' fewer than the plain step. Without `remat_compiler_options` XLA's CPU
     compiler computes the recomputation in the forward pass and 'full' keeps about as many
     as 'none' (the first assertion fails)."""
     plain, full = _temp_bytes('none'), _temp_bytes('full')
@@ -110,9 +116,9 @@ def test_full_recomputation_keeps_under_half_the_temporaries_on_a_cpu():
 
 
 def test_the_cpu_options_are_for_a_policy_on_a_cpu_only():
-    assert remat.compiler_options('none', 'cpu') is None
-    assert remat.compiler_options('full', 'gpu') is None
-    assert remat.compiler_options('full', 'cpu') == {
+    assert remat_compiler_options('none', 'cpu') is None
+    assert remat_compiler_options('full', 'gpu') is None
+    assert remat_compiler_options('full', 'cpu') == {
         'xla_disable_hlo_passes': 'cse_barrier_expander'
     }
 

@@ -13,7 +13,8 @@ masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embe
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
 example), flops.py (analytic FLOPs and the device's peak), variants.py (the registry of what
 the network may compute: each variant's weights, module and exports), feed_forward.py (the
-feed-forward variants), norms.py (the normalizations), functional.py (the functions above).
+feed-forward variants), norms.py (the normalizations), remat.py (what each layer keeps for
+the backward pass, and the CPU compiler's options for it), functional.py (the functions above).
 """
 
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
@@ -40,6 +41,7 @@ from transformer.model.layers import attention_mask, shift_right, sinusoidal_pos
 from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
 from transformer.model.projections import fused, per_head
+from transformer.model.remat import compiler_options as remat_compiler_options
 from transformer.model.settings import Setting, peer_refusal
 from transformer.model.transformer import Transformer
 from transformer.model.variants import (
@@ -90,6 +92,7 @@ __all__ = [
     'peak_flops',
     'peer_refusal',
     'per_head',
+    'remat_compiler_options',
     'settings',
     'share_across_beams',
     'shift_right',

@@ -44,7 +44,7 @@ from transformer.model import (
     in_activation_layout,
     logical_partition_specs,
     logical_shardings,
-    remat,
+    remat_compiler_options,
     settings,
 )
 from transformer.schema import PARALLELISMS
@@ -153,7 +153,7 @@ class Parallel:
         check_layout(model, model_parallelism, self.mesh.shape['data'], fsdp)
         self._compiled: dict[tuple, jax.stages.Compiled] = {}  # `compile_step`'s, by batch shape
         # model.remat on a CPU: options that keep the recomputation in the backward pass.
-        self._compiler_options = remat.compiler_options(
+        self._compiler_options = remat_compiler_options(
             model.config.remat, self.devices[0].platform
         )
         loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
@@ -164,25 +164,29 @@ class Parallel:
         evaluate = functools.partial(steps.eval_step, model=model, **loss)
         specs = logical_specs(model, tx)
         if mode == 'pmap':
-            self.shardings = jax.tree.map(
-                lambda _: NamedSharding(self.mesh, P()),
-                specs,
-                is_leaf=lambda x: isinstance(x, P),
-            )
-            local_mesh = jax.sharding.Mesh(np.array(self.local_devices), ('local',))
-            self._local_sharding = NamedSharding(local_mesh, P('local'))
-            self._step = jax.pmap(
-                functools.partial(step, axis_name='batch'),
-                axis_name='batch',
-                in_axes=(0, 0, None),
-                donate_argnums=(0,),
-                devices=self.devices,
-            )
-            self._eval = jax.jit(evaluate)  # on the decoding layout's data-only mesh
+            self._step, self._eval = self._pmapped(step, evaluate, specs)
         else:
             self.shardings = state_shardings(self.mesh, specs, fsdp)
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
             self._step, self._eval = self._sharded(step, evaluate, rules(fsdp))
+
+    def _pmapped(self, step: Callable, evaluate: Callable, specs) -> tuple[Callable, Callable]:
+        """The pmap mode's train step (one copy of the state per local device, the batch
+        split over them) and its eval step (jitted, on the decoding layout's data-only
+        mesh); the global state is replicated (``specs``: its logical partition specs)."""
+        self.shardings = jax.tree.map(
+            lambda _: NamedSharding(self.mesh, P()), specs, is_leaf=lambda x: isinstance(x, P)
+        )
+        local_mesh = jax.sharding.Mesh(np.array(self.local_devices), ('local',))
+        self._local_sharding = NamedSharding(local_mesh, P('local'))
+        train = jax.pmap(
+            functools.partial(step, axis_name='batch'),
+            axis_name='batch',
+            in_axes=(0, 0, None),
+            donate_argnums=(0,),
+            devices=self.devices,
+        )
+        return train, jax.jit(evaluate)
 
     def _sharded(self, step: Callable, evaluate: Callable, layout) -> tuple[Callable, Callable]:
         """The sharding mode's train and eval steps: explicit in and out shardings (the
