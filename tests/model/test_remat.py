@@ -76,11 +76,11 @@ def test_a_policy_gives_the_plain_models_gradients_in_pmap_mode():
 
 
 def _temp_bytes(policy: str, options: bool = True) -> int:
-    """XLA's temporary bytes of the train step of a 4 + 4-layer model whose activations
+    """XLA's temporary bytes of the train step of a 2 + 2-layer model whose activations
     outweigh its parameters (16 rows x 64 tokens, width 32, d_ff 256) on one CPU device, as
     `Parallel.compile_step` compiles it; ``options=False``: without
     `remat_compiler_options`."""
-    model = tiny_model(remat=policy, d_ff=256, num_encoder_layers=4, num_decoder_layers=4)
+    model = tiny_model(remat=policy, d_ff=256, num_encoder_layers=2, num_decoder_layers=2)
     tx = optax.sgd(1.0)
     par = parallel.Parallel(
         'sharding',
@@ -105,14 +105,13 @@ def _temp_bytes(policy: str, options: bool = True) -> int:
 @pytest.mark.slow
 def test_full_recomputation_keeps_under_half_the_temporaries_on_a_cpu():
     """What the memory check reads (`footprint.step_bytes` of the compiled step) follows the
-    policy: 'full' keeps under half of the plain step's temporaries, and 'dots' and
-    'attention' fewer than the plain step. Without `remat_compiler_options` XLA's CPU
-    compiler computes the recomputation in the forward pass and 'full' keeps about as many
-    as 'none' (the first assertion fails)."""
+    policy: 'full' keeps under half of the plain step's temporaries (the other policies:
+    docs/experiments.md). Without `remat_compiler_options` XLA's CPU compiler computes the
+    recomputation in the forward pass and 'full' keeps about as many as 'none' (the first
+    assertion fails)."""
     plain, full = _temp_bytes('none'), _temp_bytes('full')
     assert full < plain / 2, (full, plain)
-    assert _temp_bytes('full', options=False) > full
-    assert _temp_bytes('dots') < plain and _temp_bytes('attention') < plain
+    assert _temp_bytes('full', options=False) > 2 * full
 
 
 def test_the_cpu_options_are_for_a_policy_on_a_cpu_only():
