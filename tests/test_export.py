@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.shared_dirs import built_once
 from transformer import data as data_lib
 from transformer import export
 from transformer.checkpoint import load_model
@@ -29,21 +30,23 @@ NUM_TEST = 120
 
 @pytest.fixture(scope='module')
 def run_dir(tmp_path_factory):
-    """A tiny synthetic run trained until greedy translations are real sentences (~30 s)."""
+    """A tiny synthetic run trained until greedy translations are real sentences (~30 s),
+    once for all workers."""
     from tests.tiny_run import tiny_run_config
 
-    config = tiny_run_config(300)
-    config.model.dropout_rate = 0.0
-    config.opt.warmup_steps = 100
-    config.train.batch_size = 32
-    config.train.checkpoint_every = 100
-    config.train.log_every = 100
-    config.data.vocab_size = 1000  # every word of the pair: no <unk> in the outputs
-    config.data.synthetic.num_train = 3000
-    config.data.synthetic.num_test = NUM_TEST
-    workdir = tmp_path_factory.mktemp('run')
-    trainer.train_and_evaluate(config, str(workdir))
-    return workdir
+    def train(workdir):
+        config = tiny_run_config(300)
+        config.model.dropout_rate = 0.0
+        config.opt.warmup_steps = 100
+        config.train.batch_size = 32
+        config.train.checkpoint_every = 100
+        config.train.log_every = 100
+        config.data.vocab_size = 1000  # every word of the pair: no <unk> in the outputs
+        config.data.synthetic.num_train = 3000
+        config.data.synthetic.num_test = NUM_TEST
+        trainer.train_and_evaluate(config, str(workdir))
+
+    return built_once(tmp_path_factory, 'export_run', train)
 
 
 @pytest.fixture(scope='module')
@@ -53,16 +56,20 @@ def loaded(run_dir):
 
 @pytest.fixture(scope='module')
 def hf_dir(run_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp('exports') / 'hf'
-    _cli(f'--workdir={run_dir}', f'--out={out}')
-    return out
+    return built_once(tmp_path_factory, 'export_hf', lambda out: _export(run_dir, out))
 
 
 @pytest.fixture(scope='module')
 def ct2_dir(run_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp('exports') / 'ct2'
-    _cli(f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2')
-    return out
+    def ct2(out):
+        _export(run_dir, out, '--format=ctranslate2')
+
+    return built_once(tmp_path_factory, 'export_ct2', ct2)
+
+
+def _export(run_dir, out, *args) -> None:
+    message = _cli(f'--workdir={run_dir}', f'--out={out}', *args)
+    assert message is None, message
 
 
 def _cli(*args):
