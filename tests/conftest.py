@@ -110,6 +110,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The files that hold slow tests first, in their order, then the rest: run in parallel,
     the last tests are short ones, so no worker waits for another's minute-long test at the
-    end. Each file's tests stay together (its module-scoped fixtures are built once)."""
+    end. Each file's tests stay next to each other, in their order; under ``-n`` both
+    workers may get some of a file's tests, and each builds the module-scoped fixtures they
+    use (tests/shared_dirs.py builds a costly one once for all workers)."""
     slow = {item.path for item in items if item.get_closest_marker('slow')}
     items.sort(key=lambda item: item.path not in slow)
