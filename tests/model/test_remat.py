@@ -75,10 +75,10 @@ def test_a_policy_gives_the_plain_models_gradients_in_pmap_mode():
     _assert_same_step(_one_step('dots', 'pmap'), _one_step('none', 'pmap'))
 
 
-def _temp_bytes(policy: str, options: bool = True) -> int:
+def _temp_bytes(policy: str) -> tuple[int, int]:
     """XLA's temporary bytes of the train step of a 2 + 2-layer model whose activations
-    outweigh its parameters (16 rows x 64 tokens, width 32, d_ff 256) on one CPU device, as
-    `Parallel.compile_step` compiles it; ``options=False``: without
+    outweigh its parameters (16 rows x 64 tokens, width 32, d_ff 256) on one CPU device: as
+    `Parallel.compile_step` compiles it, and as its lowered program compiles without
     `remat_compiler_options`."""
     model = tiny_model(remat=policy, d_ff=256, num_encoder_layers=2, num_decoder_layers=2)
     tx = optax.sgd(1.0)
@@ -91,15 +91,15 @@ def _temp_bytes(policy: str, options: bool = True) -> int:
         accum_steps=1,
         devices=jax.devices('cpu')[:1],
     )
-    if not options:
-        par._compiler_options = None
     params = fill_random(abstract_params(model))
     state = steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
     state = jax.device_put(state, par.shardings)
     rows = [packed_batch(seed) for seed in (0, 1)]
     batch = {k: np.tile(np.concatenate([r[k] for r in rows]), (1, 5))[:, :64] for k in rows[0]}
-    compiled = par.compile_step(state, par.put_batch(batch), jax.random.key(1))
-    return footprint.step_bytes(compiled)['temp']
+    args = state, par.put_batch(batch), jax.random.key(1)
+    trained = par.compile_step(*args)
+    plain_compile = par.lower_step(*args).compile()
+    return footprint.step_bytes(trained)['temp'], footprint.step_bytes(plain_compile)['temp']
 
 
 @pytest.mark.slow
@@ -109,9 +109,10 @@ def test_full_recomputation_keeps_under_half_the_temporaries_on_a_cpu():
     docs/experiments.md). Without `remat_compiler_options` XLA's CPU compiler computes the
     recomputation in the forward pass and 'full' keeps about as many as 'none' (the first
     assertion fails)."""
-    plain, full = _temp_bytes('none'), _temp_bytes('full')
+    plain, _ = _temp_bytes('none')
+    full, full_without_options = _temp_bytes('full')
     assert full < plain / 2, (full, plain)
-    assert _temp_bytes('full', options=False) > 2 * full
+    assert full_without_options > 2 * full
 
 
 def test_the_cpu_options_are_for_a_policy_on_a_cpu_only():
