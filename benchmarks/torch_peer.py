@@ -7,10 +7,12 @@ user would write instead, so that a GPU figure reads as ours / torch.compile.
 
 The model is the config's: its rows x max_len target slots (the same number of source slots),
 joint vocabulary, d_model, heads, key/value heads, head_dim, d_ff, encoder and decoder layers,
-dropout on the embedding sums and the sub-layers' outputs, on the attention probabilities and
-on the FFN's hidden layer (model's three rates), LayerNorm with model.layer_norm_epsilon,
-post-LN (or pre-LN with model.pre_layer_norm, final norms included), one embedding shared by
-source, target and the output projection scaled by sqrt(d_model) (Sec. 3.4), label-smoothed
+the feed-forward's activation (model.ffn: ReLU, swish, exact GELU), the attention's biases
+(model.attention_bias), dropout on the embedding sums and the sub-layers' outputs, on the
+attention probabilities and on the FFN's hidden layer (model's three rates), LayerNorm with
+model.layer_norm_epsilon, post-LN (or pre-LN with model.pre_layer_norm, final norms included),
+one embedding shared by source, target and the output projection scaled by sqrt(d_model)
+(Sec. 3.4), with model.logits_bias a fixed bias on the logits (MarianMT's), label-smoothed
 cross-entropy (Sec. 5.4) and Adam (beta2 0.98, eps 1e-9; fused), in bfloat16 autocast on a GPU.
 A config whose model the peer does not build (another feed-forward, norm or embedding sharing:
 `BUILDS`), or a numeric setting's value it does not build (the declarations of
@@ -45,9 +47,18 @@ SMOKE |= {'kv_heads': 4}
 SMOKE |= {'encoder_layers': 1, 'decoder_layers': 1, 'dropout': 0.1, 'label_smoothing': 0.1}
 SMOKE |= {'pre_ln': False, 'head_dim': 16, 'epsilon': 1e-6}
 SMOKE |= {'attention_dropout': 0.0, 'relu_dropout': 0.0}
+SMOKE |= {'ffn': 'relu', 'attention_bias': False, 'logits_bias': False}
 # The values of the model's variant fields (transformer/model/variants.py) the peer builds;
 # any other, a registered one included, is refused.
-BUILDS = {'ffn': ('relu',), 'norm': ('layer_norm',), 'share_embeddings': ('all',)}
+BUILDS = {
+    'ffn': ('relu', 'swish', 'gelu'),
+    'norm': ('layer_norm',),
+    'share_embeddings': ('all',),
+    'logits_bias': (False, True),
+}
+# The feed-forward's activation of each ``model.ffn`` value above, a torch.nn module:
+# transformer/model/feed_forward.py's (nn.GELU's default is the exact erf form, as ours).
+ACTIVATIONS = {'relu': 'ReLU', 'swish': 'SiLU', 'gelu': 'GELU'}
 
 
 class Refused(SystemExit):
@@ -110,21 +121,29 @@ def config_shapes(name: str, settings: list[str] = ()) -> dict:
         'epsilon': m.layer_norm_epsilon,
         'attention_dropout': m.attention_dropout_rate,
         'relu_dropout': m.relu_dropout_rate,
+        'ffn': m.ffn,
+        'attention_bias': bool(m.attention_bias),
+        'logits_bias': bool(m.logits_bias),
     }
 
 
 def param_count(shapes: dict) -> int:
     """The parameters `build` makes, counted without torch: per attention q [D, N*H], k, v
-    [D, K*H] and out [N*H, D], no biases; per FFN two biased linears; per sub-layer (and with pre-LN
-    per stack) a LayerNorm's scale and bias; one [V, D] embedding."""
+    [D, K*H] and out [N*H, D], biased with model.attention_bias; per FFN two biased linears; per
+    sub-layer (and with pre-LN per stack) a LayerNorm's scale and bias; one [V, D] embedding and,
+    with model.logits_bias, a [V] bias on the logits."""
     d, f = shapes['d_model'], shapes['d_ff']
-    attention = 2 * d * (shapes['heads'] + shapes['kv_heads']) * shapes['head_dim']
+    heads, kv_heads, hd = shapes['heads'], shapes['kv_heads'], shapes['head_dim']
+    attention = 2 * d * (heads + kv_heads) * hd
+    if shapes['attention_bias']:  # q [N*H], k and v [K*H], out [D]
+        attention += (heads + 2 * kv_heads) * hd + d
     ffn = d * f + f + f * d + d
     encoder = attention + ffn + 2 * 2 * d
     decoder = 2 * attention + ffn + 3 * 2 * d
     final = 2 * 2 * d if shapes['pre_ln'] else 0
     layers = shapes['encoder_layers'] * encoder + shapes['decoder_layers'] * decoder
-    return layers + final + shapes['vocab'] * d
+    logits_bias = shapes['vocab'] if shapes['logits_bias'] else 0
+    return layers + final + shapes['vocab'] * d + logits_bias
 
 
 def build(torch, shapes: dict):
@@ -132,13 +151,14 @@ def build(torch, shapes: dict):
     nn, F = torch.nn, torch.nn.functional
     d, heads, p = shapes['d_model'], shapes['heads'], shapes['dropout']
     hd, eps, kv_heads = shapes['head_dim'], shapes['epsilon'], shapes['kv_heads']
+    bias = shapes['attention_bias']
 
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q = nn.Linear(d, heads * hd, bias=False)
-            self.k, self.v = (nn.Linear(d, kv_heads * hd, bias=False) for _ in range(2))
-            self.o = nn.Linear(heads * hd, d, bias=False)
+            self.q = nn.Linear(d, heads * hd, bias=bias)
+            self.k, self.v = (nn.Linear(d, kv_heads * hd, bias=bias) for _ in range(2))
+            self.o = nn.Linear(heads * hd, d, bias=bias)
 
         def forward(self, x, y, causal):
             b, t, _ = x.shape
@@ -160,7 +180,8 @@ def build(torch, shapes: dict):
         def __init__(self, cross: bool):
             super().__init__()
             self.parts = nn.ModuleList([Attention()] + ([Attention()] if cross else []))
-            hidden = (nn.Linear(d, shapes['d_ff']), nn.ReLU(), nn.Dropout(shapes['relu_dropout']))
+            activation = getattr(nn, ACTIVATIONS[shapes['ffn']])()
+            hidden = (nn.Linear(d, shapes['d_ff']), activation, nn.Dropout(shapes['relu_dropout']))
             self.ffn = nn.Sequential(*hidden, nn.Linear(shapes['d_ff'], d))
             self.norms = nn.ModuleList(nn.LayerNorm(d, eps) for _ in range(len(self.parts) + 1))
 
@@ -189,6 +210,9 @@ def build(torch, shapes: dict):
             position = torch.arange(shapes['length'])[:, None]
             angle = position / torch.pow(10000, torch.arange(0, d, 2) / d)
             self.register_buffer('positions', torch.cat([angle.sin(), angle.cos()], -1), False)
+            if shapes['logits_bias']:  # fixed, as opt.train_logits_bias's default keeps it
+                zeros = torch.zeros(shapes['vocab'])
+                self.logits_bias = nn.Parameter(zeros, requires_grad=False)
 
         def embed(self, ids):
             x = self.embedding(ids) * math.sqrt(d) + self.positions[: ids.shape[1]]
@@ -204,7 +228,8 @@ def build(torch, shapes: dict):
                 t = layer(t, s)
             if shapes['pre_ln']:
                 t = self.final_norms[1](t)
-            return t @ self.embedding.weight.T
+            logits = t @ self.embedding.weight.T
+            return logits + self.logits_bias if shapes['logits_bias'] else logits
 
     return Model()
 

@@ -9,7 +9,8 @@ import numpy as np
 
 
 def fill_random(shapes, seed: int = 0, logits_scale: float = 1.0) -> dict:
-    """Kernels get std 1/sqrt(fan_in), embeddings 1/sqrt(D), biases 0.1; norm scales 1 +- 0.1.
+    """Kernels get std 1/sqrt(fan_in), embeddings 1/sqrt(D), biases (the logits' too) 0.1;
+    norm scales 1 +- 0.1.
 
     Args:
       shapes: the parameter tree's ShapeDtypeStructs (``jax.eval_shape`` of ``init``).
@@ -23,11 +24,11 @@ def fill_random(shapes, seed: int = 0, logits_scale: float = 1.0) -> dict:
     rng = np.random.default_rng(seed)
 
     def fill(path, leaf):
-        name, parent = path[-1].key, path[-2].key
+        name, parent = path[-1].key, path[-2].key if len(path) > 1 else None
         noise = rng.standard_normal(leaf.shape).astype(np.float32)
         if name == 'scale':
             return 1.0 + 0.1 * noise
-        if name == 'bias':
+        if name in ('bias', 'logits_bias'):  # 'logits_bias': model.logits_bias's [V], top level
             return 0.1 * noise
         if name == 'embedding':
             return noise / np.sqrt(leaf.shape[1])

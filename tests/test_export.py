@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -247,6 +248,78 @@ def test_ctranslate2_int8_is_smaller_and_translates_alike(run_dir, ct2_dir, tmp_
         results[name] = [sp.decode(h.hypotheses[0]) for h in hyps]
     same = sum(a == b for a, b in zip(results['float32'], results['int8'], strict=True))
     assert same >= 0.8 * NUM_TEST
+
+
+@pytest.mark.parametrize('ffn', ['swish', 'gelu'])
+def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
+    """A model of MarianMT's options, random (biases and the logits' bias non-zero), exported
+    without a run: Hugging Face's MarianMTModel gives our teacher-forced logits on a padded
+    batch to 1e-4 (float32, layer norm epsilon 1e-5 as Marian's), with its activation_function
+    and final_logits_bias ours; CTranslate2's conversion scores each target token as we do."""
+    from tests.random_params import fill_random
+    from tests.tiny_run import tiny_run_config
+    from transformer import schema
+    from transformer.data.tokenizer import train_tokenizer
+    from transformer.model import (
+        Transformer,
+        TransformerConfig,
+        abstract_params,
+        teacher_forced_logits,
+    )
+
+    sentences = ['the cat sat on the mat .', 'a dog ran in the park !', 'zebras jump boxes'] * 4
+    tokenizer = train_tokenizer(sentences, str(tmp_path / 'spm.model'), vocab_size=40)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        ffn=ffn,
+        attention_bias=True,
+        logits_bias=True,
+        layer_norm_epsilon=1e-5,
+        attention_impl='einsum',
+    )
+    model = Transformer(cfg)
+    params = fill_random(abstract_params(model))
+    params['logits_bias'] *= 30  # std 3: the bias moves the predictions
+    hf_dir = tmp_path / 'hf'
+    hf_dir.mkdir()
+    marian.write_hf(str(hf_dir), cfg, schema.parse(tiny_run_config(1)), tokenizer, params)
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(3, cfg.vocab_size, (2, 6)).astype(np.int32)
+    inputs[:, 3], inputs[1, 4:] = EOS_ID, 0
+    targets = rng.integers(3, cfg.vocab_size, (2, 5)).astype(np.int32)
+    targets[1, 3:] = 0
+    ours = np.asarray(
+        jax.jit(teacher_forced_logits, static_argnums=0)(model, params, inputs, targets)
+    )
+
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    assert hf.config.activation_function == ffn
+    np.testing.assert_array_equal(hf.final_logits_bias[0].numpy(), params['logits_bias'])
+    with torch.no_grad():
+        theirs = hf(
+            input_ids=torch.as_tensor(inputs, dtype=torch.long),
+            attention_mask=torch.as_tensor(inputs != 0),
+            decoder_input_ids=torch.as_tensor(np.pad(targets, ((0, 0), (1, 0)))[:, :-1]),
+        ).logits.numpy()
+    valid = targets != 0
+    assert np.abs(theirs - ours)[valid].max() < 1e-4
+    assert np.abs(ours).max() > 3
+
+    ct2_dir = tmp_path / 'ct2'
+    marian.write_ctranslate2(str(hf_dir), str(ct2_dir), layer_norm_epsilon=1e-5, quantization=None)
+    pieces = MarianTokenizer.from_pretrained(hf_dir).convert_ids_to_tokens
+    rows = lambda ids: [pieces([int(i) for i in row if i]) for row in ids]  # noqa: E731
+    scored = ctranslate2.Translator(str(ct2_dir)).score_batch(rows(inputs), rows(targets))
+    log_probs = np.asarray(jax.nn.log_softmax(ours))
+    for row, result in enumerate(scored):  # CTranslate2 adds </s>'s score after the targets'
+        n = valid[row].sum()
+        want = log_probs[row, np.arange(n), targets[row, :n]]
+        np.testing.assert_allclose(result.log_probs[:n], want, atol=1e-4)
 
 
 def test_unexportable_configs_are_one_line_errors():

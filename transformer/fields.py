@@ -30,6 +30,9 @@ RATE = _rule(lambda v: 0 <= v < 1, 'in [0, 1)')
 ABOVE_ZERO = _rule(lambda v: v > 0, '> 0')
 AT_LEAST_2 = _rule(lambda v: v >= 2, 'an integer >= 2')
 AT_LEAST_4 = _rule(lambda v: v >= 4, 'an integer >= 4')
+# A switch: its annotation (bool) already refuses anything else; the rule says it in the
+# declarations that take one (transformer/model/settings.py).
+BOOL = _rule(lambda v: isinstance(v, bool), 'True or False')
 
 # The largest values that can work, and why.
 # jax makes a PRNG key of a seed that fits in 64 signed bits; the data order takes it too.

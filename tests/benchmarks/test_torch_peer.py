@@ -20,6 +20,8 @@ MIRRORED = [
     {'pre_layer_norm': True, 'head_dim': 24, 'layer_norm_epsilon': 1e-5},
     {'attention_dropout_rate': 0.2, 'relu_dropout_rate': 0.3},
     {'num_kv_heads': 2},
+    {'ffn': 'swish', 'attention_bias': True, 'logits_bias': True, 'num_kv_heads': 2},
+    {'ffn': 'gelu', 'logits_bias': True},
 ]
 
 
@@ -41,6 +43,11 @@ def test_the_peer_builds_the_configs_model(name, model):
         m.relu_dropout_rate,
     )
     assert shapes['pre_ln'] == m.pre_layer_norm
+    assert (shapes['ffn'], shapes['attention_bias'], shapes['logits_bias']) == (
+        m.ffn,
+        m.attention_bias,
+        m.logits_bias,
+    )
     assert torch_peer.param_count(shapes) == param_count(config_from_dict(m, shapes['vocab']))
 
 
@@ -49,7 +56,8 @@ def test_the_peer_builds_the_configs_model(name, model):
     [
         (
             'model.ffn=gated',
-            "model.ffn='gated' is not built by the PyTorch peer (it builds 'relu')",
+            "model.ffn='gated' is not built by the PyTorch peer (it builds 'relu' or 'swish' "
+            "or 'gelu')",
         ),
         (
             'model.share_embeddings=none',
@@ -90,3 +98,27 @@ def test_the_built_module_groups_key_value_heads():
     assert sum(p.numel() for p in model.parameters()) == torch_peer.param_count(shapes)
     tokens = torch.ones((1, 4), dtype=torch.long)
     assert model(tokens, tokens).shape == (1, 4, shapes['vocab'])
+
+
+def test_the_built_module_has_the_marian_options():
+    """model.ffn='gelu' (exact, erf), attention biases and a fixed logits bias: the parameters
+    counted, each attention's four projections biased, the activation the exact GELU, the bias
+    excluded from training (opt.train_logits_bias's default) and added to the logits."""
+    torch = pytest.importorskip('torch')
+    settings = ['model.ffn=gelu', 'model.attention_bias=True', 'model.logits_bias=True']
+    shapes = torch_peer.config_shapes('tiny', settings)
+    shapes |= {'length': 4, 'encoder_layers': 1, 'decoder_layers': 1}
+    model = torch_peer.build(torch, shapes).eval()
+    assert sum(p.numel() for p in model.parameters()) == torch_peer.param_count(shapes)
+    attention = model.decoder[0].parts[1]
+    assert all(layer.bias is not None for layer in (attention.q, attention.k, attention.v))
+    activation = model.encoder[0].ffn[1]
+    assert isinstance(activation, torch.nn.GELU) and activation.approximate == 'none'
+    assert not model.logits_bias.requires_grad
+    tokens = torch.ones((1, 4), dtype=torch.long)
+    with torch.no_grad():
+        plain = model(tokens, tokens)
+        model.logits_bias[3] = 2.0
+        shifted = model(tokens, tokens)
+    added = torch.where(torch.arange(shapes['vocab']) == 3, 2.0, 0.0)
+    torch.testing.assert_close(shifted - plain, added.expand_as(plain))

@@ -6,6 +6,7 @@ the FLOPs, the memory bound, the exports, resuming and the PyTorch peer learn th
 entry (docs/model_variants.md)."""
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -72,7 +73,8 @@ TOYS = {
         'GLU variants (Shazeer, 2020)',
         module=GatedFeedForward,
         exports=(),
-        unexportable='MarianMT has no gated feed-forward; only ffn=relu exports.',
+        unexportable="MarianMT has no gated feed-forward; only ffn='relu', 'swish' or 'gelu' "
+        'exports.',
     ),
     'norm': variants.Variant(
         'norm',
@@ -106,9 +108,11 @@ def _shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize('part', TOYS)
 def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, capsys):
-    toy, built = TOYS[part], BUILT[part]
+    toy = TOYS[part]
+    registered = ', '.join(map(repr, variants.choices(part)))  # the paper's entry first
+    assert registered.startswith(repr(BUILT[part]))
     with pytest.raises(
-        ConfigError, match=rf"model.{part}='{toy.value}' must be one of '{built}'\.$"
+        ConfigError, match=re.escape(f"model.{part}='{toy.value}' must be one of {registered}.")
     ):
         TransformerConfig(vocab_size=8, **{part: toy.value})
     variants.register(toy)
@@ -116,14 +120,16 @@ def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, c
         cfg = TransformerConfig(vocab_size=8, **{part: toy.value})
         assert variants.chosen(cfg, part).module is toy.module
         assert f'{part}={toy.value!r}' in variants.describe(cfg)  # the training log's model line
-        with pytest.raises(ConfigError, match=rf"must be one of '{built}', '{toy.value}'\.$"):
-            TransformerConfig(vocab_size=8, **{part: 'swish'})
+        with pytest.raises(
+            ConfigError, match=re.escape(f"must be one of {registered}, '{toy.value}'.") + '$'
+        ):
+            TransformerConfig(vocab_size=8, **{part: 'unheard_of'})
         from transformer.commands import train
 
         with pytest.raises(SystemExit):
             train.cli(['train', '--config=tiny', '--help'])
         line = next(x for x in capsys.readouterr().out.splitlines() if f'model.{part} =' in x)
-        assert line.endswith(f"(one of '{built}', '{toy.value}')")
+        assert line.endswith(f"(one of {registered}, '{toy.value}')")
     finally:
         variants.unregister(part, toy.value)
 
@@ -138,6 +144,9 @@ def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, c
         {'norm': 'rms', 'pre_layer_norm': True, 'ffn': 'gated'},
         {'share_embeddings': 'none', 'head_dim': 4},
         {'num_kv_heads': 1, 'head_dim': 4},
+        {'ffn': 'swish', 'attention_bias': True, 'logits_bias': True},
+        {'attention_bias': True, 'num_kv_heads': 1, 'head_dim': 4, 'logits_bias': True},
+        {'ffn': 'gelu', 'logits_bias': True, 'share_embeddings': 'none'},
     ],
 )
 def test_declared_weights_are_the_models_parameter_tree(toys, overrides):

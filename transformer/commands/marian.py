@@ -2,8 +2,8 @@
 parameter mapping, the configs, the tokenizer files.
 
 MarianMT is the same architecture as the paper's post-LN Transformer (sinusoidal positions,
-embeddings scaled by sqrt(d_model), ReLU FFN, one matrix for both embeddings and the
-pre-softmax projection), so the export is a reparametrisation, not an approximation. Two
+embeddings scaled by sqrt(d_model), a ReLU, swish or GELU FFN, one matrix for both embeddings
+and the pre-softmax projection), so the export is a reparametrisation, not an approximation. Two
 layouts differ and are mapped here (`marian_state_dict`):
 
 * Sinusoids. ``model.sinusoidal_positions`` interleaves them (channel 2i sin, 2i+1 cos, as the
@@ -11,7 +11,9 @@ layouts differ and are mapped here (`marian_state_dict`):
   of every weight that touches the residual stream (embeddings, each kernel's D axis, layer
   norm scales and biases) by the same permutation gives the same function: layer norm and the
   tied logits are invariant to it, every other operation is a sum over D.
-* Biases. Marian has biases on the attention projections; ours have none, so they are zeros.
+* Biases. Marian has biases on the attention projections: ours with
+  ``model.attention_bias``, zeros without. Its ``final_logits_bias`` is ``model.logits_bias``'s
+  parameter, or zeros.
 
 Layer norm epsilon is hard-coded to 1e-5 in Hugging Face Marian; ``model.layer_norm_epsilon``
 (1e-6 by default) is kept in CTranslate2's config, and its effect on the Hugging Face logits is
@@ -77,7 +79,10 @@ def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarr
 
     # One matrix: transformers ties the encoder's, the decoder's and lm_head's to it.
     state['model.shared.weight'] = f32(np.asarray(params['shared_embedding']['embedding'])[:, perm])
-    state['final_logits_bias'] = np.zeros((1, cfg.vocab_size), np.float32)
+    # model.logits_bias's [V], in the embedding's row order (the ids are the same); zeros
+    # without it, the logits our model computes.
+    bias = params.get('logits_bias', np.zeros(cfg.vocab_size, np.float32))
+    state['final_logits_bias'] = f32(np.reshape(bias, (1, cfg.vocab_size)))
     for stack, count in (('encoder', cfg.num_encoder_layers), ('decoder', cfg.num_decoder_layers)):
         for i in range(count):
             p, prefix = params[f'{stack}_layer_{i}'], f'model.{stack}.layers.{i}'
@@ -111,7 +116,9 @@ def marian_configs(
         'decoder_attention_heads': cfg.num_heads,
         'encoder_ffn_dim': cfg.d_ff,
         'decoder_ffn_dim': cfg.d_ff,
-        'activation_function': 'relu',
+        # Each exportable model.ffn is named as transformers' ACT2FN and CTranslate2 name it
+        # (transformer/model/feed_forward.py ACTIVATIONS): 'relu', 'swish', 'gelu' (erf).
+        'activation_function': cfg.ffn,
         # Hugging Face recomputes the sinusoid table instead of storing it; CTranslate2 stores
         # it and fails past its end, so it covers its default 1024 input / 256 output tokens.
         'max_position_embeddings': max(max_length, 1024),

@@ -50,6 +50,7 @@ class TransformerConfig(Section):
     # the shapes they set and what the exports and the PyTorch peer take.
     head_dim: int | None = settings.config_field('head_dim')
     num_kv_heads: int | None = settings.config_field('num_kv_heads')
+    attention_bias: bool = settings.config_field('attention_bias')
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
     # The feed-forward's variant (transformer/model/feed_forward.py). Each field read by
     # variants.config_field chooses a part of model/variants.py: its default, description and
@@ -82,6 +83,9 @@ class TransformerConfig(Section):
     # 'target': target embedding == pre-softmax projection, separate source embedding;
     # 'none': three separate matrices.
     share_embeddings: str = variants.config_field('embeddings')
+    # A bias [V] on the logits (MarianMT's final_logits_bias), fixed unless
+    # opt.train_logits_bias (transformer/training/optim.py).
+    logits_bias: bool = variants.config_field('logits_bias')
     # The kind of normalization around each sub-layer (transformer/model/norms.py) and where
     # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
     norm: str = variants.config_field('norm')

@@ -7,6 +7,8 @@ transformer/training/parallel.py maps them onto mesh axes.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from flax import linen as nn
 
@@ -32,32 +34,49 @@ def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: st
     )
 
 
+# The activation of each ``model.ffn`` value that `FeedForward` computes, and where it comes
+# from. The values are Hugging Face's names (transformers' ACT2FN, CTranslate2's converter),
+# which the MarianMT export writes as its activation_function (transformer/commands/marian.py).
+ACTIVATIONS = {
+    'relu': (jax.nn.relu, 'Sec. 3.3: max(0, x)'),
+    # x sigmoid(x): SiLU (Elfwing et al., 2018), Swish (Ramachandran et al., 2017).
+    'swish': (jax.nn.silu, 'x sigmoid(x) (Ramachandran et al., 2017); Hugging Face "swish"'),
+    # Hugging Face's "gelu" is torch's exact GELU, x Phi(x) with erf; jax's default is the
+    # tanh approximation, which differs by up to ~5e-4.
+    'gelu': (
+        functools.partial(jax.nn.gelu, approximate=False),
+        'x Phi(x), the exact erf form (Hendrycks and Gimpel, 2016); Hugging Face "gelu"',
+    ),
+}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3); ``model.relu_dropout_rate`` drops out
-    its hidden layer."""
+    """FFN(x) = act(x W1 + b1) W2 + b2 (Sec. 3.3: act = ReLU), ``act`` the `ACTIVATIONS` entry
+    of ``model.ffn``; ``model.relu_dropout_rate`` drops out its hidden layer."""
 
     config: TransformerConfig
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         cfg = self.config
-        h = nn.relu(dense(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
+        activation, _ = ACTIVATIONS[cfg.ffn]
+        h = activation(dense(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi')(x))  # [B, T, F]
         h = constrain(h, HIDDEN)
         h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
         return dense(cfg, x.shape[-1], ('mlp', 'embed'), 'wo')(h)
 
 
-RELU = variants.register(
-    variants.Variant(
-        'ffn',
-        'relu',
-        lambda cfg: {
-            'wi/kernel': (cfg.d_model, cfg.d_ff),
-            'wi/bias': (cfg.d_ff,),
-            'wo/kernel': (cfg.d_ff, cfg.d_model),
-            'wo/bias': (cfg.d_model,),
-        },
-        'Sec. 3.3',
-        module=FeedForward,
-    )
+def _weights(cfg: TransformerConfig) -> variants.Shapes:
+    """Two biased projections, [D, F] and [F, D], whatever the activation."""
+    return {
+        'wi/kernel': (cfg.d_model, cfg.d_ff),
+        'wi/bias': (cfg.d_ff,),
+        'wo/kernel': (cfg.d_ff, cfg.d_model),
+        'wo/bias': (cfg.d_model,),
+    }
+
+
+RELU, SWISH, GELU = (
+    variants.register(variants.Variant('ffn', name, _weights, source, module=FeedForward))
+    for name, (_, source) in ACTIVATIONS.items()
 )

@@ -105,6 +105,7 @@ class _SubLayers(nn.Module):
             dropout_rate=cfg.attention_dropout_rate,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            use_bias=cfg.attention_bias,
             attention_impl=cfg.attention_impl,
             name=name,
         )

@@ -1,5 +1,6 @@
 """The model's numeric settings, one declaration each: what a number (a head count, a width)
-changes in the network and what the exports and the PyTorch peer can represent of it.
+or a switch (the attention's biases) changes in the network and what the exports and the
+PyTorch peer can represent of it.
 
 A part's choice is one entry of transformer/model/variants.py; a numeric setting has no entry
 per value, so its `Setting` declares, in one place, what the rest of the package reads:
@@ -192,5 +193,33 @@ declare(
         lambda cfg: {'attention': {f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')}},
         unexportable=_marian_kv_heads,
         exports='None or num_heads',
+    )
+)
+
+
+# A switch of the attention's shapes: Hugging Face MarianMT (OPUS-MT) has biases on the four
+# projections; the paper's equations (Sec. 3.2.2) have none.
+def _attention_biases(cfg: TransformerConfig) -> dict[str, Shapes]:
+    """The biases MultiHeadAttention(use_bias=True) makes (transformer/model/projections.py):
+    query [N, H], key and value [K, H], out [D]."""
+    if not cfg.attention_bias:
+        return {}
+    key_value = (num_kv_heads(cfg), head_dim(cfg))
+    return {
+        'attention': {
+            'query/bias': (cfg.num_heads, head_dim(cfg)),
+            **{f'{n}/bias': key_value for n in ('key', 'value')},
+            'out/bias': (cfg.d_model,),
+        }
+    }
+
+
+declare(
+    Setting(
+        'attention_bias',
+        False,
+        "biases on the attention's q, k, v and output projections (MarianMT's; not the paper's)",
+        fields.BOOL,
+        _attention_biases,
     )
 )

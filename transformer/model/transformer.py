@@ -43,8 +43,9 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer with (optionally) tied embeddings.
 
     Parameter tree (share_embeddings='all'): ``shared_embedding/embedding [V, D]``,
-    ``encoder/layer_{i}/...``, ``decoder/layer_{i}/...``. The same [V, D] matrix embeds the
-    source and target tokens and, transposed, is the pre-softmax projection (Sec. 3.4).
+    ``encoder/layer_{i}/...``, ``decoder/layer_{i}/...``; with ``model.logits_bias``,
+    ``logits_bias [V]``. The same [V, D] matrix embeds the source and target tokens and,
+    transposed, is the pre-softmax projection (Sec. 3.4).
     """
 
     config: TransformerConfig
@@ -76,6 +77,14 @@ class Transformer(nn.Module):
                 kernel_init=partitioned(nn.initializers.lecun_normal(), ('embed', 'vocab')),
                 dot_general=backends.dense_dot_general,
                 name='logits_dense',
+            )
+        if cfg.logits_bias:
+            # MarianMT's final_logits_bias: zeros, fixed unless opt.train_logits_bias.
+            self.logits_bias = self.param(
+                'logits_bias',
+                partitioned(nn.initializers.zeros, ('vocab',)),
+                (cfg.vocab_size,),
+                cfg.param_dtype,
             )
         # model.remat: each layer recomputed in the backward pass as the policy says; its
         # flags (deterministic, decode) are static and passed by position.
@@ -201,25 +210,30 @@ class Transformer(nn.Module):
         return positions, self_mask, cross_mask
 
     def _project(self, y: Array) -> Array:
-        """float32 pre-softmax logits [B, T, V] of decoder hidden states y [B, T, D]."""
+        """float32 pre-softmax logits [B, T, V] of decoder hidden states y [B, T, D]: the
+        product in ``cfg.dtype``, plus ``model.logits_bias``'s b in ``cfg.dtype``, as the
+        chunked loss adds it (transformer/training/loss.py)."""
         cfg = self.config
         if cfg.share_embeddings == 'none':
             logits = self.logits_dense(y)
         else:
             embedding = self.target_embedding.embedding.astype(cfg.dtype)
             logits = backends.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
+        if cfg.logits_bias:
+            logits = logits + self.logits_bias.astype(cfg.dtype)
         return logits.astype(jnp.float32)
 
     def output_projection(self) -> tuple[Array, Array | None]:
         """The pre-softmax projection as a [V, D] matrix W and its bias [V] (None without
         one), as stored (param dtype): logits = y W^T + b, what `decode` computes in
-        ``cfg.dtype``. Tied embeddings give E itself (Sec. 3.4); ``logits_dense`` gives its
-        [D, V] kernel transposed. For losses that never form the [B, T, V] logits
-        (transformer/training/loss.py), from ``decode(..., logits=False)``'s hidden states."""
+        ``cfg.dtype``. Tied embeddings give E itself (Sec. 3.4); ``logits_dense`` (no bias of
+        its own) gives its [D, V] kernel transposed; b is ``model.logits_bias``'s parameter.
+        For losses that never form the [B, T, V] logits (transformer/training/loss.py), from
+        ``decode(..., logits=False)``'s hidden states."""
+        bias = self.logits_bias if self.config.logits_bias else None
         if self.config.share_embeddings != 'none':
-            return self.target_embedding.embedding, None
-        dense = self.logits_dense.variables['params']
-        return dense['kernel'].T, dense.get('bias')
+            return self.target_embedding.embedding, bias
+        return self.logits_dense.variables['params']['kernel'].T, bias
 
     def __call__(
         self,

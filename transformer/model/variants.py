@@ -1,8 +1,8 @@
 """The model's variants, one entry each: every choice of what the network computes.
 
 A `Variant` is one value of one part of the network (its attention, feed-forward, kind of
-normalization, where the norms sit, embedding sharing) and declares, in one place, what the
-rest of the package reads:
+normalization, where the norms sit, embedding sharing, a bias on the logits) and declares, in
+one place, what the rest of the package reads:
 
 * ``weights``: the shapes of one instance's parameters, by their path below it
   ('wi/kernel' -> (D, F)); ``outer``: the parameters it adds outside the layers (pre-LN's
@@ -12,7 +12,7 @@ rest of the package reads:
   (transformer/model/flops.py, `matmul_flops_per_token`).
 * ``module``: the Flax module that computes it, where the part has one per entry (the
   feed-forward, the norm: ``module(config, name=...)``); None where the Transformer reads the
-  field itself (norm placement, embedding sharing).
+  field itself (norm placement, embedding sharing, the logits' bias).
 * ``exports``: the export formats that can represent it; the others refuse it with
   ``unexportable`` (`export_refusal`), before they ask for their packages.
 
@@ -78,6 +78,11 @@ PARTS = {
     'norm_placement': Part('pre_layer_norm', False, 'False: post-LN (Sec. 3.1); True: pre-LN'),
     'embeddings': Part(
         'share_embeddings', 'all', "'all': source, target, pre-softmax share one (Sec. 3.4)"
+    ),
+    'logits_bias': Part(
+        'logits_bias',
+        False,
+        "a [V] bias on the logits (MarianMT's final_logits_bias); not Sec. 3.4's",
     ),
 }
 # The config field that chooses each part.
@@ -231,13 +236,16 @@ def matmul_flops_per_token(
     cfg: TransformerConfig, part: str, names: tuple[str, ...] | None = None
 ) -> int:
     """Forward FLOPs (2 per multiply-add) that one instance of ``part`` spends per token on
-    its weight products: every weight of two or more axes multiplies each token's vector once
-    (biases and norm scales are not products). ``names``: only the weights below these
-    (the attention's 'key' and 'value', which read the keys' tokens)."""
+    its weight products: every weight of two or more axes but a bias multiplies each token's
+    vector once (biases, the attention's [N, H] ones too, and norm scales are not products).
+    ``names``: only the weights below these (the attention's 'key' and 'value', which read the
+    keys' tokens)."""
     return 2 * sum(
         math.prod(shape)
         for path, shape in weights(cfg, part).items()
-        if len(shape) > 1 and (names is None or path.split('/')[0] in names)
+        if len(shape) > 1
+        and path.split('/')[-1] != 'bias'
+        and (names is None or path.split('/')[0] in names)
     )
 
 
@@ -330,5 +338,17 @@ register(
         },
         exports=(),
         unexportable=_ONE_MATRIX,
+    )
+)
+
+register(Variant('logits_bias', False, _nothing, 'Sec. 3.4: logits = y E^T, no bias'))
+register(
+    Variant(
+        'logits_bias',
+        True,
+        _nothing,
+        "Hugging Face MarianMT's final_logits_bias: logits = y E^T + b, b a fixed buffer there",
+        # [V], in the rows' order of the embedding (transformer/model/transformer.py).
+        outer=lambda cfg: {'logits_bias': (cfg.vocab_size,)},
     )
 )

@@ -164,6 +164,10 @@ class OptSection(Section):
         optional=True,
         doc='AdamW: params -= lr x this x params on weight matrices, embedding too; 0 = Adam',
     )
+    # Hugging Face's final_logits_bias is a buffer, never trained (transformer/training/optim.py).
+    train_logits_bias: bool = field(
+        False, optional=True, doc='train model.logits_bias; False keeps it fixed, as MarianMT does'
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,6 +194,12 @@ class TrainSection(Section):
         1, POSITIVE, doc='micro-batches per step, to reach the budget on fewer devices'
     )
     label_smoothing: float = field(0.1, RATE, doc='epsilon_ls (Sec. 5.4)')
+    # Fine-tuning (transformer/training/init_from.py): the model and vocabulary come from there.
+    init_from: str | None = field(
+        None,
+        optional=True,
+        doc='fine-tune: a MarianMT or run directory (RUN@STEP: that step); None = random init',
+    )
     # threefry (jax's default) measured cheapest on CPU (docs/experiments.md) and on an H200
     # (base, bfloat16: 40.8 ms/step, rbg 41.3); it is also what runs before the choice drew.
     dropout_prng: DropoutPrng = field(

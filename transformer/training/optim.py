@@ -6,14 +6,20 @@ Weight Decay Regularization"): each update also subtracts lr x weight_decay x th
 outside Adam's normalisation, as PyTorch's and fairseq's AdamW do (the decay follows the
 schedule). Only the weight matrices decay (`decays`: parameters of two or more axes): the
 attention, feed-forward and output kernels and the embedding table, which the output layer
-shares (Sec. 3.4), so it is a weight matrix of the network like the others. Biases and layer-
-norm scales and offsets (one axis) do not: they set offsets and scales, not how much a layer
-responds to its input, so shrinking them towards 0 constrains nothing useful and pulls a layer
-norm's gain towards a dead layer; leaving them out is BERT's and GPT-2's convention as well.
+shares (Sec. 3.4), so it is a weight matrix of the network like the others. Biases (one axis,
+or the attention's [N, H]) and layer-norm scales and offsets do not: they set offsets and
+scales, not how much a layer responds to its input, so shrinking them towards 0 constrains
+nothing useful and pulls a layer norm's gain towards a dead layer; leaving them out is BERT's
+and GPT-2's convention as well.
+
+``model.logits_bias``'s parameter, Hugging Face MarianMT's ``final_logits_bias``, is a buffer
+there that no optimizer updates: here it stays as it is too (`fixing_logits_bias`) unless
+``opt.train_logits_bias``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -118,19 +124,53 @@ def make_schedule(opt: Any, d_model: int, num_steps: int | None = None) -> optax
 
 def decays(params: Any) -> Any:
     """The weight-decay mask of ``params``: True for weight matrices (two or more axes), False
-    for biases and layer-norm parameters (module docstring)."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    for biases (the attention's [N, H] ones too) and layer-norm parameters (module
+    docstring)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p.ndim >= 2 and _name(path) != 'bias', params
+    )
+
+
+def _name(path: tuple[Any, ...]) -> Any:
+    """The key of a tree path's last entry (a dict's key; None for a list's index)."""
+    return getattr(path[-1], 'key', None) if path else None
+
+
+# The parameter of model.logits_bias (transformer/model/transformer.py): Hugging Face's
+# final_logits_bias, a buffer never trained there.
+FIXED_UNLESS_TRAINED = 'logits_bias'
+
+
+def _without_fixed(tree: Any) -> Any:
+    """``tree`` with zeros at the top-level entry `FIXED_UNLESS_TRAINED`, where it has one."""
+    if not isinstance(tree, Mapping) or FIXED_UNLESS_TRAINED not in tree:
+        return tree
+    return type(tree)({**tree, FIXED_UNLESS_TRAINED: jnp.zeros_like(tree[FIXED_UNLESS_TRAINED])})
+
+
+def fixing_logits_bias(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` with the logits' bias left as it is: its gradient is zero before ``inner``
+    (so global-norm clipping and Adam's moments never see it, as Hugging Face computes none
+    for its buffer) and its update zero after. The state is ``inner``'s own, the same for
+    trees with and without the parameter, so checkpoints of earlier runs restore."""
+
+    def update(updates, state, params=None):
+        updates, state = inner.update(_without_fixed(updates), state, params)
+        return _without_fixed(updates), state
+
+    return optax.GradientTransformation(inner.init, update)
 
 
 def make_optimizer(
     opt: Any, d_model: int, num_steps: int | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Adam(beta1, beta2, eps) on the schedule, optionally after global-norm clipping; AdamW on
-    the weight matrices (`decays`) when ``opt.weight_decay`` > 0.
+    the weight matrices (`decays`) when ``opt.weight_decay`` > 0; the logits' bias
+    (``model.logits_bias``) fixed unless ``opt.train_logits_bias`` (`fixing_logits_bias`).
 
     Args:
       opt: the config's ``opt`` section (schedule, warmup_steps, lr_scale, warmup_init_lr,
-        cooldown_steps, b1, b2, eps, clip_grad_norm, weight_decay).
+        cooldown_steps, b1, b2, eps, clip_grad_norm, weight_decay, train_logits_bias).
       d_model: the model width D (the schedule depends on it).
       num_steps: the run length, where the cool-down ends (needed when it is on).
 
@@ -154,4 +194,7 @@ def make_optimizer(
         )
     else:  # Adam's own state layout, which checkpoints of earlier runs hold
         chain.append(optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps))
-    return optax.chain(*chain), schedule
+    tx = optax.chain(*chain)
+    if not opt.train_logits_bias:
+        tx = fixing_logits_bias(tx)
+    return tx, schedule
