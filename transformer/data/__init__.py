@@ -8,6 +8,10 @@
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py), which
   applies the run's pretokenization (``PRETOKENIZERS``; ``Pretokenizer``, pretokenize.py)
   both ways: raw text in, detokenized text out.
+- ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
+  source, as its id (source_tag.py).
+- ``MarianVocabulary`` (marian_vocab.py): a MarianMT (OPUS-MT) directory's vocabulary
+  (source.spm, target.spm, vocab.json) behind the same interface, with our ids.
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
@@ -19,10 +23,12 @@ from transformer.data.eval_batches import (
     EvalSet,
     batch_examples,
     bucket_length,
+    eval_set_of_lines,
     make_eval_batches,
     make_eval_set,
     restore_order,
 )
+from transformer.data.marian_vocab import MarianVocabulary
 from transformer.data.packing import (
     LONG_EXAMPLES,
     TrainIterator,
@@ -31,6 +37,7 @@ from transformer.data.packing import (
 )
 from transformer.data.prefetch import Prefetcher
 from transformer.data.pretokenize import PRETOKENIZERS, Pretokenizer
+from transformer.data.source_tag import SourceTagged, tag_sources
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
@@ -43,12 +50,14 @@ __all__ = [
     'NORMALIZATIONS',
     'PRETOKENIZERS',
     'Prefetcher',
+    'SourceTagged',
     'Pretokenizer',
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',
     'DataError',
     'EvalSet',
+    'MarianVocabulary',
     'TokenizedSplit',
     'Tokenizer',
     'TrainIterator',
@@ -56,6 +65,7 @@ __all__ = [
     'check_split',
     'bucket_length',
     'decode_lines',
+    'eval_set_of_lines',
     'get_tokenizer',
     'load_text',
     'make_eval_batches',
@@ -65,5 +75,6 @@ __all__ = [
     'pack_examples',
     'restore_order',
     'sources',
+    'tag_sources',
     'tokenize_split',
 ]

@@ -17,7 +17,7 @@ import numpy as np
 from absl import logging
 
 from transformer.data.sources import load_text
-from transformer.data.tokenized import tokenize_split
+from transformer.data.tokenized import encode_texts, tokenize_split
 from transformer.data.tokenizer import Tokenizer
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -180,3 +180,23 @@ def make_eval_set(
     _, references = load_text(data_config, split)
     num_examples = sum(int((b['index'] >= 0).sum()) for b in batches)
     return EvalSet(split, batches, references[:num_examples])
+
+
+def eval_set_of_lines(
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int,
+    name: str,
+) -> EvalSet:
+    """An `EvalSet` of given sentences (one source and one reference a line), named ``name``:
+    any pair of files scored as a split is."""
+    if len(sources) != len(references):
+        raise ValueError(f'{len(sources)} sources but {len(references)} references.')
+    source_ids, source_offsets = encode_texts(tokenizer, sources, 'source')
+    target_ids, target_offsets = encode_texts(tokenizer, references, 'target')
+    sources_ids = np.split(source_ids, source_offsets[1:-1])
+    targets_ids = np.split(target_ids, target_offsets[1:-1])
+    batches = batch_examples(sources_ids, targets_ids, batch_size)
+    return EvalSet(name, batches, list(references))

@@ -23,7 +23,8 @@
   TensorFlow: no config parse should import it); training asks before it writes anything.
 
 Registered: ``'synthetic'`` (the built-in invented language pair, transformer/data/
-synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py);
+synthetic.py; no files, no network), ``'multi30k'`` (multi30k.py), ``'folder'`` (folder.py),
+``'none'`` (no_dataset.py: a run that names no dataset);
 any other name is a TFDS translation dataset (tfds_translate.py), and a name that TFDS does not
 register either stops in one line before anything is read. A new dataset is one module
 plus one line in `SOURCES`. Only reading a TFDS dataset imports tensorflow_datasets (and
@@ -40,13 +41,14 @@ from typing import Any
 
 from absl import logging
 
-from transformer.data import folder, multi30k, synthetic, tfds_translate
+from transformer.data import folder, multi30k, no_dataset, synthetic, tfds_translate
 from transformer.data.errors import DataError
 
 SOURCES: dict[str, ModuleType] = {
     'synthetic': synthetic,
     'multi30k': multi30k,
     'folder': folder,
+    'none': no_dataset,
 }
 TFDS = tfds_translate  # every other ``data.dataset`` name
 __all__ = [

@@ -115,6 +115,15 @@ class Tokenizer:
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(i)
 
+    def token_id(self, piece: str) -> int | None:
+        """The id of the piece ``piece`` (a reserved token), or None when it is no piece."""
+        i = self._sp.piece_to_id(piece)
+        return None if i == UNK_ID and piece != self._sp.id_to_piece(UNK_ID) else i
+
+    def language_tokens(self) -> list[str]:
+        """Target-language tokens (``>>xx<<``): a joint SentencePiece vocabulary has none."""
+        return []
+
 
 def _trained_on(sp: spm.SentencePieceProcessor) -> str:
     """The pretokenization a vocabulary was trained with: 'moses' when it holds the control

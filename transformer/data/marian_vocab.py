@@ -1,0 +1,254 @@
+"""A MarianMT (OPUS-MT) vocabulary behind the interface of the joint SentencePiece `Tokenizer`.
+
+A MarianMT directory holds two SentencePiece models, ``source.spm`` for the source language and
+``target.spm`` for the target, and ``vocab.json``, the model's one vocabulary of both: text is
+cut into pieces by its side's model and each piece is looked up in vocab.json, never by the
+SentencePiece id (a piece that vocab.json lacks is unknown). This is what transformers'
+``MarianTokenizer`` does, and `MarianVocabulary.encode` gives its ids on every line, its
+handling of a leading language code (``>>fra<< text``) and of special-token strings included
+(one deliberate difference, below).
+
+Ids: Marian's are eos 0, unk 1, pad V-1 (also the decoder's start); ours (transformer/tokens.py)
+are pad 0, eos 1, unk 2. Ours are Marian's turned by one, ``ours = (marian + 1) % V``: eos
+0 -> 1, unk 1 -> 2, pad V-1 -> 0, every other piece one up, so the rows of an embedding or of
+``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`, `rows_to_marian`).
+
+The difference from MarianTokenizer: it takes ``'</s>'`` or ``'<pad>'`` written in the text as
+its eos or pad token; here they are unknown (id 2), as ``'<unk>'`` is in both, because an
+end-of-sentence or a padding id inside a sentence would cut it short or mask it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from transformer.data.errors import DataError
+from transformer.data.pretokenize import SIDES, Pretokenizer, Side
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+
+FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
+TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
+EOS, UNK, PAD = '</s>', '<unk>', '<pad>'  # Marian's pieces, at its ids 0, 1 and V-1
+# MarianTokenizer cuts these out of the text before SentencePiece sees it (its special tokens).
+_SPECIAL = re.compile('(' + '|'.join(re.escape(t) for t in (EOS, UNK, PAD)) + ')')
+
+
+class MarianVocabulary:
+    """A MarianMT directory's vocabulary, with this project's ids.
+
+    Attributes:
+      directory: the directory it was loaded from.
+      vocab_size: V, the number of pieces in vocab.json (pad, eos and unk included).
+      fingerprint: a hash of source.spm, target.spm and vocab.json, part of the token-cache
+        keys.
+      source_lang, target_lang: tokenizer_config.json's, or None.
+      pretokenize: always 'none': MarianMT models read raw text.
+      pretokenizer: a `Pretokenizer` that leaves text as it is.
+    """
+
+    pretokenize = 'none'
+
+    def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
+        """``key``: the setting that named the directory, for the error messages.
+        ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'."""
+        self.directory = os.fspath(directory)
+        where = f'{key}={self.directory}' if key else self.directory
+        paths = [os.path.join(self.directory, name) for name in FILES]
+        for path in paths:
+            if not os.path.isfile(path):
+                raise DataError(
+                    f'{path} does not exist: a MarianMT vocabulary ({where}) is the files '
+                    f'{", ".join(FILES)}.'
+                )
+        contents = []
+        for path in paths:
+            with open(path, 'rb') as f:
+                contents.append(f.read())
+        self.fingerprint = hashlib.sha256(
+            b''.join(len(c).to_bytes(8, 'little') + c for c in contents)
+        ).hexdigest()[:16]
+        self._spm = {
+            side: _load_spm(path, proto)
+            for side, path, proto in zip(SIDES, paths[:2], contents[:2], strict=True)
+        }
+        self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
+        self._ids = {piece: self.our_id(i) for i, piece in enumerate(self._pieces)}
+        self.source_lang, self.target_lang = _languages(self.directory)
+        if data_config is not None and data_config.pretokenize != 'none':
+            raise DataError(
+                f'{where} is a MarianMT vocabulary, which reads raw text: set '
+                f'data.pretokenize=none, not {data_config.pretokenize!r}.'
+            )
+        self.pretokenizer = Pretokenizer('none', self.source_lang, self.target_lang, False)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    def encode(self, text: str, side: Side = 'source') -> list[int]:
+        """Token ids of ``text`` (``side`` picks the SentencePiece model), without EOS:
+        MarianTokenizer's ids in our order (module docstring)."""
+        return self.encode_batch([text], side)[0]
+
+    def encode_batch(self, texts: Sequence[str], side: Side = 'source') -> list[list[int]]:
+        """Token ids of many texts of one side (without EOS), segmented on all cores."""
+        if side not in SIDES:
+            raise ValueError(f'side must be one of {SIDES}, got {side!r}.')
+        parts = [_split(text) for text in texts]
+        plain = [chunk for split in parts for kind, chunk in split if kind == 'text']
+        pieces = iter(self._spm[side].encode(plain, out_type=str, num_threads=os.cpu_count() or 1))
+        out = []
+        for split in parts:
+            ids = []
+            for kind, chunk in split:
+                if kind == 'text':
+                    ids += [self._ids.get(p, UNK_ID) for p in next(pieces)]
+                elif kind == 'code':
+                    ids.append(self._ids.get(chunk, UNK_ID))
+                else:  # a special token's string: unknown (module docstring)
+                    ids.append(UNK_ID)
+            out.append(ids)
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to the first EOS, padding and unknown skipped: what
+        ``MarianTokenizer.decode(..., skip_special_tokens=True)`` gives, with target.spm."""
+        pieces = []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, UNK_ID):
+                pieces.append(self.id_to_piece(i))
+        text = self._spm['target'].decode_pieces(pieces)
+        return text.replace('▁', ' ').strip()
+
+    def id_to_piece(self, i: int) -> str:
+        """The vocab.json piece of our id ``i``."""
+        return self._pieces[self.marian_id(i)]
+
+    def token_id(self, piece: str) -> int | None:
+        """Our id of the vocab.json piece ``piece`` (a language token), or None."""
+        return self._ids.get(piece)
+
+    def language_tokens(self) -> list[str]:
+        """The target-language tokens (``>>xx<<``) of vocab.json, in id order."""
+        return [p for p in self._pieces if p.startswith('>>') and p.endswith('<<')]
+
+    def marian_id(self, i: int) -> int:
+        """Marian's id of our id ``i``."""
+        return (int(i) - 1) % self.vocab_size
+
+    def our_id(self, i: int) -> int:
+        """Our id of Marian's id ``i``."""
+        return (int(i) + 1) % self.vocab_size
+
+    @staticmethod
+    def rows_to_ours(x: Any) -> np.ndarray:
+        """``x`` (V rows in Marian's order: an embedding, final_logits_bias) in our order:
+        row ``(m + 1) % V`` of the result is row ``m`` of ``x``."""
+        return np.roll(np.asarray(x), 1, axis=0)
+
+    @staticmethod
+    def rows_to_marian(x: Any) -> np.ndarray:
+        """The inverse of `rows_to_ours`: V rows in our order put in Marian's."""
+        return np.roll(np.asarray(x), -1, axis=0)
+
+
+def _split(text: str) -> list[tuple[str, str]]:
+    """``text`` as MarianTokenizer cuts it: its special tokens' strings ('special') out, and
+    a language code ('code', ``>>xx<<``) off the start of each piece between them ('text')."""
+    parts = []
+    for n, chunk in enumerate(_SPECIAL.split(text)):
+        if n % 2:
+            parts.append(('special', chunk))
+            continue
+        if not chunk:  # MarianTokenizer skips empty chunks, and no code is in one
+            continue
+        if chunk.startswith('>>') and (end := chunk.find('<<')) != -1:
+            parts.append(('code', chunk[: end + 2]))
+            chunk = chunk[end + 2 :]
+        parts.append(('text', chunk))
+    return parts
+
+
+def _load_spm(path: str, proto: bytes) -> spm.SentencePieceProcessor:
+    if not proto:  # it would load as a model without pieces
+        raise DataError(f"{path} is empty: restore the MarianMT directory's file.")
+    try:
+        return spm.SentencePieceProcessor(model_proto=proto)
+    except RuntimeError as e:
+        raise DataError(f'{path} is not a SentencePiece model that loads ({e}).') from None
+
+
+def _read_vocab(path: str, content: bytes) -> list[str]:
+    """vocab.json's pieces in Marian's id order, checked against Marian's conventions."""
+
+    def unique(pairs):
+        seen = {}
+        for piece, i in pairs:
+            if piece in seen:
+                raise DataError(f'{path} has the piece {piece!r} twice.')
+            seen[piece] = i
+        return seen
+
+    try:
+        vocab = json.loads(content.decode('utf-8'), object_pairs_hook=unique)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path} is not JSON ({e}).') from None
+    if not isinstance(vocab, dict) or not all(
+        type(i) is int and isinstance(p, str) for p, i in vocab.items()
+    ):
+        raise DataError(f'{path} must be a JSON object of piece -> integer id.')
+    pieces: dict[int, str] = {}
+    for piece, i in vocab.items():
+        if i in pieces:
+            raise DataError(f'{path} gives the id {i} to both {pieces[i]!r} and {piece!r}.')
+        pieces[i] = piece
+    size = len(vocab)
+    for piece, want in ((EOS, 0), (UNK, 1), (PAD, size - 1)):
+        if piece not in vocab:
+            raise DataError(f"{path} has no {piece!r} (Marian's id {want}).")
+    if set(pieces) != set(range(size)):
+        outside = sorted(i for i in pieces if not 0 <= i < size)[:3]
+        raise DataError(f'{path} has ids outside 0..{size - 1} (its size - 1): {outside}.')
+    for piece, want in ((EOS, 0), (UNK, 1), (PAD, size - 1)):
+        if vocab[piece] != want:
+            raise DataError(
+                f'{path} gives {piece!r} the id {vocab[piece]}; a MarianMT vocabulary has it '
+                f'at {want} (eos 0, unk 1, pad V-1 = {size - 1}).'
+            )
+    return [pieces[i] for i in range(size)]
+
+
+def _languages(directory: str) -> tuple[str | None, str | None]:
+    """tokenizer_config.json's source_lang and target_lang, when it is there."""
+    path = os.path.join(directory, TOKENIZER_CONFIG)
+    if not os.path.isfile(path):
+        return None, None
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path} is not JSON ({e}).') from None
+    if not isinstance(config, dict):
+        raise DataError(f'{path} must be a JSON object.')
+    if config.get('separate_vocabs'):
+        raise DataError(
+            f'{path} has separate_vocabs=true (a target_vocab.json): only one joint '
+            'vocabulary is supported.'
+        )
+    for name, want in (('eos_token', EOS), ('unk_token', UNK), ('pad_token', PAD)):
+        value = config.get(name, want)
+        if isinstance(value, dict):  # a saved AddedToken
+            value = value.get('content')
+        if value != want:
+            raise DataError(f"{path} has {name}={value!r}; only Marian's {want!r} is supported.")
+    return config.get('source_lang'), config.get('target_lang')
