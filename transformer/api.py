@@ -123,6 +123,7 @@ class Run:
         min_length: int = 0,
         no_repeat_ngram: int = 0,
         prefixes: Sequence[str] | None = None,
+        source_tag: str | None = None,
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config.
@@ -134,9 +135,10 @@ class Run:
         ``top_p``; line i seeded by fold_in(key(``seed``), i)); with ``num_samples`` N > 1
         each line gets its N samples as `Hypothesis` lists, in sample order. ``min_length``
         and ``no_repeat_ngram`` constrain any search; ``prefixes`` (one a line, '' = none)
-        are target text each output starts with. A new value of any of these settings
-        reuses the compiled search. Settings that cannot work raise a one-line ValueError
-        before anything is decoded.
+        are target text each output starts with. ``source_tag``: a token put first in every
+        source (a multilingual model's target language, '>>fra<<'; `data.tag_sources`).
+        A new value of any of these settings reuses the compiled search. Settings that cannot
+        work raise a one-line ValueError before anything is decoded.
         """
         ev = self.config.eval
         if sampling and beam_size not in (None, 1):
@@ -148,7 +150,7 @@ class Run:
         constraints.check()
         return decoding.translate_lines(
             list(lines),
-            self.tokenizer,
+            self._tagged(source_tag),
             self.model,
             self.params,
             beam_size=ev.beam_size if beam_size is None else beam_size,
@@ -164,6 +166,14 @@ class Run:
             layout=self.layout,
         )
 
+    def _tagged(self, source_tag: str | None) -> Any:
+        """The vocabulary with ``source_tag`` first in every source (or the load's tag)."""
+        if isinstance(self.tokenizer, data.SourceTagged):
+            if source_tag in (None, self.tokenizer.tag):
+                return self.tokenizer
+            return data.tag_sources(self.tokenizer.tokenizer, source_tag)
+        return data.tag_sources(self.tokenizer, source_tag)
+
     def score(
         self,
         sources: Sequence[str],
@@ -172,6 +182,7 @@ class Run:
         alpha: float | None = None,
         length_penalty: str | None = None,
         batch_size: int | None = None,
+        source_tag: str | None = None,
     ) -> list[decoding.PairScore]:
         """The model's score of each (source, target) pair: `PairScore` (score, log_prob,
         tokens, token_log_probs), log_prob being log P(target | source) with EOS, score that
@@ -180,7 +191,7 @@ class Run:
         return decoding.score_pairs(
             self.model,
             self.params,
-            self.tokenizer,
+            self._tagged(source_tag),
             list(sources),
             list(targets),
             alpha=ev.alpha if alpha is None else alpha,
@@ -209,16 +220,21 @@ def load(
     average_last: int | None = None,
     best: bool = False,
     devices: Sequence[Any] | None = None,
+    source_tag: str | None = None,
     **layout: Any,
 ) -> Run:
     """A trained run, loaded as the commands load it (by default the average they choose:
     `checkpoint.default_average`); ``step``, ``average_last`` and ``best`` as their flags.
     It decodes on ``devices`` (default: all) in the run's layout, as evaluate and translate
     do; ``layout``: ``parallelism``, ``model_parallelism``, ``fsdp``, ``gather_params`` as
-    their flags."""
+    their flags. ``source_tag``: the token every source starts with (a multilingual model's
+    target language), which `Run.translate` and `Run.score` may also take per call."""
     with console.quiet_libraries():
         loaded = decoding_run.load_run(
-            workdir, step=step, average_last=average_last, best=best, devices=devices, **layout
+            workdir,
+            **dict(step=step, average_last=average_last, best=best, devices=devices),
+            **dict(source_tag=source_tag, tag_later=True),
+            **layout,
         )
     steps = loaded.member_steps[0]
     return Run(loaded.config, loaded.tokenizer, loaded.model, loaded.params, steps, loaded.layout)

@@ -2,7 +2,11 @@
 
     WORKDIR/config.json          the experiment config the run started with
     WORKDIR/config_history.jsonl settings changed by later resumes (step, key, old, new)
-    WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary
+    WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary, or
+    WORKDIR/vocab/vocab.json     a MarianMT vocabulary (with source.spm, target.spm and
+                                 tokenizer_config.json) of a run converted from, or
+                                 started from, a MarianMT (`transformer.data.MarianVocabulary`)
+    WORKDIR/converted_from.json  where a converted run's parameters came from (transformer.convert)
     WORKDIR/data_cache/          token ids of each split (see transformer/data/tokenized.py)
     WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position,
                                  the best validation score so far and the patience count)
@@ -34,7 +38,10 @@ PyTree = Any
 
 
 CONFIG_FILE = 'config.json'
-VOCAB_FILE = os.path.join('vocab', 'spm.model')
+VOCAB_DIR = 'vocab'
+VOCAB_FILE = os.path.join(VOCAB_DIR, 'spm.model')
+# Marks a run written by transformer.convert: parameters without an optimizer state.
+CONVERTED_FILE = 'converted_from.json'
 DATA_CACHE = 'data_cache'
 CHECKPOINTS = 'checkpoints'
 # The best checkpoint lives in its own directory, not among CHECKPOINTS: those keep the last
@@ -120,6 +127,20 @@ def vocab_path(config: Config, workdir: str | None) -> str | None:
     return path(workdir, VOCAB_FILE) if workdir else None
 
 
+def marian_vocab_dir(config: Config, workdir: str | None) -> str | None:
+    """``WORKDIR/vocab`` when it holds a MarianMT vocabulary (vocab.json), else None; never
+    with ``data.vocab_path`` set."""
+    if config.data.vocab_path or not workdir:
+        return None
+    directory = path(workdir, VOCAB_DIR)
+    return directory if os.path.isfile(os.path.join(directory, 'vocab.json')) else None
+
+
+def is_converted(workdir: str) -> bool:
+    """Whether ``workdir`` was written by transformer.convert (no optimizer state)."""
+    return os.path.isfile(path(workdir, CONVERTED_FILE))
+
+
 def data_cache_dir(config: Config, workdir: str | None) -> str | None:
     """``data.cache_dir``, else ``WORKDIR/data_cache``, else None (no disk cache)."""
     if config.data.cache_dir:
@@ -134,6 +155,9 @@ def get_tokenizer(config: Config, workdir: str | None) -> data_lib.Tokenizer:
     for it and load that file (SentencePiece training is only reproducible across hosts with
     the same thread count and library build).
     """
+    marian = marian_vocab_dir(config, workdir)
+    if marian:
+        return _marian_vocabulary(marian)
     model_path = vocab_path(config, workdir)
     if jax.process_count() == 1 or config.data.vocab_path:
         return data_lib.get_tokenizer(config.data, model_path)
@@ -147,6 +171,9 @@ def get_tokenizer(config: Config, workdir: str | None) -> data_lib.Tokenizer:
 
 def load_tokenizer(config: Config, workdir: str) -> data_lib.Tokenizer:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
+    marian = marian_vocab_dir(config, workdir)
+    if marian:
+        return _marian_vocabulary(marian)
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
         raise WorkdirError(
@@ -154,6 +181,13 @@ def load_tokenizer(config: Config, workdir: str) -> data_lib.Tokenizer:
             '(copy it there or set data.vocab_path).'
         )
     return data_lib.Tokenizer(model_path, data_config=config.data)
+
+
+def _marian_vocabulary(directory: str) -> data_lib.MarianVocabulary:
+    try:
+        return data_lib.MarianVocabulary(directory)
+    except data_lib.DataError as e:
+        raise WorkdirError(f'{e} Restore the vocabulary the run was converted with.') from None
 
 
 def _values(config: Config) -> dict[str, Any]:
@@ -285,7 +319,10 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     """
     for needed, what in (
         (path(workdir, CONFIG_FILE), 'the settings they were trained with'),
-        (vocab_path(config, workdir), 'the vocabulary they were trained with'),
+        (
+            marian_vocab_dir(config, workdir) or vocab_path(config, workdir),
+            'the vocabulary they were trained with',
+        ),
     ):
         if not os.path.exists(needed):
             raise WorkdirError(

@@ -173,3 +173,19 @@ class Checkpoints:
         manager.wait_until_finished()  # rare (an improved BLEU): sealing it at once is cheap
         if self._writes:
             seal_step(self.workdir, step, best=True)
+
+
+def save_params(workdir: str, config: schema.Experiment, step: int, params: PyTree, meta: Any):
+    """Writes ``WORKDIR/checkpoints/<step>`` holding parameters and ``meta`` alone (no
+    optimizer state: a converted model), sealed with its manifest like a training step."""
+    manager = checkpoint_manager(workdir, config)
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            meta=ocp.args.JsonSave({'step': step, **meta}),
+        ),
+    )
+    manager.wait_until_finished()
+    manager.close()
+    seal_step(workdir, step)

@@ -1,8 +1,8 @@
 """The commands, one room above the layers: flags, the console, errors and exit codes.
 
 train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py, score.py,
-visualize.py and export.py (``python -m transformer.NAME``, ``transformer-NAME``), each a
-``cli()``; console.py, what every command shares (its run, errors, exit codes, the
+visualize.py, export.py and convert.py (``python -m transformer.NAME``, ``transformer-NAME``),
+each a ``cli()``; console.py, what every command shares (its run, errors, exit codes, the
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
 console) and shared_flags.py (the flags several commands define); marian.py, the files of
 export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_flag.py, the
@@ -17,6 +17,7 @@ when a caller names one: starting one command does not import the others.
 __all__ = [
     'config_flag',
     'console',
+    'convert',
     'decoding_run',
     'evaluate',
     'export',

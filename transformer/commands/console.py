@@ -31,6 +31,7 @@ from transformer.commands.shared_flags import (
     define_decoding_flags,
     define_flag,
     define_penalty_flags,
+    define_source_tag_flag,
     resolve_config_arg,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     'define_checkpoint_flags',
     'define_decoding_flags',
     'define_penalty_flags',
+    'define_source_tag_flag',
     'define_flag',
     'out_of_memory_line',
     'quiet_libraries',

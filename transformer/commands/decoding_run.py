@@ -72,9 +72,14 @@ def load_run(
     ensemble: Sequence[str] = (),
     gather_params: bool = False,
     devices: Sequence[Any] | None = None,
+    source_tag: str | None = None,
+    tag_later: bool = False,
     **layout_flags: Any,
 ) -> LoadedRun:
     """The run of ``workdir`` (with the ``ensemble`` runs) on its decoding layout.
+
+    ``source_tag``: a token of the vocabulary put first in every source (a multilingual
+    model's target-language token, `data.tag_sources`), checked before a checkpoint is read.
 
     ``layout_flags``: ``parallelism`` / ``model_parallelism`` / ``fsdp``, each overriding the
     run's ``train`` key of that name when not None. ``devices``: default every process's.
@@ -84,6 +89,8 @@ def load_run(
         before any checkpoint is read. WorkdirError, DataError as `load_model`.
     """
     config = rundir.read_config(workdir)
+    if source_tag is not None or not tag_later:  # fails fast, before the checkpoints
+        data_lib.tag_sources(rundir.load_tokenizer(config, workdir), source_tag)
     settings = training.ParallelSettings.of(config.train, **layout_flags)
     layouts: list[decoding.DecodeLayout] = []
 
@@ -105,6 +112,8 @@ def load_run(
             workdir, step, average_last, best, shardings=shardings
         )
         member_steps = [steps]
+    if source_tag is not None or not tag_later:
+        tokenizer = data_lib.tag_sources(tokenizer, source_tag)
     return LoadedRun(config, tokenizer, model, params, member_steps, layouts[0])
 
 

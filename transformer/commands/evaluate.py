@@ -45,6 +45,9 @@ def cli(argv: list[str] | None = None) -> None:
     console.define_decoding_flags()
     define = console.define_flag
     define('split', flags.DEFINE_string, None, 'Split to decode (default: data.test_split).')
+    define('source', flags.DEFINE_string, None, 'Decode this file (one sentence a line) instead '
+           'of a split; with --reference.')  # fmt: skip
+    define('reference', flags.DEFINE_string, None, "--source's reference translations, aligned.")
     define(
         'max_examples',
         flags.DEFINE_integer,
@@ -57,7 +60,7 @@ def cli(argv: list[str] | None = None) -> None:
 
     def main(_):
         console.require('workdir')
-        console.check_paths(outputs={'output': FLAGS.output})
+        files = _check_file_flags(FLAGS)
         sampling, constraints = console.search_settings()
         if sampling is not None and sampling.num_samples > 1:
             console.usage_exit(
@@ -85,11 +88,25 @@ def cli(argv: list[str] | None = None) -> None:
                 **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
                 sampling=sampling,
                 constraints=constraints,
+                source_tag=FLAGS.source_tag,
+                files=files,
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
 
     console.run(main, argv, out_of_memory_hint=console.DECODING_OUT_OF_MEMORY)
+
+
+def _check_file_flags(FLAGS: Any) -> tuple[str, str] | None:
+    """(--source, --reference) when given, None for a split; one usage line otherwise."""
+    if (FLAGS.source is None) != (FLAGS.reference is None):
+        console.usage_exit('--source and --reference go together: a file and its references.')
+    if FLAGS.source is not None and FLAGS.split is not None:
+        console.usage_exit('Give --split or --source/--reference, not both.')
+    console.check_paths(
+        {'source': FLAGS.source, 'reference': FLAGS.reference}, {'output': FLAGS.output}
+    )
+    return None if FLAGS.source is None else (FLAGS.source, FLAGS.reference)
 
 
 def load(
@@ -123,6 +140,36 @@ def make_eval_set(
         batch_size=batch_size or config.eval.batch_size,
         cache_dir=rundir.data_cache_dir(config, run_dir),
         max_examples=max_examples or None,
+    )
+
+
+def _eval_set(
+    config: Any,
+    tokenizer: data_lib.Tokenizer,
+    run_dir: str,
+    split: str,
+    files: tuple[str, str] | None,
+    batch_size: int,
+    max_examples: int,
+) -> data_lib.EvalSet:
+    """The `EvalSet` of ``split``, or of a source file and its references (``files``); their
+    first ``max_examples`` (0: all)."""
+    if not files:
+        return make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
+    lines = []
+    for file in files:
+        with open(file, 'rb') as f:
+            lines.append(data_lib.decode_lines(f.read(), file))
+    sources, references = lines
+    if len(sources) != len(references):
+        raise data_lib.DataError(
+            f'--reference={files[1]} has {len(references)} lines and --source={files[0]} '
+            f'{len(sources)}: give one reference a source line.'
+        )
+    if max_examples:
+        sources, references = sources[:max_examples], references[:max_examples]
+    return data_lib.eval_set_of_lines(
+        tokenizer, sources, references, batch_size=batch_size, name=os.path.basename(files[0])
     )
 
 
@@ -203,6 +250,8 @@ def run(
     devices: Sequence[Any] | None = None,
     sampling: decoding.Sampling | None = None,
     constraints: decoding.Constraints | None = None,
+    source_tag: str | None = None,
+    files: tuple[str, str] | None = None,
     **layout_flags: Any,
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
@@ -213,7 +262,9 @@ def run(
     (`decoding_run.load_run`; ``layout_flags``: ``parallelism``, ``model_parallelism``,
     ``fsdp`` override the run's); process 0 alone prints and writes. ``sampling``: one sample
     a sentence instead of the search, seeded by the sentence's index in the split.
-    ``constraints``: a minimum length and n-gram blocking.
+    ``constraints``: a minimum length and n-gram blocking. ``source_tag``: a token first in
+    every source (a multilingual model's target language). ``files``: (source, reference)
+    files decoded and scored instead of a split, named by the source file's name.
     """
     start = time.time()
     _ = [settings.check() for settings in (sampling, constraints) if settings is not None]
@@ -222,10 +273,11 @@ def run(
         run_dir,
         **dict(step=step, average_last=average_last, best=best, ensemble=ensemble),
         **dict(gather_params=gather_params, devices=devices, **layout_flags),
+        source_tag=source_tag,
     )
     config, tokenizer, layout = loaded.config, loaded.tokenizer, loaded.layout
     steps = loaded.member_steps[0]
-    split = split or config.data.test_split
+    split = os.path.basename(files[0]) if files else split or config.data.test_split
     beam_size = config.eval.beam_size if beam_size is None else beam_size
     alpha = config.eval.alpha if alpha is None else alpha
     length_penalty = length_penalty or config.eval.length_penalty
@@ -241,9 +293,9 @@ def run(
     )
     stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
-    data_lib.check_split(config.data, split)
+    _ = files or data_lib.check_split(config.data, split)
     output = output or _eval_output(run_dir, stem)  # before the decode it would hold
-    eval_set = make_eval_set(config, tokenizer, run_dir, split, batch_size, max_examples)
+    eval_set = _eval_set(config, tokenizer, run_dir, split, files, sentences, max_examples)
     scores, hypotheses = score_eval_set(
         *(config, tokenizer, loaded.model, loaded.params, eval_set),
         **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, layout=layout),
@@ -253,12 +305,10 @@ def run(
     scores.update(
         split=split,
         steps=steps,
-        beam_size=beam_size,
-        alpha=alpha,
-        length_penalty=length_penalty,
+        **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty),
         direction=f'{config.data.source_lang}->{config.data.target_lang}',
         # Whether line i of the hypotheses is sentence i of the official test set.
-        order=data_lib.order_note(config.data, split) or 'original',
+        order=(files is None and data_lib.order_note(config.data, split)) or 'original',
         **decoding_run.layout_summary(
             layout, decoding.sentences_per_process(eval_set.batches, layout)
         ),

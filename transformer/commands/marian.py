@@ -30,29 +30,36 @@ from typing import Any
 import numpy as np
 
 from transformer import decoding
-from transformer.data import Tokenizer
+from transformer.checkpoint import marian_channel_order
+from transformer.data import MarianVocabulary, Tokenizer
 from transformer.model import TransformerConfig, export_refusal
 from transformer.tokens import EOS_ID, PAD_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
+# A MarianMT vocabulary's files (a converted run's), exported as they are.
+MARIAN_VOCAB_FILES = (*SPM_FILES, 'vocab.json', 'tokenizer_config.json')
 
 
 class ExportError(ValueError):
     """A run that cannot be exported as asked; the message names the option and the fix."""
 
 
-def marian_channel_order(d_model: int) -> np.ndarray:
-    """Our channel read by each Marian channel: [0, 2, 4, ..., 1, 3, 5, ...].
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """The export's pad (= decoder start) and eos ids: ours, or Marian's for a run that reads a
+    MarianMT vocabulary (eos 0, pad V - 1), whose rows the export moves back."""
+    if isinstance(tokenizer, MarianVocabulary):
+        return {'pad': tokenizer.marian_id(PAD_ID), 'eos': tokenizer.marian_id(EOS_ID)}
+    return {'pad': PAD_ID, 'eos': EOS_ID}
 
-    Marian channel i < D/2 is sin(pos / 10000^(2i/D)), ours 2i; channel D/2 + i is the cosine
-    of the same frequency, ours 2i + 1.
-    """
-    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
-
-def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarray]:
-    """Our parameter tree -> MarianMTModel's state dict (torch Linear weights are [out, in])."""
+def marian_state_dict(
+    params: Any, cfg: TransformerConfig, marian_rows: bool = False
+) -> dict[str, np.ndarray]:
+    """Our parameter tree -> MarianMTModel's state dict (torch Linear weights are [out, in]).
+    ``marian_rows``: the vocabulary rows in Marian's id order (a MarianMT vocabulary's run,
+    `MarianVocabulary.rows_to_marian`), else in ours."""
     perm = marian_channel_order(cfg.d_model)
+    rows = MarianVocabulary.rows_to_marian if marian_rows else np.asarray
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
     state = {}
 
@@ -78,11 +85,11 @@ def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarr
         state[f'{prefix}.fc2.bias'] = f32(np.asarray(p['wo']['bias'])[perm])
 
     # One matrix: transformers ties the encoder's, the decoder's and lm_head's to it.
-    state['model.shared.weight'] = f32(np.asarray(params['shared_embedding']['embedding'])[:, perm])
+    state['model.shared.weight'] = f32(rows(params['shared_embedding']['embedding'])[:, perm])
     # model.logits_bias's [V], in the embedding's row order (the ids are the same); zeros
     # without it, the logits our model computes.
     bias = params.get('logits_bias', np.zeros(cfg.vocab_size, np.float32))
-    state['final_logits_bias'] = f32(np.reshape(bias, (1, cfg.vocab_size)))
+    state['final_logits_bias'] = f32(np.reshape(rows(bias), (1, cfg.vocab_size)))
     for stack, count in (('encoder', cfg.num_encoder_layers), ('decoder', cfg.num_decoder_layers)):
         for i in range(count):
             p, prefix = params[f'{stack}_layer_{i}'], f'model.{stack}.layers.{i}'
@@ -97,10 +104,12 @@ def marian_state_dict(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarr
 
 
 def marian_configs(
-    cfg: TransformerConfig, ev: Any, max_len: int
+    cfg: TransformerConfig, ev: Any, max_len: int, ids: dict[str, int] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
-    ``max_len`` its longest training row (data.max_len)."""
+    ``max_len`` its longest training row (data.max_len), ``ids`` its pad and eos ids
+    (`special_ids`; default ours)."""
+    pad, eos = (ids or {'pad': PAD_ID, 'eos': EOS_ID}).values()
     # Room for the longest input the model was trained on plus the paper's +50 (Sec. 6.1),
     # and the start token, which Hugging Face counts in max_length.
     max_length = int(max_len) + int(ev.extra_length) + 1
@@ -128,17 +137,17 @@ def marian_configs(
         'dropout': cfg.dropout_rate,
         'attention_dropout': cfg.attention_dropout_rate,
         'activation_dropout': cfg.relu_dropout_rate,
-        'pad_token_id': PAD_ID,
-        'eos_token_id': EOS_ID,
-        'decoder_start_token_id': PAD_ID,
+        'pad_token_id': pad,
+        'eos_token_id': eos,
+        'decoder_start_token_id': pad,
         'dtype': 'float32',
     }
     generation = {
-        'decoder_start_token_id': PAD_ID,
-        'pad_token_id': PAD_ID,
-        'eos_token_id': EOS_ID,
-        'forced_eos_token_id': EOS_ID,  # EOS at the length limit, as our decoder forces it
-        'bad_words_ids': [[PAD_ID]],  # 0 is never generated (transformer/decoding/greedy.py)
+        'decoder_start_token_id': pad,
+        'pad_token_id': pad,
+        'eos_token_id': eos,
+        'forced_eos_token_id': eos,  # EOS at the length limit, as our decoder forces it
+        'bad_words_ids': [[pad]],  # pad is never generated (transformer/decoding/greedy.py)
         'num_beams': int(ev.beam_size),
         # Hugging Face divides by length^x: exact for 'fairseq', said in a warning for 'gnmt'.
         'length_penalty': decoding.length_power(ev.alpha, ev.length_penalty),
@@ -148,7 +157,16 @@ def marian_configs(
 
 
 def write_tokenizer(tokenizer: Tokenizer, directory: str, data: Any) -> None:
-    """source.spm = target.spm = our joint SentencePiece model; vocab.json maps pieces to ours."""
+    """source.spm = target.spm = our joint SentencePiece model; vocab.json maps pieces to ours.
+    A MarianMT vocabulary's run (converted, or fine-tuned from one) writes its own files as
+    they are."""
+    if isinstance(tokenizer, MarianVocabulary):
+        for name in MARIAN_VOCAB_FILES:
+            if os.path.isfile(os.path.join(tokenizer.directory, name)):
+                shutil.copyfile(
+                    os.path.join(tokenizer.directory, name), os.path.join(directory, name)
+                )
+        return
     for name in SPM_FILES:
         shutil.copyfile(tokenizer.model_path, os.path.join(directory, name))
     vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
@@ -187,9 +205,11 @@ def write_hf(
     refusal = export_refusal(cfg, 'hf')  # the parts the mapping below has no names for
     if refusal:
         raise ExportError(refusal)
-    model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len)
+    ids = special_ids(tokenizer)
+    model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len, ids)
     # transformers refuses safetensors files whose metadata does not name a framework.
-    weights = save(marian_state_dict(params, cfg), metadata={'format': 'pt'})
+    marian_rows = isinstance(tokenizer, MarianVocabulary)
+    weights = save(marian_state_dict(params, cfg, marian_rows), metadata={'format': 'pt'})
     with open(os.path.join(directory, 'model.safetensors'), 'wb') as f:
         f.write(weights)
     _write_json(os.path.join(directory, 'config.json'), model_config)

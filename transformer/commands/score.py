@@ -35,6 +35,7 @@ def cli(argv: list[str] | None = None) -> None:
     from absl import flags
 
     console.define_checkpoint_flags()
+    console.define_source_tag_flag()
     console.define_penalty_flags()
     define = console.define_flag
     define('source', flags.DEFINE_string, None, 'Source sentences, one a line.')
@@ -57,9 +58,12 @@ def cli(argv: list[str] | None = None) -> None:
                 f'{len(sources)}: give one target a source.'
             )
         try:
+            config = rundir.read_config(FLAGS.workdir)
+            data_lib.tag_sources(rundir.load_tokenizer(config, FLAGS.workdir), FLAGS.source_tag)
             config, tokenizer, model, params, steps = load_model(
                 FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
             )
+            tokenizer = data_lib.tag_sources(tokenizer, FLAGS.source_tag)
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Scoring %d pairs with checkpoints %s.', len(sources), steps)

@@ -101,6 +101,7 @@ def define_checkpoint_flags() -> None:
 def define_decoding_flags() -> None:
     """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
     define_checkpoint_flags()
+    define_source_tag_flag()
     _define_search_flags()
     _define_layout_flags()
     _define_sampling_flags()
@@ -141,6 +142,18 @@ def _define_search_flags() -> None:
         flags.DEFINE_integer,
         0,
         'Forbid any n-gram of this size from appearing twice in an output (0 = off).',
+    )
+
+
+def define_source_tag_flag() -> None:
+    """The token a multilingual model reads first in every source (translate, evaluate,
+    score)."""
+    define_flag(
+        'source_tag',
+        flags.DEFINE_string,
+        None,
+        'A token of the vocabulary put first in every source, as its id: a multilingual '
+        "model's target language, e.g. '>>fra<<' (required by such models).",
     )
 
 

@@ -66,8 +66,9 @@ def cli(argv: list[str] | None = None) -> None:
             config = check_config(schema.complete(config))
         except (schema.ConfigError, ValueError) as e:
             console.usage_exit(str(e))
+        overridden = list(config_flags.get_override_values(flags.FLAGS['config']))
         try:
-            final = train_and_evaluate(config, flags.FLAGS.workdir)
+            final = train_and_evaluate(config, flags.FLAGS.workdir, overridden=overridden)
         except (Interrupted, KeyboardInterrupt) as e:
             print(str(e) or 'Interrupted before the first step.', file=sys.stderr, flush=True)
             raise SystemExit(130) from None

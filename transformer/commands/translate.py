@@ -152,6 +152,7 @@ def _load(FLAGS: Any) -> decoding_run.LoadedRun:
             best=FLAGS.best,
             ensemble=FLAGS.ensemble,
             gather_params=FLAGS.gather_params,
+            source_tag=FLAGS.source_tag,
             **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
         )
         config, layout = loaded.config, loaded.layout

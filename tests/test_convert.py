@@ -1,0 +1,280 @@
+"""transformer.convert: a Hugging Face MarianMT becomes a run directory that computes what
+Hugging Face's own torch implementation computes, and exports back to the same tensors."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from transformer import api, convert, export
+from transformer.checkpoint import load_model
+from transformer.tokens import EOS_ID
+
+_SKIP = "{} is not installed: pip install -e '.[export]'"
+torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
+transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
+MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.MarianTokenizer
+
+LINES = [s for s, _ in synthetic_lines()]
+
+
+def _cli(*args):
+    """Runs the convert command in-process; returns its exit message (None on success)."""
+    with pytest.raises(SystemExit) as info:
+        convert.cli(['convert', *args])
+    return info.value.code
+
+
+def _convert(hf_dir, out, *args):
+    message = _cli(f'--from_hf={hf_dir}', f'--workdir={out}', *args)
+    assert message is None, message
+    return str(out)
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+    return marian_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope='module')
+def run_dir(hf_dir, tmp_path_factory):
+    return _convert(hf_dir, tmp_path_factory.mktemp('converted') / 'run')
+
+
+@pytest.fixture(scope='module')
+def hf_model(hf_dir):
+    return MarianMTModel.from_pretrained(hf_dir).eval()
+
+
+@pytest.fixture(scope='module')
+def hf_tokenizer(hf_dir):
+    return MarianTokenizer.from_pretrained(hf_dir)
+
+
+@pytest.fixture(scope='module')
+def loaded(run_dir):
+    return load_model(run_dir)
+
+
+def _marian_ids(ours: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Marian's id of each of ours: ours = (marian + 1) mod V."""
+    return (np.asarray(ours) - 1) % vocab_size
+
+
+def test_converted_run_records_the_model(run_dir, hf_dir):
+    with open(os.path.join(run_dir, 'config.json')) as f:
+        config = json.load(f)
+    hf = json.load(open(os.path.join(hf_dir, 'config.json')))
+    model = config['model']
+    assert (model['d_model'], model['d_ff'], model['num_heads']) == (
+        hf['d_model'],
+        hf['encoder_ffn_dim'],
+        hf['encoder_attention_heads'],
+    )
+    assert model['ffn'] == 'swish' and model['attention_bias'] and model['logits_bias']
+    assert model['layer_norm_epsilon'] == 1e-5
+    assert config['data']['dataset'] == 'none' and config['data']['source_lang'] == 'en'
+    assert config['eval']['beam_size'] == 4 and config['eval']['length_penalty'] == 'fairseq'
+    assert os.path.isfile(os.path.join(run_dir, 'checkpoints', '0', 'manifest.json'))
+
+
+def test_teacher_forced_log_probs_equal_marians(loaded, hf_model, hf_tokenizer):
+    """log P(target token | ...) of every position of a padded batch: ours (float32, full
+    precision) equal MarianMTModel's to 1e-4, every vocabulary row in Marian's order."""
+    config, tokenizer, model, params, _ = loaded
+    pairs = synthetic_lines()[:16]
+    batch = hf_tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True)
+    inputs = np.array(batch['input_ids'])
+    labels = np.array(batch['labels'])
+    assert (inputs == hf_tokenizer.pad_token_id).any()  # the batch has padding
+    vocab = tokenizer.vocab_size
+    with torch.no_grad():
+        theirs = hf_model(
+            input_ids=torch.as_tensor(inputs),
+            attention_mask=torch.as_tensor(batch['attention_mask']),
+            labels=torch.as_tensor(labels),
+        ).logits
+    theirs = torch.log_softmax(theirs, -1).numpy()
+    with jax.default_matmul_precision('float32'):
+        logits = model.apply(
+            {'params': params},
+            jnp.asarray((inputs + 1) % vocab),
+            jnp.asarray((labels + 1) % vocab),
+        )
+    ours = np.asarray(jax.nn.log_softmax(logits, -1))[..., (np.arange(vocab) + 1) % vocab]
+    real = labels != hf_tokenizer.pad_token_id
+    np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, rtol=0)
+    assert np.abs(ours[real]).max() > 1.0  # not a trivial distribution
+
+
+def test_token_ids_equal_marian_tokenizers(loaded, hf_tokenizer):
+    _, tokenizer, *_ = loaded
+    vocab = tokenizer.vocab_size
+    for source, target in synthetic_lines()[:50]:
+        theirs = hf_tokenizer(source)['input_ids']
+        assert [*tokenizer.encode(source), EOS_ID] == [(i + 1) % vocab for i in theirs]
+        theirs = hf_tokenizer(text_target=target)['input_ids']
+        assert [*tokenizer.encode(target, 'target'), EOS_ID] == [(i + 1) % vocab for i in theirs]
+
+
+def _generate(hf_model, hf_tokenizer, lines, num_beams):
+    batch = hf_tokenizer(lines, padding=True, return_tensors='pt')
+    with torch.no_grad():
+        out = hf_model.generate(**batch, num_beams=num_beams, max_new_tokens=60)
+    return hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_greedy_and_beam_outputs_equal_generates(run_dir, hf_model, hf_tokenizer):
+    """Greedy outputs equal generate(num_beams=1); beam 4 with the checkpoint's length penalty
+    ('fairseq' rule) equals generate(num_beams=4). On the lines the model learned: on others
+    a model this small runs to the length limit, which is set differently (ours: the input's
+    length + eval.extra_length)."""
+    lines = LINES[:TRAINED_LINES]
+    run = api.load(run_dir)
+    assert run.translate(lines, beam_size=1) == _generate(hf_model, hf_tokenizer, lines, 1)
+    ours = run.translate(lines)  # beam 4, alpha 1.0 'fairseq' from generation_config.json
+    theirs = _generate(hf_model, hf_tokenizer, lines, 4)
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+    assert not differ, [(ours[i], theirs[i]) for i in differ]
+
+
+@pytest.mark.slow
+def test_export_gives_back_the_original_tensors_and_files(run_dir, hf_dir, tmp_path):
+    """Round trip: the export of a converted run holds the original's tensors and its
+    vocabulary files byte for byte."""
+    from safetensors.numpy import load_file
+
+    out = tmp_path / 'hf'
+    with pytest.raises(SystemExit) as info:
+        export.cli(['export', f'--workdir={run_dir}', f'--out={out}'])
+    assert info.value.code is None, info.value.code
+    original, exported = (load_file(os.path.join(d, 'model.safetensors')) for d in (hf_dir, out))
+    original = {k.removeprefix('model.'): v for k, v in original.items()}
+    exported = {k.removeprefix('model.'): v for k, v in exported.items()}
+    compared = 0
+    for key, value in original.items():
+        if key in exported:
+            np.testing.assert_allclose(exported[key], value, atol=1e-6, err_msg=key)
+            compared += 1
+    assert 'final_logits_bias' in exported and np.abs(exported['final_logits_bias']).max() > 0
+    assert compared >= len(original) - 2  # (tied copies Hugging Face may not store)
+    for name in ('vocab.json', 'source.spm', 'target.spm'):
+        with open(os.path.join(hf_dir, name), 'rb') as a, open(os.path.join(out, name), 'rb') as b:
+            assert a.read() == b.read(), name
+    config = json.load(open(os.path.join(out, 'config.json')))
+    assert config['activation_function'] == 'swish'
+    assert config['pad_token_id'] == config['vocab_size'] - 1 and config['eos_token_id'] == 0
+
+
+@pytest.mark.slow
+def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, tmp_path):
+    ctranslate2 = pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
+    import sentencepiece as spm
+
+    out = tmp_path / 'ct2'
+    with pytest.raises(SystemExit) as info:
+        export.cli(['export', f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2'])
+    assert info.value.code is None, info.value.code
+    lines = LINES[:TRAINED_LINES]
+    source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
+    target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
+    translator = ctranslate2.Translator(str(out))
+    results = translator.translate_batch(
+        [[*source.encode(line, out_type=str), '</s>'] for line in lines], beam_size=1
+    )
+    # '<unk>' is no piece of target.spm: dropped, as MarianTokenizer's decode drops it.
+    theirs = [target.decode([p for p in r.hypotheses[0] if p != '<unk>']) for r in results]
+    assert api.load(run_dir).translate(lines, beam_size=1) == theirs
+
+
+@pytest.mark.parametrize('kwargs', [{'weights': 'bin'}, {'dtype': 'float16'}])
+def test_bin_and_float16_checkpoints_convert(kwargs, tmp_path_factory, tmp_path):
+    hf_dir = marian_dir(tmp_path_factory, **kwargs)
+    run_dir = _convert(hf_dir, tmp_path / 'run')
+    hf_model = MarianMTModel.from_pretrained(hf_dir).float().eval()
+    hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    lines = LINES[:8]
+    assert api.load(run_dir).translate(lines, beam_size=1) == _generate(
+        hf_model, hf_tokenizer, lines, 1
+    )
+
+
+def test_multilingual_source_tag_goes_first_as_its_id(tmp_path_factory, tmp_path):
+    hf_dir = marian_dir(tmp_path_factory, multilingual=True)
+    run_dir = _convert(hf_dir, tmp_path / 'run')
+    hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    with pytest.raises(ValueError, match=r'multilingual \(3 such tokens: >>'):
+        api.load(run_dir).translate(['a'])
+    run = api.load(run_dir, source_tag='>>fra<<')
+    tagged = run._tagged(None)
+    vocab = tagged.vocab_size
+    line = LINES[3]
+    theirs = [(i + 1) % vocab for i in hf_tokenizer(f'>>fra<< {line}')['input_ids']]
+    assert [*tagged.encode(line), EOS_ID] == theirs
+    assert tagged.encode('>>fra<< x')[1:] != tagged.encode('x')[1:]  # text stays text
+    with pytest.raises(ValueError, match=r"'>>xyz<<' is not a token"):
+        run.translate(['a'], source_tag='>>xyz<<')
+
+
+def _edit_copy(hf_dir, tmp_path, edit_config=None, remove=None):
+    copy = tmp_path / 'hf'
+    shutil.copytree(hf_dir, copy)
+    if edit_config:
+        path = copy / 'config.json'
+        config = json.loads(path.read_text())
+        config.update(edit_config)
+        path.write_text(json.dumps(config))
+    if remove:
+        os.remove(copy / remove)
+    return copy
+
+
+@pytest.mark.parametrize(
+    'edit, remove, message',
+    [
+        (None, 'vocab.json', 'vocab.json'),
+        (None, 'model.safetensors', 'weights are missing'),
+        ({'model_type': 'bart'}, None, "model_type='bart'"),
+        ({'model_type': 'm2m_100'}, None, "model_type='m2m_100'"),
+        ({'decoder_vocab_size': 7}, None, 'decoder_vocab_size=7'),
+        ({'activation_function': 'tanh'}, None, "activation_function='tanh'"),
+        ({'decoder_attention_heads': 2}, None, 'decoder_attention_heads=2'),
+    ],
+)
+def test_bad_input_stops_in_one_line_and_writes_nothing(hf_dir, tmp_path, edit, remove, message):
+    copy = _edit_copy(hf_dir, tmp_path, edit, remove)
+    out = tmp_path / 'run'
+    error = _cli(f'--from_hf={copy}', f'--workdir={out}')
+    assert error.startswith('error: ') and message in error and '\n' not in error, error
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hf']  # no staging left behind
+
+
+def test_an_existing_workdir_is_refused(hf_dir, tmp_path):
+    out = tmp_path / 'run'
+    out.mkdir()
+    (out / 'notes.txt').write_text('mine')
+    error = _cli(f'--from_hf={hf_dir}', f'--workdir={out}')
+    assert 'exists and is not empty' in error
+    assert [p.name for p in out.iterdir()] == ['notes.txt']
+
+
+def test_evaluate_scores_any_pair_of_files(run_dir, tmp_path):
+    from transformer import evaluate
+
+    pairs = synthetic_lines()[:TRAINED_LINES]
+    source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
+    source.write_text(''.join(s + '\n' for s, _ in pairs))
+    reference.write_text(''.join(t + '\n' for _, t in pairs))
+    scores = evaluate.run(
+        run_dir, files=(str(source), str(reference)), beam_size=1, output=str(tmp_path / 'h.txt')
+    )
+    assert scores['split'] == 'src.txt' and scores['sacrebleu'] > 50
+    hypotheses = (tmp_path / 'h.txt').read_text().splitlines()
+    assert hypotheses == api.load(run_dir).translate([s for s, _ in pairs], beam_size=1)

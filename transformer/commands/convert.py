@@ -1,0 +1,162 @@
+"""The convert command: a Hugging Face MarianMT (OPUS-MT) directory into a run directory.
+
+``python -m transformer.convert --from_hf DIR --workdir W [--config CONFIG]``
+(also ``transformer-convert``)
+
+DIR is a local MarianMT directory as the hub serves it (config.json, model.safetensors or
+pytorch_model.bin, source.spm, target.spm, vocab.json, tokenizer_config.json, optionally
+generation_config.json); nothing is downloaded. W becomes a run directory that evaluate,
+translate, score, visualize, export and ``api.load`` take as they take a trained one: its
+config.json (the model's settings; the data and evaluation sections of ``--config`` when
+given, with its ``--config.*`` overrides, else a data section that names only the language
+pair), the MarianMT vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
+The beam size and length penalty come from generation_config.json where it has them.
+Everything is read and checked before anything is written, and W is written under a
+temporary name and renamed, so a failed conversion leaves nothing; a non-empty W is refused.
+A converted run has no optimizer state: train from it with ``--config.train.init_from=W``
+(or DIR itself) in a new work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+from transformer import configs, files, rundir, schema
+from transformer.checkpoint import MarianError, MarianModel, load_marian, save_params
+from transformer.commands import console
+from transformer.commands.config_flag import explain_flag_error
+from transformer.model import Transformer, abstract_params, config_from_dict
+
+# The model fields a config may set for a converted model: how it is computed, not what.
+HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'dtype', 'param_dtype')
+# The MarianMT vocabulary's files, copied into WORKDIR/vocab.
+VOCAB_FILES = ('source.spm', 'target.spm', 'vocab.json', 'tokenizer_config.json')
+
+
+def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experiment:
+    """The run's config: ``base`` (a config file's, or None: the defaults with a data section
+    that names only the language pair) with the MarianMT's model and evaluation settings."""
+    config = schema.plain(schema.complete(base if base is not None else schema.default_config()))
+    model = {k: v for k, v in config['model'].items() if k in HOW_FIELDS}
+    config['model'] = {**model, **marian.model}
+    config['eval'].update(marian.eval)
+    data = config['data']
+    data['vocab_size'] = marian.tokenizer.vocab_size
+    if base is None:
+        source, target = marian.languages
+        data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')
+    try:
+        return schema.parse(config)
+    except schema.ConfigError as e:
+        raise MarianError(str(e)) from None
+
+
+def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
+    """The model of ``config``, after checking that the converted parameters are its tree."""
+    model = Transformer(config_from_dict(config.model, marian.tokenizer.vocab_size))
+    wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(model))
+    found = jax.tree.map(lambda x: tuple(np.shape(x)), marian.params)
+    if wanted != found:
+        raise MarianError(
+            f'The parameters read from {marian.directory} do not form the model its config '
+            'describes; this is a bug of the converter, please report it.'
+        )
+    return model
+
+
+def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Experiment:
+    """Converts the MarianMT directory ``from_hf`` into the run directory ``workdir``; returns
+    the run's config. ``base``: the config giving the data and evaluation sections."""
+    start = time.perf_counter()
+    workdir = os.path.abspath(workdir)
+    if os.path.isfile(workdir) or (os.path.isdir(workdir) and os.listdir(workdir)):
+        raise MarianError(f'{workdir} exists and is not empty: --workdir names a new directory.')
+    marian = load_marian(from_hf)
+    config = experiment_config(marian, base)
+    check_fits(config, marian)
+    parent = os.path.dirname(workdir)
+    os.makedirs(parent, exist_ok=True)
+    problem = files.unwritable(parent)
+    if problem:
+        raise MarianError(f'Cannot write into {parent} ({problem}); --workdir names another place.')
+    staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(workdir)}.tmp-')
+    try:
+        rundir.write_config(staging, config)
+        vocab = rundir.path(staging, rundir.VOCAB_DIR)
+        os.mkdir(vocab)
+        for name in VOCAB_FILES:
+            if os.path.isfile(os.path.join(marian.directory, name)):
+                shutil.copyfile(os.path.join(marian.directory, name), os.path.join(vocab, name))
+        origin = {'from_hf': os.path.abspath(marian.directory)}
+        save_params(staging, config, 0, marian.params, origin)
+        with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
+            json.dump(origin, f, indent=2)
+        if os.path.isdir(workdir):
+            os.rmdir(workdir)  # empty, checked above
+        os.rename(staging, workdir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logging.info(
+        'Converted %s into %s in %.1f s.', marian.directory, workdir, time.perf_counter() - start
+    )
+    return config
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m transformer.convert --from_hf DIR --workdir W [--config CONFIG]``."""
+    import sys
+
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    define = console.define_flag
+    define('from_hf', flags.DEFINE_string, None, 'A local Hugging Face MarianMT directory.')
+    define('workdir', flags.DEFINE_string, None, 'The run directory to write (new or empty).')
+    define(
+        'config',
+        config_flags.DEFINE_config_file,
+        None,
+        'Optional: the config whose data and eval sections the run gets (e.g. multi30k), '
+        'with --config.data.* overrides.',
+        lock_config=True,
+    )
+    FLAGS = flags.FLAGS
+
+    def main(_):
+        console.require('from_hf', 'workdir')
+        base = None
+        if flags.FLAGS['config'].present:
+            try:
+                file = config_flags.get_config_filename(flags.FLAGS['config'])
+                base = configs.checked(FLAGS.config, file)
+            except (schema.ConfigError, ValueError) as e:
+                console.usage_exit(str(e))
+        try:
+            config = convert(FLAGS.from_hf, FLAGS.workdir, base)
+        except (MarianError, rundir.WorkdirError, OSError) as e:
+            raise SystemExit(f'error: {e}') from None
+        m = config.model
+        print(
+            f'Converted {FLAGS.from_hf} into {FLAGS.workdir}: {m.num_encoder_layers}+'
+            f'{m.num_decoder_layers} layers, d_model {m.d_model}, vocabulary '
+            f'{config.data.vocab_size}, ffn {m.ffn!r}.'
+        )
+
+    try:
+        argv = console.resolve_config_arg(sys.argv if argv is None else argv)
+    except app.UsageError as e:
+        console.usage_exit(str(e))
+    console.run(main, argv, explain_flag_error)
+
+
+if __name__ == '__main__':
+    cli()
