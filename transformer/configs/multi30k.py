@@ -33,6 +33,10 @@ Variants (lowercased tokenized BLEU, as the published Multi30k results):
   (Loshchilov & Hutter, 2019; BERT's and PyTorch AdamW's 0.01). A step costs what ``tiny``'s
   does. Both candidates: a CPU pilot in docs/experiments.md; not yet trained in full.
 
+- ``finetune``: a pretrained model fine-tuned on Multi30k (``--config.train.init_from=PATH``, a
+  MarianMT directory or a run directory; docs/pretrained.md): 1000 steps, fairseq's
+  ``inverse_sqrt`` schedule to a peak of 1e-4 after 100 steps, cooled to 0 over the last 200.
+
 Earlier experiments stay reachable as variants (`EARLIER`: `bf16`, `dropout02_bf16`,
 `cooldown`, `dropout03`, `ensemble`, `lowercase`); none beat `dropout02` on validation. Their
 commands and figures are in docs/experiments.md. Each variant is its parent with the settings
@@ -103,7 +107,23 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
             'eval.average_last': 10,  # tiny's: fairseq's --num-epoch-checkpoints 10
         },
     ),
-    'tiny_rdrop': ('tiny', {'train.rdrop_alpha': 2.5}),  # the paper's 5 with summed CEs
+    'tiny_rdrop': ('tiny', {'train.rdrop_alpha': 2.5}),
+    'finetune': (
+        '',
+        {
+            # A pretrained model's parameters (train.init_from, required): a learning rate near
+            # what it ended its own training with, not the paper's warm-up peak from scratch.
+            'opt.schedule': 'inverse_sqrt',
+            'opt.lr_scale': 1e-4,  # the peak itself, reached after the short warm-up
+            'opt.warmup_steps': 100,
+            'opt.warmup_init_lr': 1e-7,
+            'opt.cooldown_steps': 200,  # to 0 over the last 200 steps
+            'opt.eps': 1e-8,
+            'train.num_steps': 1000,
+            'train.eval_every': 250,
+            'eval.bleu_every': 500,
+        },
+    ),  # the paper's 5 with summed CEs
     'tiny_worddrop': (
         'tiny',
         {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import logging
@@ -36,6 +36,7 @@ def train_and_evaluate(
     *,
     devices=None,
     on_step: Callable[[int, dict], None] | None = None,
+    overridden: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Trains ``config`` in ``workdir``, resuming from its latest checkpoint if there is one.
 
@@ -45,12 +46,13 @@ def train_and_evaluate(
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
       on_step: optional callback (step, metrics) after every logged step (tests use it).
+      overridden: the config keys set on the command line (`setup`).
 
     Returns:
       The final train and validation metrics and the wall time.
     """
     start_time = time.time()
-    run = setup(config, workdir, devices=devices)
+    run = setup(config, workdir, devices=devices, overridden=overridden)
     try:
         return _train(run, start_time, on_step)
     finally:

@@ -11,6 +11,7 @@ import functools
 import os
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from transformer import lock as lock_lib
 from transformer import rundir, schema
 from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer, describe
-from transformer.training import config_checks, footprint, optim, steps, stops
+from transformer.training import config_checks, footprint, init_from, optim, steps, stops
 from transformer.training.best import BestTracker
 from transformer.training.parallel import Parallel
 from transformer.training.steps import TrainState
@@ -111,7 +112,9 @@ def _wait_for_coordinator(address: str, timeout_s: float, keys: str) -> None:
             time.sleep(0.2)
 
 
-def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
+def setup(
+    config: schema.Config, workdir: str, *, devices=None, overridden: Sequence[str] = ()
+) -> Run:
     """Builds a run in ``workdir``, restored from its latest checkpoint if there is one.
 
     Args:
@@ -119,6 +122,8 @@ def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
         file, parsed here once into its typed sections (transformer/schema/), or typed.
       workdir: where the vocabulary, config, checkpoints and metrics live.
       devices: the devices to use (default: all devices of all processes).
+      overridden: the config keys set on the command line; with ``train.init_from`` one
+        that changes the model it gives stops the run (transformer/training/init_from.py).
 
     From here on this process holds ``WORKDIR/train.lock`` (`transformer.lock`): a second
     training run in the same workdir stops in one line. ``lock.release(run.lock)`` gives it
@@ -127,13 +132,20 @@ def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
     if not isinstance(config, schema.Experiment):
         config = schema.parse(schema.complete(config))  # a file written before a field existed
     init_distributed(config.train)
+    if rundir.is_converted(workdir):
+        raise TrainingError(
+            f'{workdir} is a converted model (transformer.convert: parameters, no optimizer '
+            f'state), not a run to resume: fine-tune it in a new --workdir with '
+            f'--config.train.init_from={workdir}.'
+        )
+    config, start = init_from.apply(config, workdir, overridden)
     # Before anything is written; now that the processes have joined, the batch is checked
     # against the devices of all of them.
     config = config_checks.check(config, jax.devices() if devices is None else devices)
     created = rundir.create(workdir)  # or one line on a path of the wrong kind
     lock = lock_lib.acquire(workdir)
     try:
-        return _setup(config, workdir, devices, lock)
+        return _setup(config, workdir, devices, lock, start)
     except BaseException:
         lock_lib.release(lock)
         if created and lock is not None:
@@ -141,10 +153,11 @@ def setup(config: schema.Config, workdir: str, *, devices=None) -> Run:
         raise
 
 
-def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
+def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run:
     tc = config.train
     # Before anything is written: a changed model or data, a missing config.json or vocabulary
     changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
+    init_from.copy_vocabulary(start, config, workdir)  # (a fine-tuning run's)
     tokenizer = rundir.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
@@ -166,7 +179,7 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock) -> Run:
     checkpoints = Checkpoints(workdir, config)
     # Restored straight into this run's global layout, whatever the layout that saved it.
     restored = checkpoints.restore_latest(parallel.abstract_state(init))
-    state, meta, latest = restored or (parallel.init_state(init), None, None)
+    state, meta, latest = restored or (init_from.init_state(start, parallel, init), None, None)
     if latest is not None:
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)

@@ -1,0 +1,130 @@
+"""train.init_from: fine-tuning starts from a MarianMT's or a run's parameters and vocabulary."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.tiny_run import tiny_run_config
+from transformer import rundir
+from transformer.checkpoint import load_model
+from transformer.commands import convert
+from transformer.training import TrainingError, init_from, train_and_evaluate
+
+pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
+pytest.importorskip(
+    'transformers', reason="transformers is not installed: pip install -e '.[export]'"
+)
+
+
+def _config(num_steps: int, init: str | None, folder: str, **train):
+    """The tiny config on ``folder``'s lines."""
+    config = tiny_run_config(num_steps)
+    config.data.update(dataset='folder', folder=folder)
+    config.train.update(init_from=init, checkpoint_every=2, **train)
+    config.opt.update(schedule='constant', lr_scale=1e-3)
+    return config
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+    return marian_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    """The lines the MarianMT fixture learned, as every split of a folder dataset."""
+    path = tmp_path_factory.mktemp('lines')
+    pairs = synthetic_lines()[:TRAINED_LINES]
+    for split in ('train', 'validation', 'test'):
+        (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
+        (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def finetuned(hf_dir, folder, tmp_path_factory):
+    """(workdir, first losses): 4 steps from the MarianMT, and from nothing."""
+    losses = {}
+    workdir = str(tmp_path_factory.mktemp('finetune') / 'run')
+    for name, init, where in (('pretrained', hf_dir, workdir), ('fresh', None, workdir + '-0')):
+        seen: list[float] = []
+        config = _config(4, init, folder)
+        train_and_evaluate(config, where, on_step=lambda s, m, seen=seen: seen.append(m['loss']))
+        losses[name] = seen[0]
+    return workdir, losses
+
+
+@pytest.mark.slow
+def test_first_loss_is_the_pretrained_models(finetuned, hf_dir):
+    workdir, losses = finetuned
+    assert losses['pretrained'] < 0.5 * losses['fresh'], losses
+    with open(rundir.path(workdir, 'config.json')) as f:
+        config = json.load(f)
+    assert config['train']['init_from'] == hf_dir
+    assert config['model']['ffn'] == 'swish' and config['model']['d_model'] == 32
+    assert os.path.isfile(rundir.path(workdir, 'vocab', 'vocab.json'))
+
+
+@pytest.mark.slow
+def test_the_output_bias_stays_frozen_and_the_rest_trains(finetuned, hf_dir):
+    from transformer.checkpoint import load_marian
+
+    workdir, _ = finetuned
+    start = load_marian(hf_dir).params
+    params = load_model(workdir, step=4, average_last=1)[3]
+    np.testing.assert_array_equal(np.asarray(params['logits_bias']), start['logits_bias'])
+    moved = np.abs(
+        np.asarray(params['shared_embedding']['embedding']) - start['shared_embedding']['embedding']
+    )
+    assert moved.max() > 1e-5
+
+
+@pytest.mark.slow
+def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned):
+    workdir, _ = finetuned
+    start = init_from.read_start(f'{workdir}@2')
+    assert start.step == 2 and start.vocab[1]
+    abstract = load_model(workdir, step=2, average_last=1)[3]
+    import jax
+
+    shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract
+    )
+    at2 = init_from.start_params(start, shapes)
+    latest = load_model(workdir, step=4, average_last=1)[3]
+    emb = lambda p: np.asarray(p['shared_embedding']['embedding'])  # noqa: E731
+    np.testing.assert_array_equal(emb(at2), emb(abstract))
+    assert not np.array_equal(emb(at2), emb(latest))
+
+
+def test_a_model_override_with_init_from_stops_before_writing(hf_dir, folder, tmp_path):
+    config = _config(2, hf_dir, folder)
+    config.model.d_model = 64
+    workdir = tmp_path / 'run'
+    with pytest.raises(TrainingError, match=r'model.d_model=64 changes the model') as info:
+        train_and_evaluate(config, str(workdir), overridden=['model.d_model'])
+    assert '\n' not in str(info.value)
+    assert not workdir.exists()
+
+
+def test_free_fields_may_change_with_init_from(hf_dir, folder, tmp_path):
+    config = _config(1, hf_dir, folder)
+    config.model.dropout_rate = 0.3
+    from transformer import schema
+
+    merged, start = init_from.apply(schema.parse(config), str(tmp_path), ['model.dropout_rate'])
+    assert merged.model.dropout_rate == 0.3 and merged.model.ffn == 'swish'
+    assert start.vocab_size == merged.data.vocab_size
+
+
+def test_train_on_a_converted_run_points_to_init_from(hf_dir, folder, tmp_path):
+    workdir = str(tmp_path / 'converted')
+    convert.convert(hf_dir, workdir)
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(TrainingError, match=r'train.init_from=') as info:
+        train_and_evaluate(_config(2, None, folder), workdir)
+    assert '\n' not in str(info.value) and 'new --workdir' in str(info.value)
+    assert sorted(os.listdir(workdir)) == before

@@ -1,0 +1,185 @@
+"""Fine-tuning: a new run that starts from another model's parameters and vocabulary
+(``train.init_from``) with a fresh optimizer and schedule, on the config's data.
+
+``train.init_from`` names a Hugging Face MarianMT directory (read by
+transformer/checkpoint/marian.py), or one of this project's run directories (its latest
+checkpoint, or ``RUN@STEP`` for that step). Every model field that changes the function comes
+from there; the config may set only how the same function is computed (`rundir.RESUME_FREE`'s
+model fields, the dtypes) and the dropout rates, and a command-line override of any other
+model field stops the run in one line before its directory is written. The vocabulary is
+copied into the new run directory, so the run, its resumes and every command that reads it
+need nothing of the start afterwards; config.json records ``train.init_from``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Collection
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+from transformer import rundir, schema
+from transformer.checkpoint import is_marian_dir, load_marian, load_model
+from transformer.training.stops import TrainingError
+
+PyTree = Any
+
+# The model fields a fine-tuning config may set: how the function is computed, and dropout.
+FREE_MODEL_FIELDS = (
+    *(key.split('.', 1)[1] for key in rundir.RESUME_FREE if key.startswith('model.')),
+    *('dtype', 'param_dtype'),
+    *('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate', 'token_dropout_rate'),
+)
+# A MarianMT vocabulary's files (transformer.data.MarianVocabulary), copied as they are.
+MARIAN_VOCAB_FILES = ('source.spm', 'target.spm', 'vocab.json', 'tokenizer_config.json')
+
+
+@dataclasses.dataclass
+class Start:
+    """What a fine-tuning run starts from."""
+
+    path: str  # the MarianMT or run directory
+    step: int | None  # the run directory's checkpoint (None: a MarianMT)
+    model: dict[str, Any]  # its model section, as config.json holds it
+    vocab_size: int
+    vocab: tuple[str, bool]  # (the vocabulary's file or directory, whether a MarianMT's)
+
+
+def parse(init_from: str) -> tuple[str, int | None]:
+    """``PATH`` or ``PATH@STEP`` -> (PATH, STEP or None)."""
+    path, at, step = init_from.rpartition('@')
+    if at and step.isdigit() and not os.path.exists(init_from):
+        return path, int(step)
+    return init_from, None
+
+
+def read_start(init_from: str) -> Start:
+    """The model, vocabulary and checkpoint ``train.init_from`` names (parameters not yet
+    read); one-line `TrainingError` for a path that is neither kind."""
+    path, step = parse(init_from)
+    key = f'train.init_from={init_from}'
+    if not os.path.isdir(path):
+        raise TrainingError(
+            f'{key}: {path} is not a directory (a MarianMT directory or a run '
+            'directory, optionally RUN@STEP).'
+        )
+    try:
+        if is_marian_dir(path):
+            if step is not None:
+                raise TrainingError(f'{key}: a MarianMT directory has no steps; drop @{step}.')
+            marian = load_marian(path, weights=False)
+            vocab_size = marian.tokenizer.vocab_size
+            return Start(path, None, dict(marian.model), vocab_size, (path, True))
+        if not os.path.isfile(rundir.path(path, rundir.CONFIG_FILE)):
+            raise TrainingError(
+                f'{key}: {path} is neither a MarianMT directory (config.json of '
+                "model_type 'marian') nor a run directory."
+            )
+        config = rundir.read_config(path)
+        tokenizer = rundir.load_tokenizer(config, path)
+        marian_vocab = rundir.marian_vocab_dir(config, path)
+        vocab = (marian_vocab, True) if marian_vocab else (rundir.vocab_path(config, path), False)
+        model = schema.to_dict(config)['model']
+        return Start(path, step, model, tokenizer.vocab_size, vocab)
+    except rundir.WorkdirError as e:
+        raise TrainingError(f'{key}: {e}') from None
+
+
+def apply(
+    config: schema.Experiment, workdir: str, overridden: Collection[str] = ()
+) -> tuple[schema.Experiment, Start | None]:
+    """``config`` with the model of the run it fine-tunes, and that start (None: the config
+    starts from nothing). A run that has checkpoints keeps the model its config.json holds.
+
+    ``overridden``: the config keys set on the command line ('model.d_model', ...); one that
+    changes a model field other than `FREE_MODEL_FIELDS` raises a one-line `TrainingError`.
+    """
+    init_from = config.train.init_from
+    if not init_from:
+        return config, None
+    start = read_start(init_from)
+    values = schema.to_dict(config)
+    model = start.model
+    if rundir.has_checkpoints(workdir) and os.path.isfile(rundir.path(workdir, 'config.json')):
+        model = schema.to_dict(rundir.read_config(workdir))['model']
+    for key in overridden:
+        section, _, name = key.partition('.')
+        if section != 'model' or name in FREE_MODEL_FIELDS:
+            continue
+        if values['model'].get(name) != model.get(name):
+            raise TrainingError(
+                f'--config.{key}={values["model"].get(name)!r} changes the model that '
+                f'train.init_from={init_from} gives ({name}={model.get(name)!r}): a fine-tuned '
+                'model keeps its own; only how it is computed and its dropout may be set ('
+                + ', '.join(FREE_MODEL_FIELDS)
+                + ').'
+            )
+    free = {k: v for k, v in values['model'].items() if k in FREE_MODEL_FIELDS}
+    values['model'] = {**model, **free}
+    values['data']['vocab_size'] = start.vocab_size
+    try:
+        return schema.parse(schema.complete(values)), start
+    except schema.ConfigError as e:
+        raise TrainingError(f'train.init_from={init_from}: {e}') from None
+
+
+def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str) -> None:
+    """Puts the start's vocabulary where the run keeps its own (kept if already there;
+    nothing without a start)."""
+    if start is None:
+        return
+    source, is_marian = start.vocab
+    if is_marian:
+        directory = rundir.path(workdir, rundir.VOCAB_DIR)
+        os.makedirs(directory, exist_ok=True)
+        for name in MARIAN_VOCAB_FILES:
+            there = os.path.join(directory, name)
+            if os.path.isfile(os.path.join(source, name)) and not os.path.exists(there):
+                shutil.copyfile(os.path.join(source, name), there)
+        return
+    target = rundir.vocab_path(config, workdir)
+    if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)
+
+
+def start_params(start: Start, abstract: PyTree) -> PyTree:
+    """The start's parameters, placed as ``abstract`` (shapes, dtypes, global shardings of the
+    new run's parameters) says; a tree that differs raises a one-line `TrainingError`."""
+    where = f'train.init_from={start.path}'
+    try:
+        if start.step is None and is_marian_dir(start.path):
+            params = load_marian(start.path).params
+        else:
+            params = load_model(start.path, step=start.step, average_last=1)[3]
+    except rundir.WorkdirError as e:
+        raise TrainingError(f'{where}: {e}') from None
+    leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    wanted = {
+        jax.tree_util.keystr(p): tuple(x.shape)
+        for p, x in jax.tree_util.tree_leaves_with_path(abstract)
+    }
+    if {k: tuple(np.shape(x)) for k, x in leaves.items()} != wanted:
+        raise TrainingError(f'{where}: its parameters do not fit the model of its config.')
+
+    def place(path, target):
+        value = np.asarray(leaves[jax.tree_util.keystr(path)], target.dtype)
+        return jax.make_array_from_callback(target.shape, target.sharding, lambda i: value[i])
+
+    return jax.tree_util.tree_map_with_path(place, abstract)
+
+
+def init_state(start: Start | None, parallel: Any, init: Any) -> Any:
+    """A new run's train state in ``parallel``'s layout: ``init()``'s (random parameters, a
+    fresh optimizer), with the start's parameters when it fine-tunes one."""
+    state = parallel.init_state(init)
+    if start is None:
+        return state
+    params = start_params(start, parallel.abstract_state(init).params)
+    logging.info('Starting from the parameters of %s.', start.path)
+    return state.replace(params=params)
