@@ -278,3 +278,24 @@ def test_evaluate_scores_any_pair_of_files(run_dir, tmp_path):
     assert scores['split'] == 'src.txt' and scores['sacrebleu'] > 50
     hypotheses = (tmp_path / 'h.txt').read_text().splitlines()
     assert hypotheses == api.load(run_dir).translate([s for s, _ in pairs], beam_size=1)
+
+
+def test_translate_command_takes_the_source_tag(tmp_path_factory, tmp_path, capsys):
+    """The command line: a multilingual run stops without --source_tag, translates with it."""
+    from transformer import translate
+
+    run_dir = _convert(marian_dir(tmp_path_factory, multilingual=True), tmp_path / 'run')
+    source = tmp_path / 'in.txt'
+    source.write_text(LINES[0] + '\n')
+
+    def translated(*flags):
+        with pytest.raises(SystemExit) as info:
+            translate.cli(['translate', f'--workdir={run_dir}', f'--input={source}', *flags])
+        return info.value.code
+
+    error = translated()
+    assert 'multilingual (3 such tokens' in error and "--source_tag='>>fra<<'" in error
+    capsys.readouterr()
+    assert translated('--source_tag=>>deu<<', '--beam_size=1') in (None, 0)
+    assert capsys.readouterr().out.count('\n') == 1
+    assert "'>>xx<<' is not a token" in translated('--source_tag=>>xx<<')

@@ -21,7 +21,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
-from transformer import rundir, schema
+from transformer import multihost, rundir, schema
 from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer, describe
 from transformer.training import config_checks, footprint, init_from, optim, steps, stops
@@ -157,7 +157,8 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run
     tc = config.train
     # Before anything is written: a changed model or data, a missing config.json or vocabulary
     changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
-    init_from.copy_vocabulary(start, config, workdir)  # (a fine-tuning run's)
+    copy = lambda: init_from.copy_vocabulary(start, config, workdir)  # noqa: E731
+    multihost.on_main(copy, 'copy the vocabulary of train.init_from')  # (a fine-tuning run's)
     tokenizer = rundir.get_tokenizer(config, workdir)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
