@@ -61,6 +61,18 @@ def loaded(run_dir):
     return load_model(run_dir)
 
 
+@pytest.fixture(scope='module')
+def run(run_dir):
+    return api.load(run_dir)
+
+
+@pytest.fixture(scope='module')
+def greedy(run, hf_model, hf_tokenizer):
+    """(ours, Hugging Face's) greedy outputs of the lines the model learned."""
+    lines = LINES[:TRAINED_LINES]
+    return run.translate(lines, beam_size=1), _generate(hf_model, hf_tokenizer, lines, 1)
+
+
 def _marian_ids(ours: np.ndarray, vocab_size: int) -> np.ndarray:
     """Marian's id of each of ours: ours = (marian + 1) mod V."""
     return (np.asarray(ours) - 1) % vocab_size
@@ -130,14 +142,13 @@ def _generate(hf_model, hf_tokenizer, lines, num_beams):
 
 
 @pytest.mark.slow
-def test_greedy_and_beam_outputs_equal_generates(run_dir, hf_model, hf_tokenizer):
+def test_greedy_and_beam_outputs_equal_generates(run, greedy, hf_model, hf_tokenizer):
     """Greedy outputs equal generate(num_beams=1); beam 4 with the checkpoint's length penalty
     ('fairseq' rule) equals generate(num_beams=4). On the lines the model learned: on others
     a model this small runs to the length limit, which is set differently (ours: the input's
     length + eval.extra_length)."""
     lines = LINES[:TRAINED_LINES]
-    run = api.load(run_dir)
-    assert run.translate(lines, beam_size=1) == _generate(hf_model, hf_tokenizer, lines, 1)
+    assert greedy[0] == greedy[1]
     ours = run.translate(lines)  # beam 4, alpha 1.0 'fairseq' from generation_config.json
     theirs = _generate(hf_model, hf_tokenizer, lines, 4)
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
@@ -173,7 +184,7 @@ def test_export_gives_back_the_original_tensors_and_files(run_dir, hf_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, tmp_path):
+def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, greedy, tmp_path):
     ctranslate2 = pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
     import sentencepiece as spm
 
@@ -190,7 +201,7 @@ def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, tmp_p
     )
     # '<unk>' is no piece of target.spm: dropped, as MarianTokenizer's decode drops it.
     theirs = [target.decode([p for p in r.hypotheses[0] if p != '<unk>']) for r in results]
-    assert api.load(run_dir).translate(lines, beam_size=1) == theirs
+    assert greedy[0] == theirs
 
 
 @pytest.mark.parametrize('kwargs', [{'weights': 'bin'}, {'dtype': 'float16'}])
@@ -265,7 +276,7 @@ def test_an_existing_workdir_is_refused(hf_dir, tmp_path):
     assert [p.name for p in out.iterdir()] == ['notes.txt']
 
 
-def test_evaluate_scores_any_pair_of_files(run_dir, tmp_path):
+def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
     from transformer import evaluate
 
     pairs = synthetic_lines()[:TRAINED_LINES]
@@ -277,7 +288,7 @@ def test_evaluate_scores_any_pair_of_files(run_dir, tmp_path):
     )
     assert scores['split'] == 'src.txt' and scores['sacrebleu'] > 50
     hypotheses = (tmp_path / 'h.txt').read_text().splitlines()
-    assert hypotheses == api.load(run_dir).translate([s for s, _ in pairs], beam_size=1)
+    assert hypotheses == greedy[0]
 
 
 def test_translate_command_takes_the_source_tag(tmp_path_factory, tmp_path, capsys):

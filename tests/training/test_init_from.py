@@ -24,6 +24,7 @@ def _config(num_steps: int, init: str | None, folder: str, **train):
     config = tiny_run_config(num_steps)
     config.data.update(dataset='folder', folder=folder)
     config.train.update(init_from=init, checkpoint_every=2, **train)
+    config.eval.bleu_every = 0  # the final validation computes its loss alone
     config.opt.update(schedule='constant', lr_scale=1e-3)
     return config
 
@@ -46,12 +47,15 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def finetuned(hf_dir, folder, tmp_path_factory):
-    """(workdir, first losses): 4 steps from the MarianMT, and from nothing."""
+    """(workdir, first losses): 4 steps from the MarianMT, and 1 from nothing."""
     losses = {}
     workdir = str(tmp_path_factory.mktemp('finetune') / 'run')
-    for name, init, where in (('pretrained', hf_dir, workdir), ('fresh', None, workdir + '-0')):
+    for name, init, where, steps in (
+        ('pretrained', hf_dir, workdir, 4),
+        ('fresh', None, workdir + '-0', 1),
+    ):
         seen: list[float] = []
-        config = _config(4, init, folder)
+        config = _config(steps, init, folder)
         train_and_evaluate(config, where, on_step=lambda s, m, seen=seen: seen.append(m['loss']))
         losses[name] = seen[0]
     return workdir, losses
@@ -83,8 +87,11 @@ def test_the_output_bias_stays_frozen_and_the_rest_trains(finetuned, hf_dir):
 
 
 @pytest.mark.slow
-def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned):
+def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned, hf_dir, folder):
     workdir, _ = finetuned
+    final = train_and_evaluate(_config(6, hf_dir, folder), workdir)  # the same command, longer
+    assert final['step'] == 6 and final['steps_this_run'] == 2
+    assert [c['key'] for c in rundir.read_history(workdir)] == ['train.num_steps']
     start = init_from.read_start(f'{workdir}@2')
     assert start.step == 2 and start.vocab[1]
     abstract = load_model(workdir, step=2, average_last=1)[3]
