@@ -11,7 +11,7 @@ from transformer import data, schema
 from transformer.commands import train
 from transformer.data import sources, tfds_translate
 
-HEAD = "data.dataset='{}' is not a source of this package (synthetic, multi30k, folder) nor"
+HEAD = "data.dataset='{}' is not a source of this package (synthetic, multi30k, folder, none) nor"
 INSTALL = "pip install 'transformer[tfds]' (from a checkout: pip install -e '.[tfds]')."
 
 

@@ -1,7 +1,7 @@
 """The input side of training: sources, vocabulary and batches.
 
 - ``load_text``: raw parallel text of a split, from the source ``data.dataset`` names
-  (registry in sources.py: synthetic, multi30k, folder, any TFDS translation dataset);
+  (registry in sources.py: synthetic, multi30k, folder, none, any TFDS translation dataset);
   failures raise ``DataError``; ``order_note``: why a split cannot come in its original
   order (TFDS datasets stored shuffled), or None; ``check_split``: a split the source does
   not have, before anything is read.
