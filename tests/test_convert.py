@@ -204,16 +204,41 @@ def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, greed
     assert greedy[0] == theirs
 
 
-@pytest.mark.parametrize('kwargs', [{'weights': 'bin'}, {'dtype': 'float16'}])
-def test_bin_and_float16_checkpoints_convert(kwargs, tmp_path_factory, tmp_path):
-    hf_dir = marian_dir(tmp_path_factory, **kwargs)
-    run_dir = _convert(hf_dir, tmp_path / 'run')
-    hf_model = MarianMTModel.from_pretrained(hf_dir).float().eval()
-    hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
-    lines = LINES[:8]
-    assert api.load(run_dir).translate(lines, beam_size=1) == _generate(
-        hf_model, hf_tokenizer, lines, 1
-    )
+def _copy_with_weights(hf_dir, directory, state, name):
+    """``hf_dir`` with its weights replaced by ``state`` written as ``name``."""
+    shutil.copytree(hf_dir, directory, ignore=shutil.ignore_patterns('model.safetensors'))
+    if name == 'pytorch_model.bin':
+        torch.save({k: torch.from_numpy(v) for k, v in state.items()}, directory / name)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(state, str(directory / name), metadata={'format': 'pt'})
+    return directory
+
+
+def _weights(hf_dir):
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(hf_dir, 'model.safetensors'))
+
+
+def test_a_pytorch_model_bin_converts_to_the_same_parameters(hf_dir, loaded, tmp_path):
+    """The same tensors saved by torch.save as pytorch_model.bin (older hub repositories)."""
+    copy = _copy_with_weights(hf_dir, tmp_path / 'hf', _weights(hf_dir), 'pytorch_model.bin')
+    params = load_model(_convert(copy, tmp_path / 'run'))[3]
+    jax.tree.map(np.testing.assert_array_equal, params, loaded[3])
+
+
+@pytest.mark.slow
+def test_a_float16_checkpoint_converts_and_translates_alike(hf_dir, loaded, greedy, tmp_path):
+    """float16 weights: the float32 parameters rounded to float16, and the same greedy
+    outputs on the learned lines."""
+    half = {k: v.astype(np.float16) for k, v in _weights(hf_dir).items()}
+    copy = _copy_with_weights(hf_dir, tmp_path / 'hf', half, 'model.safetensors')
+    run_dir = _convert(copy, tmp_path / 'run')
+    rounded = jax.tree.map(lambda x: np.asarray(x, np.float16).astype(np.float32), loaded[3])
+    jax.tree.map(np.testing.assert_array_equal, load_model(run_dir)[3], rounded)
+    assert api.load(run_dir).translate(LINES[:TRAINED_LINES], beam_size=1) == greedy[0]
 
 
 def test_multilingual_source_tag_goes_first_as_its_id(tmp_path_factory, tmp_path):
