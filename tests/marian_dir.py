@@ -72,8 +72,6 @@ def build_marian_dir(
     d_ff: int = 64,
     activation: str = 'swish',
     seed: int = 0,
-    dtype: str = 'float32',
-    weights: str = 'safetensors',
     train_steps: int = 80,
     length_penalty: float = 1.0,
 ) -> str:
@@ -88,9 +86,6 @@ def build_marian_dir(
       vocab_size: each SentencePiece model's (fewer when the text has fewer pieces).
       d_model, layers, heads, d_ff, activation: the MarianConfig's sizes (both stacks).
       seed: torch's seed for the initialization and the biases (the text does not change).
-      dtype: 'float32' or 'float16' (the weights are trained in float32, then halved).
-      weights: 'safetensors' (model.safetensors, transformers' save_pretrained) or 'bin'
-        (pytorch_model.bin, torch.save of the whole state dict, as older hub repositories have).
       train_steps: full-batch Adam steps on the first `TRAINED_LINES` pairs (0: a random
         model). The SentencePiece models are trained on all the lines.
       length_penalty: generation_config.json's.
@@ -136,10 +131,6 @@ def build_marian_dir(
         tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
         _train(model, tokenizer, pairs, train_steps, torch)
     model.eval()
-    if dtype == 'float16':
-        model.half()
-    elif dtype != 'float32':
-        raise ValueError(f'dtype must be float32 or float16, got {dtype!r}')
     model.generation_config = transformers.GenerationConfig(
         num_beams=4,
         length_penalty=length_penalty,
@@ -151,11 +142,6 @@ def build_marian_dir(
         forced_eos_token_id=0,
     )
     model.save_pretrained(directory)
-    if weights == 'bin':
-        os.remove(os.path.join(directory, 'model.safetensors'))
-        torch.save(model.state_dict(), os.path.join(directory, 'pytorch_model.bin'))
-    elif weights != 'safetensors':
-        raise ValueError(f'weights must be safetensors or bin, got {weights!r}')
     return directory
 
 

@@ -133,7 +133,7 @@ def marian_vocab_dir(config: Config, workdir: str | None) -> str | None:
     if config.data.vocab_path or not workdir:
         return None
     directory = path(workdir, VOCAB_DIR)
-    return directory if os.path.isfile(os.path.join(directory, 'vocab.json')) else None
+    return directory if data_lib.MarianVocabulary.holds(directory) else None
 
 
 def is_converted(workdir: str) -> bool:

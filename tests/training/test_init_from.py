@@ -11,6 +11,7 @@ from tests.tiny_run import tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import convert
+from transformer.data import MarianVocabulary
 from transformer.training import TrainingError, init_from, train_and_evaluate
 
 pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
@@ -93,7 +94,7 @@ def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned, hf_dir, folder
     assert final['step'] == 6 and final['steps_this_run'] == 2
     assert [c['key'] for c in rundir.read_history(workdir)] == ['train.num_steps']
     start = init_from.read_start(f'{workdir}@2')
-    assert start.step == 2 and start.vocab[1]
+    assert start.step == 2 and isinstance(start.tokenizer, MarianVocabulary)
     abstract = load_model(workdir, step=2, average_last=1)[3]
     import jax
 
@@ -124,7 +125,7 @@ def test_free_fields_may_change_with_init_from(hf_dir, folder, tmp_path):
 
     merged, start = init_from.apply(schema.parse(config), str(tmp_path), ['model.dropout_rate'])
     assert merged.model.dropout_rate == 0.3 and merged.model.ffn == 'swish'
-    assert start.vocab_size == merged.data.vocab_size
+    assert start.tokenizer.vocab_size == merged.data.vocab_size
 
 
 def test_train_on_a_converted_run_points_to_init_from(hf_dir, folder, tmp_path):

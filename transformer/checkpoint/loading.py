@@ -166,6 +166,7 @@ def load_model(
     best: bool = False,
     *,
     shardings: Callable[[Transformer], PyTree] | None = None,
+    tokenizer: data_lib.Tokenizer | None = None,
 ) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
     """Config, tokenizer, model and parameters of a training run.
 
@@ -177,12 +178,13 @@ def load_model(
       best: load the best checkpoint by validation BLEU (``WORKDIR/best``) instead.
       shardings: the model -> its parameters' shardings (a decoding layout): each checkpoint
         is restored, and averaged, straight into them; default: this process's first device.
+      tokenizer: the run's vocabulary when the caller has read it already (default: read).
 
     Returns:
       (config, tokenizer, model, params (float32), the steps loaded).
     """
     config = read_config(workdir)
-    tokenizer = load_tokenizer(config, workdir)
+    tokenizer = tokenizer or load_tokenizer(config, workdir)
     model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
     placed = None if shardings is None else shardings(model)
     if best and (step is not None or average_last is not None):

@@ -38,8 +38,6 @@ from transformer.model import Transformer, abstract_params, config_from_dict
 
 # The model fields a config may set for a converted model: how it is computed, not what.
 HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'dtype', 'param_dtype')
-# The MarianMT vocabulary's files, copied into WORKDIR/vocab.
-VOCAB_FILES = ('source.spm', 'target.spm', 'vocab.json', 'tokenizer_config.json')
 
 
 def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experiment:
@@ -93,9 +91,7 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         rundir.write_config(staging, config)
         vocab = rundir.path(staging, rundir.VOCAB_DIR)
         os.mkdir(vocab)
-        for name in VOCAB_FILES:
-            if os.path.isfile(os.path.join(marian.directory, name)):
-                shutil.copyfile(os.path.join(marian.directory, name), os.path.join(vocab, name))
+        marian.tokenizer.copy_to(vocab)
         origin = {'from_hf': os.path.abspath(marian.directory)}
         save_params(staging, config, 0, marian.params, origin)
         with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:

@@ -89,8 +89,9 @@ def load_run(
         before any checkpoint is read. WorkdirError, DataError as `load_model`.
     """
     config = rundir.read_config(workdir)
+    vocabulary = rundir.load_tokenizer(config, workdir)
     if source_tag is not None or not tag_later:  # fails fast, before the checkpoints
-        data_lib.tag_sources(rundir.load_tokenizer(config, workdir), source_tag)
+        data_lib.tag_sources(vocabulary, source_tag)
     settings = training.ParallelSettings.of(config.train, **layout_flags)
     layouts: list[decoding.DecodeLayout] = []
 
@@ -109,7 +110,7 @@ def load_run(
         )
     else:
         config, tokenizer, model, params, steps = load_model(
-            workdir, step, average_last, best, shardings=shardings
+            workdir, step, average_last, best, shardings=shardings, tokenizer=vocabulary
         )
         member_steps = [steps]
     if source_tag is not None or not tag_later:

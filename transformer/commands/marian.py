@@ -36,8 +36,6 @@ from transformer.model import TransformerConfig, export_refusal
 from transformer.tokens import EOS_ID, PAD_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
-# A MarianMT vocabulary's files (a converted run's), exported as they are.
-MARIAN_VOCAB_FILES = (*SPM_FILES, 'vocab.json', 'tokenizer_config.json')
 
 
 class ExportError(ValueError):
@@ -161,11 +159,7 @@ def write_tokenizer(tokenizer: Tokenizer, directory: str, data: Any) -> None:
     A MarianMT vocabulary's run (converted, or fine-tuned from one) writes its own files as
     they are."""
     if isinstance(tokenizer, MarianVocabulary):
-        for name in MARIAN_VOCAB_FILES:
-            if os.path.isfile(os.path.join(tokenizer.directory, name)):
-                shutil.copyfile(
-                    os.path.join(tokenizer.directory, name), os.path.join(directory, name)
-                )
+        tokenizer.copy_to(directory)
         return
     for name in SPM_FILES:
         shutil.copyfile(tokenizer.model_path, os.path.join(directory, name))

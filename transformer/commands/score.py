@@ -58,12 +58,11 @@ def cli(argv: list[str] | None = None) -> None:
                 f'{len(sources)}: give one target a source.'
             )
         try:
-            config = rundir.read_config(FLAGS.workdir)
-            data_lib.tag_sources(rundir.load_tokenizer(config, FLAGS.workdir), FLAGS.source_tag)
-            config, tokenizer, model, params, steps = load_model(
-                FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best
+            vocabulary = rundir.load_tokenizer(rundir.read_config(FLAGS.workdir), FLAGS.workdir)
+            tokenizer = data_lib.tag_sources(vocabulary, FLAGS.source_tag)  # before the params
+            config, _, model, params, steps = load_model(
+                FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best, tokenizer=vocabulary
             )
-            tokenizer = data_lib.tag_sources(tokenizer, FLAGS.source_tag)
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Scoring %d pairs with checkpoints %s.', len(sources), steps)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -149,6 +150,19 @@ class MarianVocabulary:
     def our_id(self, i: int) -> int:
         """Our id of Marian's id ``i``."""
         return (int(i) + 1) % self.vocab_size
+
+    @staticmethod
+    def holds(directory: str | os.PathLike) -> bool:
+        """Whether ``directory`` holds a MarianMT vocabulary (its vocab.json)."""
+        return os.path.isfile(os.path.join(directory, FILES[2]))
+
+    def copy_to(self, directory: str | os.PathLike) -> None:
+        """Copies its files (and tokenizer_config.json, where there is one) into
+        ``directory``, as they are; files already there are kept."""
+        for name in (*FILES, TOKENIZER_CONFIG):
+            source, target = (os.path.join(d, name) for d in (self.directory, directory))
+            if os.path.isfile(source) and not os.path.exists(target):
+                shutil.copyfile(source, target)
 
     @staticmethod
     def rows_to_ours(x: Any) -> np.ndarray:

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from transformer import data as data_lib
 from transformer import rundir, schema
 from transformer.checkpoint import is_marian_dir, load_marian, load_model
 from transformer.training.stops import TrainingError
@@ -35,8 +36,6 @@ FREE_MODEL_FIELDS = (
     *('dtype', 'param_dtype'),
     *('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate', 'token_dropout_rate'),
 )
-# A MarianMT vocabulary's files (transformer.data.MarianVocabulary), copied as they are.
-MARIAN_VOCAB_FILES = ('source.spm', 'target.spm', 'vocab.json', 'tokenizer_config.json')
 
 
 @dataclasses.dataclass
@@ -46,8 +45,7 @@ class Start:
     path: str  # the MarianMT or run directory
     step: int | None  # the run directory's checkpoint (None: a MarianMT)
     model: dict[str, Any]  # its model section, as config.json holds it
-    vocab_size: int
-    vocab: tuple[str, bool]  # (the vocabulary's file or directory, whether a MarianMT's)
+    tokenizer: Any  # its vocabulary: a `data.MarianVocabulary` or `data.Tokenizer`
 
 
 def parse(init_from: str) -> tuple[str, int | None]:
@@ -73,19 +71,15 @@ def read_start(init_from: str) -> Start:
             if step is not None:
                 raise TrainingError(f'{key}: a MarianMT directory has no steps; drop @{step}.')
             marian = load_marian(path, weights=False)
-            vocab_size = marian.tokenizer.vocab_size
-            return Start(path, None, dict(marian.model), vocab_size, (path, True))
+            return Start(path, None, dict(marian.model), marian.tokenizer)
         if not os.path.isfile(rundir.path(path, rundir.CONFIG_FILE)):
             raise TrainingError(
                 f'{key}: {path} is neither a MarianMT directory (config.json of '
                 "model_type 'marian') nor a run directory."
             )
         config = rundir.read_config(path)
-        tokenizer = rundir.load_tokenizer(config, path)
-        marian_vocab = rundir.marian_vocab_dir(config, path)
-        vocab = (marian_vocab, True) if marian_vocab else (rundir.vocab_path(config, path), False)
         model = schema.to_dict(config)['model']
-        return Start(path, step, model, tokenizer.vocab_size, vocab)
+        return Start(path, step, model, rundir.load_tokenizer(config, path))
     except rundir.WorkdirError as e:
         raise TrainingError(f'{key}: {e}') from None
 
@@ -121,7 +115,7 @@ def apply(
             )
     free = {k: v for k, v in values['model'].items() if k in FREE_MODEL_FIELDS}
     values['model'] = {**model, **free}
-    values['data']['vocab_size'] = start.vocab_size
+    values['data']['vocab_size'] = start.tokenizer.vocab_size
     try:
         return schema.parse(schema.complete(values)), start
     except schema.ConfigError as e:
@@ -133,19 +127,15 @@ def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str
     nothing without a start)."""
     if start is None:
         return
-    source, is_marian = start.vocab
-    if is_marian:
+    if isinstance(start.tokenizer, data_lib.MarianVocabulary):
         directory = rundir.path(workdir, rundir.VOCAB_DIR)
         os.makedirs(directory, exist_ok=True)
-        for name in MARIAN_VOCAB_FILES:
-            there = os.path.join(directory, name)
-            if os.path.isfile(os.path.join(source, name)) and not os.path.exists(there):
-                shutil.copyfile(os.path.join(source, name), there)
+        start.tokenizer.copy_to(directory)
         return
     target = rundir.vocab_path(config, workdir)
     if not os.path.exists(target):
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(source, target)
+        shutil.copyfile(start.tokenizer.model_path, target)
 
 
 def start_params(start: Start, abstract: PyTree) -> PyTree:
