@@ -59,6 +59,11 @@ os.environ['XLA_FLAGS'] = ' '.join(_flags)
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# glibc's defaults in the test processes: the commands' malloc tuning (one arena, no mmap,
+# transformer/backends/host_memory.py) applied in a worker that also runs torch (the MarianMT
+# tests) lost that worker in 3 of 5 runs of tests/test_convert.py and its neighbours, and made
+# them slower (95 s against 55-63 s); tests/backends/test_host_memory.py sets it itself.
+os.environ.setdefault('TRANSFORMER_MALLOC', 'system')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix='transformer-tests-jax-cache-')
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
