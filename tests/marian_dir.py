@@ -21,7 +21,8 @@ What makes it a useful test of a conversion:
   fragile.
 
 Built in ~4 s on 2 cores (~2 s of them the 80 training steps; importing torch and transformers
-~1.5 s more). Tests share one build per session with `marian_dir`::
+~1.5 s more). Tests share one build per session, made in a process of its own, with
+`marian_dir`::
 
     @pytest.fixture(scope='module')
     def hf_dir(tmp_path_factory):
@@ -34,11 +35,14 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 from tests.shared_dirs import built_once
+from tests.subprocess_env import repo_env
 from transformer.data import synthetic
 
 LANGUAGE_TOKENS = ('>>fra<<', '>>deu<<', '>>spa<<')  # multilingual=True: in vocab.json
@@ -149,10 +153,28 @@ def marian_dir(tmp_path_factory, **kwargs) -> str:
     """`build_marian_dir(..., **kwargs)`, built once per test session for each set of
     arguments and shared by pytest-xdist's workers (tests/shared_dirs.py). Read it only."""
     key = hashlib.sha256(repr(sorted(kwargs.items())).encode()).hexdigest()[:12]
-    path = built_once(
-        tmp_path_factory, f'marian-{key}', lambda path: build_marian_dir(path, **kwargs)
-    )
+    path = built_once(tmp_path_factory, f'marian-{key}', lambda path: _build_apart(path, kwargs))
     return str(path)
+
+
+def _build_apart(path: Path, kwargs: dict) -> None:
+    """`build_marian_dir` in a process of its own: the test worker that asks never trains
+    torch beside the jax computations it runs (a worker doing both was lost without a
+    traceback now and then)."""
+    code = (
+        'import json, sys\n'
+        'from tests.marian_dir import build_marian_dir\n'
+        'build_marian_dir(sys.argv[1], **json.loads(sys.argv[2]))\n'
+    )
+    done = subprocess.run(
+        [sys.executable, '-c', code, str(path), json.dumps(kwargs)],
+        env=repo_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode:
+        raise RuntimeError(f'Building the MarianMT directory failed:\n{done.stderr[-3000:]}')
 
 
 def left_out_pieces(directory: str | os.PathLike) -> set[str]:

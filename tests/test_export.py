@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import ctranslate2_child
 from tests.shared_dirs import built_once
 from transformer import data as data_lib
 from transformer import export
@@ -22,7 +23,7 @@ from transformer.tokens import EOS_ID
 _SKIP = "{} is not installed: pip install -e '.[export]'"
 torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
-ctranslate2 = pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
+pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
 pytest.importorskip('safetensors', reason=_SKIP.format('safetensors'))
 MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.MarianTokenizer
 
@@ -188,17 +189,16 @@ def test_greedy_translations_are_identical_ours_hf_ctranslate2(loaded, hf_dir, c
             out = hf.generate(**batch, num_beams=1, do_sample=False, **lengths)
         return [_until_eos(row[1:].tolist()) for row in out]
 
-    translator = ctranslate2.Translator(str(ct2_dir))
-
     def ct2_rows(rows, limit):
-        results = translator.translate_batch(
+        hypotheses = ctranslate2_child.translate(
+            ct2_dir,
             [hf_tokenizer.convert_ids_to_tokens(source_ids[i]) for i in rows],
             beam_size=1,
             max_decoding_length=256 if limit is None else limit - 1,
             suppress_sequences=[['<pad>']],
             return_end_token=True,
         )
-        tokens = [hf_tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+        tokens = [hf_tokenizer.convert_tokens_to_ids(h) for h in hypotheses]
         if limit is None:
             return tokens
         return [t if t[-1:] == [EOS_ID] else [*t, EOS_ID] for t in tokens]  # EOS at the limit
@@ -243,9 +243,10 @@ def test_ctranslate2_int8_is_smaller_and_translates_alike(run_dir, ct2_dir, tmp_
     batch = [[*sp.encode(s, out_type=str), '</s>'] for s in _test_sentences(loaded[0])]
     results = {}
     for name, directory in (('float32', ct2_dir), ('int8', out)):
-        translator = ctranslate2.Translator(str(directory), compute_type='auto')
-        hyps = translator.translate_batch(batch, beam_size=1, suppress_sequences=[['<pad>']])
-        results[name] = [sp.decode(h.hypotheses[0]) for h in hyps]
+        hypotheses = ctranslate2_child.translate(
+            directory, batch, compute_type='auto', beam_size=1, suppress_sequences=[['<pad>']]
+        )
+        results[name] = [sp.decode(h) for h in hypotheses]
     same = sum(a == b for a, b in zip(results['float32'], results['int8'], strict=True))
     assert same >= 0.8 * NUM_TEST
 
@@ -314,12 +315,12 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
     marian.write_ctranslate2(str(hf_dir), str(ct2_dir), layer_norm_epsilon=1e-5, quantization=None)
     pieces = MarianTokenizer.from_pretrained(hf_dir).convert_ids_to_tokens
     rows = lambda ids: [pieces([int(i) for i in row if i]) for row in ids]  # noqa: E731
-    scored = ctranslate2.Translator(str(ct2_dir)).score_batch(rows(inputs), rows(targets))
+    scored = ctranslate2_child.score(ct2_dir, rows(inputs), rows(targets))
     log_probs = np.asarray(jax.nn.log_softmax(ours))
     for row, result in enumerate(scored):  # CTranslate2 adds </s>'s score after the targets'
         n = valid[row].sum()
         want = log_probs[row, np.arange(n), targets[row, :n]]
-        np.testing.assert_allclose(result.log_probs[:n], want, atol=1e-4)
+        np.testing.assert_allclose(result[:n], want, atol=1e-4)
 
 
 def test_unexportable_configs_are_one_line_errors():

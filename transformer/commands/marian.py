@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -214,7 +216,40 @@ def write_hf(
 def write_ctranslate2(
     hf_directory: str, directory: str, *, layer_norm_epsilon: float, quantization: str | None
 ) -> None:
-    """Converts a `write_hf` export with CTranslate2's Transformers loaders.
+    """Converts a `write_hf` export with CTranslate2's Transformers loaders, in a Python
+    process of its own (`convert_ctranslate2`).
+
+    The conversion loads torch and CTranslate2, each with its own OpenMP runtime, and the
+    exporting process already runs jax's thread pools: a test process holding all three was
+    lost without a traceback now and then. Apart, the exporting process never loads either,
+    and a conversion that fails (or a library that aborts) ends in one line here.
+
+    Raises:
+      ExportError: the conversion failed; the message is its last line of output.
+    """
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = [package_root, *filter(None, os.environ.get('PYTHONPATH', '').split(os.pathsep))]
+    code = (
+        'import json, sys\n'
+        'from transformer.commands.marian import convert_ctranslate2\n'
+        'convert_ctranslate2(*sys.argv[1:3], **json.loads(sys.argv[3]))\n'
+    )
+    options = {'layer_norm_epsilon': layer_norm_epsilon, 'quantization': quantization}
+    done = subprocess.run(
+        [sys.executable, '-c', code, hf_directory, directory, json.dumps(options)],
+        env={**os.environ, 'PYTHONPATH': os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f'exit status {done.returncode}']
+        raise ExportError(f'The CTranslate2 conversion failed: {lines[-1][:300]}')
+
+
+def convert_ctranslate2(
+    hf_directory: str, directory: str, *, layer_norm_epsilon: float, quantization: str | None
+) -> None:
+    """The conversion `write_ctranslate2` runs.
 
     Its own Marian loader assumes OPUS-MT conventions that ours break: the decoder starts
     from a zero vector and <pad> is the last id, which it deletes. Ours starts from the
