@@ -3,7 +3,8 @@
 - ``TEST_BLEU='[[...], [...]]'``: process i reports row i's k-th value as its validation
   BLEU at its k-th evaluation (instead of decoding), so the processes disagree, as BLEU
   computed on two GPUs can in its last bit.
-- Every SentencePiece training prints ``TRAINED VOCABULARY``.
+- Every SentencePiece training prints ``TRAINED VOCABULARY``, every token store built
+  ``BUILT TOKEN STORE``.
 
 At the end each process prints ``RESULT {"step": ..., "stopped_early": ..., "best": ...}``:
 what it decided, for the test to compare across processes.
@@ -16,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer.commands import train as trainer  # noqa: E402
-from transformer.data import tokenizer  # noqa: E402
+from transformer.data import token_store, tokenizer  # noqa: E402
 from transformer.training import validation
 
 
@@ -34,12 +35,12 @@ def _fake_bleu(table):
     return bleu
 
 
-def _counted(train):
-    def train_tokenizer(*args, **kwargs):
-        print('TRAINED VOCABULARY', flush=True)
-        return train(*args, **kwargs)
+def _counted(build, line):
+    def counted(*args, **kwargs):
+        print(line, flush=True)
+        return build(*args, **kwargs)
 
-    return train_tokenizer
+    return counted
 
 
 def _reported(train_and_evaluate):
@@ -55,6 +56,7 @@ def _reported(train_and_evaluate):
 if __name__ == '__main__':
     if 'TEST_BLEU' in os.environ:
         validation.Validation.bleu = _fake_bleu(json.loads(os.environ['TEST_BLEU']))
-    tokenizer.train_tokenizer = _counted(tokenizer.train_tokenizer)
+    tokenizer.train_tokenizer = _counted(tokenizer.train_tokenizer, 'TRAINED VOCABULARY')
+    token_store.build = _counted(token_store.build, 'BUILT TOKEN STORE')
     trainer.train_and_evaluate = _reported(trainer.train_and_evaluate)
     trainer.cli()

@@ -16,10 +16,10 @@ Layers, from the ground up (a module may import its own package and any lower la
     6  evaluation/                              BLEU, decode-and-score
     7  training/                                steps, devices, checkpoints policy, the loop
     8  commands/                                train, evaluate, translate, score, visualize,
-                                                export, convert;
+                                                export, convert, prepare;
                                                 their console and help
     9  api                                      the commands' work from Python
-    The names evaluate, translate, score, visualize, export and convert at the top are the
+    The names evaluate, translate, score, visualize, export, convert and prepare at the top are the
     commands' modules under their earlier paths (``python -m transformer.evaluate``).
 """
 
@@ -50,6 +50,7 @@ LAYERS = {
     'visualize': 9,
     'export': 9,
     'convert': 9,
+    'prepare': 9,
     'api': 9,
 }
 MAX_MODULE_LINES = 400

@@ -11,6 +11,8 @@ single-process run every function here is the identity.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Callable, Sequence
 
 import jax
@@ -20,6 +22,10 @@ from jax.experimental import multihost_utils
 
 class OtherProcessFailed(RuntimeError):
     """Process 0 failed at a step every process waits for; its own log says why."""
+
+
+class NotShared(RuntimeError):
+    """The processes do not all see the directories process 0 writes into."""
 
 
 def is_main() -> bool:
@@ -92,3 +98,37 @@ def on_main(fn: Callable[[], int | None], what: str) -> int | None:
     if not ok:
         raise OtherProcessFailed(f'Process 0 could not {what}; its log says why. Stopped.')
     return None if value < 0 else value
+
+
+def check_shared(directories: Sequence[str | None], name: str) -> None:
+    """That every process sees the same ``directories`` (None entries skipped): process 0
+    writes a new random value into the file ``name`` in each, the others must read it back.
+
+    Raises:
+      NotShared: on every process, when one of them does not.
+    """
+    if jax.process_count() == 1:
+        return
+    directories = list(dict.fromkeys(d for d in directories if d))
+    value = secrets.token_hex(16) if is_main() else ''
+    if is_main():
+        for directory in directories:
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, name), 'w', encoding='utf-8') as f:
+                f.write(value)
+    value = broadcast_bytes(value.encode()).decode()
+
+    def sees(directory: str) -> bool:
+        try:
+            with open(os.path.join(directory, name), encoding='utf-8') as f:
+                return f.read() == value
+        except OSError:
+            return False
+
+    if not all_ok(all(sees(d) for d in directories)):
+        raise NotShared(
+            f'The processes of this run do not all see the same {" and ".join(directories)}: '
+            f'a file process 0 wrote there ({name}) is missing or different on another process. '
+            'A multi-host run needs a workdir (and data.cache_dir) on a file system every '
+            'process shares (docs/parallelism.md).'
+        )

@@ -7,13 +7,17 @@
                                  tokenizer_config.json) of a run converted from, or
                                  started from, a MarianMT (`transformer.data.MarianVocabulary`)
     WORKDIR/converted_from.json  where a converted run's parameters came from (transformer.convert)
-    WORKDIR/data_cache/          token ids of each split (see transformer/data/tokenized.py)
+    WORKDIR/data_cache/          token ids: the training split's token store (memory-mapped,
+                                 transformer/data/token_store.py), the evaluation splits'
+                                 .npz files (transformer/data/tokenized.py)
     WORKDIR/checkpoints/<step>/  Orbax: params, opt_state, meta (step, seed, data position,
                                  the best validation score so far and the patience count)
     WORKDIR/best/<step>/         Orbax: params and meta of the best validation BLEU so far
     WORKDIR/metrics.jsonl        every logged metric; WORKDIR/tensorboard/ the same as events
     WORKDIR/eval/                hypotheses and scores written by ``transformer.evaluate``
     WORKDIR/train.lock           held while a process trains here (transformer/lock.py)
+    WORKDIR/shared_check         a multi-host run's check that its processes share the
+                                 workdir (`multihost.check_shared`)
 
 Every path inside a run directory is named here and nowhere else. Checkpoints are written
 and read through transformer/checkpoint/ alone (with their integrity scheme and training's
@@ -55,6 +59,7 @@ EVAL_DIR = 'eval'
 MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
+SHARED_CHECK = 'shared_check'  # process 0's mark the others must see (multihost.check_shared)
 # Settings a resumed run may change in its model or data section: paths to the same files,
 # and another way to compute the same attention, the same embedding gradient or the same
 # backward pass (what it recomputes).

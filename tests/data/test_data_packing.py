@@ -166,21 +166,22 @@ def test_long_examples_truncated(train_data):
             assert (row[ends[segmentation[ends] > 0]] == data.EOS_ID).all()
 
 
-def test_make_train_iterator_uses_the_token_cache(tokenizer, workdir, monkeypatch):
+def test_make_train_iterator_uses_the_token_store(tokenizer, workdir, monkeypatch):
     config = _config()
     cache_dir = f'{workdir}/data_cache'
     iterator = data.make_train_iterator(
         config, tokenizer, batch_size=4, seed=0, cache_dir=cache_dir
     )
     first = next(iterator)
-    files = list(pathlib.Path(workdir, 'data_cache').glob('*.npz'))
-    assert len(files) == 1 and files[0].name.startswith('synthetic-train-')
+    stores = list(pathlib.Path(workdir, 'data_cache').glob('*.store'))
+    assert len(stores) == 1 and stores[0].name.startswith('synthetic-train-')
     tokenized.clear_memory_cache()
 
     def no_text(*args, **kwargs):
-        raise AssertionError('cached token ids must be reused')
+        raise AssertionError('the stored token ids must be reused')
 
     monkeypatch.setattr(sources, 'load_text', no_text)
+    monkeypatch.setattr(sources, 'read_chunks', no_text)
     again = data.make_train_iterator(config, tokenizer, batch_size=4, seed=0, cache_dir=cache_dir)
     for key, value in next(again).items():
         np.testing.assert_array_equal(value, first[key])

@@ -50,7 +50,7 @@ def test_saved_at_its_path_and_reused(tokenizer, workdir, monkeypatch):
     def no_text(*args, **kwargs):
         raise AssertionError('a saved vocabulary must not be retrained')
 
-    monkeypatch.setattr(tokenizer_lib, 'load_text', no_text)
+    monkeypatch.setattr(tokenizer_lib, 'read_chunks', no_text)
     again = data.get_tokenizer(_config(), path)
     assert again.fingerprint == tokenizer.fingerprint
     given = data.get_tokenizer(_config(vocab_path=path), None)

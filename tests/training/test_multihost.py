@@ -61,7 +61,8 @@ def _run_two_processes(
     flags, run_dir, *, devices_per_process=4, script='train.py', env=None, timeout=240
 ) -> list[tuple[int, str]]:
     """``script`` as processes 0 and 1 of one run on localhost: (exit code, output) each.
-    Both are always ended, whatever happens."""
+    Both are always ended, whatever happens. ``run_dir``: the workdir of both, or a pair of
+    them (one each)."""
     env = {
         **os.environ,
         'XLA_FLAGS': xla_flags(devices_per_process),
@@ -69,14 +70,15 @@ def _run_two_processes(
         **(env or {}),
     }
     port = _free_port()
-    base = [sys.executable, script, '--config=configs/tiny.py', f'--workdir={run_dir}']
+    workdirs = run_dir if isinstance(run_dir, list | tuple) else [run_dir, run_dir]
+    base = [sys.executable, script, '--config=configs/tiny.py']
     base += [*flags, '--config.train.distributed=True']
     base += [f'--config.train.coordinator_address=localhost:{port}']
     base += ['--config.train.num_processes=2']
     procs = []
     try:
         for pid in (0, 1):
-            cmd = [*base, f'--config.train.process_id={pid}']
+            cmd = [*base, f'--config.train.process_id={pid}', f'--workdir={workdirs[pid]}']
             procs.append(
                 subprocess.Popen(
                     cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -225,6 +227,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
     assert best_step(str(run)) == 2
     assert sorted(_losses(run)) == [1, 2, 3, 4, 5, 6]
     assert outputs[0].count('TRAINED VOCABULARY') == 1 and 'TRAINED VOCABULARY' not in outputs[1]
+    assert outputs[0].count('BUILT TOKEN STORE') == 1 and 'BUILT TOKEN STORE' not in outputs[1]
     assert os.listdir(run / 'vocab') == ['spm.model']
 
     alone = _config('sharding', 6)
@@ -261,3 +264,20 @@ def test_a_layout_no_split_of_the_batch_fits_is_refused_before_writing(tmp_path)
         assert len(errors) == 1 and 'no split of the batch fits' in errors[0], out[-3000:]
         assert 'train.model_parallelism' in errors[0]
     assert not run.exists()
+
+
+def test_processes_that_do_not_share_the_workdir_stop_in_one_line(tmp_path):
+    """Processes 0 and 1 given workdirs that are not one directory (as hosts without a shared
+    file system see theirs): both stop in one line before a vocabulary or token store is
+    built."""
+    config = _config('sharding', 2)
+    workdirs = [tmp_path / 'host0', tmp_path / 'host1']
+    worker = os.path.join('tests', 'multihost_worker.py')
+    results = _run_two_processes(
+        _overrides(config), workdirs, devices_per_process=1, script=worker, timeout=120
+    )
+    for code, out in results:
+        assert code == 1 and 'Traceback' not in out, out[-3000:]
+        errors = [line for line in out.splitlines() if line.startswith('error: ')]
+        assert len(errors) == 1 and 'do not all see the same' in errors[0], out[-3000:]
+        assert 'shared_check' in errors[0] and 'TRAINED VOCABULARY' not in out

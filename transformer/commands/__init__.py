@@ -1,7 +1,8 @@
 """The commands, one room above the layers: flags, the console, errors and exit codes.
 
 train.py (``python train.py``, ``transformer-train``), evaluate.py, translate.py, score.py,
-visualize.py, export.py and convert.py (``python -m transformer.NAME``, ``transformer-NAME``),
+visualize.py, export.py, convert.py and prepare.py (``python -m transformer.NAME``,
+``transformer-NAME``),
 each a ``cli()``; console.py, what every command shares (its run, errors, exit codes, the
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
 console) and shared_flags.py (the flags several commands define); marian.py, the files of
@@ -23,6 +24,7 @@ __all__ = [
     'export',
     'library_logs',
     'marian',
+    'prepare',
     'score',
     'shared_flags',
     'train',

@@ -79,6 +79,7 @@ def cli(argv: list[str] | None = None) -> None:
             rundir.WorkdirError,
             lock_lib.WorkdirBusy,
             multihost.OtherProcessFailed,
+            multihost.NotShared,
             ValueError,
         ) as e:
             raise SystemExit(f'error: {e}') from None

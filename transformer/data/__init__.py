@@ -12,6 +12,8 @@
   source, as its id (source_tag.py).
 - ``MarianVocabulary`` (marian_vocab.py): a MarianMT (OPUS-MT) directory's vocabulary
   (source.spm, target.spm, vocab.json) behind the same interface, with our ids.
+- ``prepare_token_store`` / ``open_store`` (token_store.py): a training split's token ids
+  on disk, written by a streaming pass and memory-mapped (corpora larger than memory).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
@@ -40,6 +42,9 @@ from transformer.data.pretokenize import PRETOKENIZERS, Pretokenizer
 from transformer.data.source_tag import SourceTagged, tag_sources
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
+from transformer.data.token_store import TokenStore, open_store
+from transformer.data.token_store import prepare as prepare_token_store
+from transformer.data.token_store import store_dir as token_store_dir
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -58,6 +63,7 @@ __all__ = [
     'DataError',
     'EvalSet',
     'MarianVocabulary',
+    'TokenStore',
     'TokenizedSplit',
     'Tokenizer',
     'TrainIterator',
@@ -71,10 +77,13 @@ __all__ = [
     'make_eval_batches',
     'make_eval_set',
     'make_train_iterator',
+    'open_store',
     'order_note',
     'pack_examples',
+    'prepare_token_store',
     'restore_order',
     'sources',
     'tag_sources',
+    'token_store_dir',
     'tokenize_split',
 ]

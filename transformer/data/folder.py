@@ -7,8 +7,9 @@ of the target file.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from etils import epath
@@ -69,6 +70,31 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
             f'the files of split {split!r} must be aligned line by line.'
         )
     return sources, targets
+
+
+def read_chunks(data_config: Any, split: str, size: int) -> Iterator[tuple[list[str], list[str]]]:
+    """(sources, targets) of a split, ``size`` pairs at a time (the last chunk fewer), read
+    line by line: a corpus of any size in the memory of one chunk."""
+    check(data_config)
+    paths = [
+        _find(data_config.folder, split, lang)
+        for lang in (data_config.source_lang, data_config.target_lang)
+    ]
+    columns = [text.read_lines(os.fspath(p)) for p in paths]
+    pairs = itertools.zip_longest(*columns)
+    count = 0
+    while chunk := list(itertools.islice(pairs, size)):
+        if chunk[-1][0] is None or chunk[-1][1] is None:
+            short = 0 if chunk[-1][0] is None else 1
+            lines = [count + sum(pair[side] is not None for pair in chunk) for side in (0, 1)]
+            lines[1 - short] += sum(1 for _ in columns[1 - short])
+            raise DataError(
+                f'{paths[0]} has {lines[0]} lines but {paths[1]} has {lines[1]}; '
+                f'the files of split {split!r} must be aligned line by line.'
+            )
+        count += len(chunk)
+        sources, targets = zip(*chunk, strict=True)
+        yield list(sources), list(targets)
 
 
 def identity(data_config: Any, split: str) -> dict[str, Any]:

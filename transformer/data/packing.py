@@ -40,7 +40,9 @@ import numpy as np
 from absl import logging
 
 from transformer.data.errors import DataError
-from transformer.data.tokenized import TokenizedSplit, tokenize_split
+from transformer.data.mix import Corpora, training_corpora
+from transformer.data.token_store import TokenStore
+from transformer.data.tokenized import TokenizedSplit
 from transformer.data.tokenizer import Tokenizer
 from transformer.tokens import EOS_ID
 
@@ -87,8 +89,8 @@ def pack_examples(
 
 def _fill_rows(
     rows: Sequence[np.ndarray],
-    ids: np.ndarray,
-    offsets: np.ndarray,
+    corpora: Corpora,
+    side: str,
     lengths: np.ndarray,
     width: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,13 +109,13 @@ def _fill_rows(
     row_of_example = np.repeat(np.arange(len(rows)), counts)
     first_of_row = np.concatenate([[0], np.cumsum(counts)[:-1]])
     segment = np.arange(len(examples)) - np.repeat(first_of_row, counts) + 1
-    lens = lengths[examples]
+    lens = lengths[examples].astype(np.int64)  # (narrow in memory: unsigned arithmetic below)
     ends = np.cumsum(lens)
     starts = ends - lens
     column0 = starts - np.repeat(starts[first_of_row], counts)  # example start within its row
     token_example = np.repeat(np.arange(len(examples)), lens)
     within = np.arange(int(ends[-1])) - np.repeat(starts, lens)
-    values = ids[offsets[examples][token_example] + within].astype(np.int32)
+    values = corpora.gather(side, examples, token_example, within)
     values[ends - 1] = EOS_ID
     r, c = row_of_example[token_example], column0[token_example] + within
     tokens[r, c] = values
@@ -126,6 +128,35 @@ def _fill_rows(
 LONG_EXAMPLES = ('drop', 'truncate')
 
 
+_BOOKKEEPING_BLOCK = 1 << 24  # examples whose lengths are scanned at once
+
+
+def _kept_examples(data: Any, max_len: int, long_examples: str) -> tuple[np.ndarray, int, int]:
+    """(the indices of the examples trained on, ascending, as uint32 while they fit; the
+    number of empty ones; the number longer than ``max_len``), scanned a block at a time so
+    that no int64 or boolean array of the whole split is ever held."""
+    count = data.num_examples
+    dtype = np.uint32 if count <= np.iinfo(np.uint32).max else np.int64
+    kept, empty, long = [], 0, 0
+    for start in range(0, count, _BOOKKEEPING_BLOCK):
+        block = slice(start, start + _BOOKKEEPING_BLOCK)
+        sources, targets = data.source_lengths[block], data.target_lengths[block]
+        # A side with only its EOS is an empty sentence: nothing to learn from the pair.
+        is_empty = (sources <= 1) | (targets <= 1)
+        is_long = ~is_empty & ((sources > max_len) | (targets > max_len))
+        keep = ~is_empty if long_examples == 'truncate' else ~is_empty & ~is_long
+        kept.append((np.flatnonzero(keep) + start).astype(dtype))
+        empty, long = empty + int(is_empty.sum()), long + int(is_long.sum())
+    return (np.concatenate(kept) if kept else np.zeros(0, dtype)), empty, long
+
+
+def _clipped(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    """``lengths`` clipped to ``max_len``, in memory, in the narrowest unsigned type that
+    holds ``max_len`` (2 bytes a pair for any row length up to 65535)."""
+    dtype = np.uint16 if max_len <= np.iinfo(np.uint16).max else np.uint32
+    return np.minimum(lengths, min(max_len, np.iinfo(lengths.dtype).max)).astype(dtype)
+
+
 class TrainIterator(Iterator[dict[str, np.ndarray]]):
     """Infinite iterator of packed training batches with a small, exact, resumable state.
 
@@ -136,7 +167,7 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
 
     def __init__(
         self,
-        data: TokenizedSplit,
+        data: TokenizedSplit | TokenStore | Corpora,
         *,
         batch_size: int,
         seed: int,
@@ -153,7 +184,9 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
             raise ValueError(f'{data_group=} is not in [0, {data_groups}).')
         if long_examples not in LONG_EXAMPLES:
             raise ValueError(f"long_examples must be 'drop' or 'truncate', got {long_examples!r}.")
+        data = data if isinstance(data, Corpora) else Corpora([data])
         self._data = data
+        self.last_pairs: dict[str, int] = {}  # each named corpus's pairs in the last batch
         self.batch_size = batch_size
         self.max_len = max_len
         self.data_group = data_group
@@ -161,34 +194,29 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
         self._chunk_size = chunk_size
         self._open_rows = open_rows
 
-        source_lengths, target_lengths = data.source_lengths, data.target_lengths
-        # A side with only its EOS is an empty sentence: nothing to learn from the pair.
-        empty = (source_lengths <= 1) | (target_lengths <= 1)
-        long = ~empty & ((source_lengths > max_len) | (target_lengths > max_len))
-        keep = ~empty if long_examples == 'truncate' else ~empty & ~long
-        self._examples = np.flatnonzero(keep)
+        self._examples, empty, long = _kept_examples(data, max_len, long_examples)
         if not len(self._examples):
             raise DataError(
                 f'No training example fits max_len={max_len} ({data.num_examples} examples, '
-                f'{int(empty.sum())} empty): raise data.max_len.'
+                f'{empty} empty): raise data.max_len.'
             )
-        self._source_lengths = np.minimum(source_lengths, max_len)
-        self._target_lengths = np.minimum(target_lengths, max_len)
+        self._source_lengths = _clipped(data.source_lengths, max_len)
+        self._target_lengths = _clipped(data.target_lengths, max_len)
         self._counts = {
             'num_examples': int(len(self._examples)),
-            'empty_dropped': int(empty.sum()),
-            'long_dropped': int(long.sum()) if long_examples == 'drop' else 0,
-            'long_truncated': int(long.sum()) if long_examples == 'truncate' else 0,
+            'empty_dropped': empty,
+            'long_dropped': long if long_examples == 'drop' else 0,
+            'long_truncated': long if long_examples == 'truncate' else 0,
         }
-        if long.any():
+        if long:
             logging.info(
                 '%d of %d training examples are longer than max_len=%d: %s.',
-                int(long.sum()),
+                long,
                 data.num_examples,
                 max_len,
                 'dropped' if long_examples == 'drop' else 'truncated',
             )
-        self._num_chunks = -(-len(self._examples) // chunk_size)
+        self._num_chunks = -(-data.epoch_size(self._examples) // chunk_size)
         self._permutation: tuple[int, int, np.ndarray] | None = None  # (seed, epoch, perm)
         self._packings: collections.OrderedDict = collections.OrderedDict()
         self._packed = collections.Counter()  # totals over the chunks packed so far
@@ -247,8 +275,8 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
 
     def _epoch_permutation(self, epoch: int) -> np.ndarray:
         if self._permutation is None or self._permutation[:2] != (self._seed, epoch):
-            rng = np.random.default_rng([self._seed, epoch])
-            self._permutation = (self._seed, epoch, rng.permutation(self._examples))
+            examples = self._data.epoch_examples(self._seed, epoch, self._examples)
+            self._permutation = (self._seed, epoch, examples)
         return self._permutation[2]
 
     def _packing(self, epoch: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -298,13 +326,13 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
     def __next__(self) -> dict[str, np.ndarray]:
         rows = self._next_rows()
         local = self.batch_size // self.data_groups
+        self.last_pairs = self._data.pairs(np.concatenate(rows))  # (all processes' rows)
         rows = rows[self.data_group * local : (self.data_group + 1) * local]
-        data = self._data
         inputs, inputs_segmentation, inputs_positions = _fill_rows(
-            rows, data.source_ids, data.source_offsets, self._source_lengths, self.max_len
+            rows, self._data, 'source', self._source_lengths, self.max_len
         )
         targets, targets_segmentation, targets_positions = _fill_rows(
-            rows, data.target_ids, data.target_offsets, self._target_lengths, self.max_len
+            rows, self._data, 'target', self._target_lengths, self.max_len
         )
         return {
             'inputs': inputs,
@@ -325,6 +353,7 @@ def make_train_iterator(
     cache_dir: str | None = None,
     data_group: int = 0,
     data_groups: int = 1,
+    build: bool = True,
 ) -> TrainIterator:
     """Packed training batches of ``data_config.train_split``.
 
@@ -333,17 +362,20 @@ def make_train_iterator(
       tokenizer: the vocabulary.
       batch_size: global number of packed rows per batch (all data groups together).
       seed: the shuffling seed; the same seed gives the same batches.
-      cache_dir: where the token ids are cached (None: not on disk).
+      cache_dir: where the split's token store lives (transformer/data/token_store.py), read
+        memory-mapped; None: the split is tokenized into memory. With ``data.mix``, one
+        store (or split) per entry (transformer/data/mix.py).
       data_group: the block of each batch this process feeds (`Parallel.data_group`).
       data_groups: number of blocks; each is batch_size // data_groups rows.
+      build: whether this process may build a missing store (in a multi-host run, process 0
+        builds it and the others only open it).
 
     Returns:
       The iterator; see TrainIterator.
     """
     start = time.perf_counter()
-    data = tokenize_split(data_config, tokenizer, data_config.train_split, cache_dir)
     iterator = TrainIterator(
-        data,
+        training_corpora(data_config, tokenizer, cache_dir, build),
         batch_size=batch_size,
         seed=seed,
         max_len=int(data_config.max_len),

@@ -9,6 +9,8 @@
 - ``KEYS``: the keys of the ``data`` config section it alone reads (dotted below ``data``)
   -> (default, type, one-line description): the schema adds them to the config, ``--help``
   prints the descriptions;
+- optionally ``read_chunks(data_config, split, size)``: the pairs ``read`` gives, ``size`` at
+  a time, without holding the split (a corpus larger than memory);
 - optionally ``order_note(data_config, split) -> str | None``: why ``read`` cannot give the
   dataset's original order (TFDS datasets stored shuffled), None when it does;
 - optionally ``check(data_config)``: a one-line `DataError` naming the key whose value this
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import difflib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -51,6 +53,7 @@ SOURCES: dict[str, ModuleType] = {
     'none': no_dataset,
 }
 TFDS = tfds_translate  # every other ``data.dataset`` name
+CHUNK_PAIRS = 100_000  # pairs a streaming reader holds at once (`read_chunks`)
 __all__ = [
     'SOURCES',
     'DataError',
@@ -60,6 +63,7 @@ __all__ = [
     'check_split',
     'identity',
     'load_text',
+    'read_chunks',
     'order_note',
     'own_keys',
     'source',
@@ -97,6 +101,24 @@ def load_text(data_config: Any, split: str) -> tuple[list[str], list[str]]:
         time.perf_counter() - start,
     )
     return sources, targets
+
+
+def read_chunks(
+    data_config: Any, split: str, size: int | None = None
+) -> Iterator[tuple[list[str], list[str]]]:
+    """The split's pairs as `load_text` gives them, ``size`` (default `CHUNK_PAIRS`) at a
+    time: a source with its own ``read_chunks`` (a folder, a TFDS dataset) streams them, in
+    the memory of one chunk; the others (synthetic, Multi30k: small by nature) are read whole
+    and cut."""
+    size = size or CHUNK_PAIRS
+    _check_name(data_config.dataset, reading=True)
+    reader = getattr(source(data_config.dataset), 'read_chunks', None)
+    if reader is not None:
+        yield from reader(data_config, split, size)
+        return
+    sources, targets = source(data_config.dataset).read(data_config, split)
+    for start in range(0, len(sources), size):
+        yield sources[start : start + size], targets[start : start + size]
 
 
 def identity(data_config: Any, split: str) -> dict[str, Any]:

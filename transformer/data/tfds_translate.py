@@ -12,6 +12,7 @@ import difflib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from absl import logging
@@ -169,9 +170,7 @@ def read_builder(
     """Reads a split of a prepared (or mocked) builder, in the original files' order where
     that can be recovered (`stored_to_official`), else in the stored order."""
     tfds = import_tfds()
-    splits = list(builder.info.splits)
-    if splits and split not in splits:
-        raise DataError(f'{builder.name} has no split {split!r}; splits: {sorted(splits)}.')
+    _check_stored_split(builder, split)
     # Batched reading: one tf.data element per sentence pair would be ~10x slower.
     dataset = builder.as_dataset(split=split, shuffle_files=False).batch(4096)
     sources, targets = [], []
@@ -188,6 +187,32 @@ def read_builder(
         official_sources[official] = sources[stored]
         official_targets[official] = targets[stored]
     return official_sources, official_targets
+
+
+def _check_stored_split(builder: tfds.core.DatasetBuilder, split: str) -> None:
+    splits = list(builder.info.splits)
+    if splits and split not in splits:
+        raise DataError(f'{builder.name} has no split {split!r}; splits: {sorted(splits)}.')
+
+
+def read_chunks(data_config: Any, split: str, size: int) -> Iterator[tuple[list[str], list[str]]]:
+    """`read`'s pairs ``size`` at a time. A split stored in an order that `read` puts back
+    (an evaluation split of one test set: small) is read whole first; any other streams."""
+    builder = _prepared(data_config)
+    _check_stored_split(builder, split)
+    stored = builder.info.splits[split].num_examples if split in builder.info.splits else 0
+    if stored_to_official(builder, split, stored) is not None:
+        sources, targets = read_builder(builder, split, data_config)
+        for start in range(0, len(sources), size):
+            yield sources[start : start + size], targets[start : start + size]
+        return
+    tfds = import_tfds()
+    dataset = builder.as_dataset(split=split, shuffle_files=False).batch(size)
+    for batch in tfds.as_numpy(dataset):
+        yield (
+            [s.decode('utf-8') for s in batch[data_config.source_lang]],
+            [t.decode('utf-8') for t in batch[data_config.target_lang]],
+        )
 
 
 def _builder(data_config: Any) -> tfds.core.DatasetBuilder:
@@ -248,6 +273,11 @@ def check_dataset(data_config: Any, splits: dict[str, str] | None = None) -> Non
 
 def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     """(sources, targets) of a split of the TFDS dataset ``data.dataset``."""
+    return read_builder(_prepared(data_config), split, data_config)
+
+
+def _prepared(data_config: Any) -> tfds.core.DatasetBuilder:
+    """The builder of ``data.dataset``, downloaded and prepared first where it is not."""
     name = data_config.dataset
     tfds = import_tfds()
     builder = _builder(data_config)
@@ -265,7 +295,7 @@ def read(data_config: Any, split: str) -> tuple[list[str], list[str]]:
         if data_config.manual_dir:
             download_config = tfds.download.DownloadConfig(manual_dir=data_config.manual_dir)
         builder.download_and_prepare(download_config=download_config)
-    return read_builder(builder, split, data_config)
+    return builder
 
 
 def order_note(data_config: Any, split: str) -> str | None:

@@ -99,6 +99,13 @@ def cache_key(data_config: Any, tokenizer: Tokenizer, split: str) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def cache_path(cache_dir: str, data_config: Any, tokenizer: Tokenizer, split: str) -> str:
+    """The cache file of ``split``: ``<cache_dir>/<dataset>-<split>-<key>.npz``."""
+    key = cache_key(data_config, tokenizer, split)
+    name = re.sub(r'[^A-Za-z0-9_.-]+', '_', data_config.dataset)
+    return os.path.join(cache_dir, f'{name}-{split}-{key}.npz')
+
+
 def tokenize_split(
     data_config: Any, tokenizer: Tokenizer, split: str, cache_dir: str | None = None
 ) -> TokenizedSplit:
@@ -114,14 +121,13 @@ def tokenize_split(
       The split's token ids.
     """
     key = cache_key(data_config, tokenizer, split)
-    name = re.sub(r'[^A-Za-z0-9_.-]+', '_', data_config.dataset)
-    path = os.path.join(cache_dir, f'{name}-{split}-{key}.npz') if cache_dir else None
+    path = cache_path(cache_dir, data_config, tokenizer, split) if cache_dir else None
     data = _memory_cache.pop(key, None)
     if data is not None:
         if path and not os.path.isfile(path):
             _save(path, data)
     elif path and os.path.isfile(path):
-        data = _load(path, split)
+        data = load_cache(path, split)
     if data is None:
         source_text, target_text = sources.load_text(data_config, split)
         start = time.perf_counter()
@@ -144,7 +150,7 @@ def tokenize_split(
     return data
 
 
-def _load(path: str, split: str) -> TokenizedSplit | None:
+def load_cache(path: str, split: str) -> TokenizedSplit | None:
     """The cached token ids; None (with a warning) when the file does not read back whole."""
     try:
         with np.load(path) as arrays:

@@ -23,7 +23,7 @@ from absl import logging
 
 from transformer.data.errors import DataError
 from transformer.data.pretokenize import MOSES_MARK, Pretokenizer, Side
-from transformer.data.sources import load_text
+from transformer.data.sources import read_chunks
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 # SentencePiece's built-in normalization rules. 'nmt_nfkc' (its default) keeps the case;
@@ -248,20 +248,34 @@ def sample_sentences(sources: Sequence[str], targets: Sequence[str], size: int, 
 
 def _sample(data_config: Any, normalization: str) -> list[str]:
     """``data.vocab_sample_size`` sentences of the training split (both languages) as the new
-    vocabulary will read them: pretokenized, lowercased first when ``normalization`` folds."""
-    sources, targets = load_text(data_config, data_config.train_split)
+    vocabulary will read them: pretokenized, lowercased first when ``normalization`` folds.
+
+    Two streaming passes, so that a split larger than memory can be sampled: the first counts
+    the pairs, the second keeps the sampled sentences. The sample is `sample_indices`' of the
+    whole split, as if it had been read at once: the same sentences in the same order.
+    """
+    split = data_config.train_split
+    count = sum(len(sources) for sources, _ in read_chunks(data_config, split))
+    picked = sample_indices(count, count, int(data_config.vocab_sample_size))
+    from_sources, from_targets = picked[picked < count], picked[picked >= count] - count
+    kept_sources, kept_targets, start = [], [], 0
+    for sources, targets in read_chunks(data_config, split):
+        end = start + len(sources)
+        for wanted, lines, kept in (
+            (from_sources, sources, kept_sources),
+            (from_targets, targets, kept_targets),
+        ):
+            chosen = wanted[np.searchsorted(wanted, start) : np.searchsorted(wanted, end)]
+            kept += [lines[i - start] for i in chosen.tolist()]
+        start = end
     pretokenizer = Pretokenizer(
         data_config.pretokenize,
         data_config.source_lang,
         data_config.target_lang,
         lowercase=normalization.endswith('_cf'),
     )
-    picked = sample_indices(len(sources), len(targets), int(data_config.vocab_sample_size))
-    return [
-        pretokenizer.encode(sources[i], 'source')
-        if i < len(sources)
-        else pretokenizer.encode(targets[i - len(sources)], 'target')
-        for i in picked
+    return [pretokenizer.encode(s, 'source') for s in kept_sources] + [
+        pretokenizer.encode(t, 'target') for t in kept_targets
     ]
 
 

@@ -3,7 +3,8 @@ import training``; ``training.train_and_evaluate(config, workdir)``.
 
 Modules:
 
-- run_setup.py: `setup`, a run built or resumed in its work directory.
+- run_setup.py: `setup`, a run built or resumed in its work directory; `prepare_data`, its
+  vocabulary and training token store alone.
 - loop.py: `train_and_evaluate`, the loop over a run's steps.
 - stops.py: why a run stops before its last step (non-finite values, Ctrl-C) and what it says.
 - steps.py: the train state, the label-smoothed loss, gradient accumulation, the steps.
@@ -33,7 +34,7 @@ from transformer.training.loop import train_and_evaluate
 from transformer.training.loss import fused_cross_entropy
 from transformer.training.optim import make_optimizer
 from transformer.training.parallel import Parallel
-from transformer.training.run_setup import init_distributed, setup
+from transformer.training.run_setup import init_distributed, prepare_data, setup
 from transformer.training.steps import (
     build_model,
     cross_entropy_with_smoothing,
@@ -60,6 +61,7 @@ __all__ = [
     'init_distributed',
     'init_state',
     'make_optimizer',
+    'prepare_data',
     'setup',
     'train_and_evaluate',
     'train_step',

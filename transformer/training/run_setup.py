@@ -157,9 +157,7 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run
     tc = config.train
     # Before anything is written: a changed model or data, a missing config.json or vocabulary
     changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
-    copy = lambda: init_from.copy_vocabulary(start, config, workdir)  # noqa: E731
-    multihost.on_main(copy, 'copy the vocabulary of train.init_from')  # (a fine-tuning run's)
-    tokenizer = rundir.get_tokenizer(config, workdir)
+    tokenizer = _build_data(config, workdir, start)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
     parallel = Parallel.from_config(config, model, tx, schedule, devices)
@@ -176,6 +174,7 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run
         cache_dir=rundir.data_cache_dir(config, workdir),
         data_group=parallel.data_group,
         data_groups=parallel.data_groups,
+        build=multihost.is_main(),
     )
     checkpoints = Checkpoints(workdir, config)
     # Restored straight into this run's global layout, whatever the layout that saved it.
@@ -214,6 +213,63 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run
         restored_step=latest,
         lock=lock,
     )
+
+
+def prepare_data(
+    config: schema.Config, workdir: str, overridden: Sequence[str] = ()
+) -> tuple[data_lib.Tokenizer, str]:
+    """What a training run's set-up builds before its first step, and nothing more: the
+    vocabulary and the training split's token store (transformer-prepare). Returns the
+    vocabulary and the store's path. Single-process; holds the workdir's lock meanwhile.
+
+    Args:
+      config: the experiment config, as `setup` takes it.
+      workdir: the run directory (made where missing; a converted model's is refused).
+      overridden: the config keys set on the command line (`setup`'s).
+    """
+    if not isinstance(config, schema.Experiment):
+        config = schema.parse(schema.complete(config))
+    if rundir.is_converted(workdir):
+        raise TrainingError(
+            f'{workdir} is a converted model: prepare the data of a fine-tuning run in its '
+            'own --workdir.'
+        )
+    config, start = init_from.apply(config, workdir, overridden)
+    data_lib.sources.check_dataset(config.data)
+    data_lib.sources.check_files(config.data, [config.data.train_split])
+    created = rundir.create(workdir)
+    lock = lock_lib.acquire(workdir)
+    try:
+        tokenizer = _build_data(config, workdir, start)
+    except BaseException:
+        lock_lib.release(lock)
+        if created and lock is not None:
+            lock_lib.remove_unused(workdir)
+        raise
+    lock_lib.release(lock)
+    cache_dir = rundir.data_cache_dir(config, workdir)
+    split = config.data.train_split
+    return tokenizer, data_lib.token_store_dir(cache_dir, config.data, tokenizer, split)
+
+
+def _build_data(
+    config: schema.Experiment, workdir: str, start: init_from.Start | None
+) -> data_lib.Tokenizer:
+    """The run's vocabulary (the start's for a fine-tuning run; else given, found or trained)
+    and its training split's token store, each built by process 0 where missing; returns the
+    vocabulary. ``start``: `init_from.apply`'s."""
+    cache_dir = rundir.data_cache_dir(config, workdir)
+    multihost.check_shared([workdir, cache_dir], rundir.SHARED_CHECK)  # (multi-host runs)
+    copy = lambda: init_from.copy_vocabulary(start, config, workdir)  # noqa: E731
+    multihost.on_main(copy, 'copy the vocabulary of train.init_from')  # (a fine-tuning run's)
+    tokenizer = rundir.get_tokenizer(config, workdir)
+    if cache_dir:  # the other processes open the store once process 0 has it
+        split = config.data.train_split
+        prepare = functools.partial(
+            data_lib.prepare_token_store, config.data, tokenizer, cache_dir, split
+        )
+        multihost.on_main(lambda: prepare() and None, 'prepare the training data')
+    return tokenizer
 
 
 def _best_record(workdir: str, meta: dict | None, latest: int | None) -> dict | None:
