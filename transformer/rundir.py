@@ -341,6 +341,8 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
         if saved[key] != new[key] and key not in LAUNCH_SETTINGS
     ]
     for key, old, value in changes:
+        if key == 'data.mix' and data_lib.mix_entries.same_but_folders(old, value):
+            continue  # a mix whose folders moved, as data.folder may
         if key.split('.')[0] in ('model', 'data') and key not in RESUME_FREE:
             raise WorkdirError(
                 f'{workdir} holds a run trained with {key}={old!r}, not {value!r}: a run keeps '

@@ -45,8 +45,8 @@ def test_close_returns_when_the_producer_raised_with_the_queue_full():
     assert not closing.is_alive(), 'close() did not return within a second'
     assert not prefetcher._thread.is_alive()
     # The loop that stopped reading still learns of the error on its next read.
-    assert next(prefetcher) == (0, {'next': 1})
-    assert next(prefetcher) == (1, {'next': 2})
+    assert next(prefetcher) == (0, {'next': 1}, {})
+    assert next(prefetcher) == (1, {'next': 2}, {})
     with pytest.raises(ValueError, match='batch 2 is damaged'):
         next(prefetcher)
 
@@ -61,10 +61,26 @@ def test_the_loop_reads_the_batches_before_the_error_then_the_error():
         prefetcher.close()
 
 
+class _MixedBatches(_Batches):
+    """`_Batches` whose batch i held i pairs of corpus 'a' and 1 of 'b' (`last_pairs`)."""
+
+    def __next__(self):
+        batch = super().__next__()
+        self.last_pairs = {'a': batch, 'b': 1}
+        return batch
+
+
 @pytest.mark.parametrize('depth', [0, 3])
-def test_batches_come_in_order_with_the_position_after_each(depth):
+def test_batches_come_in_order_with_the_position_and_the_pairs_after_each(depth):
     prefetcher = Prefetcher(_Batches(fail_at=-1), put=lambda b: b * 10, depth=depth)
     try:
-        assert [next(prefetcher) for _ in range(4)] == [(10 * i, {'next': i + 1}) for i in range(4)]
+        expected = [(10 * i, {'next': i + 1}, {}) for i in range(4)]
+        assert [next(prefetcher) for _ in range(4)] == expected
+    finally:
+        prefetcher.close()
+    prefetcher = Prefetcher(_MixedBatches(fail_at=-1), put=lambda b: b, depth=depth)
+    try:
+        expected = [(i, {'next': i + 1}, {'a': i, 'b': 1}) for i in range(6)]
+        assert [next(prefetcher) for _ in range(6)] == expected
     finally:
         prefetcher.close()

@@ -1,15 +1,15 @@
-"""The prepare command: a run's vocabulary and training token store, without training.
+"""The prepare command: a run's vocabulary and training token stores, without training.
 
 ``python -m transformer.prepare --config CONFIG --workdir W`` (also ``transformer-prepare``)
 
 Builds what the first start of ``train --config CONFIG --workdir W`` would build before its
 first step: the joint vocabulary (``W/vocab/``, unless ``data.vocab_path`` gives one) and the
-training split's token store (``W/data_cache/``, or ``data.cache_dir``;
-transformer/data/token_store.py), streaming the text a chunk at a time with a progress line
-every few seconds. A cluster job can so prepare on one machine and then start every process
-of the run, which find both and read them. Nothing is built twice: a second prepare, or the
-training run after it, reuses what is there. It holds the workdir's lock while it works, so a
-training run cannot start there meanwhile. Give ``train`` the same config.
+training split's token store, one per corpus of ``data.mix`` (``W/data_cache/``, or
+``data.cache_dir``; transformer/data/token_store.py), streaming the text a chunk at a time with
+a progress line every few seconds. A cluster job can so prepare on one machine and then start
+every process of the run, which find both and read them. Nothing is built twice: a second
+prepare, or the training run after it, reuses what is there. It holds the workdir's lock while
+it works, so a training run cannot start there meanwhile. Give ``train`` the same config.
 """
 
 from __future__ import annotations
@@ -60,20 +60,20 @@ def cli(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         workdir = flags.FLAGS.workdir
         try:
-            tokenizer, store = prepare_data(config, workdir, overridden)
+            tokenizer, stores = prepare_data(config, workdir, overridden)
         except (data.DataError, rundir.WorkdirError, lock_lib.WorkdirBusy, TrainingError) as e:
             raise SystemExit(f'error: {e}') from None
-        opened = data.open_store(store)
+        pairs = sum(data.open_store(store).num_examples for store in stores)
         logging.info(
-            'Prepared %s in %.1f s: a vocabulary of %d ids (%s); %d training pairs in the '
-            'token store %s (%.1f MiB).',
+            'Prepared %s in %.1f s: a vocabulary of %d ids (%s); %d training pairs in %s '
+            '(%.1f MiB).',
             workdir,
             time.perf_counter() - start,
             tokenizer.vocab_size,
             getattr(tokenizer, 'model_path', rundir.path(workdir, rundir.VOCAB_DIR)),
-            opened.num_examples,
-            store,
-            _size_mib(store),
+            pairs,
+            ', '.join(stores),
+            sum(_size_mib(store) for store in stores),
         )
 
     try:

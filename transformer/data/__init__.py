@@ -12,14 +12,16 @@
   source, as its id (source_tag.py).
 - ``MarianVocabulary`` (marian_vocab.py): a MarianMT (OPUS-MT) directory's vocabulary
   (source.spm, target.spm, vocab.json) behind the same interface, with our ids.
-- ``prepare_token_store`` / ``open_store`` (token_store.py): a training split's token ids
-  on disk, written by a streaming pass and memory-mapped (corpora larger than memory).
+- ``prepare_token_stores`` / ``open_store`` (token_store.py): a training split's token ids
+  on disk, written by a streaming pass and memory-mapped (corpora larger than memory); one
+  store per corpus of ``data.mix`` (mix.py, mix_entries.py: several corpora, weighted and
+  tagged, as one index space, `Corpora`; ``check_mix_files``).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
 """
 
-from transformer.data import sources
+from transformer.data import mix_entries, sources
 from transformer.data.errors import DataError
 from transformer.data.eval_batches import (
     EvalSet,
@@ -31,6 +33,9 @@ from transformer.data.eval_batches import (
     restore_order,
 )
 from transformer.data.marian_vocab import MarianVocabulary
+from transformer.data.mix import Corpora
+from transformer.data.mix import check_files as check_mix_files
+from transformer.data.mix import prepare_stores as prepare_token_stores
 from transformer.data.packing import (
     LONG_EXAMPLES,
     TrainIterator,
@@ -43,8 +48,6 @@ from transformer.data.source_tag import SourceTagged, tag_sources
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.token_store import TokenStore, open_store
-from transformer.data.token_store import prepare as prepare_token_store
-from transformer.data.token_store import store_dir as token_store_dir
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -60,6 +63,7 @@ __all__ = [
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',
+    'Corpora',
     'DataError',
     'EvalSet',
     'MarianVocabulary',
@@ -70,6 +74,7 @@ __all__ = [
     'batch_examples',
     'check_split',
     'bucket_length',
+    'check_mix_files',
     'decode_lines',
     'eval_set_of_lines',
     'get_tokenizer',
@@ -77,13 +82,13 @@ __all__ = [
     'make_eval_batches',
     'make_eval_set',
     'make_train_iterator',
+    'mix_entries',
     'open_store',
     'order_note',
     'pack_examples',
-    'prepare_token_store',
+    'prepare_token_stores',
     'restore_order',
     'sources',
     'tag_sources',
-    'token_store_dir',
     'tokenize_split',
 ]

@@ -1,28 +1,9 @@
-"""Several training corpora in one run: ``data.mix='NAME=SOURCE[:WEIGHT][:TAG],...'``.
-
-Each entry names a corpus and where its training pairs come from: SOURCE is a folder of text
-files in the folder layout (``train.en``, ``train.de``; transformer/data/folder.py) or any name
-``data.dataset`` takes (a TFDS dataset, ``multi30k``, ...), read with the run's languages and
-``data.train_split``. SOURCE is a folder when it is an existing directory or starts with ``/``,
-``./``, ``../`` or ``~``, else a dataset name (``wmt14_translate/de-en``). An entry is read from
-the right, so a path holding ``:`` survives: a last part of reserved-token form (``<bt>``,
-``>>de<<``) is its TAG, then a last part that is a number its WEIGHT.
-
-Training batches draw pairs from the entries in proportion to their weights; an entry without
-one weighs ``pairs ** (1 / data.mix_temperature)`` over the same sum of all entries (fairseq's
-temperature sampling: 1 = proportional to size, larger = flatter), and the weights are then
-normalised. A TAG is a reserved piece of the vocabulary (a new vocabulary gets every tag of the
-mix as a control piece), put first in each of the entry's sources as its id, never as text
-(`source_tag.tag_sources`): tagged back-translation's ``<bt>``, a target language's
-``>>de<<``. Validation and test splits come from ``data.dataset`` alone.
-"""
+"""Several training corpora as one (``data.mix``; the setting itself: mix_entries.py): one
+index space over their examples (`Corpora`), the epochs that draw from them by their shares,
+their token stores."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,109 +11,9 @@ import numpy as np
 
 from transformer.data import sources, token_store, tokenized
 from transformer.data.errors import DataError
+from transformer.data.mix_entries import entry_config, parse, shares
 from transformer.data.source_tag import tag_sources
 from transformer.data.tokenizer import Tokenizer
-
-NAME = re.compile(r'[A-Za-z0-9_-]{1,32}')
-TAG = re.compile(r'<[A-Za-z0-9_.-]{1,32}>|>>[A-Za-z0-9_.-]{1,32}<<')
-FORM = 'NAME=SOURCE[:WEIGHT][:TAG]'
-
-
-@dataclasses.dataclass(frozen=True)
-class MixEntry:
-    """One corpus of the mix."""
-
-    name: str
-    source: str  # a folder path or a data.dataset name
-    weight: float | None  # None: set by data.mix_temperature
-    tag: str | None  # a reserved token first in each source, or None
-
-    @property
-    def is_folder(self) -> bool:
-        """Whether SOURCE names a folder rather than a dataset: an existing directory, or a
-        path that says so (``/``, ``./``, ``../`` or ``~`` first)."""
-        explicit = self.source.startswith(('/', './', '../', '~'))
-        return explicit or os.path.isdir(self.source)
-
-
-def parse(mix: str) -> list[MixEntry]:
-    """The entries of ``data.mix``, in order.
-
-    Raises:
-      DataError: a malformed entry, a name or tag of other characters, a weight that is not
-        positive, or a name given twice: one line naming the entry.
-    """
-    entries, names = [], set()
-    for raw in mix.split(','):
-        entry = raw.strip()
-        name, equals, rest = entry.partition('=')
-        if not equals or not rest:
-            raise DataError(f'data.mix entry {entry!r} is not of the form {FORM}.')
-        if not NAME.fullmatch(name):
-            raise DataError(
-                f'data.mix entry {entry!r}: its NAME must be 1-32 letters, digits, _ or -.'
-            )
-        if name in names:
-            raise DataError(f'data.mix names {name!r} twice; give each entry its own NAME.')
-        names.add(name)
-        parts = rest.split(':')
-        tag = weight = None
-        if len(parts) > 1 and (parts[-1].startswith('<') or parts[-1].startswith('>>')):
-            if not TAG.fullmatch(parts[-1]):
-                raise DataError(
-                    f'data.mix entry {entry!r}: its TAG {parts[-1]!r} must be <x> or >>x<< with '
-                    'x of 1-32 letters, digits, _, . or -.'
-                )
-            tag = parts.pop()
-        if len(parts) > 1 and _number(parts[-1]) is not None:
-            weight = _number(parts.pop())
-            if not weight > 0 or not math.isfinite(weight):
-                raise DataError(f'data.mix entry {entry!r}: its WEIGHT must be a number > 0.')
-        source = ':'.join(parts)
-        if not source:
-            raise DataError(f'data.mix entry {entry!r} names no SOURCE ({FORM}).')
-        entries.append(MixEntry(name, source, weight, tag))
-    return entries
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def shares(entries: Sequence[MixEntry], pairs: Sequence[int], temperature: float) -> list[float]:
-    """Each entry's share of the training pairs (summing to 1), from its weight or, without
-    one, from its number of ``pairs`` and ``temperature`` (module docstring)."""
-    scaled = [n ** (1 / temperature) for n in pairs]
-    total = sum(scaled)
-    weights = [
-        e.weight if e.weight is not None else s / total
-        for e, s in zip(entries, scaled, strict=True)
-    ]
-    return [w / sum(weights) for w in weights]
-
-
-def entry_config(data_config: Any, entry: MixEntry) -> Any:
-    """The ``data`` section that reads ``entry``'s corpus: the run's, with its dataset (and
-    folder) and without the mix."""
-    if entry.is_folder:
-        changes = {'dataset': 'folder', 'mix': None}
-        own = {'folder': os.path.expanduser(entry.source)}
-    else:
-        changes, own = {'dataset': entry.source, 'mix': None}, {}
-    if dataclasses.is_dataclass(data_config):  # a typed DataSection
-        return dataclasses.replace(data_config, **changes, sources={**data_config.sources, **own})
-    config = data_config.copy_and_resolve_references()  # an ml_collections ConfigDict
-    with config.unlocked():
-        config.update({**changes, **own})
-    return config
-
-
-def tags(mix: str | None) -> list[str]:
-    """The tags of ``data.mix`` (none without one), each once, in order."""
-    return list(dict.fromkeys(e.tag for e in parse(mix) if e.tag)) if mix else []
 
 
 class Corpora:
@@ -245,11 +126,13 @@ def check_files(data_config: Any) -> None:
                 raise DataError(f'data.mix entry {entry.name!r}: {e}') from None
 
 
-def prepare_stores(data_config: Any, tokenizer: Tokenizer, cache_dir: str) -> None:
-    """Builds the token store of each corpus trained on where it is missing (one process of a
-    multi-host run; the others then open them: `training_corpora`)."""
-    for _, config, tagged in _corpora_configs(data_config, tokenizer):
+def prepare_stores(data_config: Any, tokenizer: Tokenizer, cache_dir: str) -> list[str]:
+    """The token store of each corpus trained on, built where missing (by one process of a
+    multi-host run; the others then open them: `training_corpora`); their paths."""
+    return [
         token_store.prepare(config, tagged, cache_dir, data_config.train_split)
+        for _, config, tagged in _corpora_configs(data_config, tokenizer)
+    ]
 
 
 def training_corpora(

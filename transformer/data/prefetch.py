@@ -2,8 +2,9 @@
 ahead of the step that needs them.
 
 The loop would otherwise pack each batch on the host while the devices wait. Each item is
-(placed batch, iterator state after it), so a checkpoint saves exactly the data position of
-the batches the model has seen, however far ahead the thread has read. ``wait_s`` counts the
+(placed batch, iterator state after it, the batch's pairs per corpus of ``data.mix``), so a
+checkpoint saves exactly the data position of the batches the model has seen, however far
+ahead the thread has read, and the metrics count the pairs of those batches. ``wait_s`` counts the
 time the loop spent waiting for data (the figure the training log reports as a fraction).
 """
 
@@ -18,8 +19,9 @@ from typing import Any
 from absl import logging
 
 
-class Prefetcher(Iterator[tuple[Any, dict]]):
-    """Iterates (put(batch), state) over ``iterator`` with ``depth`` batches ready ahead.
+class Prefetcher(Iterator[tuple[Any, dict, dict]]):
+    """Iterates (put(batch), state, pairs) over ``iterator`` with ``depth`` batches ready
+    ahead; ``pairs`` is the iterator's ``last_pairs`` after the batch ({} without one).
 
     ``depth=0`` packs and places each batch when it is asked for (no overlap), for comparison.
     """
@@ -37,9 +39,10 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
             self._thread = threading.Thread(target=self._fill, daemon=True, name='prefetch')
             self._thread.start()
 
-    def _produce(self) -> tuple[Any, dict]:
+    def _produce(self) -> tuple[Any, dict, dict]:
         batch = next(self._iterator)
-        return self._put(batch), self._iterator.get_state()
+        pairs = dict(getattr(self._iterator, 'last_pairs', {}))
+        return self._put(batch), self._iterator.get_state(), pairs
 
     def _offer(self, item) -> bool:
         """Puts ``item`` on the queue, waiting while it is full until ``close()`` is called;
@@ -62,7 +65,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
             self._error = e
             self._offer(e)
 
-    def __next__(self) -> tuple[Any, dict]:
+    def __next__(self) -> tuple[Any, dict, dict]:
         start = time.perf_counter()
         if self._thread is None:
             item = self._produce()

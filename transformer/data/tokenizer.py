@@ -21,6 +21,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from transformer.data import mix_entries
 from transformer.data.errors import DataError
 from transformer.data.pretokenize import MOSES_MARK, Pretokenizer, Side
 from transformer.data.sources import read_chunks
@@ -152,7 +153,8 @@ def train_tokenizer(
         the model, so every later encode applies it too ('nmt_nfkc_cf' lowercases).
       data_config: the ``data`` section the tokenizer applies (`Tokenizer`); with
         ``pretokenize='moses'`` the ``sentences`` are Moses-tokenized already and the
-        vocabulary gets the control piece `MOSES_MARK` that records it. None: raw text.
+        vocabulary gets the control piece `MOSES_MARK` that records it; with ``data.mix``
+        it gets the mix's tags as control pieces (no text produces them). None: raw text.
 
     Returns:
       The trained tokenizer.
@@ -172,7 +174,7 @@ def train_tokenizer(
         vocab_size=vocab_size,
         model_type=model_type,
         normalization=normalization,
-        control_symbols=[MOSES_MARK] if moses else [],
+        control_symbols=[MOSES_MARK] * moses + mix_entries.tags(getattr(data_config, 'mix', None)),
     )
     _write_atomically(model_path, model)
     tokenizer = Tokenizer(model_path, data_config=data_config)

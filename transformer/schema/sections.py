@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, PRETOKENIZERS, DataError
+from transformer.data import mix_entries as data_mix
 from transformer.data import sources as data_sources
 from transformer.fields import (
     ABOVE_ZERO,
@@ -110,12 +111,20 @@ class DataSection(Section):
     cache_dir: str | None = field(
         None, optional=True, doc='token-id cache; None = WORKDIR/data_cache (none without one)'
     )
+    mix: str | None = field(
+        None, optional=True, doc="train on 'NAME=SOURCE[:WEIGHT][:TAG],...'; None: on data.dataset"
+    )
+    mix_temperature: float = field(
+        1.0, ABOVE_ZERO, optional=True, doc='data.mix weight left out: pairs ** (1 / T), normalised'
+    )
     sources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         super().__post_init__()
-        try:  # the source's own keys and the splits, by the source that owns them
+        try:  # the source's own keys and the splits, by the source that owns them; the mix
             data_sources.check(self)
+            if self.mix:
+                data_mix.parse(self.mix)
         except DataError as e:
             raise ConfigError(str(e)) from None
 

@@ -53,6 +53,7 @@ def check(
         return experiment  # jax cannot be asked for devices before jax.distributed joins
     import jax
 
+    from transformer import data as data_lib
     from transformer.data import sources as data_sources
     from transformer.training import footprint, parallel
 
@@ -83,6 +84,7 @@ def check(
     try:  # files a folder of text must hold, splits a TFDS dataset has: before any write
         splits = (experiment.data.train_split, experiment.data.eval_split)
         data_sources.check_files(experiment.data, splits)
+        data_lib.check_mix_files(experiment.data)
         data_sources.check_dataset(experiment.data)
     except data_sources.DataError as e:
         raise ConfigError(str(e)) from None

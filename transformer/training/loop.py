@@ -81,7 +81,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
     batches = data_lib.Prefetcher(run.train_iter, parallel.put_batch, depth=tc.prefetch)
     try:
         while step < tc.num_steps and not stopped_early:
-            batch, data_state = next(batches)
+            batch, data_state, pairs = next(batches)
             run.state, sums = parallel.train_step(run.state, batch, run.dropout_rng)
             step += 1
             is_last = step == tc.num_steps
@@ -95,7 +95,7 @@ def _train(run: Run, start_time: float, on_step) -> dict[str, Any]:
                     restored_step=run.restored_step,
                     log_every=tc.log_every,
                 )
-            log.add(sums)
+            log.add(sums, pairs)
             if is_log:
                 final['train'] = log.flush(step, sums, batches.wait_s)
                 writer.write(step, 'train', final['train'])

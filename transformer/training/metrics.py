@@ -195,11 +195,14 @@ class TrainLog:
         self._sums: dict[str, float] = {}
         self._since_time, self._since_step = time.time(), step
         self._since_wait = 0.0
+        self._pairs: dict[str, int] = {}  # per corpus of data.mix
 
-    def add(self, sums: Mapping[str, Any]) -> None:
+    def add(self, sums: Mapping[str, Any], pairs: Mapping[str, int] | None = None) -> None:
         for key in (*steps.SUM_KEYS, 'source_tokens', rdrop.KL_KEY):
             if key in sums:  # R-Drop's KL only when it is on
                 self._sums[key] = self._sums.get(key, 0.0) + sums[key]
+        for name, count in (pairs or {}).items():
+            self._pairs[name] = self._pairs.get(name, 0) + count
 
     def flush(self, step: int, last: Mapping[str, Any], wait_s: float) -> dict[str, float]:
         """Metrics since the last flush, printed once.
@@ -222,9 +225,12 @@ class TrainLog:
         metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
         eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
         kl = metrics.get(rdrop.KL_KEY)
+        metrics |= {f'pairs/{name}': count for name, count in self._pairs.items()}
+        total = max(sum(self._pairs.values()), 1)
+        shares = ''.join(f'  {n} {100 * c / total:.0f}%' for n, c in self._pairs.items())
         logging.info(
             'step %d/%d  loss %.4f  nll %.4f%s  acc %.3f  lr %.3g  %.2f steps/s  '
-            '%s tokens/s  data wait %.0f%%  ETA %s',
+            '%s tokens/s  data wait %.0f%%%s  ETA %s',
             step,
             tc.num_steps,
             metrics['loss'],
@@ -235,8 +241,9 @@ class TrainLog:
             metrics['steps_per_s'],
             f'{metrics["tokens_per_s"]:,.0f}',
             100 * metrics['data_wait'],
+            shares,
             _format_duration(eta),
         )
-        self._sums = {}
+        self._sums, self._pairs = {}, {}
         self._since_time, self._since_step, self._since_wait = time.time(), step, wait_s
         return metrics

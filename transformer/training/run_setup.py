@@ -217,10 +217,11 @@ def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run
 
 def prepare_data(
     config: schema.Config, workdir: str, overridden: Sequence[str] = ()
-) -> tuple[data_lib.Tokenizer, str]:
+) -> tuple[data_lib.Tokenizer, list[str]]:
     """What a training run's set-up builds before its first step, and nothing more: the
-    vocabulary and the training split's token store (transformer-prepare). Returns the
-    vocabulary and the store's path. Single-process; holds the workdir's lock meanwhile.
+    vocabulary and the training split's token store (one per corpus of ``data.mix``;
+    transformer-prepare). Returns the vocabulary and the stores' paths. Single-process; holds
+    the workdir's lock meanwhile.
 
     Args:
       config: the experiment config, as `setup` takes it.
@@ -237,6 +238,7 @@ def prepare_data(
     config, start = init_from.apply(config, workdir, overridden)
     data_lib.sources.check_dataset(config.data)
     data_lib.sources.check_files(config.data, [config.data.train_split])
+    data_lib.check_mix_files(config.data)
     created = rundir.create(workdir)
     lock = lock_lib.acquire(workdir)
     try:
@@ -248,8 +250,7 @@ def prepare_data(
         raise
     lock_lib.release(lock)
     cache_dir = rundir.data_cache_dir(config, workdir)
-    split = config.data.train_split
-    return tokenizer, data_lib.token_store_dir(cache_dir, config.data, tokenizer, split)
+    return tokenizer, data_lib.prepare_token_stores(config.data, tokenizer, cache_dir)  # (found)
 
 
 def _build_data(
@@ -263,10 +264,9 @@ def _build_data(
     copy = lambda: init_from.copy_vocabulary(start, config, workdir)  # noqa: E731
     multihost.on_main(copy, 'copy the vocabulary of train.init_from')  # (a fine-tuning run's)
     tokenizer = rundir.get_tokenizer(config, workdir)
-    if cache_dir:  # the other processes open the store once process 0 has it
-        split = config.data.train_split
+    if cache_dir:  # the other processes open the stores once process 0 has them
         prepare = functools.partial(
-            data_lib.prepare_token_store, config.data, tokenizer, cache_dir, split
+            data_lib.prepare_token_stores, config.data, tokenizer, cache_dir
         )
         multihost.on_main(lambda: prepare() and None, 'prepare the training data')
     return tokenizer
