@@ -9,7 +9,8 @@ Each corpus is Multi30k's training lines repeated to N pairs (`make_corpus`). Fo
 2. ``train``: ``train.py --config configs/multi30k.py`` (``--config``) for ``--steps`` steps in
    a workdir holding the prepared data: its peak RSS, the data and model of one process.
 3. ``batches_per_s``: packed batches of the store (or the earlier version's cache) per second
-   after the first, in this process.
+   over ``--batches`` batches after the first, in a process of that checkout's code (the
+   first few hundred after a start are slower: the pages of the store are read in).
 
     python benchmarks/corpus_scale.py --pairs 500000,4000000,16000000
     python benchmarks/corpus_scale.py --pairs 500000 --repo /tmp/before   # an earlier checkout
@@ -92,7 +93,7 @@ print('BATCHES_PER_S', {batches} / (time.perf_counter() - start))
 def measure(repo: str, corpus: pathlib.Path, workdir: pathlib.Path, args) -> dict:
     flags = [f'--config={args.config}', '--config.data.dataset=folder']
     flags += [f'--config.data.folder={corpus}', '--config.eval.bleu_every=0']
-    flags += ['--config.train.eval_every=0', '--config.train.checkpoint_every=0']
+    flags += ['--config.train.eval_every=0', f'--config.train.checkpoint_every={args.steps}']
     flags += [f'--config.train.num_steps={args.steps}', f'--config.train.log_every={args.steps}']
     result = {}
     has_prepare = (pathlib.Path(repo) / 'transformer' / 'commands' / 'prepare.py').exists()
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--scratch', default='/tmp/corpus_scale', help='corpora and workdirs')
     parser.add_argument('--config', default='configs/multi30k.py', help="train.py's config")
     parser.add_argument('--steps', type=int, default=2)
-    parser.add_argument('--batches', type=int, default=200)
+    parser.add_argument('--batches', type=int, default=2000)
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/corpus_scale.json'))
     args = parser.parse_args(argv)
     scratch = pathlib.Path(args.scratch)

@@ -91,10 +91,11 @@ class Corpora:
             values[mine] = ids[offsets[local].astype(np.int64) + within[mine]]
         return values
 
-    def pairs(self, examples: np.ndarray) -> dict[str, int]:
-        """How many of ``examples`` each named part holds (empty without names)."""
+    def pairs(self, rows: Sequence[np.ndarray]) -> dict[str, int]:
+        """How many of the examples of ``rows`` each named part holds (empty without names)."""
         if not self.names:
             return {}
+        examples = np.concatenate(rows)
         counts = np.bincount(
             np.searchsorted(self.starts, examples, side='right') - 1, minlength=len(self.parts)
         )

@@ -326,7 +326,7 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
     def __next__(self) -> dict[str, np.ndarray]:
         rows = self._next_rows()
         local = self.batch_size // self.data_groups
-        self.last_pairs = self._data.pairs(np.concatenate(rows))  # (all processes' rows)
+        self.last_pairs = self._data.pairs(rows)  # (all processes' rows)
         rows = rows[self.data_group * local : (self.data_group + 1) * local]
         inputs, inputs_segmentation, inputs_positions = _fill_rows(
             rows, self._data, 'source', self._source_lengths, self.max_len

@@ -157,8 +157,8 @@ def open_store(path: str) -> TokenStore:
         if _crc32(file) != entry['crc32']:
             raise DataError(f'The token store file {file} fails its checksum; {fix}.')
         key = name.removesuffix('.bin')
-        if entry['count']:
-            arrays[key] = np.memmap(file, dtype=dtype, mode='r', shape=(entry['count'],))
+        if entry['count']:  # a plain array over the map: indexing a memmap costs more
+            arrays[key] = np.asarray(np.memmap(file, dtype, mode='r', shape=(entry['count'],)))
         else:
             arrays[key] = np.zeros(0, dtype)
     for side in SIDES:
