@@ -149,3 +149,13 @@ def test_a_mix_entry_without_train_files_stops_in_one_line(corpora, tmp_path):
 
 def test_new_vocabularies_hold_the_tags_as_control_pieces(vocab):
     assert vocab._sp.is_control(vocab.token_id('<bt>'))
+
+
+def test_an_entry_with_no_pair_that_fits_stops_in_one_line(corpora, vocab, tmp_path):
+    long = tmp_path / 'long'
+    long.mkdir()
+    (long / 'train.en').write_text(' '.join(['source word .'] * 30) + '\n')
+    (long / 'train.de').write_text(' '.join(['Ziel Wort .'] * 30) + '\n')
+    config = _config(corpora, 'real={root}/real,long=' + str(long))
+    with pytest.raises(data.DataError, match="data.mix entry 'long' has no training pair that"):
+        data.make_train_iterator(config, vocab, batch_size=8, seed=0)

@@ -19,11 +19,12 @@ import time
 
 from absl import logging
 
-from transformer import configs, data, rundir, schema
+from transformer import data, rundir
 from transformer import lock as lock_lib
 from transformer.commands import console
 from transformer.commands.config_flag import explain_flag_error
-from transformer.training import TrainingError, check_config, prepare_data
+from transformer.commands.train import define_run_flags, run_config
+from transformer.training import TrainingError, prepare_data
 
 
 def _size_mib(directory: str) -> float:
@@ -35,35 +36,18 @@ def cli(argv: list[str] | None = None) -> None:
     import sys
 
     from absl import app, flags
-    from ml_collections import config_flags
 
-    console.define_flag(
-        'config',
-        config_flags.DEFINE_config_file,
-        None,
-        f'Experiment config, as train takes it: a packaged one ({", ".join(configs.names())}) '
-        'or a file path.',
-        lock_config=True,
-    )
-    console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
+    define_run_flags()
 
     def main(_):
-        if not flags.FLAGS['config'].present:
-            console.require('config')
-        console.require('workdir')
-        try:
-            file = config_flags.get_config_filename(flags.FLAGS['config'])
-            config = check_config(schema.complete(configs.checked(flags.FLAGS.config, file)))
-        except (schema.ConfigError, ValueError) as e:
-            console.usage_exit(str(e))
-        overridden = list(config_flags.get_override_values(flags.FLAGS['config']))
+        config, overridden = run_config()
         start = time.perf_counter()
         workdir = flags.FLAGS.workdir
         try:
             tokenizer, stores = prepare_data(config, workdir, overridden)
         except (data.DataError, rundir.WorkdirError, lock_lib.WorkdirBusy, TrainingError) as e:
             raise SystemExit(f'error: {e}') from None
-        pairs = sum(data.open_store(store).num_examples for store in stores)
+        pairs = sum(data.token_store_pairs(store) for store in stores)
         logging.info(
             'Prepared %s in %.1f s: a vocabulary of %d ids (%s); %d training pairs in %s '
             '(%.1f MiB).',

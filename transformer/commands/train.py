@@ -38,12 +38,10 @@ def summary(final: dict, workdir: str) -> str:
     return ', '.join(parts) + f'; every figure in {where}.'
 
 
-def cli(argv: list[str] | None = None) -> None:
-    """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``;
-    ``--config X`` names a packaged config, transformer/configs/X.py)."""
-    import sys
-
-    from absl import app, flags
+def define_run_flags() -> None:
+    """``--config`` and ``--workdir``, the flags of a command that works on a training run
+    (train, prepare)."""
+    from absl import flags
     from ml_collections import config_flags
 
     console.define_flag(
@@ -56,17 +54,36 @@ def cli(argv: list[str] | None = None) -> None:
     )
     console.define_flag('workdir', flags.DEFINE_string, None, 'Directory of the training run.')
 
+
+def run_config() -> tuple[schema.Config, list[str]]:
+    """The ``--config`` (`define_run_flags`) typed and checked once (transformer/schema/),
+    and the keys the command line overrides; a missing flag or a bad value is a usage error
+    in one line."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    if not flags.FLAGS['config'].present:  # (a file whose get_config() returned None is)
+        console.require('config')
+    console.require('workdir')
+    try:
+        file = config_flags.get_config_filename(flags.FLAGS['config'])
+        config = check_config(schema.complete(configs.checked(flags.FLAGS.config, file)))
+    except (schema.ConfigError, ValueError) as e:
+        console.usage_exit(str(e))
+    return config, list(config_flags.get_override_values(flags.FLAGS['config']))
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python train.py --config configs/X.py --workdir DIR`` (also ``transformer-train``;
+    ``--config X`` names a packaged config, transformer/configs/X.py)."""
+    import sys
+
+    from absl import app, flags
+
+    define_run_flags()
+
     def main(_):
-        if not flags.FLAGS['config'].present:  # (a file whose get_config() returned None is)
-            console.require('config')
-        console.require('workdir')
-        try:  # the config file's values, typed and checked once (transformer/schema/)
-            file = config_flags.get_config_filename(flags.FLAGS['config'])
-            config = configs.checked(flags.FLAGS.config, file)
-            config = check_config(schema.complete(config))
-        except (schema.ConfigError, ValueError) as e:
-            console.usage_exit(str(e))
-        overridden = list(config_flags.get_override_values(flags.FLAGS['config']))
+        config, overridden = run_config()
         try:
             final = train_and_evaluate(config, flags.FLAGS.workdir, overridden=overridden)
         except (Interrupted, KeyboardInterrupt) as e:

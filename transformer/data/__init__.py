@@ -48,6 +48,7 @@ from transformer.data.source_tag import SourceTagged, tag_sources
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.token_store import TokenStore, open_store
+from transformer.data.token_store import num_examples as token_store_pairs
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -90,5 +91,6 @@ __all__ = [
     'restore_order',
     'sources',
     'tag_sources',
+    'token_store_pairs',
     'tokenize_split',
 ]

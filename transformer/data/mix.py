@@ -44,18 +44,17 @@ class Corpora:
 
     def epoch_size(self, kept: np.ndarray) -> int:
         """How many examples an epoch has (`epoch_examples`)."""
-        if self.shares is None:
-            return len(kept)
-        empty = [
-            name
-            for name, a, b in zip(self.names, self.starts[:-1], self.starts[1:], strict=True)
-            if not np.any((kept >= a) & (kept < b))
-        ]
-        if empty:
+        return len(kept) if self.shares is None else sum(self._draws(kept))
+
+    def _draws(self, kept: np.ndarray) -> list[int]:
+        """With shares: how many examples each part gives an epoch."""
+        owned = np.diff(np.searchsorted(kept, self.starts))
+        if not owned.all():
             raise DataError(
-                f'data.mix entry {empty[0]!r} has no training pair that fits data.max_len.'
+                f'data.mix entry {self.names[int(np.argmin(owned))]!r} has no training pair '
+                'that fits data.max_len.'
             )
-        return sum(max(1, round(share * len(kept))) for share in self.shares)
+        return [max(1, round(share * len(kept))) for share in self.shares]
 
     def epoch_examples(self, seed: int, epoch: int, kept: np.ndarray) -> np.ndarray:
         """The examples of ``epoch`` in order, from the ``kept`` ones (ascending)."""
@@ -63,9 +62,8 @@ class Corpora:
             return np.random.default_rng([seed, epoch]).permutation(kept)
         bounds = np.searchsorted(kept, self.starts)
         draws = []
-        for part, share in enumerate(self.shares):
+        for part, count in enumerate(self._draws(kept)):
             own = kept[bounds[part] : bounds[part + 1]]
-            count = max(1, round(share * len(kept)))
             first, last = epoch * count, (epoch + 1) * count  # in the part's endless sequence
             for turn in range(first // len(own), (last - 1) // len(own) + 1):
                 order = np.random.default_rng([seed, part, turn]).permutation(own)

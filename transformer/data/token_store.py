@@ -125,6 +125,13 @@ def from_split(path: str, data: TokenizedSplit) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def num_examples(path: str) -> int:
+    """The number of examples the store at ``path`` holds, from its manifest alone (nothing
+    is checked: `open_store` checks)."""
+    with open(os.path.join(path, MANIFEST), encoding='utf-8') as f:
+        return int(json.load(f)['num_examples'])
+
+
 def open_store(path: str) -> TokenStore:
     """The store at ``path``, memory-mapped, after checking each file's size and checksum.
 
@@ -289,11 +296,9 @@ def prepare(data_config: Any, tokenizer: Tokenizer, cache_dir: str, split: str) 
         logging.info('Converted the token cache %s into the token store %s (once).', old, path)
         return path
     build(path, sources.read_chunks(data_config, split), tokenizer, log_progress)
-    with open(os.path.join(path, MANIFEST), encoding='utf-8') as f:
-        count = json.load(f)['num_examples']
     logging.info(
         'Tokenized %d %s pairs into the token store %s in %.1f s.',
-        count,
+        num_examples(path),
         split,
         path,
         time.perf_counter() - start,
