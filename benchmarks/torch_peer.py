@@ -49,12 +49,15 @@ SMOKE |= {'pre_ln': False, 'head_dim': 16, 'epsilon': 1e-6}
 SMOKE |= {'attention_dropout': 0.0, 'relu_dropout': 0.0}
 SMOKE |= {'ffn': 'relu', 'attention_bias': False, 'logits_bias': False}
 # The values of the model's variant fields (transformer/model/variants.py) the peer builds;
-# any other, a registered one included, is refused.
+# any other, a registered one included, is refused, and so is every value of a variant field
+# missing here (a part added to the registry is refused until the peer builds it).
 BUILDS = {
     'ffn': ('relu', 'swish', 'gelu'),
     'norm': ('layer_norm',),
+    'pre_layer_norm': (False, True),
     'share_embeddings': ('all',),
     'logits_bias': (False, True),
+    'positions': ('sinusoidal',),
 }
 # The feed-forward's activation of each ``model.ffn`` value above, a torch.nn module:
 # transformer/model/feed_forward.py's (nn.GELU's default is the exact erf form, as ours).
@@ -69,10 +72,10 @@ def refusal(model) -> str | None:
     """One line for the first of ``model``'s (the config's model section) variant fields, or
     numeric settings (their declarations: `transformer.model.peer_refusal`), that the peer
     does not build; None where it builds them all."""
-    from transformer.model import peer_refusal
+    from transformer.model import peer_refusal, variants
 
-    for key, built in BUILDS.items():
-        value = model[key]
+    for key in filter(None, variants.FIELDS.values()):
+        value, built = model[key], BUILDS.get(key, ())
         if value not in built:
             return (
                 f'model.{key}={value!r} is not built by the PyTorch peer (it builds '

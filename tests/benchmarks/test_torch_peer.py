@@ -67,6 +67,20 @@ def test_the_peer_builds_the_configs_model(name, model):
             'model.norm=rms_norm',
             "model.norm='rms_norm' is not built by the PyTorch peer (it builds 'layer_norm')",
         ),
+        (
+            'model.positions=rope',
+            "model.positions='rope' is not built by the PyTorch peer (it builds 'sinusoidal')",
+        ),
+        (
+            'model.ffn=swiglu',
+            "model.ffn='swiglu' is not built by the PyTorch peer (it builds 'relu' or 'swish' "
+            "or 'gelu')",
+        ),
+        (
+            'model.qk_norm=True',
+            'model.qk_norm=True is not built by the PyTorch peer: the peer has no norm on '
+            'queries and keys.',
+        ),
     ],
 )
 def test_the_peer_refuses_a_model_it_does_not_build_in_one_line(monkeypatch, setting, line):
@@ -122,3 +136,12 @@ def test_the_built_module_has_the_marian_options():
         shifted = model(tokens, tokens)
     added = torch.where(torch.arange(shapes['vocab']) == 3, 2.0, 0.0)
     torch.testing.assert_close(shifted - plain, added.expand_as(plain))
+
+
+def test_a_variant_field_the_peer_does_not_list_is_refused_even_at_its_default(monkeypatch):
+    """A part added to the registry is refused until the peer builds it (and BUILDS says so):
+    its default value included, so a time is never one of a model built as something else."""
+    monkeypatch.setitem(sys.modules, 'torch', None)
+    monkeypatch.delitem(torch_peer.BUILDS, 'positions')
+    with pytest.raises(torch_peer.Refused, match=r"^model\.positions='sinusoidal' is not built"):
+        torch_peer.main(['--config=tiny', '--modes=eager'])

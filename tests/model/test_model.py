@@ -28,7 +28,8 @@ from transformer.model import (
     param_count,
     sinusoidal_positions,
 )
-from transformer.model.layers import EncoderLayer
+from transformer.model.layers import EncoderLayer, LayerFlags
+from transformer.model.masks import AttentionInputs
 
 V, D = 48, 32  # V != D and neither equals F, so a [V, D] parameter is only an embedding
 
@@ -218,12 +219,25 @@ def test_shared_embedding_gradient_is_sum_of_its_three_uses():
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+# The parts of a later Transformer (rotary positions, RMSNorm, SwiGLU, QK-norm, grouped keys
+# and values), each a model.* field: tests/model/test_modern_parts.py.
+MODERN = {
+    'positions': 'rope',
+    'norm': 'rms_norm',
+    'ffn': 'swiglu',
+    'qk_norm': True,
+    'num_kv_heads': 2,
+    'pre_layer_norm': True,
+}
+
+
 @pytest.mark.slow
-def test_packed_row_equals_examples_run_separately():
+@pytest.mark.parametrize('overrides', [{}, MODERN], ids=['paper', 'modern'])
+def test_packed_row_equals_examples_run_separately(overrides):
     """Two examples packed into one row (segment ids 1, 1, ..., 2, 2, 0 and positions
     restarting at 0) give the same logits at their real targets as the two examples run
     alone; without the segmentation the second example would see the first."""
-    cfg = tiny_config(num_decoder_layers=2)
+    cfg = tiny_config(num_decoder_layers=2, **overrides)
     params = random_params(cfg)
     s, t = 7, 8
     src_a, tgt_a = random_tokens(9, (1, 3))[0], random_tokens(10, (1, 4))[0]
@@ -274,10 +288,17 @@ def test_packed_row_equals_examples_run_separately():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    'pre_layer_norm, dtype, atol',
-    [(False, 'float32', 1e-5), (True, 'float32', 1e-5), (False, 'bfloat16', 4)],
+    'overrides, dtype, atol',
+    [
+        ({}, 'float32', 1e-5),
+        ({'pre_layer_norm': True}, 'float32', 1e-5),
+        ({}, 'bfloat16', 4),
+        (MODERN, 'float32', 1e-5),
+        ({**MODERN, 'ffn': 'geglu', 'pre_layer_norm': False}, 'float32', 1e-5),
+    ],
+    ids=['post_ln', 'pre_ln', 'bfloat16', 'modern', 'modern_geglu_post_ln'],
 )
-def test_cached_decoding_equals_full_forward(pre_layer_norm, dtype, atol):
+def test_cached_decoding_equals_full_forward(overrides, dtype, atol):
     """Decoding one position at a time with the key/value cache (feeding 0, then the previous
     target) reproduces the teacher-forced logits at every real target position. The steps
     are given an all-NaN encoder output, which any use would spread to the logits: they read
@@ -285,7 +306,7 @@ def test_cached_decoding_equals_full_forward(pre_layer_norm, dtype, atol):
     16-bit products of transformer/backends/products.py, one-row products included; a GPU's
     fused kernels) the two agree to bfloat16 rounding: ``atol`` bfloat16 steps at the logits'
     largest magnitude (an H100 showed 3)."""
-    cfg = tiny_config(pre_layer_norm=pre_layer_norm, num_decoder_layers=2, dtype=dtype)
+    cfg = tiny_config(num_decoder_layers=2, dtype=dtype, **overrides)
     model = Transformer(cfg)
     params = random_params(cfg)
     b, s, t = 2, 5, 6
@@ -355,10 +376,14 @@ def test_encoder_layer_wiring_is_post_ln_or_pre_ln(pre_layer_norm):
     mask = (np.arange(s) < np.array([[5], [3]]))[:, None, None, :]  # [B, 1, 1, S] key padding
     layer = EncoderLayer(cfg)
     shapes = nn.unbox(
-        jax.eval_shape(lambda: layer.init(jax.random.key(0), x, mask, True))['params']
+        jax.eval_shape(
+            lambda: layer.init(jax.random.key(0), LayerFlags(), x, AttentionInputs(mask))
+        )['params']
     )
     params = fill_random(shapes, seed=18)
-    y = jax.jit(lambda p: layer.apply({'params': p}, x, mask, True))(params)
+    y = jax.jit(lambda p: layer.apply({'params': p}, LayerFlags(), x, AttentionInputs(mask)))(
+        params
+    )
 
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
     eps = cfg.layer_norm_epsilon

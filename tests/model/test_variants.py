@@ -64,7 +64,7 @@ class RMSNorm(nn.Module):
 TOYS = {
     'ffn': variants.Variant(
         'ffn',
-        'gated',
+        'toy_gated',
         lambda cfg: {
             'gate/kernel': (cfg.d_model, cfg.d_ff),
             'up/kernel': (cfg.d_model, cfg.d_ff),
@@ -72,18 +72,21 @@ TOYS = {
         },
         'GLU variants (Shazeer, 2020)',
         module=GatedFeedForward,
-        exports=(),
-        unexportable="MarianMT has no gated feed-forward; only ffn='relu', 'swish' or 'gelu' "
-        'exports.',
+        unexportable={
+            format: f"{format} has no toy gate; only ffn='relu', 'swish' or 'gelu' exports."
+            for format in variants.EXPORT_FORMATS
+        },
     ),
     'norm': variants.Variant(
         'norm',
-        'rms',
+        'toy_rms',
         lambda cfg: {'scale': (cfg.d_model,)},
         'RMSNorm (Zhang and Sennrich, 2019)',
         module=RMSNorm,
-        exports=(),
-        unexportable="MarianMT's norms are LayerNorms; only norm='layer_norm' exports.",
+        unexportable={
+            format: f"{format} has no toy norm; only norm='layer_norm' exports."
+            for format in variants.EXPORT_FORMATS
+        },
     ),
 }
 BUILT = {'ffn': 'relu', 'norm': 'layer_norm'}  # the paper's entry of each part
@@ -138,10 +141,12 @@ def test_a_value_is_accepted_once_registered_and_named_in_the_model_line(part, c
     'overrides',
     [
         {},
-        {'ffn': 'gated'},
+        {'ffn': 'toy_gated'},
         {'pre_layer_norm': True},
-        {'norm': 'rms'},
-        {'norm': 'rms', 'pre_layer_norm': True, 'ffn': 'gated'},
+        {'norm': 'toy_rms'},
+        {'norm': 'toy_rms', 'pre_layer_norm': True, 'ffn': 'toy_gated'},
+        {'norm': 'rms_norm', 'ffn': 'swiglu', 'positions': 'rope', 'qk_norm': True},
+        {'norm': 'rms_norm', 'pre_layer_norm': True, 'ffn': 'geglu', 'num_kv_heads': 1},
         {'share_embeddings': 'none', 'head_dim': 4},
         {'num_kv_heads': 1, 'head_dim': 4},
         {'ffn': 'swish', 'attention_bias': True, 'logits_bias': True},
@@ -210,7 +215,7 @@ def test_export_refuses_the_variant_before_asking_for_its_packages(
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
         assert str(info.value) == (
             f'model.{part}={toy.value!r} cannot be exported as --format={format}: '
-            + toy.unexportable
+            + toy.unexportable[format]
         )
     # The paper's entry passes the refusals and reaches the package check.
     workdir, _ = run_dir_with(tmp_path, **{part: BUILT[part]})

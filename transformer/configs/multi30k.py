@@ -32,6 +32,9 @@ Variants (lowercased tokenized BLEU, as the published Multi30k results):
   probability of 0.1") and AdamW's decoupled weight decay 0.01 on the weight matrices
   (Loshchilov & Hutter, 2019; BERT's and PyTorch AdamW's 0.01). A step costs what ``tiny``'s
   does. Both candidates: a CPU pilot in docs/experiments.md; not yet trained in full.
+- ``tiny_modern``: ``tiny``'s recipe with the parts of a later Transformer (configs/tiny.py
+  `MODERN`): rotary positions, RMSNorm, pre-LN, SwiGLU at d_ff 168 (2/3 of 256: the same
+  feed-forward parameters), QK-norm, 2 key/value heads for 4 query heads.
 
 - ``finetune``: a pretrained model fine-tuned on Multi30k (``--config.train.init_from=PATH``, a
   MarianMT directory or a run directory; docs/pretrained.md): 1000 steps, fairseq's
@@ -55,6 +58,7 @@ from typing import Any
 import ml_collections
 
 from transformer.configs import base
+from transformer.configs.tiny import MODERN
 
 # variant -> (parent variant or None for `_base`, {dotted key: value}).
 VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
@@ -129,6 +133,7 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
             'eval.bleu_every': 500,
         },
     ),  # the paper's 5 with summed CEs
+    'tiny_modern': ('tiny', {**MODERN, 'model.d_ff': 168}),  # configs/tiny.py's `MODERN`
     'tiny_worddrop': (
         'tiny',
         {

@@ -8,14 +8,37 @@ Command (no files, no network; a few minutes on a 2-core CPU):
 The synthetic language pair (transformer/data/synthetic.py) needs word translation, verb-final
 reordering and agreement, so the model must learn to attend. Measured results are in the
 README ("Results").
+
+Variants (``--config configs/tiny.py:VARIANT``):
+
+- (none): the paper's model at tiny widths.
+- ``modern``: the parts of a later Transformer (`MODERN`): rotary positions, RMSNorm, pre-LN,
+  a SwiGLU feed-forward at 2/3 of d_ff (so its three matrices hold the two of the ReLU one),
+  QK-norm and 2 key/value heads for the 4 query heads (docs/model_variants.md).
 """
 
 import ml_collections
 
 from transformer.configs import base
 
+# The model of a 2026 Transformer, as config keys; configs/multi30k.py:tiny_modern uses them.
+MODERN = {
+    'model.positions': 'rope',
+    'model.norm': 'rms_norm',
+    'model.pre_layer_norm': True,
+    'model.ffn': 'swiglu',
+    'model.qk_norm': True,
+    'model.num_kv_heads': 2,
+}
+VARIANTS = {'': {}, 'modern': {**MODERN, 'model.d_ff': 168}}  # 2/3 x 256, a multiple of 8
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(variant: str = '') -> ml_collections.ConfigDict:
+    """The tiny config, or its ``variant`` (module docstring)."""
+    if variant not in VARIANTS:
+        raise ValueError(
+            f'configs/tiny.py has no variant {variant!r}: ' + ', '.join(map(repr, VARIANTS))
+        )
     config = base.get_config()
     model = config.model
     model.d_model = 128
@@ -47,4 +70,5 @@ def get_config() -> ml_collections.ConfigDict:
     ev.bleu_max_examples = 200
     ev.batch_size = 128
     ev.compound_split = False
+    config.update_from_flattened_dict(VARIANTS[variant])
     return config

@@ -6,7 +6,8 @@ this package imports flax.linen (tests/test_layout.py).
 
 Modules: attention.py (multi-head attention, an einsum over an explicit head axis),
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
-`fused`), layers.py (positions, masks, the encoder and
+`fused`), decode_attention.py (a decoding step's attention over the cache), positions.py
+(how positions enter: the sinusoids, rotary positions), layers.py (masks, the encoder and
 decoder layers), transformer.py (the Transformer), config.py (its config),
 cache.py (the decoder's key/value cache layout, shared across beams), masks.py (attention
 masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embedding lookup
@@ -37,9 +38,10 @@ from transformer.model.functional import (
     logical_shardings,
     teacher_forced_logits,
 )
-from transformer.model.layers import attention_mask, shift_right, sinusoidal_positions
+from transformer.model.layers import attention_mask, shift_right
 from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
+from transformer.model.positions import sinusoidal_positions
 from transformer.model.projections import fused, per_head
 from transformer.model.remat import compiler_options as remat_compiler_options
 from transformer.model.settings import Setting, peer_refusal

@@ -23,6 +23,7 @@ multi-head attention, computed by the same einsums as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import einops
@@ -33,10 +34,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from transformer import backends
 from transformer.model import cache as cache_layout
-from transformer.model import masks
+from transformer.model import decode_attention, masks
 from transformer.model.constraints import HEADS, constrain
 from transformer.model.dropout import Dropout
-from transformer.model.masks import AttentionMask
+from transformer.model.masks import AttentionInputs, AttentionMask, masked_softmax
 from transformer.model.projections import (
     OUT_AXES,
     QKV_AXES,
@@ -49,21 +50,6 @@ from transformer.model.remat import ATTENTION_OUTPUT
 
 Array = jax.Array
 Dtype = Any
-
-
-def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
-    """Softmax over the last axis where ``mask`` is True; rows with no True give all zeros.
-
-    Masked logits are replaced by the most negative finite float32 (never -inf, so no
-    inf - inf), the softmax runs in float32, and the result is multiplied by the mask so a
-    query that may attend to nothing (a padding query, an empty packed segment) yields exactly
-    zero weights instead of a uniform average or NaN.
-    """
-    logits, mask = logits.astype(jnp.float32), masks.dense(mask)
-    if mask is None:
-        return jax.nn.softmax(logits, axis=-1)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(logits, axis=-1) * mask
 
 
 # 'auto': the measured winner (`backends.attention_impl`); the others: see MultiHeadAttention.
@@ -119,54 +105,13 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | 
     return jnp.where(attends, out, 0).astype(out.dtype)
 
 
-def _one_query(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """A decoding step: q [R, 1, N, H] (scaled) over head-major caches k, v [B, K, S, H].
-
-    Every decoding cache is head-major: there a single query's products with the keys and
-    values are batched matrix products without transposes (in [B, S, N, H], XLA transposed
-    every cache at every step; docs/performance.md). R may be a multiple G * B of the caches'
-    rows: query rows g*G .. g*G + G-1 then share cache row g (beam search's G = K beams of one
-    source read its encoder keys/values once, not K copies). Caches of fewer heads than the
-    query: `_one_query_grouped`.
-    """
-    if k.shape[1] != q.shape[2]:
-        return _one_query_grouped(q, k, v, mask)
-    rows, batch, num_heads, length = q.shape[0], *k.shape[:3]
-    if rows % batch:
-        raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
-    group = rows // batch
-    q = q.reshape(batch, group, *q.shape[2:])  # [B, G, N, H]
-    logits = jnp.einsum('BGNH,BNSH->BGNS', q, k).reshape(rows, num_heads, 1, length)
-    probs = masked_softmax(logits, mask).reshape(batch, group, num_heads, length)
-    probs = probs.astype(v.dtype)
-    if group == 1:
-        heads = jnp.einsum('BGNS,BNSH->BGNH', probs, v)
-    else:  # as a product, ~2x slower than multiply + reduce here (CPU micro-benchmark)
-        heads = jnp.sum(probs[..., None] * v[:, None], axis=3)  # [B, G, N, H]
-    return heads.reshape(rows, 1, *heads.shape[2:])
-
-
-def _one_query_grouped(q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """`_one_query` for caches of K < N heads: query head i reads cache head i // G. Here R
-    is the query rows per cache row."""
-    rows, batch, num_kv_heads, length = q.shape[0], *k.shape[:3]
-    if rows % batch:
-        raise ValueError(f'{rows} query rows do not share {batch} cache rows evenly.')
-    num_heads, head_dim = q.shape[2:]
-    grouped = (batch, rows // batch, num_kv_heads, num_heads // num_kv_heads)
-    q = q.reshape(*grouped, head_dim)  # [B, R, K, G, H]
-    logits = jnp.einsum('BRKGH,BKSH->BRKGS', q, k).reshape(rows, num_heads, 1, length)
-    probs = masked_softmax(logits, mask).reshape(*grouped, length).astype(v.dtype)
-    heads = jnp.einsum('BRKGS,BKSH->BRKGH', probs, v)
-    return heads.reshape(rows, 1, num_heads, head_dim)
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, Sec. 3.2.2.
 
     Parameters: ``query/kernel`` [D, N, H], ``key/kernel``, ``value/kernel`` [D, K, H] and
-    ``out/kernel`` [N, H, D] (plus ``bias`` entries when ``use_bias``). See the module
-    docstring for why each kernel is at once the per-head matrices and the fused matrix.
+    ``out/kernel`` [N, H, D] (plus ``bias`` entries when ``use_bias``; ``query_norm/scale``,
+    ``key_norm/scale`` [H] with ``qk_norm``). See the module docstring for why each kernel is
+    at once the per-head matrices and the fused matrix.
 
     Attributes:
       num_heads: N.
@@ -181,6 +126,12 @@ class MultiHeadAttention(nn.Module):
         packed self-attention by segment ids on a GPU: backends/segment_attention.py), or
         'auto' (the measured winner on this backend: `backends.attention_impl`).
       num_kv_heads: K, the key and value heads, a divisor of N; None: N (the paper's).
+      qk_norm: an RMSNorm (epsilon ``norm_epsilon``) over each head's H channels of the
+        queries and the keys before their product (QK-norm); the encoder-decoder keys are
+        cached normed.
+      norm_epsilon: QK-norm's epsilon.
+      position_encoding: what turns self-attention's queries and keys by their positions
+        (``rotate``: transformer/model/positions.py), or None: nothing does.
     """
 
     num_heads: int
@@ -190,14 +141,17 @@ class MultiHeadAttention(nn.Module):
     param_dtype: Dtype = jnp.float32
     use_bias: bool = False
     attention_impl: str = 'einsum'
-    num_kv_heads: int | None = None  # last: positional callers of the fields above keep theirs
+    num_kv_heads: int | None = None  # from here on: positional callers of the above keep theirs
+    qk_norm: bool = False
+    norm_epsilon: float = 1e-6
+    position_encoding: Any = None
 
     @nn.compact
     def __call__(
         self,
         inputs_q: Array,
         inputs_kv: Array | None = None,
-        mask: AttentionMask | Array | None = None,
+        inputs: AttentionInputs | AttentionMask | Array | None = None,
         *,
         deterministic: bool = True,
         decode: bool = False,
@@ -210,7 +164,9 @@ class MultiHeadAttention(nn.Module):
           inputs_kv: keys and values, [B, S, D]; None: self-attention, keys and values from
             ``inputs_q`` (S = T), the three projections applied as one einsum
             (`fused_projections`).
-          mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may attend.
+          inputs: an `AttentionInputs` (the mask and self-attention's positions), or the mask
+            alone: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may
+            attend.
           deterministic: disables dropout.
           decode: self-attention one position per call with a key/value cache in the
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
@@ -226,57 +182,66 @@ class MultiHeadAttention(nn.Module):
         Returns:
           [B, T, D].
         """
-        self_attention = inputs_kv is None
-        if self_attention and static_kv:
+        if inputs_kv is None and static_kv:
             raise ValueError('static_kv caches the keys of inputs_kv; self-attention has none.')
+        inputs = AttentionInputs.of(inputs)
         head_dim = self.head_dim or inputs_q.shape[-1] // self.num_heads
         query, key, value, out = self._projections(inputs_q.shape[-1], head_dim)
-        if self_attention:
+        normalize_q, normalize_k = self._qk_norms()
+        # Projections, QK-norm, then the positions' rotation (self-attention only).
+        if inputs_kv is None:
             q, k, v = fused_projections(inputs_q, (query, key, value))
+            q, k = normalize_q(q), normalize_k(k)
+            if self.position_encoding is not None:
+                q, k = self.position_encoding.rotate(q, k, inputs.positions)
         else:
-            q = query(inputs_q)
-            if decode and static_kv:
-                k, v = self._static_cache(key, value, inputs_kv)
-            else:
-                k, v = fused_projections(inputs_kv, (key, value))
+            q = normalize_q(query(inputs_q))
+            k, v = self._keys_values(key, value, normalize_k, inputs_kv, decode and static_kv)
+        mask = inputs.mask
         if not decode:
             q, k, v = (constrain(x, HEADS) for x in (q, k, v))
-        if decode and not static_kv:
+        elif not static_kv:
             k, v, mask = self._update_cache(k, v, mask)
+        heads = self._attend(q, k, v, mask, deterministic, decode, static_kv, inputs_kv is None)
+        return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
 
+    def _attend(self, q, k, v, mask, deterministic, decode, static_kv, self_attention) -> Array:
+        """The heads [B, T, N, H] of softmax(q k^T / sqrt(H)) v: a decoding step's single query
+        over the cache (transformer/model/decode_attention.py), the backend's fused attention
+        ('fused', 'pallas'), or the einsums with their sown weights and attention dropout."""
         dropout = not deterministic and self.dropout_rate > 0.0
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         if backends.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
-            heads = self._fused(q, k, v, mask, self_attention and not decode)
-            return out(checkpoint_name(heads, ATTENTION_OUTPUT))
+            return self._fused(q, k, v, mask, self_attention and not decode)
         # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
-        q = q / jnp.sqrt(head_dim).astype(self.dtype)
+        q = q / jnp.sqrt(q.shape[-1]).astype(self.dtype)
         if one_query and not static_kv:
-            # Only the chunks up to the position just written (`cache.chunk_ends`): one
-            # branch per prefix length, each with static shapes.
-            ends = cache_layout.chunk_ends(k.shape[2])
             # Keys written so far: positions times the slots per position (`_update_cache`).
             positions = self.get_variable('cache', cache_layout.INDEX)
             written = positions * (q.shape[0] // k.shape[0])
-            branches = [
-                lambda q, k, v, m, end=end: _one_query(
-                    q, k[:, :, :end], v[:, :, :end], m[..., :end]
-                )
-                for end in ends
-            ]
-            index = jnp.searchsorted(jnp.asarray(ends), written)
-            return out(jax.lax.switch(index, branches, q, k, v, mask))
+            return decode_attention.cached_self_attention(q, k, v, mask, written)
         if one_query:
-            return out(_one_query(q, k, v, mask))
-        logits = attention_logits(q, k)
-        probs = masked_softmax(logits, mask)
+            return decode_attention.one_query(q, k, v, mask)
+        probs = masked_softmax(attention_logits(q, k), mask)
         self.sow('intermediates', 'attention_weights', probs)
         if dropout:
             probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        heads = attention_values(probs.astype(self.dtype), v)
-        return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
+        return attention_values(probs.astype(self.dtype), v)
+
+    def _qk_norms(self) -> tuple[Callable[[Array], Array], Callable[[Array], Array]]:
+        """QK-norm's RMSNorms of the queries and the keys over H, or two identities."""
+        if not self.qk_norm:
+            return (lambda x: x), (lambda x: x)
+        norm = lambda name: nn.RMSNorm(  # noqa: E731
+            epsilon=self.norm_epsilon,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('kv',)),
+            name=name,
+        )
+        return norm('query_norm'), norm('key_norm')
 
     def _projections(self, d_model: int, head_dim: int) -> tuple[Projection, ...]:
         """The query [D, N, H], key, value [D, K, H] and out [N, H, D] projections."""
@@ -353,18 +318,28 @@ class MultiHeadAttention(nn.Module):
         mask = written if mask is None else jnp.logical_and(mask, written)
         return cached_key.value, cached_value.value, mask
 
-    def _static_cache(
-        self, key: Projection, value: Projection, inputs_kv: Array
+    def _keys_values(
+        self,
+        key: Projection,
+        value: Projection,
+        normalize_k: Callable[[Array], Array],
+        inputs_kv: Array,
+        static_cache: bool,
     ) -> tuple[Array, Array]:
-        """Head-major keys/values [B, K, S, H] of an ``inputs_kv`` that does not change.
+        """Keys (after QK-norm) and values of ``inputs_kv``: [B, S, K, H], or with
+        ``static_cache`` head-major [B, K, S, H] in the cache.
 
-        Projected and stored by the call that finds them missing from the cache, read back by
-        every later one (see `_one_query` for the layout).
+        There they are projected and stored by the call that finds them missing, and read back
+        by every later one (see `decode_attention.one_query` for the layout).
         """
         key_name, value_name = cache_layout.STATIC_ENTRIES
-        if self.has_variable('cache', key_name):
+        if static_cache and self.has_variable('cache', key_name):
             return self.get_variable('cache', key_name), self.get_variable('cache', value_name)
-        k, v = (x.swapaxes(1, 2) for x in fused_projections(inputs_kv, (key, value)))
+        k, v = fused_projections(inputs_kv, (key, value))
+        k = normalize_k(k)
+        if not static_cache:
+            return k, v
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         self.put_variable('cache', key_name, k)
         self.put_variable('cache', value_name, v)
         return k, v

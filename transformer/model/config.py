@@ -51,6 +51,7 @@ class TransformerConfig(Section):
     head_dim: int | None = settings.config_field('head_dim')
     num_kv_heads: int | None = settings.config_field('num_kv_heads')
     attention_bias: bool = settings.config_field('attention_bias')
+    qk_norm: bool = settings.config_field('qk_norm')
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
     # The feed-forward's variant (transformer/model/feed_forward.py). Each field read by
     # variants.config_field chooses a part of model/variants.py: its default, description and
@@ -90,6 +91,9 @@ class TransformerConfig(Section):
     # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
     norm: str = variants.config_field('norm')
     pre_layer_norm: bool = variants.config_field('norm_placement')
+    # How positions enter (transformer/model/positions.py): the paper's sinusoids added to the
+    # embeddings, or rotary positions in self-attention.
+    positions: str = variants.config_field('positions')
     layer_norm_epsilon: float = _field(
         1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
     )
@@ -131,6 +135,9 @@ class TransformerConfig(Section):
                 f'model.num_kv_heads={self.num_kv_heads} must divide model.num_heads='
                 f'{self.num_heads}: each key/value head serves N / K query heads.'
             )
+        problem = variants.check(self)  # what a chosen entry needs of the other fields
+        if problem:
+            raise ConfigError(problem)
 
 
 # Computation and parameter dtypes a config may name.

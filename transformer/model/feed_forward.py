@@ -80,3 +80,67 @@ RELU, SWISH, GELU = (
     variants.register(variants.Variant('ffn', name, _weights, source, module=FeedForward))
     for name, (_, source) in ACTIVATIONS.items()
 )
+
+
+def projection(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: str):
+    """A projection without a bias (the gated feed-forwards'), Glorot-uniform kernel."""
+    return nn.Dense(
+        features,
+        use_bias=False,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
+        dot_general=backends.dense_dot_general,
+        name=name,
+    )
+
+
+# The gate's activation of each gated ``model.ffn`` value (Shazeer, 2020, "GLU Variants
+# Improve Transformer"): SwiGLU's Swish_1 = x sigmoid(x); GeGLU's GELU in its exact erf form,
+# x Phi(x), as 'gelu' above and CTranslate2's Activation.GELU compute it.
+GATES = {'swiglu': 'swish', 'geglu': 'gelu'}
+
+
+class GatedFeedForward(nn.Module):
+    """FFN(x) = (act(x W0) * (x W1)) W2 (Shazeer, 2020), no biases (as there): three [D, F] /
+    [F, D] matrices, 1.5x the two of `FeedForward` at the same d_ff. ``act``: `GATES`.
+    ``model.relu_dropout_rate`` drops out the gated hidden layer."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        activation, _ = ACTIVATIONS[GATES[cfg.ffn]]
+        gate = activation(projection(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi_0')(x))  # [B, T, F]
+        h = constrain(gate * projection(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi_1')(x), HIDDEN)
+        h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+        return projection(cfg, x.shape[-1], ('mlp', 'embed'), 'wo')(h)
+
+
+def _gated_weights(cfg: TransformerConfig) -> variants.Shapes:
+    """Three projections without biases: the gate and the linear [D, F], the output [F, D]."""
+    return {
+        'wi_0/kernel': (cfg.d_model, cfg.d_ff),
+        'wi_1/kernel': (cfg.d_model, cfg.d_ff),
+        'wo/kernel': (cfg.d_ff, cfg.d_model),
+    }
+
+
+_NO_GATE = (
+    "MarianMT's feed-forward has no gate; only ffn='relu', 'swish' or 'gelu' exports to it; "
+    '--format=ctranslate2 holds the gated ones.'
+)
+SWIGLU, GEGLU = (
+    variants.register(
+        variants.Variant(
+            'ffn',
+            name,
+            _gated_weights,
+            f'Shazeer (2020): {gate} gate, three matrices, no biases',
+            module=GatedFeedForward,
+            unexportable={'hf': _NO_GATE},
+        )
+    )
+    for name, gate in GATES.items()
+)

@@ -9,9 +9,10 @@ created ('embed' = D, 'mlp' = F, ...); transformer/training/parallel.py maps the
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
 from transformer.model import variants
@@ -19,7 +20,7 @@ from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import TransformerConfig
 from transformer.model.constraints import BETWEEN_LAYERS, constrain
 from transformer.model.dropout import Dropout
-from transformer.model.masks import AttentionMask
+from transformer.model.masks import AttentionInputs, AttentionMask
 from transformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -33,24 +34,6 @@ def norm(cfg: TransformerConfig, name: str) -> nn.Module:
     """The normalization ``model.norm`` chooses (transformer/model/norms.py): [..., D] ->
     [..., D]."""
     return variants.chosen(cfg, 'norm').module(cfg, name=name)
-
-
-def sinusoidal_positions(positions: Array, d_model: int) -> Array:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Sec. 3.5).
-
-    Computed from the positions themselves, so packed rows (positions restarting at 0) and
-    any length work without a precomputed table.
-
-    Args:
-      positions: integer positions, any shape [...].
-      d_model: D (even).
-
-    Returns:
-      [..., D] float32, sin at even and cos at odd channels, interleaved as in the paper.
-    """
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
 def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
@@ -77,6 +60,20 @@ def attention_mask(
     position, kept as these parts: `AttentionMask.dense` is the boolean [B, 1, T, S] mask, and
     the fused attention path hands cuDNN sequence lengths instead where rows are unpacked."""
     return AttentionMask(query_valid, key_valid, query_segmentation, key_segmentation, causal)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerFlags:
+    """The layers' Python flags, one hashable value: every layer takes it as its first
+    argument, which `remat.rematerialized` (and a scan over layers) hold static.
+
+    Attributes:
+      deterministic: no dropout.
+      decode: one decoding step with the key/value cache (the decoder's self-attention).
+    """
+
+    deterministic: bool = True
+    decode: bool = False
 
 
 class _SubLayers(nn.Module):
@@ -107,6 +104,9 @@ class _SubLayers(nn.Module):
             param_dtype=cfg.param_dtype,
             use_bias=cfg.attention_bias,
             attention_impl=cfg.attention_impl,
+            qk_norm=cfg.qk_norm,
+            norm_epsilon=cfg.layer_norm_epsilon,
+            position_encoding=variants.chosen(cfg, 'positions').module,
             name=name,
         )
 
@@ -115,15 +115,17 @@ class _SubLayers(nn.Module):
 
 
 class EncoderLayer(_SubLayers):
-    """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1)."""
+    """Self-attention then FFN, each wrapped in residual + LayerNorm (Sec. 3.1): x [B, S, D]
+    -> [B, S, D]; ``inputs``: the self-attention's mask and positions."""
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    def __call__(self, flags: LayerFlags, x: Array, inputs: AttentionInputs) -> Array:
+        deterministic = flags.deterministic
         x = constrain(x, BETWEEN_LAYERS)
         attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: attn(y, None, mask, deterministic=deterministic),
+            lambda y: attn(y, None, inputs, deterministic=deterministic),
             'self_attention',
             deterministic,
         )
@@ -133,23 +135,25 @@ class EncoderLayer(_SubLayers):
 
 
 class DecoderLayer(_SubLayers):
-    """Masked self-attention, encoder-decoder attention, FFN (Sec. 3.1)."""
+    """Masked self-attention, encoder-decoder attention, FFN (Sec. 3.1): x [B, T, D] and the
+    encoder's output [B, S, D] -> [B, T, D]; ``self_inputs``: the self-attention's mask and
+    positions, ``cross_inputs``: the encoder-decoder attention's mask."""
 
     @nn.compact
     def __call__(
         self,
+        flags: LayerFlags,
         x: Array,
         encoded: Array,
-        self_mask: Array | None,
-        cross_mask: Array,
-        deterministic: bool,
-        decode: bool,
+        self_inputs: AttentionInputs,
+        cross_inputs: AttentionInputs,
     ) -> Array:
+        deterministic, decode = flags.deterministic, flags.decode
         x, encoded = constrain(x, BETWEEN_LAYERS), constrain(encoded, BETWEEN_LAYERS)
         self_attn = self.attention('self_attention')
         x = self.residual(
             x,
-            lambda y: self_attn(y, None, self_mask, deterministic=deterministic, decode=decode),
+            lambda y: self_attn(y, None, self_inputs, deterministic=deterministic, decode=decode),
             'self_attention',
             deterministic,
         )
@@ -161,7 +165,7 @@ class DecoderLayer(_SubLayers):
             lambda y: cross_attn(
                 y,
                 encoded,
-                cross_mask,
+                cross_inputs,
                 deterministic=deterministic,
                 decode=decode,
                 static_kv=True,

@@ -105,3 +105,39 @@ def fused_arguments(
     mask = jnp.broadcast_to(mask, (batch, mask.shape[1], num_queries, num_keys))
     attends = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]  # [B, T, N or 1, 1]
     return {'mask': mask}, attends
+
+
+def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
+    """Softmax over the last axis where ``mask`` is True; rows with no True give all zeros.
+
+    Masked logits are replaced by the most negative finite float32 (never -inf, so no
+    inf - inf), the softmax runs in float32, and the result is multiplied by the mask so a
+    query that may attend to nothing (a padding query, an empty packed segment) yields exactly
+    zero weights instead of a uniform average or NaN.
+    """
+    logits, mask = logits.astype(jnp.float32), dense(mask)
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits, axis=-1) * mask
+
+
+@struct.dataclass
+class AttentionInputs:
+    """What one attention call reads beside the vectors it attends from and to, as one value.
+
+    Attributes:
+      mask: an `AttentionMask`, or boolean broadcastable to [B, N, T, S] (True = may attend),
+        or None (all).
+      positions: [B, T], the positions of self-attention's tokens (each packed example's
+        own, the step's when decoding), which a rotary position encoding turns the queries
+        and keys by (transformer/model/positions.py); None: no rotation (cross-attention).
+    """
+
+    mask: AttentionMask | Array | None = None
+    positions: Array | None = None
+
+    @classmethod
+    def of(cls, value: AttentionInputs | AttentionMask | Array | None) -> AttentionInputs:
+        """``value`` itself, or a bare mask as the inputs of an attention without positions."""
+        return value if isinstance(value, AttentionInputs) else cls(mask=value)

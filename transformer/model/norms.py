@@ -34,3 +34,30 @@ LAYER_NORM = variants.register(
         module=layer_norm,
     )
 )
+
+
+def rms_norm(cfg: TransformerConfig, name: str) -> nn.RMSNorm:
+    """RMSNorm (Zhang and Sennrich, 2019): x / sqrt(mean(x^2) + epsilon) * scale over D; no
+    mean subtracted, no bias."""
+    return nn.RMSNorm(
+        epsilon=cfg.layer_norm_epsilon,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+        name=name,
+    )
+
+
+RMS_NORM = variants.register(
+    variants.Variant(
+        'norm',
+        'rms_norm',
+        lambda cfg: {'scale': (cfg.d_model,)},
+        'RMSNorm (Zhang and Sennrich, 2019): no centring, no bias',
+        module=rms_norm,
+        unexportable={
+            'hf': "MarianMT's norms are LayerNorms; only norm='layer_norm' exports to it; "
+            '--format=ctranslate2 holds RMSNorm.'
+        },
+    )
+)

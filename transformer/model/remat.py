@@ -56,11 +56,10 @@ def compiler_options(policy: str, platform: str) -> dict[str, str] | None:
     return {'xla_disable_hlo_passes': 'cse_barrier_expander'}
 
 
-def rematerialized(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]):
+def rematerialized(layer: type[nn.Module], policy: str):
     """``layer`` (a module class) wrapped in `nn.remat` with ``policy`` (one of
-    `REMAT_POLICIES`; 'none': ``layer`` itself). ``static_argnums``: the positions of its
-    call's Python arguments (flags such as ``deterministic``), counting the module as 0;
-    they must be passed positionally."""
+    `REMAT_POLICIES`; 'none': ``layer`` itself). The layer's first argument is its Python
+    flags (`layers.LayerFlags`), held static; the arguments after it may change."""
     if policy == 'none':
         return layer
-    return nn.remat(layer, policy=_policy(policy), static_argnums=static_argnums)
+    return nn.remat(layer, policy=_policy(policy), static_argnums=(1,))

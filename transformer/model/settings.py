@@ -12,8 +12,8 @@ per value, so its `Setting` declares, in one place, what the rest of the package
   ({'attention': {'key/kernel': (D, K, H)}}), over the entry's own: `variants.param_shapes`
   places them in the model's tree, and from there follow the parameter count, the FLOPs
   (transformer/model/flops.py) and the layers' weight memory (transformer/training/footprint.py);
-* ``unexportable``: why the export formats (all of which write MarianMT's files) cannot
-  represent a config's value, or None where they can (`export_refusal`);
+* ``unexportable``: per export format, why it cannot represent a config's value, or None
+  where it can (`export_refusal`); the formats it does not name represent every value;
 * ``unbuilt``: why the PyTorch peer (benchmarks/torch_peer.py) does not build it, or None
   where it does (`peer_refusal`).
 
@@ -27,7 +27,7 @@ H head dim.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformer import fields
@@ -51,8 +51,9 @@ class Setting:
       doc: its one-line description (--help adds the exports' and the peer's limits).
       rule: its rule (transformer/fields.py: POSITIVE, POSITIVE_OR_NONE, ...).
       weights: (cfg) -> {part: {path: shape}}, the shapes it sets in each part's entry.
-      unexportable: (cfg) -> why no export format represents ``cfg``'s value, or None.
-      exports: the values the exports take, as --help says it ('' for all).
+      unexportable: {format: (cfg) -> why ``format`` cannot represent ``cfg``'s value, or
+        None}.
+      exports: the values the MarianMT export takes, as --help says it ('' for all).
       unbuilt: (cfg) -> why the PyTorch peer does not build ``cfg``'s value, or None.
     """
 
@@ -61,7 +62,9 @@ class Setting:
     doc: str
     rule: dict[str, Any]
     weights: Callable[[TransformerConfig], dict[str, Shapes]]
-    unexportable: Callable[[TransformerConfig], str | None] = _none
+    unexportable: Mapping[str, Callable[[TransformerConfig], str | None]] = dataclasses.field(
+        default_factory=dict
+    )
     exports: str = ''
     unbuilt: Callable[[TransformerConfig], str | None] = _none
 
@@ -93,7 +96,7 @@ class _Doc:
 
     def __str__(self) -> str:
         setting = _SETTINGS[self.field]
-        return setting.doc + (f' (exports: {setting.exports})' if setting.exports else '')
+        return setting.doc + (f' (MarianMT: {setting.exports})' if setting.exports else '')
 
 
 def config_field(name: str) -> Any:
@@ -112,11 +115,12 @@ def weights(cfg: TransformerConfig, part: str) -> Shapes:
     return shapes
 
 
-def _refusal(cfg: TransformerConfig, why: str, ending: str) -> str | None:
+def _refusal(cfg: TransformerConfig, why: Callable, ending: str) -> str | None:
+    """The first setting's ``why(setting)(cfg)``, as one line ending with ``ending``."""
     for setting in _SETTINGS.values():
         if not hasattr(cfg, setting.field):
             continue
-        reason = getattr(setting, why)(cfg)
+        reason = why(setting)(cfg)
         if reason:
             return f'model.{setting.field}={getattr(cfg, setting.field)!r} {ending}: {reason}'
     return None
@@ -124,13 +128,14 @@ def _refusal(cfg: TransformerConfig, why: str, ending: str) -> str | None:
 
 def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
     """One line for the first setting whose value in ``cfg`` ``format`` cannot represent."""
-    return _refusal(cfg, 'unexportable', f'cannot be exported as --format={format}')
+    why = lambda setting: setting.unexportable.get(format, _none)  # noqa: E731
+    return _refusal(cfg, why, f'cannot be exported as --format={format}')
 
 
 def peer_refusal(cfg: TransformerConfig) -> str | None:
     """One line for the first setting whose value in ``cfg`` (a TransformerConfig or the
     config's model section) the PyTorch peer does not build."""
-    return _refusal(cfg, 'unbuilt', 'is not built by the PyTorch peer')
+    return _refusal(cfg, lambda setting: setting.unbuilt, 'is not built by the PyTorch peer')
 
 
 # The settings of the attention's shapes (Sec. 3.2.2).
@@ -180,7 +185,7 @@ declare(
                 'out/kernel': (cfg.num_heads, head_dim(cfg), cfg.d_model),
             }
         },
-        unexportable=_marian_head_dim,
+        unexportable={'hf': _marian_head_dim},
         exports='None or d_model // num_heads',
     )
 )
@@ -191,7 +196,7 @@ declare(
         'K, key/value heads, a divisor of N (grouped-query attention); None = N',
         fields.POSITIVE_OR_NONE,
         lambda cfg: {'attention': {f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')}},
-        unexportable=_marian_kv_heads,
+        unexportable={'hf': _marian_kv_heads},
         exports='None or num_heads',
     )
 )
@@ -221,5 +226,39 @@ declare(
         "biases on the attention's q, k, v and output projections (MarianMT's; not the paper's)",
         fields.BOOL,
         _attention_biases,
+    )
+)
+
+
+# A switch of the attention's computation: QK-norm (Dehghani et al., 2023, "Scaling Vision
+# Transformers to 22 Billion Parameters"; OLMo 2, Gemma 3), an RMSNorm over each head's H
+# channels of the queries and the keys before their product (transformer/model/attention.py).
+def _qk_norm_scales(cfg: TransformerConfig) -> dict[str, Shapes]:
+    """The two RMSNorm scales [H] each attention has with ``model.qk_norm``."""
+    if not cfg.qk_norm:
+        return {}
+    return {'attention': {f'{n}_norm/scale': (head_dim(cfg),) for n in ('query', 'key')}}
+
+
+def _marian_qk_norm(cfg: TransformerConfig) -> str | None:
+    if not cfg.qk_norm:
+        return None
+    return 'MarianMT has no norm on queries and keys; only qk_norm=False exports to it.'
+
+
+def _peer_qk_norm(cfg: TransformerConfig) -> str | None:
+    return 'the peer has no norm on queries and keys.' if cfg.qk_norm else None
+
+
+declare(
+    Setting(
+        'qk_norm',
+        False,
+        "an RMSNorm on each head's queries and keys before their product (QK-norm)",
+        fields.BOOL,
+        _qk_norm_scales,
+        unexportable={'hf': _marian_qk_norm},
+        exports='False',
+        unbuilt=_peer_qk_norm,
     )
 )

@@ -20,18 +20,20 @@ from flax import linen as nn
 
 from transformer import backends
 from transformer.model import embedding as embedding_lib
+from transformer.model import variants
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
 from transformer.model.layers import (
     DecodePosition,
     DecoderLayer,
     EncoderLayer,
+    LayerFlags,
     attention_mask,
     norm,
     partitioned,
     shift_right,
-    sinusoidal_positions,
 )
+from transformer.model.masks import AttentionInputs
 from transformer.model.packing import Packing
 from transformer.model.remat import rematerialized
 from transformer.tokens import PAD_ID
@@ -87,9 +89,9 @@ class Transformer(nn.Module):
                 cfg.param_dtype,
             )
         # model.remat: each layer recomputed in the backward pass as the policy says; its
-        # flags (deterministic, decode) are static and passed by position.
-        encoder_layer = rematerialized(EncoderLayer, cfg.remat, static_argnums=(3,))
-        decoder_layer = rematerialized(DecoderLayer, cfg.remat, static_argnums=(5, 6))
+        # flags (LayerFlags: deterministic, decode), its first argument, are static.
+        encoder_layer = rematerialized(EncoderLayer, cfg.remat)
+        decoder_layer = rematerialized(DecoderLayer, cfg.remat)
         self.encoder_layers = [
             encoder_layer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
         ]
@@ -103,13 +105,15 @@ class Transformer(nn.Module):
         self.embed_dropout = Dropout(cfg.dropout_rate)
         self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
+        # model.positions (transformer/model/positions.py): added here or rotated in attention.
+        self.position_encoding = variants.chosen(cfg, 'positions').module
 
     def _embed(
         self, embedding: nn.Embed, tokens: Array, positions: Array, deterministic: bool
     ) -> Array:
         cfg = self.config
-        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added and
-        # the sum is dropped out (Sec. 5.4).
+        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added (by
+        # the sinusoidal encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
         if not deterministic and cfg.token_dropout_rate:
             # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
@@ -117,7 +121,7 @@ class Transformer(nn.Module):
             keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
             rows = (rows * keep).astype(cfg.dtype)
         x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
-        x = x + sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
+        x = self.position_encoding.embed(x, positions)
         return self.embed_dropout(x, deterministic=deterministic)
 
     def encode(
@@ -133,8 +137,9 @@ class Transformer(nn.Module):
         valid = inputs != PAD_ID
         mask = attention_mask(valid, valid, segments, segments)
         x = self._embed(self.source_embedding, inputs, positions, deterministic)
+        flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
         for layer in self.encoder_layers:
-            x = layer(x, mask, deterministic)
+            x = layer(flags, x, attention_inputs)
         if self.config.pre_layer_norm:
             x = self.encoder_norm(x)
         return x
@@ -183,8 +188,11 @@ class Transformer(nn.Module):
             segments = None if packing is None else packing.targets_segmentation
             decoder_inputs = shift_right(targets, segments)
         y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
+        flags = LayerFlags(deterministic, decode)
+        self_inputs = AttentionInputs(self_mask, positions)
+        cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's
         for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
+            y = layer(flags, y, encoded, self_inputs, cross_inputs)
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
         return self._project(y) if logits else y

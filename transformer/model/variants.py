@@ -1,7 +1,8 @@
 """The model's variants, one entry each: every choice of what the network computes.
 
 A `Variant` is one value of one part of the network (its attention, feed-forward, kind of
-normalization, where the norms sit, embedding sharing, a bias on the logits) and declares, in
+normalization, where the norms sit, embedding sharing, a bias on the logits, how positions
+enter) and declares, in
 one place, what the rest of the package reads:
 
 * ``weights``: the shapes of one instance's parameters, by their path below it
@@ -11,10 +12,13 @@ one place, what the rest of the package reads:
   (transformer/training/footprint.py, `layer_param_count`) and the matmul FLOPs per token
   (transformer/model/flops.py, `matmul_flops_per_token`).
 * ``module``: the Flax module that computes it, where the part has one per entry (the
-  feed-forward, the norm: ``module(config, name=...)``); None where the Transformer reads the
-  field itself (norm placement, embedding sharing, the logits' bias).
-* ``exports``: the export formats that can represent it; the others refuse it with
-  ``unexportable`` (`export_refusal`), before they ask for their packages.
+  feed-forward, the norm: ``module(config, name=...)``), or the object the network calls (the
+  positions: transformer/model/positions.py); None where the Transformer reads the field
+  itself (norm placement, embedding sharing, the logits' bias).
+* ``unexportable``: per export format that cannot represent it, why (`export_refusal`, read
+  before the format's packages are asked for); every format it does not name exports it.
+* ``check``: why a config cannot build it (rotary positions with an odd head size), or None;
+  `check` runs every chosen entry's when the config is made.
 
 Each part (`PARTS`) is chosen by one config field, declared here with its default and
 description: TransformerConfig's line for it is ``name: type = variants.config_field(part)``,
@@ -22,9 +26,9 @@ and the field's accepted values, its --help choices and its bad-value error are 
 registered for the part (`choices`), read when they are checked or printed. A new variant is
 a `register` call beside its module: its config value, --help line, bad-value error, old-run
 default and resume refusal follow from the field, its FLOPs, memory and parameter count from
-``weights``, and every export's refusal from ``exports``. transformer/model/__init__.py
-imports every module that registers entries (feed_forward.py, norms.py), so all of them exist
-once the package is imported. docs/model_variants.md walks through adding one.
+``weights``, and every export's refusal from ``unexportable``. transformer/model/__init__.py
+imports every module that registers entries (feed_forward.py, norms.py, positions.py), so all
+of them exist once the package is imported. docs/model_variants.md walks through adding one.
 
 A number that changes the network (a head count, the head size) is no entry but a numeric
 setting, declared in transformer/model/settings.py: the shapes it sets in a part's entry are
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformer import fields
@@ -84,6 +88,7 @@ PARTS = {
         False,
         "a [V] bias on the logits (MarianMT's final_logits_bias); not Sec. 3.4's",
     ),
+    'positions': Part('positions', 'sinusoidal', "how positions enter; 'sinusoidal': Sec. 3.5"),
 }
 # The config field that chooses each part.
 FIELDS: dict[str, str | None] = {part: p.field for part, p in PARTS.items()}
@@ -95,7 +100,7 @@ SUBLAYERS = {
 }
 
 
-def _nothing(cfg: TransformerConfig) -> Shapes:
+def nothing(cfg: TransformerConfig) -> Shapes:
     del cfg
     return {}
 
@@ -109,10 +114,13 @@ class Variant:
       value: the value of the part's config field that chooses it.
       weights: one instance's parameter shapes, by path below it ({} for none).
       source: the paper section or code it follows.
-      module: the Flax module ``module(config, name=...)`` that computes it, or None.
+      module: the Flax module ``module(config, name=...)`` that computes it (the feed-forward,
+        the norm), the object the network calls (positions: a `positions.PositionEncoding`),
+        or None where the Transformer reads the field itself.
       outer: the parameters it adds outside the layers, by path from the model's root.
-      exports: the export formats that can represent it.
-      unexportable: why the other formats cannot, ending with what does export.
+      unexportable: {format: why that export format cannot represent it, ending with what
+        does export}; the formats it does not name export it.
+      check: (cfg) -> why ``cfg`` cannot build it (one line naming the field to fix), or None.
     """
 
     part: str
@@ -120,9 +128,9 @@ class Variant:
     weights: Callable[[TransformerConfig], Shapes]
     source: str
     module: Any = None
-    outer: Callable[[TransformerConfig], Shapes] = _nothing
-    exports: tuple[str, ...] = EXPORT_FORMATS
-    unexportable: str = ''
+    outer: Callable[[TransformerConfig], Shapes] = nothing
+    unexportable: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    check: Callable[[TransformerConfig], str | None] = lambda cfg: None
 
 
 _REGISTRY: dict[str, dict[Any, Variant]] = {part: {} for part in FIELDS}
@@ -132,9 +140,9 @@ def register(variant: Variant) -> Variant:
     """Adds ``variant`` (or replaces the entry of its part and value); returns it."""
     if variant.part not in _REGISTRY:
         raise ValueError(f'part {variant.part!r} is not one of {", ".join(FIELDS)}.')
-    unknown = set(variant.exports) - set(EXPORT_FORMATS)
+    unknown = set(variant.unexportable) - set(EXPORT_FORMATS)
     if unknown:
-        raise ValueError(f'exports {sorted(unknown)} are not formats: {EXPORT_FORMATS}.')
+        raise ValueError(f'unexportable {sorted(unknown)} are not formats: {EXPORT_FORMATS}.')
     _REGISTRY[variant.part][variant.value] = variant
     return variant
 
@@ -187,6 +195,15 @@ def chosen(cfg: TransformerConfig, part: str) -> Variant:
         (variant,) = _REGISTRY[part].values()
         return variant
     return _REGISTRY[part][getattr(cfg, field)]
+
+
+def check(cfg: TransformerConfig) -> str | None:
+    """Why ``cfg`` cannot build one of the entries it chooses (the first such), or None."""
+    for part in FIELDS:
+        problem = chosen(cfg, part).check(cfg)
+        if problem:
+            return problem
+    return None
 
 
 def weights(cfg: TransformerConfig, part: str) -> Shapes:
@@ -259,9 +276,9 @@ def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
     (transformer/model/settings.py), that ``format`` cannot represent; None if all export."""
     for part, field in FIELDS.items():
         variant = chosen(cfg, part)
-        if format not in variant.exports:
+        if format in variant.unexportable:
             name = f'model.{field}={variant.value!r}' if field else f'the {part} {variant.value!r}'
-            return f'{name} cannot be exported as --format={format}: {variant.unexportable}'
+            return f'{name} cannot be exported as --format={format}: {variant.unexportable[format]}'
     return settings.export_refusal(cfg, format)
 
 
@@ -286,31 +303,32 @@ register(
 )
 # One norm's weights: those of the kind ``model.norm`` chooses (transformer/model/norms.py).
 _NORM = lambda cfg: chosen(cfg, 'norm').weights(cfg)  # noqa: E731
-register(Variant('norm_placement', False, _nothing, 'post-LN, Sec. 3.1: Norm(x + Sublayer(x))'))
+register(Variant('norm_placement', False, nothing, 'post-LN, Sec. 3.1: Norm(x + Sublayer(x))'))
 register(
     Variant(
         'norm_placement',
         True,
-        _nothing,
+        nothing,
         "pre-LN, tensor2tensor's later default: x + Sublayer(Norm(x)), final norms",
         outer=lambda cfg: {
             f'{stack}_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
         },
-        exports=(),
-        unexportable='MarianMT is post-LN only (no final layer norm, no pre-LN option); '
-        'only post-LN runs (pre_layer_norm=False) export.',
+        unexportable={
+            'hf': 'MarianMT is post-LN only (no final layer norm, no pre-LN option); only '
+            'post-LN runs (pre_layer_norm=False) export to it; --format=ctranslate2 holds pre-LN.'
+        },
     )
 )
 _ONE_MATRIX = (
     "the export writes one shared embedding matrix, as MarianMT's joint-vocabulary models "
-    "use; only share_embeddings='all' exports."
+    "use; only share_embeddings='all' exports to it; --format=ctranslate2 holds them all."
 )
 _TABLE = lambda cfg: (cfg.vocab_size, cfg.d_model)  # noqa: E731
 register(
     Variant(
         'embeddings',
         'all',
-        _nothing,
+        nothing,
         'Sec. 3.4: source, target and pre-softmax share one matrix',
         outer=lambda cfg: {'shared_embedding/embedding': _TABLE(cfg)},
     )
@@ -319,34 +337,32 @@ register(
     Variant(
         'embeddings',
         'target',
-        _nothing,
+        nothing,
         'the target embedding is the pre-softmax matrix; the source has its own',
         outer=lambda cfg: {f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
-        exports=(),
-        unexportable=_ONE_MATRIX,
+        unexportable={'hf': _ONE_MATRIX},
     )
 )
 register(
     Variant(
         'embeddings',
         'none',
-        _nothing,
+        nothing,
         'three separate matrices',
         outer=lambda cfg: {
             **{f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
             'logits_dense/kernel': (cfg.d_model, cfg.vocab_size),
         },
-        exports=(),
-        unexportable=_ONE_MATRIX,
+        unexportable={'hf': _ONE_MATRIX},
     )
 )
 
-register(Variant('logits_bias', False, _nothing, 'Sec. 3.4: logits = y E^T, no bias'))
+register(Variant('logits_bias', False, nothing, 'Sec. 3.4: logits = y E^T, no bias'))
 register(
     Variant(
         'logits_bias',
         True,
-        _nothing,
+        nothing,
         "Hugging Face MarianMT's final_logits_bias: logits = y E^T + b, b a fixed buffer there",
         # [V], in the rows' order of the embedding (transformer/model/transformer.py).
         outer=lambda cfg: {'logits_bias': (cfg.vocab_size,)},

@@ -284,6 +284,15 @@ class TrainSection(Section):
         doc="R-Drop: weight of the two dropout passes' symmetric KL (0 = off; 2 passes a step)",
     )
 
+    # The z-loss (PaLM, Chowdhery et al., 2022): C log(Z)^2 per target token, Z the softmax's
+    # normaliser; reported as z_loss beside the loss (transformer/training/loss.py).
+    z_loss: float = field(
+        0.0,
+        NON_NEGATIVE,
+        optional=True,
+        doc='z-loss C: C log(Z)^2 added per target token (PaLM: 1e-4; 0 = off)',
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.rdrop_alpha and self.loss_chunk_tokens:

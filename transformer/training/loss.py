@@ -66,38 +66,47 @@ def logits_grad(
     g_smoothed: Array,
     g_nll: Array,
     label_smoothing: float,
+    g_lse: Array | None = None,
 ) -> Array:
-    """d/dz of g_smoothed * smoothed + g_nll * NLL: (g_s + g_n) softmax(z) - g_s q_low -
-    one-hot terms, computed in float32 and written once in the logits' dtype."""
+    """d/dz of g_smoothed * smoothed + g_nll * NLL (+ g_lse * logsumexp): (g_s + g_n (+
+    g_lse)) softmax(z) - g_s q_low - one-hot terms, computed in float32 and written once in
+    the logits' dtype."""
     on_target, low = smoothing_weights(logits.shape[-1], label_smoothing)
     probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
     is_target = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
+    on_probs = g_smoothed + g_nll if g_lse is None else g_smoothed + g_nll + g_lse
     grad = (
-        (g_smoothed + g_nll)[..., None] * probs
+        on_probs[..., None] * probs
         - (low * g_smoothed)[..., None]
         - jnp.where(is_target, (on_target * g_smoothed + g_nll)[..., None], 0.0)
     )
     return grad.astype(logits.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def position_losses(logits: Array, targets: Array, label_smoothing: float):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def position_losses(logits: Array, targets: Array, label_smoothing: float, z_loss: float = 0.0):
     """[...] smoothed and plain cross-entropy of every position of ``logits`` [..., V]
-    (`token_losses` of a float32 copy). The gradient is written out, d/dz = softmax(z) - q
-    (times each output's cotangent, `logits_grad`): one pass over the logits, where autodiff
-    through log_softmax made several and materialised the log-probabilities
-    (docs/experiments.md)."""
-    return _position_fwd(logits, targets, label_smoothing)[0]
+    (`token_losses` of a float32 copy), and with ``z_loss`` = C > 0 a third output, the
+    z-loss C log(Z)^2 of each position (PaLM, Chowdhery et al., 2022: Z the softmax's
+    normaliser, so log Z = logsumexp(z)). The gradient is written out, d/dz = softmax(z) - q
+    (times each output's cotangent, `logits_grad`; the z-loss's is 2 C log(Z) softmax(z)):
+    one pass over the logits, where autodiff through log_softmax made several and
+    materialised the log-probabilities (docs/experiments.md)."""
+    return _position_fwd(logits, targets, label_smoothing, z_loss)[0]
 
 
-def _position_fwd(logits, targets, label_smoothing):
+def _position_fwd(logits, targets, label_smoothing, z_loss):
     smoothed, nll, lse = token_losses(logits.astype(jnp.float32), targets, label_smoothing)
-    return (smoothed, nll), (logits, targets, lse)
+    if not z_loss:
+        return (smoothed, nll), (logits, targets, lse)
+    return (smoothed, nll, z_loss * jnp.square(lse)), (logits, targets, lse)
 
 
-def _position_bwd(label_smoothing, residuals, cotangents):
+def _position_bwd(label_smoothing, z_loss, residuals, cotangents):
     logits, targets, lse = residuals
-    return logits_grad(logits, targets, lse, *cotangents, label_smoothing), None
+    g_lse = None if not z_loss else cotangents[2] * 2.0 * z_loss * lse
+    g_smoothed, g_nll = cotangents[:2]
+    return logits_grad(logits, targets, lse, g_smoothed, g_nll, label_smoothing, g_lse), None
 
 
 position_losses.defvjp(_position_fwd, _position_bwd)
@@ -112,8 +121,12 @@ def fused_cross_entropy(
     label_smoothing: float,
     chunk_tokens: int,
     dtype,
-) -> tuple[Array, Array, Array]:
-    """Summed smoothed loss, NLL and correct count of logits ``hidden @ weight.T + bias``.
+    z_loss: float = 0.0,
+) -> tuple[Array, ...]:
+    """Summed smoothed loss, NLL and correct count of logits ``hidden @ weight.T + bias``
+    (with ``z_loss`` = C > 0: the smoothed loss plus the z-loss C log(Z)^2, and that z-loss
+    alone as a fourth sum).
+
 
     The same sums as `steps.cross_entropy_with_smoothing` and the argmax accuracy over the
     full logits, without forming them (module docstring).
@@ -129,10 +142,13 @@ def fused_cross_entropy(
         rows sharded over devices stay where they are): chunk_tokens // B of them, at least
         one; the last chunk is padded with weight-0 positions.
       dtype: compute dtype of the product (the model's ``dtype``).
+      z_loss: C of the z-loss (`position_losses`); 0: none.
 
     Returns:
       (smoothed loss sum, NLL sum, correct count), float32 scalars; only the first carries a
-      gradient (to ``hidden``, ``weight`` and ``bias``).
+      gradient (to ``hidden``, ``weight`` and ``bias``). With ``z_loss``: (smoothed loss +
+      z-loss sum, NLL sum, correct count, z-loss sum), the first the objective whose gradient
+      it carries.
     """
     if chunk_tokens < 1:
         raise ValueError(f'chunk_tokens must be >= 1, got {chunk_tokens}.')
@@ -145,8 +161,9 @@ def fused_cross_entropy(
         float(label_smoothing),
         int(chunk_tokens),
         jnp.dtype(dtype),
+        float(z_loss),
     )
-    return sums[0], jax.lax.stop_gradient(sums[1]), jax.lax.stop_gradient(sums[2])
+    return (sums[0], *(jax.lax.stop_gradient(x) for x in sums[1:]))
 
 
 def _chunks(x: Array, size: int) -> Array:
@@ -165,8 +182,9 @@ def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
     return z.astype(jnp.float32)
 
 
-def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, grads):
-    """The loop over chunks: sums [3] and, with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
+def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, z_loss, grads):
+    """The loop over chunks: sums [3] ([4] with ``z_loss``: the first then includes it) and,
+    with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
     rows, length, d = y.shape
     on_target, low = smoothing_weights(weight.shape[0], label_smoothing)
     size = max(1, min(chunk_tokens // rows, length))
@@ -179,11 +197,18 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
         z = _chunk_logits(y_c, w, b)
         smoothed, nll, lse = token_losses(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
-        sums = (jnp.stack([smoothed, nll, correct]) * wt_c).sum(-1)
+        per_token = [smoothed, nll, correct]
+        if z_loss:
+            z_term = z_loss * jnp.square(lse)
+            per_token = [smoothed + z_term, nll, correct, z_term]
+        sums = (jnp.stack(per_token) * wt_c).sum(-1)
         if not grads:
             return carry + sums, None
         is_target = t_c[:, None] == jnp.arange(z.shape[-1], dtype=t_c.dtype)
-        dz = jnp.exp(z - lse[:, None]) - low - jnp.where(is_target, on_target, 0.0)
+        probs = jnp.exp(z - lse[:, None])
+        if z_loss:  # d/dz C log(Z)^2 = 2 C log(Z) softmax(z)
+            probs = probs * (1.0 + 2.0 * z_loss * lse[:, None])
+        dz = probs - low - jnp.where(is_target, on_target, 0.0)
         dz = (dz * wt_c[:, None]).astype(dtype)
         dy_c = backends.einsum('CV,VD->CD', dz, w)
         # dW^T = y^T dz keeps the [C, V] block in place (see backends/logits_layout.py).
@@ -193,7 +218,7 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
         add_db = None if b is None else db_total + db
         return (total + sums, dwt_total + dwt, add_db), dy_c
 
-    zeros = jnp.zeros((3,), jnp.float32)
+    zeros = jnp.zeros((4 if z_loss else 3,), jnp.float32)
     if not grads:
         return jax.lax.scan(body, zeros, xs)[0], None
     init = (zeros, jnp.zeros((d, w.shape[0]), jnp.float32), None)
@@ -206,19 +231,21 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
     return sums, (dy, dwt.T.astype(weight.dtype), db)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _fused(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
-    """[3] sums (smoothed, NLL, correct); the gradient only follows the first (see
-    `fused_cross_entropy`, which stops the other two)."""
-    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _fused(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, z_loss):
+    """[3] sums (smoothed, NLL, correct; [4] with the z-loss); the gradient only follows the
+    first (see `fused_cross_entropy`, which stops the others)."""
+    options = (label_smoothing, chunk_tokens, dtype, z_loss)
+    return _sweep(y, weight, bias, targets, weights, *options, False)[0]
 
 
-def _fused_fwd(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype):
+def _fused_fwd(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, z_loss):
     # The residuals are the gradients themselves, for a cotangent of 1 (module docstring).
-    return _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, True)
+    options = (label_smoothing, chunk_tokens, dtype, z_loss)
+    return _sweep(y, weight, bias, targets, weights, *options, True)
 
 
-def _fused_bwd(label_smoothing, chunk_tokens, dtype, grads, g):
+def _fused_bwd(label_smoothing, chunk_tokens, dtype, z_loss, grads, g):
     scale = g[0]  # the smoothed loss's cotangent; the others are stopped (fused_cross_entropy)
     dy, dw, db = (None if x is None else x * scale.astype(x.dtype) for x in grads)
     return dy, dw, db, None, None

@@ -198,8 +198,8 @@ class TrainLog:
         self._pairs: dict[str, int] = {}  # per corpus of data.mix
 
     def add(self, sums: Mapping[str, Any], pairs: Mapping[str, int] | None = None) -> None:
-        for key in (*steps.SUM_KEYS, 'source_tokens', rdrop.KL_KEY):
-            if key in sums:  # R-Drop's KL only when it is on
+        for key in (*steps.SUM_KEYS, 'source_tokens', rdrop.KL_KEY, steps.Z_LOSS_KEY):
+            if key in sums:  # R-Drop's KL and the z-loss only when they are on
                 self._sums[key] = self._sums.get(key, 0.0) + sums[key]
         for name, count in (pairs or {}).items():
             self._pairs[name] = self._pairs.get(name, 0) + count
@@ -224,7 +224,10 @@ class TrainLog:
         metrics['tokens_per_s'] = tokens / elapsed
         metrics['data_wait'] = (wait_s - self._since_wait) / elapsed
         eta = (tc.num_steps - step) / max(metrics['steps_per_s'], 1e-9)
-        kl = metrics.get(rdrop.KL_KEY)
+        kl, z_loss = metrics.get(rdrop.KL_KEY), metrics.get(steps.Z_LOSS_KEY)
+        extra = ('' if kl is None else f'  rdrop kl {kl:.4f}') + (
+            '' if z_loss is None else f'  z-loss {z_loss:.2e}'
+        )
         metrics |= {f'pairs/{name}': count for name, count in self._pairs.items()}
         total = max(sum(self._pairs.values()), 1)
         shares = ''.join(f'  {n} {100 * c / total:.0f}%' for n, c in self._pairs.items())
@@ -235,7 +238,7 @@ class TrainLog:
             tc.num_steps,
             metrics['loss'],
             metrics['nll'],
-            '' if kl is None else f'  rdrop kl {kl:.4f}',
+            extra,
             metrics['accuracy'],
             metrics['learning_rate'],
             metrics['steps_per_s'],

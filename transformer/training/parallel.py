@@ -130,6 +130,7 @@ class Parallel:
         accum_steps: int,
         loss_chunk_tokens: int = 0,
         rdrop_alpha: float = 0.0,
+        z_loss: float = 0.0,
         model_parallelism: int = 1,
         fsdp: bool = False,
         devices=None,
@@ -156,7 +157,11 @@ class Parallel:
         self._compiler_options = remat_compiler_options(
             model.config.remat, self.devices[0].platform
         )
-        loss = {'label_smoothing': label_smoothing, 'loss_chunk_tokens': loss_chunk_tokens}
+        loss = {
+            'label_smoothing': label_smoothing,
+            'loss_chunk_tokens': loss_chunk_tokens,
+            'z_loss': z_loss,
+        }
         train = {'accum_steps': accum_steps, 'rdrop_alpha': rdrop_alpha}  # not for _eval
         step = functools.partial(
             steps.train_step, model=model, tx=tx, schedule=schedule, **train, **loss
@@ -226,6 +231,7 @@ class Parallel:
             accum_steps=tc.grad_accum_steps,
             loss_chunk_tokens=tc.loss_chunk_tokens,
             rdrop_alpha=tc.rdrop_alpha,
+            z_loss=tc.z_loss,
             model_parallelism=tc.model_parallelism,
             fsdp=tc.fsdp,
             devices=devices,

@@ -88,7 +88,8 @@ def combine(
     metrics are their means (so 'loss' reads as a plain run's, the KL apart), with the KL's sum
     under `KL_KEY`. The objective is mean loss + alpha x KL.
     """
-    sums = {key: 0.5 * (first[key] + second[key]) for key in ('loss', 'nll', 'correct')}
+    means = [key for key in first if key != 'tokens']  # the z-loss's too, where it is on
+    sums = {key: 0.5 * (first[key] + second[key]) for key in means}
     sums['tokens'] = first['tokens']
     sums[KL_KEY] = kl_sum
-    return sums['loss'] + alpha * kl_sum, sums
+    return sum(sums[key] for key in means if key not in ('nll', 'correct')) + alpha * kl_sum, sums

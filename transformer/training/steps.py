@@ -36,6 +36,8 @@ Array = jax.Array
 PyTree = Any
 Batch = Mapping[str, Array]
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')
+# The summed z-loss (train.z_loss > 0): beside 'loss', which stays the smoothed cross-entropy.
+Z_LOSS_KEY = 'z_loss'
 
 
 @struct.dataclass
@@ -106,8 +108,10 @@ def cross_entropy_with_smoothing(
     targets: Array,
     weights: Array,
     label_smoothing: float,
-) -> tuple[Array, Array]:
-    """Summed label-smoothed and plain cross-entropy over the weighted target positions.
+    z_loss: float = 0.0,
+) -> tuple[Array, ...]:
+    """Summed label-smoothed and plain cross-entropy over the weighted target positions
+    (and with ``z_loss`` = C > 0 the summed z-loss C log(Z)^2, `loss.position_losses`).
 
     The smoothed target puts 1 - eps on the reference token and eps / (V - 1) on each other
     token (Sec. 5.4); `loss.token_losses` has the algebra, shared with the chunked loss.
@@ -117,12 +121,14 @@ def cross_entropy_with_smoothing(
       targets: [B, T] token ids.
       weights: [B, T], 1 for real target tokens, 0 for padding.
       label_smoothing: eps_ls.
+      z_loss: C; 0: none.
 
     Returns:
-      (smoothed loss sum, NLL sum), each a float32 scalar.
+      (smoothed loss sum, NLL sum (, z-loss sum)), each a float32 scalar.
     """
-    smoothed, nll = position_losses(logits, targets, label_smoothing)
-    return (smoothed * weights).sum(), (nll * weights).sum()
+    return tuple(
+        (x * weights).sum() for x in position_losses(logits, targets, label_smoothing, z_loss)
+    )
 
 
 def smoothing_floor(vocab_size: int, label_smoothing: float) -> float:
@@ -142,16 +148,18 @@ def _pass_sums(
     label_smoothing: float,
     rng: Array | None,
     loss_chunk_tokens: int,
+    z_loss: float = 0.0,
 ) -> tuple[dict[str, Array], Array | None]:
-    """One forward pass: its metric sums ('loss' the smoothed one) and its logits (None for
-    the chunked loss, which never forms them)."""
+    """One forward pass: its metric sums ('loss' the smoothed one; `Z_LOSS_KEY` the z-loss,
+    with ``z_loss``) and its logits (None for the chunked loss, which never forms them). Its
+    objective is 'loss' plus the z-loss (`objective`)."""
     args = (model, params, batch['inputs'], batch['targets'])
     kwargs = {'rng': rng, 'packing': Packing.of(batch)}
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
     logits = None
     if loss_chunk_tokens:
         hidden, (weight, bias) = hidden_and_projection(*args, **kwargs)
-        loss, nll, correct = fused_cross_entropy(
+        chunked = fused_cross_entropy(
             hidden,
             weight,
             bias,
@@ -160,12 +168,28 @@ def _pass_sums(
             label_smoothing,
             loss_chunk_tokens,
             model.config.dtype,
+            z_loss,
         )
+        loss, nll, correct, z_sum = chunked if z_loss else (*chunked, None)
+        if z_loss:  # the first sum is the objective, which carries the gradient: its z apart
+            loss = loss - z_sum
     else:
         logits = teacher_forced_logits(*args, **kwargs)
-        loss, nll = cross_entropy_with_smoothing(logits, batch['targets'], weights, label_smoothing)
+        sums = cross_entropy_with_smoothing(
+            logits, batch['targets'], weights, label_smoothing, z_loss
+        )
+        loss, nll, z_sum = sums if z_loss else (*sums, None)
         correct = ((logits.argmax(-1) == batch['targets']) * weights).sum()
-    return {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}, logits
+    sums = {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': weights.sum()}
+    if z_loss:
+        sums[Z_LOSS_KEY] = z_sum
+    return sums, logits
+
+
+def objective(sums: Mapping[str, Array]) -> Array:
+    """What the step differentiates: the summed smoothed loss, plus the z-loss where it is
+    on."""
+    return sums['loss'] + sums[Z_LOSS_KEY] if Z_LOSS_KEY in sums else sums['loss']
 
 
 def loss_sums(
@@ -176,8 +200,10 @@ def loss_sums(
     rng: Array | None,
     loss_chunk_tokens: int = 0,
     rdrop_alpha: float = 0.0,
+    z_loss: float = 0.0,
 ) -> tuple[Array, dict[str, Array]]:
-    """Summed smoothed loss of a batch (for the gradient) and the sums its metrics need.
+    """Summed smoothed loss of a batch (for the gradient; plus the z-loss, ``z_loss`` =
+    train.z_loss > 0) and the sums its metrics need.
 
     ``loss_chunk_tokens`` (``train.loss_chunk_tokens``) > 0 computes them from the decoder's
     hidden states and the output projection in chunks of that many tokens, never forming the
@@ -189,10 +215,10 @@ def loss_sums(
     if rdrop_on and loss_chunk_tokens:
         raise ValueError('train.rdrop_alpha needs the logits: set train.loss_chunk_tokens=0.')
     args = (params, batch, model, label_smoothing)
-    sums, logits = _pass_sums(*args, rng, loss_chunk_tokens)
+    sums, logits = _pass_sums(*args, rng, loss_chunk_tokens, z_loss)
     if not rdrop_on:
-        return sums['loss'], sums
-    second, logits_2 = _pass_sums(*args, rdrop.second_pass_key(rng), 0)
+        return objective(sums), sums
+    second, logits_2 = _pass_sums(*args, rdrop.second_pass_key(rng), 0, z_loss)
     weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
     kl_sum = (rdrop.symmetric_kl(logits, logits_2) * weights).sum()
     return rdrop.combine(sums, second, kl_sum, rdrop_alpha)
@@ -211,6 +237,8 @@ def summarize(sums: Mapping[str, Any], vocab_size: int, label_smoothing: float) 
         'accuracy': float(sums['correct']) / tokens,
         'target_tokens': tokens,
     }
+    if Z_LOSS_KEY in sums:  # the z-loss per token, C included (train.z_loss)
+        out[Z_LOSS_KEY] = float(sums[Z_LOSS_KEY]) / tokens
     if rdrop.KL_KEY in sums:  # R-Drop's symmetric KL per token, without its alpha
         out[rdrop.KL_KEY] = float(sums[rdrop.KL_KEY]) / tokens
     for key in ('grad_norm', 'learning_rate', 'source_tokens'):
@@ -228,6 +256,7 @@ def accumulated_grads(
     accum_steps: int,
     loss_chunk_tokens: int = 0,
     rdrop_alpha: float = 0.0,
+    z_loss: float = 0.0,
 ) -> tuple[PyTree, dict[str, Array]]:
     """Gradient of the summed loss, accumulated over ``accum_steps`` micro-batches.
 
@@ -239,7 +268,9 @@ def accumulated_grads(
     keeps the normalisation by the total token count exact.
     """
     grad_fn = jax.grad(
-        functools.partial(loss_sums, loss_chunk_tokens=loss_chunk_tokens, rdrop_alpha=rdrop_alpha),
+        functools.partial(
+            loss_sums, loss_chunk_tokens=loss_chunk_tokens, rdrop_alpha=rdrop_alpha, z_loss=z_loss
+        ),
         has_aux=True,
     )
     if accum_steps == 1:
@@ -256,7 +287,7 @@ def accumulated_grads(
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    keys = (*SUM_KEYS, rdrop.KL_KEY) if rdrop_alpha else SUM_KEYS
+    keys = (*SUM_KEYS, *([rdrop.KL_KEY] if rdrop_alpha else []), *([Z_LOSS_KEY] if z_loss else []))
     zero_sums = {k: jnp.zeros((), jnp.float32) for k in keys}
     (grads, sums), _ = jax.lax.scan(body, (zeros, zero_sums), (micro, jnp.arange(accum_steps)))
     return grads, sums
@@ -275,6 +306,7 @@ def train_step(
     axis_name: str | None = None,
     loss_chunk_tokens: int = 0,
     rdrop_alpha: float = 0.0,
+    z_loss: float = 0.0,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step on the (local part of the) batch.
 
@@ -294,6 +326,7 @@ def train_step(
         accum_steps,
         loss_chunk_tokens,
         rdrop_alpha,
+        z_loss,
     )
     if axis_name is not None:
         grads, sums = jax.lax.pmean((grads, sums), axis_name)
@@ -321,7 +354,11 @@ def eval_step(
     model: Transformer,
     label_smoothing: float,
     loss_chunk_tokens: int = 0,
+    z_loss: float = 0.0,
 ) -> dict[str, Array]:
-    """Summed loss / NLL / correct / token counts of one evaluation batch (no dropout)."""
-    _, sums = loss_sums(params, batch, model, label_smoothing, None, loss_chunk_tokens)
+    """Summed loss / NLL / correct / token counts (and z-loss) of one evaluation batch (no
+    dropout)."""
+    _, sums = loss_sums(
+        params, batch, model, label_smoothing, None, loss_chunk_tokens, z_loss=z_loss
+    )
     return sums

@@ -1,0 +1,75 @@
+"""A run of configs/tiny.py:modern's parts (rotary positions, RMSNorm, pre-LN, SwiGLU, QK-norm,
+grouped keys/values) with the z-loss, through every command: training and an exact resume,
+evaluate (beam and sampling), translate, score and visualize; and a resume that changes a part
+is refused."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from tests.tiny_run import tiny_run_config
+from transformer import evaluate, rundir, schema, score, translate, visualize
+from transformer.checkpoint import load_model
+from transformer.commands import train as trainer
+from transformer.configs.tiny import MODERN
+
+
+def _config(num_steps: int, **model):
+    config = tiny_run_config(num_steps)
+    config.update_from_flattened_dict({**MODERN, 'model.num_kv_heads': 2, 'train.z_loss': 1e-3})
+    config.model.update(model)
+    return config
+
+
+@pytest.mark.slow
+def test_the_modern_variant_through_every_command(tmp_path, capsys):
+    straight, first, resumed = {}, {}, {}
+    run = tmp_path / 'run'
+    trainer.train_and_evaluate(_config(4), str(tmp_path / 'a'), on_step=straight.__setitem__)
+    trainer.train_and_evaluate(_config(2), str(run), on_step=first.__setitem__)
+    trainer.train_and_evaluate(_config(4), str(run), on_step=resumed.__setitem__)
+    for step in range(1, 5):
+        got = (first | resumed)[step]
+        np.testing.assert_allclose(got['loss'], straight[step]['loss'], rtol=1e-6)
+        assert got['z_loss'] > 0  # reported on its own, beside the loss
+    records = [json.loads(line) for line in open(run / rundir.METRICS_FILE)]
+    assert all('z_loss' in r for r in records if r['split'] == 'train')
+    _, _, _, a, _ = load_model(str(tmp_path / 'a'), step=4)
+    config, tokenizer, model, b, _ = load_model(str(run), step=4)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    assert 'query_norm' in b['encoder_layer_0']['self_attention']
+    assert b['decoder_layer_0']['ffn'].keys() == {'wi_0', 'wi_1', 'wo'}
+
+    for flags in ([], ['--sampling', '--seed=2']):
+        with pytest.raises(SystemExit) as info:
+            evaluate.cli(['evaluate', f'--workdir={run}', '--max_examples=5', '--output=', *flags])
+        assert not info.value.code
+    source = tmp_path / 'in.txt'
+    source.write_text('ze bix pud .\nze pud .\n')
+    for flags in (['--beam_size=3'], ['--sampling', '--seed=1']):
+        out = tmp_path / 'out.txt'
+        with pytest.raises(SystemExit) as info:
+            translate.cli(
+                ['translate', f'--workdir={run}', f'--input={source}', f'--output={out}', *flags]
+            )
+        assert not info.value.code and len(out.read_text().splitlines()) == 2
+    scores = tmp_path / 'scores.tsv'
+    with pytest.raises(SystemExit) as info:
+        score.cli(
+            ['score', f'--workdir={run}', f'--source={source}', f'--target={source}']
+            + [f'--output={scores}']
+        )
+    assert not info.value.code
+    assert all(float(line.split('\t')[0]) < 0 for line in scores.read_text().splitlines())
+    inputs = np.array(tokenizer.encode('ze bix pud .') + [1], np.int32)
+    maps = visualize.attention_maps(model, b, inputs, inputs)
+    for weights in maps.values():
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+
+    changed = _config(6, positions='sinusoidal')
+    with pytest.raises(rundir.WorkdirError, match="model.positions='rope', not 'sinusoidal'"):
+        rundir.resume_changes(str(run), schema.parse(changed))
+    capsys.readouterr()

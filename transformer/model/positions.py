@@ -1,0 +1,131 @@
+"""How positions enter the network, one `variants.Variant` each (``model.positions``).
+
+Shape legend (transformer/model/attention.py): B batch · T positions · D d_model · N heads ·
+H head dim.
+
+An entry's module is a `PositionEncoding`, which acts at two places:
+
+* ``embed``: on the scaled embeddings [B, T, D] before their dropout. The paper's sinusoids
+  (Sec. 3.5) are added there.
+* ``rotate``: on self-attention's queries [B, T, N, H] and keys [B, T, K, H] after their
+  projections (and QK-norm), before their product. Rotary positions (Su et al., 2021,
+  "RoFormer") turn each pair of channels (j, j + H/2) of a head by the angle
+  position * 10000^(-2j/H), so that q_t . k_s depends on t - s alone.
+
+Both read the positions of the tokens as the model gives them: 0, 1, 2, ... in a row, each
+packed example's own from 0 (transformer/model/packing.py), the step's position in cached
+decoding. Cross-attention's queries and keys are never rotated: its keys are the source's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model import variants
+
+Array = jax.Array
+# The base of the frequencies of both encodings (Sec. 3.5; RoFormer keeps it).
+BASE = 10000.0
+
+
+def sinusoidal_positions(positions: Array, d_model: int) -> Array:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Sec. 3.5).
+
+    Computed from the positions themselves, so packed rows (positions restarting at 0) and
+    any length work without a precomputed table.
+
+    Args:
+      positions: integer positions, any shape [...].
+      d_model: D (even).
+
+    Returns:
+      [..., D] float32, sin at even and cos at odd channels, interleaved as in the paper.
+    """
+    inv_freq = 1.0 / (BASE ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def rotate_half_pairs(x: Array, positions: Array) -> Array:
+    """x [B, T, N, H] with channels j and j + H/2 of each head turned by position * theta_j,
+    theta_j = 10000^(-2j/H) (the half-split layout, CTranslate2's rotary_interleave=False):
+    (a, b) -> (a cos - b sin, b cos + a sin). Computed in float32, returned in x's dtype.
+    ``positions``: [B, T] integers."""
+    half = x.shape[-1] // 2
+    theta = 1.0 / (BASE ** (np.arange(half, dtype=np.float32) * 2 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[:, :, None, None] * theta  # [B, T, 1, H/2]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1).astype(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionEncoding:
+    """One way of giving the network its tokens' positions (see the module docstring).
+
+    Attributes:
+      added: the sinusoids are added to the embeddings.
+      rotary: self-attention's queries and keys are rotated.
+    """
+
+    added: bool
+    rotary: bool
+
+    def embed(self, x: Array, positions: Array) -> Array:
+        """The scaled embeddings x [B, T, D] with the positions [B, T] added, or as they are."""
+        if not self.added:
+            return x
+        return x + sinusoidal_positions(positions, x.shape[-1]).astype(x.dtype)
+
+    def rotate(self, q: Array, k: Array, positions: Array | None) -> tuple[Array, Array]:
+        """Self-attention's q [B, T, N, H] and k [B, T, K, H] rotated by ``positions`` [B, T]
+        (None: cross-attention, never rotated), or as they are."""
+        if not self.rotary or positions is None:
+            return q, k
+        return rotate_half_pairs(q, positions), rotate_half_pairs(k, positions)
+
+
+def _even_head_dim(cfg: variants.TransformerConfig) -> str | None:
+    head_dim = cfg.head_dim or cfg.d_model // cfg.num_heads
+    if head_dim % 2 == 0:
+        return None
+    return (
+        f"model.positions='rope' turns pairs of a head's channels, so the head size must be "
+        f'even, not {head_dim}; set model.head_dim (or d_model / num_heads) to an even number.'
+    )
+
+
+def _even_d_model(cfg: variants.TransformerConfig) -> str | None:
+    if cfg.d_model % 2 == 0:
+        return None
+    return f'model.d_model={cfg.d_model} must be even for sinusoidal positions (sin, cos pairs).'
+
+
+SINUSOIDAL = variants.register(
+    variants.Variant(
+        'positions',
+        'sinusoidal',
+        variants.nothing,
+        'Sec. 3.5: sinusoids added to the scaled embeddings',
+        module=PositionEncoding(added=True, rotary=False),
+        check=_even_d_model,
+    )
+)
+ROPE = variants.register(
+    variants.Variant(
+        'positions',
+        'rope',
+        variants.nothing,
+        'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
+        module=PositionEncoding(added=False, rotary=True),
+        unexportable={
+            'hf': 'MarianMT adds sinusoids to the embeddings; only positions='
+            "'sinusoidal' exports to it; --format=ctranslate2 holds rotary positions."
+        },
+        check=_even_head_dim,
+    )
+)
