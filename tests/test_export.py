@@ -14,7 +14,7 @@ from tests.shared_dirs import built_once
 from transformer import data as data_lib
 from transformer import export
 from transformer.checkpoint import load_model
-from transformer.commands import marian
+from transformer.commands import ctranslate2_spec, marian
 from transformer.commands import train as trainer
 from transformer.decoding import translation
 from transformer.model import sinusoidal_positions
@@ -256,7 +256,7 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
     """A model of MarianMT's options, random (biases and the logits' bias non-zero), exported
     without a run: Hugging Face's MarianMTModel gives our teacher-forced logits on a padded
     batch to 1e-4 (float32, layer norm epsilon 1e-5 as Marian's), with its activation_function
-    and final_logits_bias ours; CTranslate2's conversion scores each target token as we do."""
+    and final_logits_bias ours; the CTranslate2 export scores each target token as we do."""
     from tests.random_params import fill_random
     from tests.tiny_run import tiny_run_config
     from transformer import schema
@@ -288,7 +288,8 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
     params['logits_bias'] *= 30  # std 3: the bias moves the predictions
     hf_dir = tmp_path / 'hf'
     hf_dir.mkdir()
-    marian.write_hf(str(hf_dir), cfg, schema.parse(tiny_run_config(1)), tokenizer, params)
+    run_config = schema.parse(tiny_run_config(1))
+    marian.write_hf(str(hf_dir), cfg, run_config, tokenizer, params)
     rng = np.random.default_rng(0)
     inputs = rng.integers(3, cfg.vocab_size, (2, 6)).astype(np.int32)
     inputs[:, 3], inputs[1, 4:] = EOS_ID, 0
@@ -311,8 +312,9 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
     assert np.abs(theirs - ours)[valid].max() < 1e-4
     assert np.abs(ours).max() > 3
 
-    ct2_dir = tmp_path / 'ct2'
-    marian.write_ctranslate2(str(hf_dir), str(ct2_dir), layer_norm_epsilon=1e-5, quantization=None)
+    staging = tmp_path / 'staging'
+    staging.mkdir()
+    ct2_dir = ctranslate2_spec.write_ctranslate2(str(staging), cfg, run_config, tokenizer, params)
     pieces = MarianTokenizer.from_pretrained(hf_dir).convert_ids_to_tokens
     rows = lambda ids: [pieces([int(i) for i in row if i]) for row in ids]  # noqa: E731
     scored = ctranslate2_child.score(ct2_dir, rows(inputs), rows(targets))
@@ -324,7 +326,8 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
 
 
 def test_unexportable_configs_are_one_line_errors():
-    """Options MarianMT cannot express fail with one line naming the option and the fix."""
+    """Options MarianMT cannot express fail with one line naming the option and the fix;
+    CTranslate2 holds them all."""
     from tests.tiny_run import tiny_run_config
     from transformer import schema
 
@@ -341,10 +344,11 @@ def test_unexportable_configs_are_one_line_errors():
     ]
     for format in export.FORMATS:
         export.check_expressible(run_config(), format)
-        for change, option in cases:
-            with pytest.raises(export.ExportError, match=f'model.{option}') as info:
-                export.check_expressible(run_config(**change), format)
-            assert '\n' not in str(info.value) and 'only' in str(info.value)
+    for change, option in cases:
+        with pytest.raises(export.ExportError, match=f'model.{option}') as info:
+            export.check_expressible(run_config(**change), 'hf')
+        assert '\n' not in str(info.value) and 'only' in str(info.value)
+        export.check_expressible(run_config(**change), 'ctranslate2')
 
 
 def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path, monkeypatch):
@@ -367,7 +371,7 @@ def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path,
     def broken(*args, **kwargs):
         raise RuntimeError('conversion failed')
 
-    monkeypatch.setattr(marian, 'write_ctranslate2', broken)
+    monkeypatch.setattr(ctranslate2_spec, 'write_ctranslate2', broken)
     with pytest.raises(RuntimeError, match='conversion failed'):
         export.export(str(run_dir), str(existing), format='ctranslate2', overwrite=True)
     assert os.listdir(existing) == ['keep.txt']

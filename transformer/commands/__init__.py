@@ -6,10 +6,10 @@ visualize.py, export.py, convert.py and prepare.py (``python -m transformer.NAME
 each a ``cli()``; console.py, what every command shares (its run, errors, exit codes, the
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
 console) and shared_flags.py (the flags several commands define); marian.py, the files of
-export's MarianMT and CTranslate2 formats; help.py, ``-h`` / ``--help``; config_flag.py, the
-``--config`` flag's errors in one line; decoding_run.py, what evaluate, translate and the
-Python API do before decoding (the processes joined, the run's layout, its checkpoints
-restored into it).
+export's MarianMT format; ctranslate2_spec.py, its CTranslate2 model, written directly;
+help.py, ``-h`` / ``--help``; config_flag.py, the ``--config`` flag's errors in one line;
+decoding_run.py, what evaluate, translate and the Python API do before decoding (the
+processes joined, the run's layout, its checkpoints restored into it).
 
 The modules are this package's public names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
@@ -18,6 +18,7 @@ when a caller names one: starting one command does not import the others.
 __all__ = [
     'config_flag',
     'console',
+    'ctranslate2_spec',
     'convert',
     'decoding_run',
     'evaluate',

@@ -4,7 +4,9 @@
 
 The run's config decides first whether the model can be exported at all
 (`check_expressible`, the list of refusals), before the format's packages are asked for or a
-checkpoint is read; transformer/commands/marian.py writes the files.
+checkpoint is read; transformer/commands/marian.py writes the MarianMT files,
+transformer/commands/ctranslate2_spec.py the CTranslate2 model (directly, in a process of its
+own).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from absl import logging
 
 from transformer import files, rundir, schema
 from transformer.checkpoint import load_model
-from transformer.commands import console, marian
+from transformer.commands import console, ctranslate2_spec, marian
 from transformer.commands.marian import ExportError
 from transformer.data import DataError
 from transformer.model import EXPORT_FORMATS, export_refusal
@@ -48,7 +50,7 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     represent, decided from its config alone, before the format's packages are asked for or a
     checkpoint is read. The model's variants say which formats represent them
     (transformer/model/variants.py), and so do the numeric settings' declarations
-    (transformer/model/settings.py); then MarianMT's own limits."""
+    (transformer/model/settings.py); then the sinusoids' even d_model."""
     if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
             f'data.pretokenize={config.data.pretokenize!r} cannot be exported: --format={format} '
@@ -59,7 +61,7 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     refusal = export_refusal(cfg, format)
     if refusal:
         raise ExportError(refusal)
-    if cfg.d_model % 2:
+    if getattr(cfg, 'positions', 'sinusoidal') == 'sinusoidal' and cfg.d_model % 2:
         raise ExportError(f'model.d_model={cfg.d_model} must be even for sinusoidal positions.')
 
 
@@ -94,18 +96,14 @@ def export(
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
     staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out)}.tmp-')
     try:
-        hf_directory = os.path.join(staging, 'hf')
-        os.mkdir(hf_directory)
-        marian.write_hf(hf_directory, model.config, config, tokenizer, params)
-        result = hf_directory
         if format == 'ctranslate2':
-            result = os.path.join(staging, 'ctranslate2')
-            marian.write_ctranslate2(
-                hf_directory,
-                result,
-                layer_norm_epsilon=model.config.layer_norm_epsilon,
-                quantization=quantization,
+            result = ctranslate2_spec.write_ctranslate2(
+                staging, model.config, config, tokenizer, params, quantization=quantization
             )
+        else:
+            result = os.path.join(staging, 'hf')
+            os.mkdir(result)
+            marian.write_hf(result, model.config, config, tokenizer, params)
         old = os.path.join(staging, 'old')
         if os.path.isdir(out):
             os.rename(out, old)
@@ -124,7 +122,7 @@ def export(
 # The modules each format imports, all from the ``export`` extra (pyproject.toml).
 EXTRA_MODULES = {
     'hf': ('safetensors',),
-    'ctranslate2': ('safetensors', 'transformers', 'ctranslate2'),
+    'ctranslate2': ('ctranslate2',),
 }
 
 

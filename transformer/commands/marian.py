@@ -1,5 +1,6 @@
-"""The files of a MarianMT (Hugging Face) export and their CTranslate2 conversion: the
-parameter mapping, the configs, the tokenizer files.
+"""The files of a MarianMT (Hugging Face) export: the parameter mapping, the configs, the
+tokenizer files. (The CTranslate2 export writes its model directly:
+transformer/commands/ctranslate2_spec.py.)
 
 MarianMT is the same architecture as the paper's post-LN Transformer (sinusoidal positions,
 embeddings scaled by sqrt(d_model), a ReLU, swish or GELU FFN, one matrix for both embeddings
@@ -16,8 +17,8 @@ layouts differ and are mapped here (`marian_state_dict`):
   parameter, or zeros.
 
 Layer norm epsilon is hard-coded to 1e-5 in Hugging Face Marian; ``model.layer_norm_epsilon``
-(1e-6 by default) is kept in CTranslate2's config, and its effect on the Hugging Face logits is
-measured in docs/export.md ("Exact, and where it still differs").
+(1e-6 by default) is kept in the CTranslate2 export's config, and its effect on the Hugging Face
+logits is measured in docs/export.md ("Exact, and where it still differs").
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
@@ -103,6 +102,13 @@ def marian_state_dict(
     return state
 
 
+def max_length(ev: Any, max_len: int) -> int:
+    """The longest sequence an export is sized for: the longest input the model was trained
+    on (``max_len``, data.max_len) plus the paper's +50 (Sec. 6.1, ``ev.extra_length``), and
+    the start token, which Hugging Face counts in max_length."""
+    return int(max_len) + int(ev.extra_length) + 1
+
+
 def marian_configs(
     cfg: TransformerConfig, ev: Any, max_len: int, ids: dict[str, int] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -110,9 +116,7 @@ def marian_configs(
     ``max_len`` its longest training row (data.max_len), ``ids`` its pad and eos ids
     (`special_ids`; default ours)."""
     pad, eos = (ids or {'pad': PAD_ID, 'eos': EOS_ID}).values()
-    # Room for the longest input the model was trained on plus the paper's +50 (Sec. 6.1),
-    # and the start token, which Hugging Face counts in max_length.
-    max_length = int(max_len) + int(ev.extra_length) + 1
+    longest = max_length(ev, max_len)
     config = {
         'architectures': ['MarianMTModel'],
         'model_type': 'marian',
@@ -128,9 +132,9 @@ def marian_configs(
         # Each exportable model.ffn is named as transformers' ACT2FN and CTranslate2 name it
         # (transformer/model/feed_forward.py ACTIVATIONS): 'relu', 'swish', 'gelu' (erf).
         'activation_function': cfg.ffn,
-        # Hugging Face recomputes the sinusoid table instead of storing it; CTranslate2 stores
-        # it and fails past its end, so it covers its default 1024 input / 256 output tokens.
-        'max_position_embeddings': max(max_length, 1024),
+        # Hugging Face recomputes the sinusoid table instead of storing it; at least 1024 rows,
+        # as the CTranslate2 export's stored table (transformer/commands/ctranslate2_spec.py).
+        'max_position_embeddings': max(longest, 1024),
         'scale_embedding': True,  # x sqrt(d_model), Sec. 3.4
         'share_encoder_decoder_embeddings': True,
         'tie_word_embeddings': True,
@@ -151,7 +155,7 @@ def marian_configs(
         'num_beams': int(ev.beam_size),
         # Hugging Face divides by length^x: exact for 'fairseq', said in a warning for 'gnmt'.
         'length_penalty': decoding.length_power(ev.alpha, ev.length_penalty),
-        'max_length': max_length,
+        'max_length': longest,
     }
     return config, generation
 
@@ -211,76 +215,6 @@ def write_hf(
     _write_json(os.path.join(directory, 'config.json'), model_config)
     _write_json(os.path.join(directory, 'generation_config.json'), generation)
     write_tokenizer(tokenizer, directory, run_config.data)
-
-
-def write_ctranslate2(
-    hf_directory: str, directory: str, *, layer_norm_epsilon: float, quantization: str | None
-) -> None:
-    """Converts a `write_hf` export with CTranslate2's Transformers loaders, in a Python
-    process of its own (`convert_ctranslate2`).
-
-    The conversion loads torch and CTranslate2, each with its own OpenMP runtime, and the
-    exporting process already runs jax's thread pools: a test process holding all three was
-    lost without a traceback now and then. Apart, the exporting process never loads either,
-    and a conversion that fails (or a library that aborts) ends in one line here.
-
-    Raises:
-      ExportError: the conversion failed; the message is its last line of output.
-    """
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = [package_root, *filter(None, os.environ.get('PYTHONPATH', '').split(os.pathsep))]
-    code = (
-        'import json, sys\n'
-        'from transformer.commands.marian import convert_ctranslate2\n'
-        'convert_ctranslate2(*sys.argv[1:3], **json.loads(sys.argv[3]))\n'
-    )
-    options = {'layer_norm_epsilon': layer_norm_epsilon, 'quantization': quantization}
-    done = subprocess.run(
-        [sys.executable, '-c', code, hf_directory, directory, json.dumps(options)],
-        env={**os.environ, 'PYTHONPATH': os.pathsep.join(path)},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        lines = done.stderr.strip().splitlines() or [f'exit status {done.returncode}']
-        raise ExportError(f'The CTranslate2 conversion failed: {lines[-1][:300]}')
-
-
-def convert_ctranslate2(
-    hf_directory: str, directory: str, *, layer_norm_epsilon: float, quantization: str | None
-) -> None:
-    """The conversion `write_ctranslate2` runs.
-
-    Its own Marian loader assumes OPUS-MT conventions that ours break: the decoder starts
-    from a zero vector and <pad> is the last id, which it deletes. Ours starts from the
-    learned embedding of id 0 = <pad>, so the generic encoder-decoder (BART) loader is used
-    with Marian's post-LN settings and our layer norm epsilon, which CTranslate2 can keep.
-    """
-    import ctranslate2
-    import transformers
-    from ctranslate2.converters import transformers as ct2_transformers
-
-    class Loader(ct2_transformers.BartLoader):
-        def get_model_spec(self, model):
-            model.config.normalize_before = False  # post-LN
-            model.config.normalize_embedding = False  # no layer norm on the embeddings
-            return super().get_model_spec(model)
-
-        def set_config(self, config, model, tokenizer):
-            super().set_config(config, model, tokenizer)
-            config.bos_token = tokenizer.pad_token  # unused: sources get no BOS
-            config.layer_norm_epsilon = layer_norm_epsilon
-
-    class Converter(ctranslate2.converters.Converter):
-        def _load(self):
-            model = transformers.MarianMTModel.from_pretrained(hf_directory)
-            tokenizer = transformers.MarianTokenizer.from_pretrained(hf_directory)
-            spec = Loader()(model, tokenizer)
-            for name in SPM_FILES:
-                spec.register_file(os.path.join(hf_directory, name))
-            return spec
-
-    Converter().convert(directory, quantization=quantization, force=True)
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -246,6 +246,19 @@ def _marian_qk_norm(cfg: TransformerConfig) -> str | None:
     return 'MarianMT has no norm on queries and keys; only qk_norm=False exports to it.'
 
 
+def _ctranslate2_qk_norm(cfg: TransformerConfig) -> str | None:
+    """CTranslate2 (4.8) norms each head's queries and keys in self-attention, but in
+    cross-attention the queries of all heads together, one RMSNorm over N * H channels
+    (src/layers/attention.cc, process_cross_attention; tests/test_export_ctranslate2.py
+    measures it): the same as ours with one head only."""
+    if not cfg.qk_norm or cfg.num_heads == 1:
+        return None
+    return (
+        f'with model.num_heads={cfg.num_heads}, CTranslate2 norms the cross-attention queries '
+        'of all heads together, not head by head; only qk_norm=False (or num_heads=1) exports.'
+    )
+
+
 def _peer_qk_norm(cfg: TransformerConfig) -> str | None:
     return 'the peer has no norm on queries and keys.' if cfg.qk_norm else None
 
@@ -257,7 +270,7 @@ declare(
         "an RMSNorm on each head's queries and keys before their product (QK-norm)",
         fields.BOOL,
         _qk_norm_scales,
-        unexportable={'hf': _marian_qk_norm},
+        unexportable={'hf': _marian_qk_norm, 'ctranslate2': _ctranslate2_qk_norm},
         exports='False',
         unbuilt=_peer_qk_norm,
     )
