@@ -1,11 +1,10 @@
 """A run of configs/tiny.py:modern's parts (rotary positions, RMSNorm, pre-LN, SwiGLU, QK-norm,
-grouped keys/values) with the z-loss, through every command: training and an exact resume,
-evaluate (beam and sampling), translate, score and visualize; and a resume that changes a part
-is refused."""
+grouped keys/values) with the z-loss, through every command: training and a resume (exact
+resume itself: tests/training/test_trainer.py), evaluate (beam and sampling), translate, score
+and visualize; and a resume that changes a part is refused."""
 
 import json
 
-import jax
 import numpy as np
 import pytest
 
@@ -25,21 +24,16 @@ def _config(num_steps: int, **model):
 
 @pytest.mark.slow
 def test_the_modern_variant_through_every_command(tmp_path, capsys):
-    straight, first, resumed = {}, {}, {}
+    first, resumed = {}, {}
     run = tmp_path / 'run'
-    trainer.train_and_evaluate(_config(4), str(tmp_path / 'a'), on_step=straight.__setitem__)
     trainer.train_and_evaluate(_config(2), str(run), on_step=first.__setitem__)
     trainer.train_and_evaluate(_config(4), str(run), on_step=resumed.__setitem__)
-    for step in range(1, 5):
-        got = (first | resumed)[step]
-        np.testing.assert_allclose(got['loss'], straight[step]['loss'], rtol=1e-6)
-        assert got['z_loss'] > 0  # reported on its own, beside the loss
+    assert sorted(first) == [1, 2] and sorted(resumed) == [3, 4]  # on from the checkpoint
+    for metrics in (first | resumed).values():
+        assert metrics['z_loss'] > 0 and np.isfinite(metrics['loss'])  # reported on its own
     records = [json.loads(line) for line in open(run / rundir.METRICS_FILE)]
     assert all('z_loss' in r for r in records if r['split'] == 'train')
-    _, _, _, a, _ = load_model(str(tmp_path / 'a'), step=4)
     config, tokenizer, model, b, _ = load_model(str(run), step=4)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
     assert 'query_norm' in b['encoder_layer_0']['self_attention']
     assert b['decoder_layer_0']['ffn'].keys() == {'wi_0', 'wi_1', 'wo'}
 

@@ -220,7 +220,7 @@ def test_shared_embedding_gradient_is_sum_of_its_three_uses():
 
 
 # The parts of a later Transformer (rotary positions, RMSNorm, SwiGLU, QK-norm, grouped keys
-# and values), each a model.* field: tests/model/test_modern_parts.py.
+# and values), each a model.* field: tests/model/test_later_parts.py.
 MODERN = {
     'positions': 'rope',
     'norm': 'rms_norm',

@@ -61,8 +61,8 @@ ROTARY_BASE = 10000.0  # transformer/model/positions.py BASE
 
 def _dims(cfg: Any) -> tuple[int, int, int]:
     """(N, K, H): query heads, key/value heads, head size (transformer/model/settings.py)."""
-    head_dim = getattr(cfg, 'head_dim', None) or cfg.d_model // cfg.num_heads
-    return cfg.num_heads, getattr(cfg, 'num_kv_heads', None) or cfg.num_heads, head_dim
+    head_dim = cfg.head_dim or cfg.d_model // cfg.num_heads
+    return cfg.num_heads, cfg.num_kv_heads or cfg.num_heads, head_dim
 
 
 def spec_options(cfg: Any) -> dict[str, dict[str, Any]]:
@@ -70,16 +70,16 @@ def spec_options(cfg: Any) -> dict[str, dict[str, Any]]:
     TransformerDecoderSpec ('decoder') for ``cfg`` (a TransformerConfig), JSON-able: the
     activation by its ``common_spec.Activation`` name."""
     num_heads, num_kv_heads, head_dim = _dims(cfg)
-    rope = getattr(cfg, 'positions', 'sinusoidal') == 'rope'
+    rope = cfg.positions == 'rope'
     common = {
         'num_heads': num_heads,
         'pre_norm': bool(cfg.pre_layer_norm),
         'activation': ACTIVATIONS[cfg.ffn],
         'ffn_glu': cfg.ffn in GATED,
-        'rms_norm': getattr(cfg, 'norm', 'layer_norm') == 'rms_norm',
+        'rms_norm': cfg.norm == 'rms_norm',
         'num_heads_kv': None if num_kv_heads == num_heads else num_kv_heads,
         'head_dim': None if head_dim * num_heads == cfg.d_model else head_dim,
-        'qk_norm': bool(getattr(cfg, 'qk_norm', False)),
+        'qk_norm': cfg.qk_norm,
         # rotary_dim=None: no rotation; 0: every channel of each head.
         'rotary_dim': 0 if rope else None,
         'rotary_interleave': False,
@@ -192,7 +192,7 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
     if cfg.pre_layer_norm:
         out |= _scoped('encoder/layer_norm', _norm(params['encoder_norm']))
         out |= _scoped('decoder/layer_norm', _norm(params['decoder_norm']))
-    if getattr(cfg, 'positions', 'sinusoidal') == 'sinusoidal':
+    if cfg.positions == 'sinusoidal':
         from transformer.model import sinusoidal_positions  # jax: the exporting process's
 
         table = _f32(sinusoidal_positions(np.arange(max_positions), cfg.d_model))

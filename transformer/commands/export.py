@@ -50,7 +50,8 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     represent, decided from its config alone, before the format's packages are asked for or a
     checkpoint is read. The model's variants say which formats represent them
     (transformer/model/variants.py), and so do the numeric settings' declarations
-    (transformer/model/settings.py); then the sinusoids' even d_model."""
+    (transformer/model/settings.py). (An odd d_model with sinusoids, or an odd head size with
+    rotary positions, is no config at all: `variants.check`.)"""
     if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
             f'data.pretokenize={config.data.pretokenize!r} cannot be exported: --format={format} '
@@ -61,8 +62,6 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
     refusal = export_refusal(cfg, format)
     if refusal:
         raise ExportError(refusal)
-    if getattr(cfg, 'positions', 'sinusoidal') == 'sinusoidal' and cfg.d_model % 2:
-        raise ExportError(f'model.d_model={cfg.d_model} must be even for sinusoidal positions.')
 
 
 def export(
