@@ -25,11 +25,11 @@ def modern_run(tmp_path_factory):
     from tests.tiny_run import tiny_run_config
 
     def train(workdir):
-        config = tiny_run_config(300)
+        config = tiny_run_config(200)
         config.update_from_flattened_dict({**MODERN, 'model.qk_norm': False})
         config.model.update(dropout_rate=0.0, num_kv_heads=2)
         config.opt.warmup_steps = 100
-        config.train.update(batch_size=32, checkpoint_every=100, log_every=100)
+        config.train.update(batch_size=32, checkpoint_every=200, log_every=100)
         config.data.vocab_size = 1000  # every word of the pair: no <unk> in the outputs
         config.data.synthetic.update(num_train=3000, num_test=NUM_TEST)
         trainer.train_and_evaluate(config, str(workdir))
