@@ -38,6 +38,9 @@ from transformer.model.functional import (
     logical_shardings,
     teacher_forced_logits,
 )
+from transformer.model.layer_stack import STACKED_KEYS
+from transformer.model.layer_stack import stack as stack_layers
+from transformer.model.layer_stack import unstack as unstack_layers
 from transformer.model.layers import attention_mask, shift_right
 from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
@@ -65,6 +68,7 @@ __all__ = [
     'FeedForward',
     'PAD_ID',
     'Packing',
+    'STACKED_KEYS',
     'Setting',
     'Transformer',
     'TransformerConfig',
@@ -99,7 +103,9 @@ __all__ = [
     'share_across_beams',
     'shift_right',
     'sinusoidal_positions',
+    'stack_layers',
     'teacher_forced_logits',
     'train_flops',
+    'unstack_layers',
     'variants',
 ]

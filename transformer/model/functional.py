@@ -15,6 +15,7 @@ positions · D d_model · V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.model import layer_stack
 from transformer.model.packing import Packing
 from transformer.model.transformer import Transformer
 
@@ -35,6 +37,9 @@ def init_params(model: Transformer, rng: Array, length: int = _INIT_LENGTH) -> P
     """Fresh parameters, plain arrays: Glorot kernels, N(0, D^-1/2) embeddings (what training
     starts from). ``length``: the token rows the init traces the network with."""
     dummy = jnp.ones((1, length), jnp.int32)
+    if model.config.scan_layers:  # the unrolled model's values, layer i at index i
+        unrolled = Transformer(dataclasses.replace(model.config, scan_layers=False))
+        return layer_stack.stack(init_params(unrolled, rng, length))
     return nn.unbox(model.init(rng, dummy, dummy)['params'])
 
 
