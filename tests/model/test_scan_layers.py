@@ -60,9 +60,12 @@ def test_logits_and_decoding_equal_the_unrolled_models(overrides):
         teacher_forced_logits(unrolled, params, inputs, targets),
         atol=1e-5,
     )
+    # min_stage_batch=2: the searches shrink their batch (and gather the cache's rows, below
+    # the scanned cache's layer axis) as examples finish.
     for search in (greedy_search, lambda *a, **k: beam_search(*a, beam_size=3, **k)[0]):
-        ours = search(scanned, stacked, inputs, max_decode_len=9)
-        np.testing.assert_array_equal(ours, search(unrolled, params, inputs, max_decode_len=9))
+        ours = search(scanned, stacked, inputs, max_decode_len=9, min_stage_batch=2)
+        theirs = search(unrolled, params, inputs, max_decode_len=9, min_stage_batch=2)
+        np.testing.assert_array_equal(ours, theirs)
 
 
 @pytest.mark.slow
@@ -133,3 +136,69 @@ def test_the_scanned_step_holds_one_layers_program_whatever_the_depth(monkeypatc
     assert snapshots.op_histogram('12_True') == snapshots.op_histogram('2_True')
     unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('12_False')
     assert deeper['stablehlo.dot_general'] > 5 * unrolled['stablehlo.dot_general']
+
+
+@pytest.mark.slow
+def test_checkpoints_of_either_layout_resume_decode_average_and_export(tmp_path):
+    """A run trained unrolled for 3 steps resumes scanned to 6 (parameters and Adam state
+    converted on restore); each checkpoint loads in either layout, the two averaged across
+    layouts equal the per-layer average, greedy outputs agree, and the exports read the
+    per-layer tree."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import evaluate
+    from transformer.checkpoint import load_model
+    from transformer.commands import export
+    from transformer.commands import train as trainer
+
+    run = str(tmp_path / 'run')
+    config = tiny_run_config(3)
+    config.model.dropout_rate = 0.0
+    trainer.train_and_evaluate(config, run)
+    config = tiny_run_config(6)
+    config.model.update(dropout_rate=0.0, scan_layers=True)
+    resumed = {}
+    trainer.train_and_evaluate(config, run, on_step=resumed.__setitem__)
+    assert sorted(resumed) == [4, 5, 6] and np.isfinite(resumed[6]['loss'])
+    per_layer = {}
+    for step in (3, 6):
+        _, _, unrolled, params, _ = load_model(run, step=step, scan_layers=False)
+        _, _, scanned, stacked, _ = load_model(run, step=step, scan_layers=True)
+        assert 'encoder_layer_0' in params and 'encoder_layers' in stacked
+        for a, b in zip(
+            jax.tree.leaves(unstack_layers(stacked)), jax.tree.leaves(params), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+        per_layer[step] = params
+    inputs = jnp.asarray(np.random.default_rng(0).integers(3, 50, (4, 6))).at[:, 5].set(1)
+    np.testing.assert_array_equal(
+        greedy_search(scanned, stacked, inputs, max_decode_len=8),
+        greedy_search(unrolled, params, inputs, max_decode_len=8),
+    )
+    _, _, _, averaged, steps_loaded = load_model(run, step=6, average_last=2)  # the run: scanned
+    assert steps_loaded == [3, 6]
+    mean = jax.tree.map(lambda a, b: (np.float64(a) + b) / 2, per_layer[3], per_layer[6])
+    for a, b in zip(jax.tree.leaves(unstack_layers(averaged)), jax.tree.leaves(mean), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    _, _, model, exported, _ = export.load_run(run, 6, 1)
+    assert not model.config.scan_layers and 'decoder_layer_0' in exported
+    written = []
+    for flag in ('--scan_layers', '--noscan_layers'):  # evaluate decodes in either layout
+        out = tmp_path / f'{flag}.txt'
+        with pytest.raises(SystemExit) as info:
+            evaluate.cli(['evaluate', f'--workdir={run}', '--step=6', f'--output={out}', flag])
+        assert not info.value.code
+        written.append(out.read_text())
+    assert written[0] == written[1]  # (a 6-step model: short outputs; parity itself is above)
+
+
+def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
+    from transformer.model import attention_maps
+
+    unrolled, scanned = _pair()
+    params = init_params(unrolled, jax.random.key(3))
+    inputs, targets = np.array([5, 6, 7, 1]), np.array([8, 9, 1])
+    ours = attention_maps(scanned, stack_layers(params), inputs, targets)
+    theirs = attention_maps(unrolled, params, inputs, targets)
+    assert sorted(ours) == sorted(theirs) and len(ours) == 3 + 2 * 2
+    for key, value in theirs.items():
+        np.testing.assert_array_equal(ours[key], value)

@@ -6,8 +6,10 @@ logical partitioning), so the Flax API the network is written in is this package
 
 ``model`` is the `Transformer` of a config (its ``config`` is the only attribute callers
 read); parameters are a plain tree of arrays, ``{'encoder_layer_0': {'self_attention':
-{'query': {'kernel': [D, N, H]}}}, ...}`` (the paths of `variants.param_shapes`), and a
-decoding cache is a plain tree too (transformer/model/cache.py).
+{'query': {'kernel': [D, N, H]}}}, ...}`` (the paths of `variants.param_shapes`), or, for a
+model with ``scan_layers``, the same leaves stacked per stack, ``{'encoder_layers': {...
+[L, D, N, H]}}`` (`layer_stack.stack` / `unstack` convert; what reads the per-layer tree
+unstacks); a decoding cache is a plain tree too (transformer/model/cache.py).
 
 Shape legend (transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · V vocabulary.

@@ -77,3 +77,20 @@ def unstack(tree: Mapping[str, Any]) -> dict[str, Any]:
 def to_layout(tree: Mapping[str, Any], scanned: bool) -> dict[str, Any]:
     """``tree`` in the scanned layout or in the unrolled one."""
     return stack(tree) if scanned else unstack(tree)
+
+
+def _holds_layers(node: Any) -> bool:
+    return isinstance(node, Mapping) and any(
+        _LAYER.match(str(k)) or k in STACKED_KEYS for k in node
+    )
+
+
+def convert(tree: Any, scanned: bool) -> Any:
+    """``tree`` with every mapping that holds layers (the parameters, and each Adam moment of
+    an optimizer state) in the scanned layout or the unrolled one; ``jax.eval_shape`` of it
+    gives the shapes of the other layout's tree."""
+    return jax.tree.map(
+        lambda node: to_layout(node, scanned) if _holds_layers(node) else node,
+        tree,
+        is_leaf=_holds_layers,
+    )
