@@ -65,7 +65,7 @@ SHARED_CHECK = 'shared_check'  # process 0's mark the others must see (multihost
 # backward pass (what it recomputes).
 RESUME_FREE = (
     *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
-    *('model.attention_impl', 'model.embedding_grad', 'model.remat'),
+    *('model.attention_impl', 'model.embedding_grad', 'model.remat', 'model.scan_layers'),
 )
 # How one process joins a multi-host run: differs between processes, never recorded.
 LAUNCH_SETTINGS = (

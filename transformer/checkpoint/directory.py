@@ -16,6 +16,7 @@ from etils import epath
 
 from transformer import schema
 from transformer.checkpoint import checksums
+from transformer.model import STACKED_KEYS
 from transformer.rundir import (
     BEST,
     CHECKPOINTS,
@@ -120,6 +121,17 @@ def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = Fa
         raise ValueError(
             f'params{key} is {have.get(key, "absent")} there, {want.get(key, "absent")} here'
         )
+
+
+def saved_stacked(workdir: str, step: int, *, best: bool = False) -> bool | None:
+    """Whether the parameters saved at ``step`` hold a scanned model's stacked layers
+    (``encoder_layers``: model.scan_layers); None where the metadata cannot be read."""
+    item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
+    try:
+        saved = ocp.StandardCheckpointHandler().metadata(item)
+    except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
+        return None
+    return any(key in saved for key in STACKED_KEYS)
 
 
 def _leaves(tree: PyTree) -> list:

@@ -4,6 +4,7 @@ first. A step that cannot be read raises one line that names it and says what to
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,9 +23,10 @@ from transformer.checkpoint.directory import (
     checkpoint_manager,
     removed_error,
     restore_error,
+    saved_stacked,
     verify_step,
 )
-from transformer.model import Transformer, config_from_dict
+from transformer.model import Transformer, config_from_dict, convert_layer_layout
 from transformer.model import abstract_params as model_params
 from transformer.rundir import BEST, CHECKPOINTS, WorkdirError, load_tokenizer, read_config
 
@@ -115,7 +117,21 @@ def restore_params(
 ) -> PyTree:
     """The parameters saved at ``step`` (``best``: in ``WORKDIR/best``), verified against the
     step's manifest (when it has one), checked against the model's shapes, in ``shardings``
-    (default: on one local device) whatever the saving run's device count."""
+    (default: on one local device) whatever the saving run's device count. Saved in the other
+    layout of the layers (model.scan_layers), they are restored in it on one device and
+    converted (one line says so)."""
+    stacked = saved_stacked(workdir, step, best=best)
+    if stacked is not None and stacked != model.config.scan_layers:
+        other = Transformer(dataclasses.replace(model.config, scan_layers=stacked))
+        params = restore_params(workdir, step, other, best=best)
+        logging.info(
+            'Step %d was saved with model.scan_layers=%s: its layers converted to %s.',
+            step,
+            stacked,
+            'stacked' if model.config.scan_layers else 'one subtree each',
+        )
+        params = convert_layer_layout(params, model.config.scan_layers)
+        return params if shardings is None else jax.device_put(params, shardings)
     target = abstract_params(model, shardings)
     try:
         verify_step(workdir, step, items=('params',), best=best)
@@ -167,6 +183,7 @@ def load_model(
     *,
     shardings: Callable[[Transformer], PyTree] | None = None,
     tokenizer: data_lib.Tokenizer | None = None,
+    scan_layers: bool | None = None,
 ) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, PyTree, list[int]]:
     """Config, tokenizer, model and parameters of a training run.
 
@@ -179,13 +196,18 @@ def load_model(
       shardings: the model -> its parameters' shardings (a decoding layout): each checkpoint
         is restored, and averaged, straight into them; default: this process's first device.
       tokenizer: the run's vocabulary when the caller has read it already (default: read).
+      scan_layers: the layers' layout (model.scan_layers) instead of the run's (False: the
+        per-layer tree the exports read); either layout's checkpoints load (`restore_params`).
 
     Returns:
       (config, tokenizer, model, params (float32), the steps loaded).
     """
     config = read_config(workdir)
     tokenizer = tokenizer or load_tokenizer(config, workdir)
-    model = Transformer(config_from_dict(config.model, tokenizer.vocab_size))
+    model_config = config_from_dict(config.model, tokenizer.vocab_size)
+    if scan_layers is not None:
+        model_config = dataclasses.replace(model_config, scan_layers=scan_layers)
+    model = Transformer(model_config)
     placed = None if shardings is None else shardings(model)
     if best and (step is not None or average_last is not None):
         raise WorkdirError('Load the best checkpoint or a step / an average, not both.')

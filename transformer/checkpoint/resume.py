@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -24,8 +25,10 @@ from transformer.checkpoint.directory import (
     check_params_fit,
     is_sealed,
     restore_error,
+    saved_stacked,
     verify_step,
 )
+from transformer.model import convert_layer_layout
 from transformer.rundir import (
     CORRUPT_CHECKPOINTS,
     MANIFEST,
@@ -64,6 +67,10 @@ def restore_state(
 ) -> tuple[State, dict[str, Any]]:
     """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
     `restore_latest` verifies the step first."""
+    stacked = saved_stacked(workdir, step)
+    scanned = 'encoder_layers' in abstract_state.params
+    if stacked is not None and stacked != scanned:
+        return _restore_converted(manager, step, abstract_state, workdir, stacked)
     try:
         check_params_fit(workdir, step, abstract_state.params)
         restored = manager.restore(
@@ -87,6 +94,37 @@ def restore_state(
         opt_state=restored['opt_state'],
     )
     return state, restored['meta']
+
+
+def _restore_converted(
+    manager: ocp.CheckpointManager, step: int, abstract_state: State, workdir: str, stacked: bool
+) -> tuple[State, dict[str, Any]]:
+    """`restore_state` of a step saved in the other layout of the layers (model.scan_layers):
+    the parameters and optimizer state restored in it on this process's first device, then
+    converted and placed in ``abstract_state``'s shardings (one line says so)."""
+    trees = (abstract_state.params, abstract_state.opt_state)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    saved = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+        jax.eval_shape(lambda t: convert_layer_layout(t, stacked), trees),
+    )
+    saved_state = dataclasses.replace(abstract_state, params=saved[0], opt_state=saved[1])
+    state, meta = restore_state(manager, step, saved_state, workdir)
+    converted = convert_layer_layout((state.params, state.opt_state), not stacked)
+    placed = jax.tree.map(
+        lambda x, target: jax.make_array_from_callback(
+            target.shape, target.sharding, lambda index, x=x: np.asarray(x)[index]
+        ),
+        converted,
+        trees,
+    )
+    logging.info(
+        'Step %d was saved with model.scan_layers=%s: parameters and optimizer state '
+        "converted to this run's layout.",
+        step,
+        stacked,
+    )
+    return dataclasses.replace(state, params=placed[0], opt_state=placed[1]), meta
 
 
 def restore_latest(

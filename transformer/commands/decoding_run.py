@@ -74,6 +74,7 @@ def load_run(
     devices: Sequence[Any] | None = None,
     source_tag: str | None = None,
     tag_later: bool = False,
+    scan_layers: bool | None = None,
     **layout_flags: Any,
 ) -> LoadedRun:
     """The run of ``workdir`` (with the ``ensemble`` runs) on its decoding layout.
@@ -104,13 +105,14 @@ def load_run(
             )
         return layouts[0].shardings()
 
+    which = dict(step=step, average_last=average_last, best=best, shardings=shardings)
     if ensemble:
         config, tokenizer, model, params, member_steps = decoding.load_ensemble(
-            [workdir, *ensemble], step, average_last, best, shardings=shardings
+            [workdir, *ensemble], **which, scan_layers=scan_layers
         )
     else:
         config, tokenizer, model, params, steps = load_model(
-            workdir, step, average_last, best, shardings=shardings, tokenizer=vocabulary
+            workdir, **which, tokenizer=vocabulary, scan_layers=scan_layers
         )
         member_steps = [steps]
     if source_tag is not None or not tag_later:

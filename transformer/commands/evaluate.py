@@ -90,6 +90,7 @@ def cli(argv: list[str] | None = None) -> None:
                 constraints=constraints,
                 source_tag=FLAGS.source_tag,
                 files=files,
+                scan_layers=FLAGS.scan_layers,
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
@@ -260,8 +261,8 @@ def run(
     next-token distribution is the mean of the runs' probabilities. The sentences are split
     over ``devices`` (default: every process's) on the run's layout
     (`decoding_run.load_run`; ``layout_flags``: ``parallelism``, ``model_parallelism``,
-    ``fsdp`` override the run's); process 0 alone prints and writes. ``sampling``: one sample
-    a sentence instead of the search, seeded by the sentence's index in the split.
+    ``fsdp``, ``scan_layers`` override the run's); process 0 alone prints and writes.
+    ``sampling``: one sample a sentence, seeded by the sentence's index in the split.
     ``constraints``: a minimum length and n-gram blocking. ``source_tag``: a token first in
     every source (a multilingual model's target language). ``files``: (source, reference)
     files decoded and scored instead of a split, named by the source file's name.

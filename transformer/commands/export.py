@@ -32,7 +32,7 @@ QUANTIZATIONS = ('int8',)
 def load_run(workdir: str, step: int | None, average_last: int | None):
     """(config, tokenizer, model, params, steps): the one call into the run-directory API."""
     try:
-        return load_model(workdir, step, average_last)
+        return load_model(workdir, step, average_last, scan_layers=False)  # the per-layer tree
     except (rundir.WorkdirError, DataError) as e:
         raise ExportError(str(e)) from None
 

@@ -61,7 +61,12 @@ def cli(argv: list[str] | None = None) -> None:
             vocabulary = rundir.load_tokenizer(rundir.read_config(FLAGS.workdir), FLAGS.workdir)
             tokenizer = data_lib.tag_sources(vocabulary, FLAGS.source_tag)  # before the params
             config, _, model, params, steps = load_model(
-                FLAGS.workdir, FLAGS.step, FLAGS.average_last, FLAGS.best, tokenizer=vocabulary
+                FLAGS.workdir,
+                FLAGS.step,
+                FLAGS.average_last,
+                FLAGS.best,
+                tokenizer=vocabulary,
+                scan_layers=FLAGS.scan_layers,
             )
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None

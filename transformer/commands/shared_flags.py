@@ -96,6 +96,13 @@ def define_checkpoint_flags() -> None:
         False,
         'Load the best checkpoint by validation BLEU (WORKDIR/best) instead.',
     )
+    define_flag(
+        'scan_layers',
+        flags.DEFINE_bool,
+        None,
+        "The layers as one scan (True) or one by one (False); default: the run's "
+        'model.scan_layers. Checkpoints of either layout load.',
+    )
 
 
 def define_decoding_flags() -> None:

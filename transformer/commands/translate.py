@@ -153,6 +153,7 @@ def _load(FLAGS: Any) -> decoding_run.LoadedRun:
             ensemble=FLAGS.ensemble,
             gather_params=FLAGS.gather_params,
             source_tag=FLAGS.source_tag,
+            scan_layers=FLAGS.scan_layers,
             **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
         )
         config, layout = loaded.config, loaded.layout

@@ -120,7 +120,9 @@ def cli(argv: list[str] | None = None) -> None:
         console.check_paths(outputs={'out': FLAGS.out})
         check_out(FLAGS.out)
         try:
-            _, tokenizer, model, params, _ = load_model(FLAGS.workdir, FLAGS.step, average_last=1)
+            _, tokenizer, model, params, _ = load_model(
+                FLAGS.workdir, FLAGS.step, average_last=1, scan_layers=False
+            )
         except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)

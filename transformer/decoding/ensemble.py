@@ -27,6 +27,7 @@ def load_ensemble(
     best: bool = False,
     *,
     shardings=None,
+    scan_layers: bool | None = None,
 ) -> tuple[schema.Experiment, data_lib.Tokenizer, Transformer, Ensemble, list[list[int]]]:
     """Runs decoded together as one `Ensemble`.
 
@@ -41,7 +42,10 @@ def load_ensemble(
     """
     if not workdirs:
         raise rundir.WorkdirError('An ensemble needs at least one workdir.')
-    loaded = [load_model(w, step, average_last, best, shardings=shardings) for w in workdirs]
+    loaded = [
+        load_model(w, step, average_last, best, shardings=shardings, scan_layers=scan_layers)
+        for w in workdirs
+    ]
     config, tokenizer, model = loaded[0][:3]
     for other, (_, other_tokenizer, other_model, _, _) in zip(
         workdirs[1:], loaded[1:], strict=True

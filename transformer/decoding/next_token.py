@@ -16,7 +16,15 @@ from absl import logging
 from flax import struct
 
 from transformer import backends
-from transformer.model import EOS_ID, PAD_ID, Transformer, decode_step, encode, init_cache
+from transformer.model import (
+    EOS_ID,
+    PAD_ID,
+    STACKED_KEYS,
+    Transformer,
+    decode_step,
+    encode,
+    init_cache,
+)
 from transformer.schema import LENGTH_PENALTIES
 
 Array = jax.Array
@@ -237,7 +245,20 @@ def take_examples(tree: Any, index: Array, batch: int) -> Any:
         rows = x.reshape(batch, -1, *x.shape[1:])  # [B*K, ...] -> [B, K, ...]
         return rows[index].reshape(-1, *x.shape[1:])
 
-    return jax.tree_util.tree_map(take, tree)
+    return _per_layer(take, tree)
+
+
+def _per_layer(fn, tree: Any) -> Any:
+    """``fn`` of every array of ``tree``; an array of a scanned model's stacked layers
+    (transformer/model/layer_stack.py: below ``decoder_layers``, its layer axis first) is
+    taken layer by layer, so that its rows axis is the one ``fn`` sees."""
+
+    def each(path, x):
+        if not any(getattr(key, 'key', None) in STACKED_KEYS for key in path):
+            return fn(x)
+        return jax.vmap(fn)(x) if x.ndim > 1 else x  # [L]: one position a layer, the same
+
+    return jax.tree_util.tree_map_with_path(each, tree)
 
 
 def split_rows(tree: Any) -> Any:
@@ -257,7 +278,7 @@ def split_rows(tree: Any) -> Any:
         )
         return jax.lax.with_sharding_constraint(x, spec)
 
-    return jax.tree_util.tree_map(split, tree)
+    return _per_layer(split, tree)
 
 
 def shrinking_loop(step, state, *, more_steps, searching, sizes, outputs):

@@ -8,7 +8,8 @@ Modules: attention.py (multi-head attention, an einsum over an explicit head axi
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
 `fused`), decode_attention.py (a decoding step's attention over the cache), positions.py
 (how positions enter: the sinusoids, rotary positions), layers.py (masks, the encoder and
-decoder layers), transformer.py (the Transformer), config.py (its config),
+decoder layers), layer_stack.py (the layers' two layouts, unrolled and scanned, and the
+conversion between them), transformer.py (the Transformer), config.py (its config),
 cache.py (the decoder's key/value cache layout, shared across beams), masks.py (attention
 masks of packed rows), dropout.py (16-bit dropout masks), embedding.py (the embedding lookup
 and its gradient variants), attention_maps.py (every head's attention probabilities of one
@@ -38,6 +39,10 @@ from transformer.model.functional import (
     logical_shardings,
     teacher_forced_logits,
 )
+from transformer.model.layer_stack import STACKED_KEYS
+from transformer.model.layer_stack import convert as convert_layer_layout
+from transformer.model.layer_stack import stack as stack_layers
+from transformer.model.layer_stack import unstack as unstack_layers
 from transformer.model.layers import attention_mask, shift_right
 from transformer.model.norms import layer_norm
 from transformer.model.packing import Packing
@@ -65,6 +70,7 @@ __all__ = [
     'FeedForward',
     'PAD_ID',
     'Packing',
+    'STACKED_KEYS',
     'Setting',
     'Transformer',
     'TransformerConfig',
@@ -74,6 +80,7 @@ __all__ = [
     'attention_maps',
     'beam_mask',
     'config_from_dict',
+    'convert_layer_layout',
     'decode_step',
     'describe',
     'embedding_lookup',
@@ -99,7 +106,9 @@ __all__ = [
     'share_across_beams',
     'shift_right',
     'sinusoidal_positions',
+    'stack_layers',
     'teacher_forced_logits',
     'train_flops',
+    'unstack_layers',
     'variants',
 ]

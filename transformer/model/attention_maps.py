@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.model import layer_stack
 from transformer.model.transformer import Transformer
 
 KINDS = (
@@ -29,8 +30,10 @@ def attention_maps(
       inputs: source ids [S] ending with EOS.
       targets: target ids [T] ending with EOS.
     """
-    # Only the explicit einsum path forms (and sows) the attention matrices.
-    model = model.clone(config=dataclasses.replace(model.config, attention_impl='einsum'))
+    # Only the explicit einsum path forms (and sows) the attention matrices; the layers one
+    # by one (a scanned model's parameters unstacked: layer_stack.py), each its own maps.
+    config = dataclasses.replace(model.config, attention_impl='einsum', scan_layers=False)
+    model, params = model.clone(config=config), layer_stack.unstack(params)
     _, variables = model.apply(
         {'params': params},
         jnp.asarray(inputs)[None],

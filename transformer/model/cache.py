@@ -65,10 +65,10 @@ def share_across_beams(cache: Cache, beam_size: int) -> Cache:
 
     def widen(path, x):
         name = getattr(path[-1], 'key', None)
-        if name in SELF_ENTRIES:
-            rows, heads, length, head_dim = x.shape
-            return jnp.zeros((rows, heads, length * beam_size, head_dim), x.dtype)
-        if x.ndim and name not in STATIC_ENTRIES:
+        if name in SELF_ENTRIES:  # [L, ...] first in a scanned model's (model.scan_layers)
+            *layers, rows, heads, length, head_dim = x.shape
+            return jnp.zeros((*layers, rows, heads, length * beam_size, head_dim), x.dtype)
+        if x.ndim and name not in (*STATIC_ENTRIES, INDEX):
             raise ValueError(f'Beam search does not know the cache entry {name} {x.shape}.')
         return x
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from transformer.fields import (
     ABOVE_ZERO,
+    BOOL,
     POSITIVE,
     RATE,
     ConfigError,
@@ -117,6 +118,10 @@ class TransformerConfig(Section):
     remat: Literal[REMAT_POLICIES] = _field(
         'none', "recomputed in the backward pass: 'none', 'full', 'dots', 'attention'"
     )
+    # The layers as one nn.scan over parameters stacked on a leading layer axis
+    # (transformer/model/layer_stack.py): one layer's program for every layer, so the compile
+    # time does not grow with depth. How, not what: a resume may change it.
+    scan_layers: bool = _field(False, 'the layers as one scan over stacked parameters', BOOL)
     dtype: Any = _field(
         jnp.float32, "computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs"
     )

@@ -6,8 +6,10 @@ logical partitioning), so the Flax API the network is written in is this package
 
 ``model`` is the `Transformer` of a config (its ``config`` is the only attribute callers
 read); parameters are a plain tree of arrays, ``{'encoder_layer_0': {'self_attention':
-{'query': {'kernel': [D, N, H]}}}, ...}`` (the paths of `variants.param_shapes`), and a
-decoding cache is a plain tree too (transformer/model/cache.py).
+{'query': {'kernel': [D, N, H]}}}, ...}`` (the paths of `variants.param_shapes`), or, for a
+model with ``scan_layers``, the same leaves stacked per stack, ``{'encoder_layers': {...
+[L, D, N, H]}}`` (`layer_stack.stack` / `unstack` convert; what reads the per-layer tree
+unstacks); a decoding cache is a plain tree too (transformer/model/cache.py).
 
 Shape legend (transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · V vocabulary.
@@ -15,6 +17,7 @@ positions · D d_model · V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.model import layer_stack
 from transformer.model.packing import Packing
 from transformer.model.transformer import Transformer
 
@@ -35,6 +39,9 @@ def init_params(model: Transformer, rng: Array, length: int = _INIT_LENGTH) -> P
     """Fresh parameters, plain arrays: Glorot kernels, N(0, D^-1/2) embeddings (what training
     starts from). ``length``: the token rows the init traces the network with."""
     dummy = jnp.ones((1, length), jnp.int32)
+    if model.config.scan_layers:  # the unrolled model's values, layer i at index i
+        unrolled = Transformer(dataclasses.replace(model.config, scan_layers=False))
+        return layer_stack.stack(init_params(unrolled, rng, length))
     return nn.unbox(model.init(rng, dummy, dummy)['params'])
 
 

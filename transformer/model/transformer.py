@@ -20,7 +20,7 @@ from flax import linen as nn
 
 from transformer import backends
 from transformer.model import embedding as embedding_lib
-from transformer.model import variants
+from transformer.model import layer_stack, variants
 from transformer.model.config import TransformerConfig
 from transformer.model.dropout import Dropout
 from transformer.model.layers import (
@@ -92,12 +92,16 @@ class Transformer(nn.Module):
         # flags (LayerFlags: deterministic, decode), its first argument, are static.
         encoder_layer = rematerialized(EncoderLayer, cfg.remat)
         decoder_layer = rematerialized(DecoderLayer, cfg.remat)
-        self.encoder_layers = [
-            encoder_layer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
-        ]
-        self.decoder_layers = [
-            decoder_layer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
-        ]
+        if cfg.scan_layers:  # one module per stack, its parameters stacked: `_layers`
+            self.encoder_layers = encoder_layer(cfg, name=layer_stack.stacked_name('encoder'))
+            self.decoder_layers = decoder_layer(cfg, name=layer_stack.stacked_name('decoder'))
+        else:
+            self.encoder_layers = [
+                encoder_layer(cfg, name=f'encoder_layer_{i}') for i in range(cfg.num_encoder_layers)
+            ]
+            self.decoder_layers = [
+                decoder_layer(cfg, name=f'decoder_layer_{i}') for i in range(cfg.num_decoder_layers)
+            ]
         if cfg.pre_layer_norm:
             # Pre-LN leaves the residual stream un-normalised; a final norm closes it.
             self.encoder_norm = norm(cfg, 'encoder_norm')
@@ -138,8 +142,9 @@ class Transformer(nn.Module):
         mask = attention_mask(valid, valid, segments, segments)
         x = self._embed(self.source_embedding, inputs, positions, deterministic)
         flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
-        for layer in self.encoder_layers:
-            x = layer(flags, x, attention_inputs)
+        x = self._layers(
+            self.encoder_layers, self.config.num_encoder_layers, flags, x, attention_inputs
+        )
         if self.config.pre_layer_norm:
             x = self.encoder_norm(x)
         return x
@@ -191,11 +196,38 @@ class Transformer(nn.Module):
         flags = LayerFlags(deterministic, decode)
         self_inputs = AttentionInputs(self_mask, positions)
         cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's
-        for layer in self.decoder_layers:
-            y = layer(flags, y, encoded, self_inputs, cross_inputs)
+        y = self._layers(
+            self.decoder_layers,
+            self.config.num_decoder_layers,
+            flags,
+            y,
+            encoded,
+            self_inputs,
+            cross_inputs,
+        )
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
         return self._project(y) if logits else y
+
+    def _layers(self, layers, count: int, flags: LayerFlags, x: Array, *inputs) -> Array:
+        """``x`` through a stack's layers, each called as ``layer(flags, x, *inputs)``: one
+        after the other (a list), or, with ``model.scan_layers``, one `nn.scan` of the stack's
+        one module over ``count`` layers, every variable collection (parameters, the decoding
+        cache, the sown attention weights) stacked on a leading layer axis and each layer
+        drawing its own dropout masks."""
+        if not self.config.scan_layers:
+            for layer in layers:
+                x = layer(flags, x, *inputs)
+            return x
+        scanned = nn.scan(
+            lambda layer, carry, *xs: (layer(flags, carry, *xs), None),
+            variable_axes={True: 0},
+            split_rngs={True: True},
+            in_axes=(nn.broadcast,) * len(inputs),
+            length=count,
+            metadata_params={nn.PARTITION_NAME: layer_stack.LAYER_AXIS},
+        )
+        return scanned(layers, x, *inputs)[0]
 
     def _teacher_forcing_masks(self, inputs: Array, targets: Array, packing: Packing | None):
         """Target positions, the causal self-attention mask and the cross-attention mask."""

@@ -26,6 +26,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import rundir, schema
 from transformer.checkpoint import is_marian_dir, load_marian, load_model
+from transformer.model import STACKED_KEYS, convert_layer_layout
 from transformer.training.stops import TrainingError
 
 PyTree = Any
@@ -143,10 +144,11 @@ def start_params(start: Start, abstract: PyTree) -> PyTree:
     new run's parameters) says; a tree that differs raises a one-line `TrainingError`."""
     where = f'train.init_from={start.path}'
     try:
+        scanned = STACKED_KEYS[0] in abstract  # the new run's layout of the layers
         if start.step is None and is_marian_dir(start.path):
-            params = load_marian(start.path).params
+            params = convert_layer_layout(load_marian(start.path).params, scanned)
         else:
-            params = load_model(start.path, step=start.step, average_last=1)[3]
+            params = load_model(start.path, step=start.step, average_last=1, scan_layers=scanned)[3]
     except rundir.WorkdirError as e:
         raise TrainingError(f'{where}: {e}') from None
     leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer.model import STACKED_KEYS
 from transformer.schema import SCHEDULES
 
 
@@ -127,8 +128,14 @@ def decays(params: Any) -> Any:
     for biases (the attention's [N, H] ones too) and layer-norm parameters (module
     docstring)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, p: p.ndim >= 2 and _name(path) != 'bias', params
+        lambda path, p: p.ndim - _stacked(path) >= 2 and _name(path) != 'bias', params
     )
+
+
+def _stacked(path: tuple[Any, ...]) -> int:
+    """1 for a leaf of a scanned model's stacked layers (their leading layer axis,
+    transformer/model/layer_stack.py), else 0."""
+    return int(bool(path) and getattr(path[0], 'key', None) in STACKED_KEYS)
 
 
 def _name(path: tuple[Any, ...]) -> Any:

@@ -1,0 +1,204 @@
+"""model.scan_layers: the layers as one nn.scan over parameters stacked on a layer axis
+(transformer/model/layer_stack.py), against the unrolled layers: the same parameters, logits,
+training steps in each parallel mode and decoding outputs; the weight-decay mask."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.tiny_run import LEN, packed_batch, tiny_model
+from transformer.configs import base
+from transformer.decoding import beam_search, greedy_search
+from transformer.model import (
+    Transformer,
+    init_params,
+    logical_partition_specs,
+    stack_layers,
+    teacher_forced_logits,
+    unstack_layers,
+)
+from transformer.training import optim, parallel, steps
+
+LAYERS = {'num_encoder_layers': 3, 'num_decoder_layers': 2}
+
+
+def _pair(**overrides) -> tuple[Transformer, Transformer]:
+    unrolled = tiny_model(**LAYERS, **overrides)
+    return unrolled, Transformer(dataclasses.replace(unrolled.config, scan_layers=True))
+
+
+def test_stack_and_unstack_are_inverse_and_init_is_the_unrolled_models():
+    unrolled, scanned = _pair()
+    params = init_params(unrolled, jax.random.key(0))
+    stacked = init_params(scanned, jax.random.key(0))
+    assert set(stacked) == {'encoder_layers', 'decoder_layers', 'shared_embedding'}
+    kernel = stacked['encoder_layers']['ffn']['wi']['kernel']
+    assert kernel.shape == (3, 32, 64)
+    np.testing.assert_array_equal(kernel[2], params['encoder_layer_2']['ffn']['wi']['kernel'])
+    for a, b in zip(jax.tree.leaves(unstack_layers(stacked)), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert jax.tree.structure(stack_layers(params)) == jax.tree.structure(stacked)
+    specs = logical_partition_specs(scanned)
+    assert tuple(specs['decoder_layers']['ffn']['wi']['kernel']) == ('layers', 'embed', 'mlp')
+
+
+@pytest.mark.parametrize(
+    'overrides', [{}, {'positions': 'rope', 'norm': 'rms_norm', 'qk_norm': True, 'num_kv_heads': 2}]
+)
+def test_logits_and_decoding_equal_the_unrolled_models(overrides):
+    unrolled, scanned = _pair(**overrides)
+    params = init_params(unrolled, jax.random.key(1))
+    stacked = stack_layers(params)
+    rng = np.random.default_rng(2)
+    inputs = jnp.asarray(rng.integers(2, 32, (6, 7))).at[:, 6].set(1)
+    targets = jnp.asarray(rng.integers(2, 32, (6, 5)))
+    np.testing.assert_allclose(
+        teacher_forced_logits(scanned, stacked, inputs, targets),
+        teacher_forced_logits(unrolled, params, inputs, targets),
+        atol=1e-5,
+    )
+    # min_stage_batch=2: the searches shrink their batch (and gather the cache's rows, below
+    # the scanned cache's layer axis) as examples finish.
+    for search in (greedy_search, lambda *a, **k: beam_search(*a, beam_size=3, **k)[0]):
+        ours = search(scanned, stacked, inputs, max_decode_len=9, min_stage_batch=2)
+        theirs = search(unrolled, params, inputs, max_decode_len=9, min_stage_batch=2)
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'mode, devices, layout, remat',
+    [
+        ('sharding', 1, {}, 'none'),
+        ('sharding', 2, {}, 'full'),
+        ('pmap', 2, {}, 'dots'),
+        ('sharding', 4, {'fsdp': True}, 'attention'),
+        ('sharding', 4, {'model_parallelism': 2}, 'none'),
+    ],
+)
+def test_a_training_step_equals_the_unrolled_models(mode, devices, layout, remat):
+    """Dropout off: the same loss and, unstacked, the same parameters after two steps."""
+    results = []
+    for scan in (False, True):
+        model = tiny_model(**LAYERS, remat=remat, scan_layers=scan)
+        tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
+        par = parallel.Parallel(
+            mode,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            label_smoothing=0.1,
+            accum_steps=1,
+            devices=jax.devices('cpu')[:devices],
+            **layout,
+        )
+        state = par.put_state(
+            par.init_state(lambda m=model, t=tx: steps.init_state(m, t, jax.random.key(0), LEN))
+        )
+        losses = []
+        for step in range(2):
+            state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
+            losses.append(float(np.asarray(jax.device_get(sums['loss'])).reshape(-1)[0]))
+        results.append((losses, unstack_layers(jax.device_get(par.global_state(state).params))))
+    (losses, params), (scanned_losses, scanned_params) = results
+    np.testing.assert_allclose(scanned_losses, losses, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(scanned_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_stacked_norm_scales_and_biases_do_not_decay():
+    """optim.decays keys on a parameter's axes: the stacked layers' leading axis is not one."""
+    unrolled, _ = _pair(norm='rms_norm')
+    params = init_params(unrolled, jax.random.key(0))
+    mask, stacked_mask = optim.decays(params), optim.decays(stack_layers(params))
+    for stack in ('encoder', 'decoder'):
+        assert jax.tree.leaves(stacked_mask[f'{stack}_layers']) == jax.tree.leaves(
+            mask[f'{stack}_layer_0']
+        )
+    assert not stacked_mask['encoder_layers']['ffn_norm']['scale']
+    assert stacked_mask['encoder_layers']['ffn']['wi']['kernel']
+
+
+def test_the_scanned_step_holds_one_layers_program_whatever_the_depth(monkeypatch):
+    """The lowered train step's op histogram (tests/model/snapshots.py): a scanned 12 + 12
+    model's equals a scanned 2 + 2 model's; the unrolled one grows with depth."""
+    from tests.model import snapshots
+
+    for layers in (2, 12):
+        for scan in (False, True):
+            fields = {'num_encoder_layers': layers, 'num_decoder_layers': layers}
+            monkeypatch.setitem(
+                snapshots.CASES, f'{layers}_{scan}', {**fields, 'scan_layers': scan}
+            )
+    assert snapshots.op_histogram('12_True') == snapshots.op_histogram('2_True')
+    unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('12_False')
+    assert deeper['stablehlo.dot_general'] > 5 * unrolled['stablehlo.dot_general']
+
+
+@pytest.mark.slow
+def test_checkpoints_of_either_layout_resume_decode_average_and_export(tmp_path):
+    """A run trained unrolled for 3 steps resumes scanned to 6 (parameters and Adam state
+    converted on restore); each checkpoint loads in either layout, the two averaged across
+    layouts equal the per-layer average, greedy outputs agree, and the exports read the
+    per-layer tree."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import evaluate
+    from transformer.checkpoint import load_model
+    from transformer.commands import export
+    from transformer.commands import train as trainer
+
+    run = str(tmp_path / 'run')
+    config = tiny_run_config(3)
+    config.model.dropout_rate = 0.0
+    trainer.train_and_evaluate(config, run)
+    config = tiny_run_config(6)
+    config.model.update(dropout_rate=0.0, scan_layers=True)
+    resumed = {}
+    trainer.train_and_evaluate(config, run, on_step=resumed.__setitem__)
+    assert sorted(resumed) == [4, 5, 6] and np.isfinite(resumed[6]['loss'])
+    per_layer = {}
+    for step in (3, 6):
+        _, _, unrolled, params, _ = load_model(run, step=step, scan_layers=False)
+        _, _, scanned, stacked, _ = load_model(run, step=step, scan_layers=True)
+        assert 'encoder_layer_0' in params and 'encoder_layers' in stacked
+        for a, b in zip(
+            jax.tree.leaves(unstack_layers(stacked)), jax.tree.leaves(params), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+        per_layer[step] = params
+    inputs = jnp.asarray(np.random.default_rng(0).integers(3, 50, (4, 6))).at[:, 5].set(1)
+    np.testing.assert_array_equal(
+        greedy_search(scanned, stacked, inputs, max_decode_len=8),
+        greedy_search(unrolled, params, inputs, max_decode_len=8),
+    )
+    _, _, _, averaged, steps_loaded = load_model(run, step=6, average_last=2)  # the run: scanned
+    assert steps_loaded == [3, 6]
+    mean = jax.tree.map(lambda a, b: (np.float64(a) + b) / 2, per_layer[3], per_layer[6])
+    for a, b in zip(jax.tree.leaves(unstack_layers(averaged)), jax.tree.leaves(mean), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    _, _, model, exported, _ = export.load_run(run, 6, 1)
+    assert not model.config.scan_layers and 'decoder_layer_0' in exported
+    written = []
+    for flag in ('--scan_layers', '--noscan_layers'):  # evaluate decodes in either layout
+        out = tmp_path / f'{flag}.txt'
+        with pytest.raises(SystemExit) as info:
+            evaluate.cli(['evaluate', f'--workdir={run}', '--step=6', f'--output={out}', flag])
+        assert not info.value.code
+        written.append(out.read_text())
+    assert written[0] == written[1]  # (a 6-step model: short outputs; parity itself is above)
+
+
+def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
+    from transformer.model import attention_maps
+
+    unrolled, scanned = _pair()
+    params = init_params(unrolled, jax.random.key(3))
+    inputs, targets = np.array([5, 6, 7, 1]), np.array([8, 9, 1])
+    ours = attention_maps(scanned, stack_layers(params), inputs, targets)
+    theirs = attention_maps(unrolled, params, inputs, targets)
+    assert sorted(ours) == sorted(theirs) and len(ours) == 3 + 2 * 2
+    for key, value in theirs.items():
+        np.testing.assert_array_equal(ours[key], value)
