@@ -150,3 +150,20 @@ def test_an_ensemble_on_a_mesh_equals_one_device():
 
 def _kernel_of(params):
     return params['encoder_layer_0']['self_attention']['query']['kernel']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(('name', 'beam_size'), [('data', 3), ('fsdp', 1), ('model2', 3)])
+def test_a_scanned_model_on_a_mesh_decodes_the_tokens_of_one_device(name, beam_size):
+    """model.scan_layers: the stacked parameters and caches (their layer axis first) on each
+    mesh, rows still split over the data axis as the search shrinks its batch."""
+    import dataclasses
+
+    from transformer.model import Transformer, stack_layers
+
+    model = Transformer(dataclasses.replace(MODEL.config, scan_layers=True))
+    layout = decode_layout(model, LAYOUTS[name], devices=jax.devices('cpu'))
+    params = layout.place(stack_layers(_params()))
+    search = dict(beam_size=beam_size, alpha=0.6, extra_length=5)
+    tokens = decoding.decode(decoding.translate_batch, model, params, _inputs(), layout, **search)
+    np.testing.assert_array_equal(tokens, _one_device(beam_size))

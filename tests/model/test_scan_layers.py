@@ -68,19 +68,33 @@ def test_logits_and_decoding_equal_the_unrolled_models(overrides):
         np.testing.assert_array_equal(ours, theirs)
 
 
+MODES = {
+    'sharding1': ('sharding', 1, {}),
+    'sharding2': ('sharding', 2, {}),
+    'pmap2': ('pmap', 2, {}),
+    'fsdp4': ('sharding', 4, {'fsdp': True}),
+    'model4': ('sharding', 4, {'model_parallelism': 2}),
+}
+# Each mode with one remat policy in the suite; every other pair in the long tier.
+SUITE = [('sharding1', 'none'), ('sharding2', 'full'), ('pmap2', 'dots')]
+SUITE += [('fsdp4', 'attention'), ('model4', 'none')]
+LONG = [(m, p) for m in MODES for p in ('none', 'full', 'dots', 'attention') if (m, p) not in SUITE]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    'mode, devices, layout, remat',
-    [
-        ('sharding', 1, {}, 'none'),
-        ('sharding', 2, {}, 'full'),
-        ('pmap', 2, {}, 'dots'),
-        ('sharding', 4, {'fsdp': True}, 'attention'),
-        ('sharding', 4, {'model_parallelism': 2}, 'none'),
-    ],
-)
-def test_a_training_step_equals_the_unrolled_models(mode, devices, layout, remat):
+@pytest.mark.parametrize('mode, remat', SUITE)
+def test_a_training_step_equals_the_unrolled_models(mode, remat):
     """Dropout off: the same loss and, unstacked, the same parameters after two steps."""
+    _assert_the_same_two_steps(*MODES[mode], remat)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize('mode, remat', LONG)
+def test_every_mode_and_remat_policy_steps_as_the_unrolled_model(mode, remat):
+    _assert_the_same_two_steps(*MODES[mode], remat)
+
+
+def _assert_the_same_two_steps(mode: str, devices: int, layout: dict, remat: str) -> None:
     results = []
     for scan in (False, True):
         model = tiny_model(**LAYERS, remat=remat, scan_layers=scan)
