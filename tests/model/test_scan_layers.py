@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.tiny_run import LEN, packed_batch, tiny_model
-from transformer.configs import base
+from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.decoding import beam_search, greedy_search
 from transformer.model import (
     Transformer,
@@ -20,7 +19,7 @@ from transformer.model import (
     teacher_forced_logits,
     unstack_layers,
 )
-from transformer.training import optim, parallel, steps
+from transformer.training import optim, steps
 
 LAYERS = {'num_encoder_layers': 3, 'num_decoder_layers': 2}
 
@@ -98,17 +97,8 @@ def _assert_the_same_two_steps(mode: str, devices: int, layout: dict, remat: str
     results = []
     for scan in (False, True):
         model = tiny_model(**LAYERS, remat=remat, scan_layers=scan)
-        tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=32)
-        par = parallel.Parallel(
-            mode,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            label_smoothing=0.1,
-            accum_steps=1,
-            devices=jax.devices('cpu')[:devices],
-            **layout,
-        )
+        devices_used = jax.devices('cpu')[:devices]
+        par, model, tx = tiny_parallel(devices_used, mode, model=model, **layout)
         state = par.put_state(
             par.init_state(lambda m=model, t=tx: steps.init_state(m, t, jax.random.key(0), LEN))
         )

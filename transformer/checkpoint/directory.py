@@ -107,10 +107,8 @@ def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = Fa
     """ValueError naming the first parameter whose saved shape differs from abstract ``params``,
     before any array is read (a restore failing half-way left tensorstore reads in flight,
     which printed tracebacks after the error line)."""
-    item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
-    try:
-        saved = ocp.StandardCheckpointHandler().metadata(item)
-    except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
+    saved = _saved_params(workdir, step, best)
+    if saved is None:
         return
     have, want = (
         {jax.tree_util.keystr(k): tuple(v.shape) for k, v in _leaves(t)} for t in (saved, params)
@@ -126,12 +124,18 @@ def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = Fa
 def saved_stacked(workdir: str, step: int, *, best: bool = False) -> bool | None:
     """Whether the parameters saved at ``step`` hold a scanned model's stacked layers
     (``encoder_layers``: model.scan_layers); None where the metadata cannot be read."""
+    saved = _saved_params(workdir, step, best)
+    return None if saved is None else any(key in saved for key in STACKED_KEYS)
+
+
+def _saved_params(workdir: str, step: int, best: bool) -> PyTree | None:
+    """The saved parameters' metadata tree (shapes, no values), or None where it cannot be
+    read (the restore then says what is wrong)."""
     item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
     try:
-        saved = ocp.StandardCheckpointHandler().metadata(item)
+        return ocp.StandardCheckpointHandler().metadata(item)
     except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
         return None
-    return any(key in saved for key in STACKED_KEYS)
 
 
 def _leaves(tree: PyTree) -> list:

@@ -28,7 +28,7 @@ from transformer.checkpoint.directory import (
     saved_stacked,
     verify_step,
 )
-from transformer.model import convert_layer_layout
+from transformer.model import STACKED_KEYS, convert_layer_layout
 from transformer.rundir import (
     CORRUPT_CHECKPOINTS,
     MANIFEST,
@@ -68,7 +68,7 @@ def restore_state(
     """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
     `restore_latest` verifies the step first."""
     stacked = saved_stacked(workdir, step)
-    scanned = 'encoder_layers' in abstract_state.params
+    scanned = STACKED_KEYS[0] in abstract_state.params  # this run's layout of the layers
     if stacked is not None and stacked != scanned:
         return _restore_converted(manager, step, abstract_state, workdir, stacked)
     try:

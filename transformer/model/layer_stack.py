@@ -34,11 +34,6 @@ def stacked_name(stack: str) -> str:
 STACKED_KEYS = tuple(stacked_name(s) for s in STACKS)
 
 
-def is_stacked(tree: Mapping[str, Any]) -> bool:
-    """Whether ``tree`` holds the scanned layout."""
-    return any(stacked_name(s) in tree for s in STACKS)
-
-
 def stack(tree: Mapping[str, Any]) -> dict[str, Any]:
     """``tree`` with its ``{stack}_layer_{i}`` subtrees replaced by one ``{stack}_layers``
     whose leaves are layer 0's, 1's, ... stacked on a new leading axis; other keys as they
