@@ -108,7 +108,7 @@ def test_scores_are_our_log_probs(case, tokenizer, tmp_path):
     """CTranslate2's score_batch of each target token (and of the </s> it appends) is our
     teacher-forced log-softmax, to 1e-4 (float32), on sequences of different lengths."""
     cfg = _config(tokenizer, **CASES[case])
-    assert export_refusal(cfg, 'ctranslate2') is None
+    assert export_refusal(cfg, ctranslate2_spec.WRITES) is None
     model = Transformer(cfg)
     params = fill_random(abstract_params(model), logits_scale=3.0)
     if cfg.logits_bias:

@@ -6,8 +6,8 @@ why).
 Layers, from the ground up (a module may import its own package and any lower layer):
 
     0  tokens, multihost, lock, files, fields,  leaves: ids, process-0 decisions, the lock,
-       backends/                                disk errors, config fields and their rules,
-                                                devices
+       formats, backends/                       disk errors, config fields and their rules,
+                                                what each export format writes, devices
     1  model/, data/                            the network; text to batches
     2  schema                                   the config's typed sections and their rules
     3  configs/, rundir                         experiments; the run directory
@@ -33,6 +33,7 @@ LAYERS = {
     'lock': 0,
     'files': 0,
     'fields': 0,
+    'formats': 0,
     'backends': 0,
     'model': 1,
     'data': 1,

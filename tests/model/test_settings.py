@@ -1,8 +1,9 @@
 """transformer/model/settings.py: a numeric model setting is its declaration. A toy setting
 (learned memory slots each attention would read: a [M, D] weight) declared here, with its
 config field's one line, is seen by the parameter count, the FLOPs, the memory bound, --help,
-the resume refusal, the exports' refusal and the PyTorch peer's refusal; and the declared
-settings of the model (model.head_dim, model.num_kv_heads) refuse what MarianMT cannot hold."""
+the resume refusal and the PyTorch peer's refusal; the exports, which do not declare it, write
+it at its default only (transformer/formats.py); and MarianMT's declaration refuses the values
+of model.head_dim and model.num_kv_heads it cannot hold."""
 
 import dataclasses
 import importlib.util
@@ -23,18 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import torch_peer  # noqa: E402
 
 SLOTS = 'num_memory_slots'
-UNEXPORTABLE = 'MarianMT has no memory slots; only num_memory_slots=0 exports.'
 TOY = settings.Setting(
     SLOTS,
     0,
     'M, learned memory slots each attention reads',
     fields.NON_NEGATIVE,
     lambda cfg: {'attention': {'memory/kernel': (cfg.num_memory_slots, cfg.d_model)}},
-    unexportable={
-        format: lambda cfg: UNEXPORTABLE if cfg.num_memory_slots else None
-        for format in variants.EXPORT_FORMATS
-    },
-    exports='0',
     unbuilt=lambda cfg: 'it has no memory slots' if cfg.num_memory_slots else None,
 )
 
@@ -86,9 +81,9 @@ def test_help_shows_the_declared_description(toy, capsys):
         train.cli(['train', '--config=tiny', '--help'])
     lines = capsys.readouterr().out.splitlines()
     line = next(x for x in lines if f'model.{SLOTS} =' in x)
-    assert line.endswith('M, learned memory slots each attention reads (MarianMT: 0)')
+    assert line.endswith('M, learned memory slots each attention reads')
     kv = next(x for x in lines if 'model.num_kv_heads =' in x)
-    assert 'grouped-query attention' in kv and kv.endswith('(MarianMT: None or num_heads)')
+    assert kv.endswith('K, key/value heads, a divisor of N (grouped-query attention); None = N')
 
 
 @pytest.mark.parametrize(
@@ -102,38 +97,48 @@ def test_a_resume_that_changes_a_setting_is_refused(toy, tmp_path, key, old, new
 
 
 @pytest.mark.parametrize(
-    'key, value, reason, refusing',
+    'key, value, reasons',
     [
-        (SLOTS, 2, UNEXPORTABLE, export.FORMATS),
+        (
+            SLOTS,
+            2,
+            {
+                'hf': 'MarianMT writes num_memory_slots=0 only.',
+                'ctranslate2': 'CTranslate2 writes num_memory_slots=0 only.',
+            },
+        ),
         (
             'num_kv_heads',
             2,
-            'MarianMT has one key/value head per query head; only num_kv_heads=None (or '
-            'num_heads) exports.',
-            ('hf',),
+            {
+                'hf': 'MarianMT has one key/value head per query head; only num_kv_heads=None '
+                '(or num_heads) exports; --format=ctranslate2 writes num_kv_heads=2.'
+            },
         ),
         (
             'head_dim',
             16,
-            'MarianMT fixes head_dim = d_model / num_heads = 8; only head_dim=None (or equal to '
-            'that) exports.',
-            ('hf',),
+            {
+                'hf': 'MarianMT fixes head_dim = d_model / num_heads = 8; only head_dim=None (or '
+                'equal to that) exports; --format=ctranslate2 writes head_dim=16.'
+            },
         ),
     ],
 )
 def test_the_exports_refuse_a_value_in_one_line_before_asking_for_packages(
-    toy, tmp_path, monkeypatch, key, value, reason, refusing
+    toy, tmp_path, monkeypatch, key, value, reasons
 ):
-    """Each format refuses what its declaration says it cannot hold (CTranslate2 holds the
-    head size and grouped keys/values), the others go on to the package check."""
+    """Each format refuses what its declaration does not name (no format names the toy: its
+    default alone exports; CTranslate2 writes any head size and grouped keys/values), the
+    others go on to the package check."""
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
     workdir, _ = run_dir_with(tmp_path, **{key: value})
     for format in export.FORMATS:
         with pytest.raises(export.ExportError) as info:
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
-        line = f'model.{key}={value!r} cannot be exported as --format={format}: {reason}'
-        if format in refusing:
-            assert str(info.value) == line and len(line) <= 200
+        if format in reasons:
+            line = f'model.{key}={value!r} cannot be exported as --format={format}: '
+            assert str(info.value) == line + reasons[format] and len(str(info.value)) <= 200
         else:
             assert 'needs the export extra' in str(info.value)
     assert not (tmp_path / 'out').exists()
@@ -141,7 +146,8 @@ def test_the_exports_refuse_a_value_in_one_line_before_asking_for_packages(
 
 @pytest.mark.parametrize('key, value', [(SLOTS, 0), ('num_kv_heads', 4), ('head_dim', 8)])
 def test_values_marian_holds_pass_the_refusals(toy, tmp_path, monkeypatch, key, value):
-    """The toy's 0, K = N = 4 and H = D / N = 8 (tiny: D 32): on to the package check."""
+    """The toy's default 0, K = N = 4 and H = D / N = 8 (tiny: D 32): on to the package
+    check."""
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
     workdir, _ = run_dir_with(tmp_path, **{key: value})
     with pytest.raises(export.ExportError, match='needs the export extra'):

@@ -2,8 +2,9 @@
 takes. The test registers, for two parts, exactly an entry and its module: a toy gated
 feed-forward (GLU-style, Shazeer 2020, "GLU Variants Improve Transformer") and a toy norm
 (RMSNorm, Zhang & Sennrich 2019: a scale and no bias); the config, --help, the parameter count,
-the FLOPs, the memory bound, the exports, resuming and the PyTorch peer learn them from that
-entry (docs/model_variants.md)."""
+the FLOPs, the memory bound, resuming and the PyTorch peer learn them from that entry, and every
+export refuses them, as it refuses every value its format does not declare (transformer/
+formats.py; docs/model_variants.md)."""
 
 import math
 import re
@@ -17,7 +18,7 @@ from flax import linen as nn
 
 from tests.tiny_run import run_dir_with, tiny_run_config
 from transformer import rundir, schema
-from transformer.commands import export
+from transformer.commands import ctranslate2_spec, export, marian
 from transformer.fields import ConfigError
 from transformer.model import (
     Transformer,
@@ -72,10 +73,6 @@ TOYS = {
         },
         'GLU variants (Shazeer, 2020)',
         module=GatedFeedForward,
-        unexportable={
-            format: f"{format} has no toy gate; only ffn='relu', 'swish' or 'gelu' exports."
-            for format in variants.EXPORT_FORMATS
-        },
     ),
     'norm': variants.Variant(
         'norm',
@@ -83,10 +80,6 @@ TOYS = {
         lambda cfg: {'scale': (cfg.d_model,)},
         'RMSNorm (Zhang and Sennrich, 2019)',
         module=RMSNorm,
-        unexportable={
-            format: f"{format} has no toy norm; only norm='layer_norm' exports."
-            for format in variants.EXPORT_FORMATS
-        },
     ),
 }
 BUILT = {'ffn': 'relu', 'norm': 'layer_norm'}  # the paper's entry of each part
@@ -199,11 +192,22 @@ def test_flops_and_memory_bound_follow_the_registered_variant(toys, part, pre_la
     assert footprint.layer_params(experiment) == in_layers
 
 
+# What each format says of the toys: the values its declaration names.
+REFUSALS = {
+    ('ffn', 'hf'): "MarianMT's feed-forward has no gate, and its activation is named by "
+    "transformers; only ffn='relu', 'swish' or 'gelu' exports to it.",
+    ('ffn', 'ctranslate2'): "CTranslate2 writes ffn='relu', 'swish', 'gelu', 'swiglu' or "
+    "'geglu' only.",
+    ('norm', 'hf'): "MarianMT's norms are LayerNorms; only norm='layer_norm' exports to it.",
+    ('norm', 'ctranslate2'): "CTranslate2 writes norm='layer_norm' or 'rms_norm' only.",
+}
+
+
 @pytest.mark.parametrize('part', TOYS)
 def test_export_refuses_the_variant_before_asking_for_its_packages(
     toys, part, tmp_path, monkeypatch
 ):
-    """A run of a variant no format represents is refused in one line naming the field, not
+    """A run of a variant no format declares is refused in one line naming the field, not
     told to install the export extra (which is missing here)."""
     import importlib.util
 
@@ -215,7 +219,7 @@ def test_export_refuses_the_variant_before_asking_for_its_packages(
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
         assert str(info.value) == (
             f'model.{part}={toy.value!r} cannot be exported as --format={format}: '
-            + toy.unexportable[format]
+            + REFUSALS[part, format]
         )
     # The paper's entry passes the refusals and reaches the package check.
     workdir, _ = run_dir_with(tmp_path, **{part: BUILT[part]})
@@ -238,3 +242,66 @@ def test_the_pytorch_peer_refuses_the_variant(toys, part, monkeypatch):
     monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
     with pytest.raises(torch_peer.Refused, match=f'model.{part}={TOYS[part].value!r} is not'):
         torch_peer.main(['--config=tiny', f'--set=model.{part}={TOYS[part].value}'])
+
+
+@pytest.fixture
+def toy_positions():
+    """A positions entry registered as a new user would, with its module and nothing about
+    the exports: the sinusoid's module under another name."""
+    from transformer.model.positions import PositionEncoding
+
+    toy = variants.Variant(
+        'positions', 'toy', variants.nothing, 'a test', module=PositionEncoding(True, False)
+    )
+    variants.register(toy)
+    yield toy
+    variants.unregister('positions', 'toy')
+
+
+def test_every_format_refuses_an_entry_it_does_not_declare_before_writing(
+    toy_positions, tmp_path, monkeypatch
+):
+    """No format names 'toy' among the positions it writes: the command refuses it in one line
+    naming the field and what the format writes, and so does each writer called directly,
+    before it writes a file (it would have written sinusoids, a different model)."""
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
+    workdir, config = run_dir_with(tmp_path, positions='toy')
+    reasons = {
+        'hf': 'MarianMT adds sinusoids to the embeddings; only '
+        "positions='sinusoidal' exports to it.",
+        'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+    }
+    for format in export.FORMATS:
+        line = f"model.positions='toy' cannot be exported as --format={format}: {reasons[format]}"
+        with pytest.raises(export.ExportError) as info:
+            export.export(str(workdir), str(tmp_path / 'out'), format=format)
+        assert str(info.value) == line
+        assert not (tmp_path / 'out').exists()
+    cfg = schema.parse(config).model
+    for format, write in (
+        ('hf', marian.write_hf),
+        ('ctranslate2', ctranslate2_spec.write_ctranslate2),
+    ):
+        directory = tmp_path / format
+        directory.mkdir()
+        with pytest.raises(
+            export.ExportError,
+            match=f"model.positions='toy' cannot be exported as --format={format}",
+        ):
+            write(str(directory), cfg, None, None, None)
+        assert not list(directory.iterdir())
+
+
+def test_a_registered_value_is_not_replaced():
+    """Registering a value its part has is refused in one line, and the entry stays."""
+    sinusoidal = variants.chosen(TransformerConfig(vocab_size=8), 'positions')
+    again = variants.Variant('positions', 'sinusoidal', variants.nothing, 'another')
+    with pytest.raises(ValueError) as info:
+        variants.register(again)
+    assert str(info.value) == (
+        "the positions 'sinusoidal' is registered already (Sec. 3.5: sinusoids added to the "
+        'scaled embeddings); register it under a new name.'
+    )
+    assert variants.chosen(TransformerConfig(vocab_size=8), 'positions') is sinusoidal

@@ -22,8 +22,8 @@ has each option our model has.
   ``reshape(D, -1).T``), its cross-attention has q (``linear_0``) and the fused k, v
   (``linear_1``); the output projection is the last linear. ``num_heads_kv`` and ``head_dim``
   are spec options; QK-norm is ``qk_norm`` (an RMSNorm over each head's H channels; with one
-  head only: its cross-attention norms all heads' queries together, which qk_norm's
-  declaration refuses, transformer/model/settings.py).
+  head only: its cross-attention norms all heads' queries together, so `WRITES` refuses it
+  with more).
 * Feed-forward: ``linear_0`` (activated), ``linear_1``; the gated ones add ``linear_0_noact``,
   the linear branch (``ffn_glu=True``).
 * Positions: our interleaved sinusoid table (transformer/model/positions.py) is written as
@@ -35,6 +35,10 @@ has each option our model has.
   ``projection``, ``model.logits_bias`` its bias. The decoder starts from the embedding of
   id 0 (<pad>), its ``decoder_start_token``. The vocabulary is written in our id order
   (``tokenizer.id_to_piece``), a MarianMT vocabulary's run's too, so no row moves.
+
+What the spec holds of a model is declared once, `WRITES` (transformer/formats.py): the values
+of each variant field and numeric setting mapped above; any other is refused in one line
+before anything is written.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from transformer.data import MarianVocabulary
+from transformer.formats import EVERY_VALUE, Format, Writes
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
@@ -57,6 +62,40 @@ WEIGHTS, REQUEST = 'ctranslate2_weights.npz', 'ctranslate2_request.json'
 ACTIVATIONS = {'relu': 'RELU', 'swish': 'SWISH', 'gelu': 'GELU', 'swiglu': 'SWISH', 'geglu': 'GELU'}
 GATED = ('swiglu', 'geglu')
 ROTARY_BASE = 10000.0  # transformer/model/positions.py BASE
+
+
+def _qk_norm(cfg: Any) -> str | None:
+    """CTranslate2 (4.8) norms each head's queries and keys in self-attention, but in
+    cross-attention the queries of all heads together, one RMSNorm over N * H channels
+    (src/layers/attention.cc, process_cross_attention; tests/test_export_ctranslate2.py
+    measures it): the same as ours with one head only."""
+    if not cfg.qk_norm or cfg.num_heads == 1:
+        return None
+    return (
+        f'with model.num_heads={cfg.num_heads}, CTranslate2 norms the cross-attention queries '
+        'of all heads together, not head by head; only qk_norm=False (or num_heads=1) exports.'
+    )
+
+
+# What the spec holds of a model (transformer/formats.py): the values of each variant field
+# (transformer/model/variants.py) and numeric setting (transformer/model/settings.py) that
+# `spec_options` and `spec_weights` map. Any other value is refused.
+WRITES = Format(
+    'ctranslate2',
+    'CTranslate2',
+    {
+        'ffn': Writes(tuple(ACTIVATIONS)),
+        'norm': Writes(('layer_norm', 'rms_norm')),  # rms_norm=True: gamma alone
+        'pre_layer_norm': Writes((False, True)),
+        'share_embeddings': Writes(('all', 'target', 'none')),
+        'logits_bias': Writes((False, True)),
+        'positions': Writes(('sinusoidal', 'rope')),
+        'head_dim': EVERY_VALUE,
+        'num_kv_heads': EVERY_VALUE,
+        'attention_bias': Writes((False, True)),
+        'qk_norm': Writes(check=_qk_norm),
+    },
+)
 
 
 def _dims(cfg: Any) -> tuple[int, int, int]:
@@ -252,8 +291,8 @@ def write_ctranslate2(
     from transformer.commands.marian import ExportError, max_length  # jax: not the child's
     from transformer.model import export_refusal
 
-    # The parts the mapping has no names for, and what CTranslate2 computes otherwise.
-    refusal = export_refusal(cfg, 'ctranslate2')
+    # What the mapping has no names for, and what CTranslate2 computes otherwise.
+    refusal = export_refusal(cfg, WRITES)
     if refusal:
         raise ExportError(refusal)
     try:

@@ -6,7 +6,8 @@ The run's config decides first whether the model can be exported at all
 (`check_expressible`, the list of refusals), before the format's packages are asked for or a
 checkpoint is read; transformer/commands/marian.py writes the MarianMT files,
 transformer/commands/ctranslate2_spec.py the CTranslate2 model (directly, in a process of its
-own).
+own). Each declares what it writes of a model (its ``WRITES``, transformer/formats.py), and
+refuses the rest.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from transformer.checkpoint import load_model
 from transformer.commands import console, ctranslate2_spec, marian
 from transformer.commands.marian import ExportError
 from transformer.data import DataError
-from transformer.model import EXPORT_FORMATS, export_refusal
+from transformer.model import export_refusal
 
-FORMATS = EXPORT_FORMATS
+# Each format's declaration of what it writes, by its --format value.
+DECLARATIONS = {writes.flag: writes for writes in (marian.WRITES, ctranslate2_spec.WRITES)}
+FORMATS = tuple(DECLARATIONS)
 QUANTIZATIONS = ('int8',)
 
 
@@ -48,9 +51,9 @@ def read_run_config(workdir: str) -> schema.Experiment:
 def check_expressible(config: schema.Experiment, format: str) -> None:
     """The list of refusals: an `ExportError` (one line) for a run that ``format`` cannot
     represent, decided from its config alone, before the format's packages are asked for or a
-    checkpoint is read. The model's variants say which formats represent them
-    (transformer/model/variants.py), and so do the numeric settings' declarations
-    (transformer/model/settings.py). (An odd d_model with sinusoids, or an odd head size with
+    checkpoint is read. Each format writes the values of the model's variant fields and
+    numeric settings its declaration names (transformer/formats.py) and refuses every other,
+    naming the formats that write it. (An odd d_model with sinusoids, or an odd head size with
     rotary positions, is no config at all: `variants.check`.)"""
     if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
@@ -59,7 +62,7 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
             'this project (transformer.translate or its Python api) instead.'
         )
     cfg = config.model
-    refusal = export_refusal(cfg, format)
+    refusal = export_refusal(cfg, DECLARATIONS[format], tuple(DECLARATIONS.values()))
     if refusal:
         raise ExportError(refusal)
 

@@ -16,6 +16,10 @@ layouts differ and are mapped here (`marian_state_dict`):
   ``model.attention_bias``, zeros without. Its ``final_logits_bias`` is ``model.logits_bias``'s
   parameter, or zeros.
 
+What the files hold of a model is declared once, `WRITES` (transformer/formats.py): the
+values of each variant field and numeric setting that the mapping below writes; any other is
+refused in one line before anything is written.
+
 Layer norm epsilon is hard-coded to 1e-5 in Hugging Face Marian; ``model.layer_norm_epsilon``
 (1e-6 by default) is kept in the CTranslate2 export's config, and its effect on the Hugging Face
 logits is measured in docs/export.md ("Exact, and where it still differs").
@@ -33,10 +37,59 @@ import numpy as np
 from transformer import decoding
 from transformer.checkpoint import marian_channel_order
 from transformer.data import MarianVocabulary, Tokenizer
+from transformer.formats import Format, Writes
 from transformer.model import TransformerConfig, export_refusal
 from transformer.tokens import EOS_ID, PAD_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
+
+
+def _head_dim(cfg: TransformerConfig) -> str | None:
+    if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
+        return None
+    return (
+        f'MarianMT fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; only '
+        'head_dim=None (or equal to that) exports.'
+    )
+
+
+def _kv_heads(cfg: TransformerConfig) -> str | None:
+    if cfg.num_kv_heads in (None, cfg.num_heads):
+        return None
+    return (
+        'MarianMT has one key/value head per query head; only num_kv_heads=None (or num_heads) '
+        'exports.'
+    )
+
+
+# What the MarianMT files hold of a model (transformer/formats.py): the values of each variant
+# field (transformer/model/variants.py) and numeric setting (transformer/model/settings.py)
+# that `marian_state_dict` and `marian_configs` map. Any other value is refused.
+WRITES = Format(
+    'hf',
+    'MarianMT',
+    {
+        'ffn': Writes(
+            ('relu', 'swish', 'gelu'),
+            "MarianMT's feed-forward has no gate, and its activation is named by transformers",
+        ),
+        'norm': Writes(('layer_norm',), "MarianMT's norms are LayerNorms"),
+        'pre_layer_norm': Writes(
+            (False,), 'MarianMT is post-LN only (no final layer norm, no pre-LN option)'
+        ),
+        'share_embeddings': Writes(
+            ('all',),
+            "the export writes one shared embedding matrix, as MarianMT's joint-vocabulary "
+            'models use',
+        ),
+        'logits_bias': Writes((False, True)),  # final_logits_bias, zeros without
+        'positions': Writes(('sinusoidal',), 'MarianMT adds sinusoids to the embeddings'),
+        'head_dim': Writes(check=_head_dim),
+        'num_kv_heads': Writes(check=_kv_heads),
+        'attention_bias': Writes((False, True)),  # zeros without
+        'qk_norm': Writes((False,), 'MarianMT has no norm on queries and keys'),
+    },
+)
 
 
 class ExportError(ValueError):
@@ -200,11 +253,11 @@ def write_hf(
       tokenizer: the run's vocabulary.
       params: the parameters to export.
     """
-    from safetensors.numpy import save
-
-    refusal = export_refusal(cfg, 'hf')  # the parts the mapping below has no names for
+    refusal = export_refusal(cfg, WRITES)  # what the mapping below has no names for
     if refusal:
         raise ExportError(refusal)
+    from safetensors.numpy import save
+
     ids = special_ids(tokenizer)
     model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len, ids)
     # transformers refuses safetensors files whose metadata does not name a framework.

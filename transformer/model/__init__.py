@@ -52,11 +52,11 @@ from transformer.model.remat import compiler_options as remat_compiler_options
 from transformer.model.settings import Setting, peer_refusal
 from transformer.model.transformer import Transformer
 from transformer.model.variants import (
-    EXPORT_FORMATS,
     Variant,
     describe,
     export_refusal,
     layer_param_count,
+    model_fields,
     param_count,
     param_shapes,
 )
@@ -66,7 +66,6 @@ __all__ = [
     'ATTENTION_MAP_KINDS',
     'EMBEDDING_GRADS',
     'EOS_ID',
-    'EXPORT_FORMATS',
     'FeedForward',
     'PAD_ID',
     'Packing',
@@ -93,6 +92,7 @@ __all__ = [
     'init_params',
     'layer_norm',
     'layer_param_count',
+    'model_fields',
     'logical_partition_specs',
     'logical_shardings',
     'padded_length',

@@ -127,10 +127,6 @@ def _gated_weights(cfg: TransformerConfig) -> variants.Shapes:
     }
 
 
-_NO_GATE = (
-    "MarianMT's feed-forward has no gate; only ffn='relu', 'swish' or 'gelu' exports to it; "
-    '--format=ctranslate2 holds the gated ones.'
-)
 SWIGLU, GEGLU = (
     variants.register(
         variants.Variant(
@@ -139,7 +135,6 @@ SWIGLU, GEGLU = (
             _gated_weights,
             f'Shazeer (2020): {gate} gate, three matrices, no biases',
             module=GatedFeedForward,
-            unexportable={'hf': _NO_GATE},
         )
     )
     for name, gate in GATES.items()

@@ -55,9 +55,5 @@ RMS_NORM = variants.register(
         lambda cfg: {'scale': (cfg.d_model,)},
         'RMSNorm (Zhang and Sennrich, 2019): no centring, no bias',
         module=rms_norm,
-        unexportable={
-            'hf': "MarianMT's norms are LayerNorms; only norm='layer_norm' exports to it; "
-            '--format=ctranslate2 holds RMSNorm.'
-        },
     )
 )

@@ -122,10 +122,6 @@ ROPE = variants.register(
         variants.nothing,
         'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
         module=PositionEncoding(added=False, rotary=True),
-        unexportable={
-            'hf': 'MarianMT adds sinusoids to the embeddings; only positions='
-            "'sinusoidal' exports to it; --format=ctranslate2 holds rotary positions."
-        },
         check=_even_head_dim,
     )
 )

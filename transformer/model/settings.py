@@ -1,24 +1,24 @@
 """The model's numeric settings, one declaration each: what a number (a head count, a width)
-or a switch (the attention's biases) changes in the network and what the exports and the
-PyTorch peer can represent of it.
+or a switch (the attention's biases) changes in the network and what the PyTorch peer can
+represent of it.
 
 A part's choice is one entry of transformer/model/variants.py; a numeric setting has no entry
 per value, so its `Setting` declares, in one place, what the rest of the package reads:
 
 * the config field (TransformerConfig's line is ``name: type = settings.config_field(name)``):
   its default (the value of runs written before the field existed), rule and description,
-  which --help prints with what the exports and the peer take;
+  which --help prints;
 * ``weights``: the parameter shapes it sets in a part's entry, by part and path
   ({'attention': {'key/kernel': (D, K, H)}}), over the entry's own: `variants.param_shapes`
   places them in the model's tree, and from there follow the parameter count, the FLOPs
   (transformer/model/flops.py) and the layers' weight memory (transformer/training/footprint.py);
-* ``unexportable``: per export format, why it cannot represent a config's value, or None
-  where it can (`export_refusal`); the formats it does not name represent every value;
 * ``unbuilt``: why the PyTorch peer (benchmarks/torch_peer.py) does not build it, or None
   where it does (`peer_refusal`).
 
 A resume that changes a setting is refused, as every ``model.*`` field's change is
-(transformer/rundir.py). docs/model_variants.md walks through adding one.
+(transformer/rundir.py). What each export format writes of a setting is the format's own
+declaration (transformer/formats.py): a setting it does not name exports at its default
+only. docs/model_variants.md walks through adding one.
 
 Shape legend (transformer/model/attention.py): D d_model · N heads · K key/value heads ·
 H head dim.
@@ -27,7 +27,7 @@ H head dim.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from transformer import fields
@@ -48,12 +48,9 @@ class Setting:
     Attributes:
       field: the TransformerConfig field.
       default: its default, the value of runs written before it existed.
-      doc: its one-line description (--help adds the exports' and the peer's limits).
+      doc: its one-line description (--help prints it).
       rule: its rule (transformer/fields.py: POSITIVE, POSITIVE_OR_NONE, ...).
       weights: (cfg) -> {part: {path: shape}}, the shapes it sets in each part's entry.
-      unexportable: {format: (cfg) -> why ``format`` cannot represent ``cfg``'s value, or
-        None}.
-      exports: the values the MarianMT export takes, as --help says it ('' for all).
       unbuilt: (cfg) -> why the PyTorch peer does not build ``cfg``'s value, or None.
     """
 
@@ -62,10 +59,6 @@ class Setting:
     doc: str
     rule: dict[str, Any]
     weights: Callable[[TransformerConfig], dict[str, Shapes]]
-    unexportable: Mapping[str, Callable[[TransformerConfig], str | None]] = dataclasses.field(
-        default_factory=dict
-    )
-    exports: str = ''
     unbuilt: Callable[[TransformerConfig], str | None] = _none
 
 
@@ -88,22 +81,11 @@ def declared() -> tuple[Setting, ...]:
     return tuple(_SETTINGS.values())
 
 
-class _Doc:
-    """A setting's --help description, with what the exports take (read when printed)."""
-
-    def __init__(self, field: str):
-        self.field = field
-
-    def __str__(self) -> str:
-        setting = _SETTINGS[self.field]
-        return setting.doc + (f' (MarianMT: {setting.exports})' if setting.exports else '')
-
-
 def config_field(name: str) -> Any:
     """The TransformerConfig field of the setting ``name``: its default, rule and description;
     optional (config.json of an earlier run)."""
     setting = _SETTINGS[name]
-    return fields.field(setting.default, setting.rule, doc=_Doc(name), optional=True)
+    return fields.field(setting.default, setting.rule, doc=setting.doc, optional=True)
 
 
 def weights(cfg: TransformerConfig, part: str) -> Shapes:
@@ -115,27 +97,17 @@ def weights(cfg: TransformerConfig, part: str) -> Shapes:
     return shapes
 
 
-def _refusal(cfg: TransformerConfig, why: Callable, ending: str) -> str | None:
-    """The first setting's ``why(setting)(cfg)``, as one line ending with ``ending``."""
-    for setting in _SETTINGS.values():
-        if not hasattr(cfg, setting.field):
-            continue
-        reason = why(setting)(cfg)
-        if reason:
-            return f'model.{setting.field}={getattr(cfg, setting.field)!r} {ending}: {reason}'
-    return None
-
-
-def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
-    """One line for the first setting whose value in ``cfg`` ``format`` cannot represent."""
-    why = lambda setting: setting.unexportable.get(format, _none)  # noqa: E731
-    return _refusal(cfg, why, f'cannot be exported as --format={format}')
-
-
 def peer_refusal(cfg: TransformerConfig) -> str | None:
     """One line for the first setting whose value in ``cfg`` (a TransformerConfig or the
     config's model section) the PyTorch peer does not build."""
-    return _refusal(cfg, lambda setting: setting.unbuilt, 'is not built by the PyTorch peer')
+    for setting in _SETTINGS.values():
+        if not hasattr(cfg, setting.field):
+            continue
+        reason = setting.unbuilt(cfg)
+        if reason:
+            value = getattr(cfg, setting.field)
+            return f'model.{setting.field}={value!r} is not built by the PyTorch peer: {reason}'
+    return None
 
 
 # The settings of the attention's shapes (Sec. 3.2.2).
@@ -154,24 +126,6 @@ def _key_value(cfg: TransformerConfig) -> tuple[int, int, int]:
     return cfg.d_model, num_kv_heads(cfg), head_dim(cfg)
 
 
-def _marian_head_dim(cfg: TransformerConfig) -> str | None:
-    if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
-        return None
-    return (
-        f'MarianMT fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; only '
-        'head_dim=None (or equal to that) exports.'
-    )
-
-
-def _marian_kv_heads(cfg: TransformerConfig) -> str | None:
-    if num_kv_heads(cfg) == cfg.num_heads:
-        return None
-    return (
-        'MarianMT has one key/value head per query head; only num_kv_heads=None (or num_heads) '
-        'exports.'
-    )
-
-
 declare(
     Setting(
         'head_dim',
@@ -185,8 +139,6 @@ declare(
                 'out/kernel': (cfg.num_heads, head_dim(cfg), cfg.d_model),
             }
         },
-        unexportable={'hf': _marian_head_dim},
-        exports='None or d_model // num_heads',
     )
 )
 declare(
@@ -196,8 +148,6 @@ declare(
         'K, key/value heads, a divisor of N (grouped-query attention); None = N',
         fields.POSITIVE_OR_NONE,
         lambda cfg: {'attention': {f'{n}/kernel': _key_value(cfg) for n in ('key', 'value')}},
-        unexportable={'hf': _marian_kv_heads},
-        exports='None or num_heads',
     )
 )
 
@@ -240,25 +190,6 @@ def _qk_norm_scales(cfg: TransformerConfig) -> dict[str, Shapes]:
     return {'attention': {f'{n}_norm/scale': (head_dim(cfg),) for n in ('query', 'key')}}
 
 
-def _marian_qk_norm(cfg: TransformerConfig) -> str | None:
-    if not cfg.qk_norm:
-        return None
-    return 'MarianMT has no norm on queries and keys; only qk_norm=False exports to it.'
-
-
-def _ctranslate2_qk_norm(cfg: TransformerConfig) -> str | None:
-    """CTranslate2 (4.8) norms each head's queries and keys in self-attention, but in
-    cross-attention the queries of all heads together, one RMSNorm over N * H channels
-    (src/layers/attention.cc, process_cross_attention; tests/test_export_ctranslate2.py
-    measures it): the same as ours with one head only."""
-    if not cfg.qk_norm or cfg.num_heads == 1:
-        return None
-    return (
-        f'with model.num_heads={cfg.num_heads}, CTranslate2 norms the cross-attention queries '
-        'of all heads together, not head by head; only qk_norm=False (or num_heads=1) exports.'
-    )
-
-
 def _peer_qk_norm(cfg: TransformerConfig) -> str | None:
     return 'the peer has no norm on queries and keys.' if cfg.qk_norm else None
 
@@ -270,8 +201,6 @@ declare(
         "an RMSNorm on each head's queries and keys before their product (QK-norm)",
         fields.BOOL,
         _qk_norm_scales,
-        unexportable={'hf': _marian_qk_norm, 'ctranslate2': _ctranslate2_qk_norm},
-        exports='False',
         unbuilt=_peer_qk_norm,
     )
 )

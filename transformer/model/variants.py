@@ -15,8 +15,6 @@ one place, what the rest of the package reads:
   feed-forward, the norm: ``module(config, name=...)``), or the object the network calls (the
   positions: transformer/model/positions.py); None where the Transformer reads the field
   itself (norm placement, embedding sharing, the logits' bias).
-* ``unexportable``: per export format that cannot represent it, why (`export_refusal`, read
-  before the format's packages are asked for); every format it does not name exports it.
 * ``check``: why a config cannot build it (rotary positions with an odd head size), or None;
   `check` runs every chosen entry's when the config is made.
 
@@ -26,13 +24,15 @@ and the field's accepted values, its --help choices and its bad-value error are 
 registered for the part (`choices`), read when they are checked or printed. A new variant is
 a `register` call beside its module: its config value, --help line, bad-value error, old-run
 default and resume refusal follow from the field, its FLOPs, memory and parameter count from
-``weights``, and every export's refusal from ``unexportable``. transformer/model/__init__.py
+``weights``. An export writes it only once the format declares it (transformer/formats.py:
+each format names the values it writes, and refuses every other, `export_refusal`), so a new
+entry is refused by every export until its writer maps it. transformer/model/__init__.py
 imports every module that registers entries (feed_forward.py, norms.py, positions.py), so all
 of them exist once the package is imported. docs/model_variants.md walks through adding one.
 
 A number that changes the network (a head count, the head size) is no entry but a numeric
 setting, declared in transformer/model/settings.py: the shapes it sets in a part's entry are
-laid over the entry's own (`weights`), and the exports' refusals include its own.
+laid over the entry's own (`weights`); the exports declare the values they write of it too.
 
 Shape legend (transformer/model/attention.py): D d_model · N heads · H head dim · F d_ff ·
 V vocabulary.
@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from transformer import fields
+from transformer.formats import Format
 from transformer.model import settings
 
 # A TransformerConfig (transformer/model/config.py), which reads this module for its fields'
@@ -53,9 +54,6 @@ from transformer.model import settings
 TransformerConfig = Any
 Shape = tuple[int, ...]
 Shapes = dict[str, Shape]
-
-# Every export format (transformer/commands/export.py): Hugging Face MarianMT, CTranslate2.
-EXPORT_FORMATS = ('hf', 'ctranslate2')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +116,6 @@ class Variant:
         the norm), the object the network calls (positions: a `positions.PositionEncoding`),
         or None where the Transformer reads the field itself.
       outer: the parameters it adds outside the layers, by path from the model's root.
-      unexportable: {format: why that export format cannot represent it, ending with what
-        does export}; the formats it does not name export it.
       check: (cfg) -> why ``cfg`` cannot build it (one line naming the field to fix), or None.
     """
 
@@ -129,7 +125,6 @@ class Variant:
     source: str
     module: Any = None
     outer: Callable[[TransformerConfig], Shapes] = nothing
-    unexportable: Mapping[str, str] = dataclasses.field(default_factory=dict)
     check: Callable[[TransformerConfig], str | None] = lambda cfg: None
 
 
@@ -137,12 +132,15 @@ _REGISTRY: dict[str, dict[Any, Variant]] = {part: {} for part in FIELDS}
 
 
 def register(variant: Variant) -> Variant:
-    """Adds ``variant`` (or replaces the entry of its part and value); returns it."""
+    """Adds ``variant``; returns it. A value its part already has is refused (one line):
+    replacing an entry would change every run that chose it."""
     if variant.part not in _REGISTRY:
         raise ValueError(f'part {variant.part!r} is not one of {", ".join(FIELDS)}.')
-    unknown = set(variant.unexportable) - set(EXPORT_FORMATS)
-    if unknown:
-        raise ValueError(f'unexportable {sorted(unknown)} are not formats: {EXPORT_FORMATS}.')
+    if variant.value in _REGISTRY[variant.part]:
+        raise ValueError(
+            f'the {variant.part} {variant.value!r} is registered already '
+            f'({_REGISTRY[variant.part][variant.value].source}); register it under a new name.'
+        )
     _REGISTRY[variant.part][variant.value] = variant
     return variant
 
@@ -271,15 +269,20 @@ def describe(cfg: TransformerConfig) -> str:
     return ', '.join(f'{f}={getattr(cfg, f)!r}' for f in FIELDS.values() if f is not None)
 
 
-def export_refusal(cfg: TransformerConfig, format: str) -> str | None:
-    """One line for the first part ``cfg`` chooses, or numeric setting it sets
-    (transformer/model/settings.py), that ``format`` cannot represent; None if all export."""
-    for part, field in FIELDS.items():
-        variant = chosen(cfg, part)
-        if format in variant.unexportable:
-            name = f'model.{field}={variant.value!r}' if field else f'the {part} {variant.value!r}'
-            return f'{name} cannot be exported as --format={format}: {variant.unexportable[format]}'
-    return settings.export_refusal(cfg, format)
+def model_fields() -> dict[str, Any]:
+    """{field: default} of every variant field and numeric setting (transformer/model/
+    settings.py): the fields an export format declares the values it writes of."""
+    parts = {p.field: p.default for p in PARTS.values() if p.field is not None}
+    return parts | {s.field: s.default for s in settings.declared()}
+
+
+def export_refusal(
+    cfg: TransformerConfig, format: Format, others: tuple[Format, ...] = ()
+) -> str | None:
+    """One line for the first variant field or numeric setting whose value in ``cfg``
+    ``format`` does not write (its declaration: transformer/formats.py), naming those of
+    ``others`` that write it; None if it writes them all."""
+    return format.refusal(cfg, model_fields(), others)
 
 
 # The entries of the paper's network and of the choices that need no module of their own.
@@ -313,15 +316,7 @@ register(
         outer=lambda cfg: {
             f'{stack}_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
         },
-        unexportable={
-            'hf': 'MarianMT is post-LN only (no final layer norm, no pre-LN option); only '
-            'post-LN runs (pre_layer_norm=False) export to it; --format=ctranslate2 holds pre-LN.'
-        },
     )
-)
-_ONE_MATRIX = (
-    "the export writes one shared embedding matrix, as MarianMT's joint-vocabulary models "
-    "use; only share_embeddings='all' exports to it; --format=ctranslate2 holds them all."
 )
 _TABLE = lambda cfg: (cfg.vocab_size, cfg.d_model)  # noqa: E731
 register(
@@ -340,7 +335,6 @@ register(
         nothing,
         'the target embedding is the pre-softmax matrix; the source has its own',
         outer=lambda cfg: {f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
-        unexportable={'hf': _ONE_MATRIX},
     )
 )
 register(
@@ -353,7 +347,6 @@ register(
             **{f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
             'logits_dense/kernel': (cfg.d_model, cfg.vocab_size),
         },
-        unexportable={'hf': _ONE_MATRIX},
     )
 )
 
