@@ -96,6 +96,32 @@ def test_converted_run_records_the_model(run_dir, hf_dir):
     assert os.path.isfile(os.path.join(run_dir, 'checkpoints', '0', 'manifest.json'))
 
 
+def test_a_conversion_takes_how_the_model_is_computed_as_resume_and_init_from_do(
+    hf_dir, loaded, tmp_path
+):
+    """model.HOW_FIELDS is the one list of how (not what) the model is computed: a resume may
+    change them, a fine-tuning's config set them, and a conversion's config set them too:
+    converted with scan_layers=True and remat='full', the run holds its layers stacked, and
+    they are the per-layer run's parameters."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import rundir
+    from transformer.model import HOW_FIELDS, STACKED_KEYS
+    from transformer.training import init_from
+
+    resume_free = {key for key in rundir.RESUME_FREE if key.startswith('model.')}
+    assert resume_free == {f'model.{name}' for name in HOW_FIELDS}
+    assert set(init_from.FREE_MODEL_FIELDS) >= set(HOW_FIELDS)
+    assert set(convert.FREE_FIELDS) >= set(HOW_FIELDS)
+    base = tiny_run_config(1)
+    base.model.update(scan_layers=True, remat='full')
+    config = convert.convert(hf_dir, str(tmp_path / 'run'), base)
+    assert config.model.scan_layers and config.model.remat == 'full'
+    stacked = load_model(str(tmp_path / 'run'))[3]
+    assert set(STACKED_KEYS) <= set(stacked)
+    unrolled = load_model(str(tmp_path / 'run'), scan_layers=False)[3]
+    jax.tree.map(np.testing.assert_array_equal, unrolled, loaded[3])
+
+
 def test_teacher_forced_log_probs_equal_marians(loaded, hf_model, hf_tokenizer):
     """log P(target token | ...) of every position of a padded batch: ours (float32, full
     precision) equal MarianMTModel's to 1e-4, every vocabulary row in Marian's order."""

@@ -37,6 +37,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, schema
+from transformer.model import HOW_FIELDS
 
 PyTree = Any
 
@@ -61,11 +62,11 @@ CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that f
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
 SHARED_CHECK = 'shared_check'  # process 0's mark the others must see (multihost.check_shared)
 # Settings a resumed run may change in its model or data section: paths to the same files,
-# and another way to compute the same attention, the same embedding gradient or the same
-# backward pass (what it recomputes).
+# and how the same model is computed (model.HOW_FIELDS: the attention, the embedding gradient,
+# what the backward pass recomputes, the layers' layout).
 RESUME_FREE = (
     *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
-    *('model.attention_impl', 'model.embedding_grad', 'model.remat', 'model.scan_layers'),
+    *(f'model.{name}' for name in HOW_FIELDS),
 )
 # How one process joins a multi-host run: differs between processes, never recorded.
 LAUNCH_SETTINGS = (
@@ -318,8 +319,8 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     Raises:
       WorkdirError: a change of the model or the data (what the checkpoints and the
         vocabulary were made with), named in one line. Paths to the same files and how the
-        same model is computed (`RESUME_FREE`: attention, embedding gradient, remat) may
-        change. Also a missing config.json or
+        same model is computed (`RESUME_FREE`: attention, embedding gradient, remat, the
+        layers' layout) may change. Also a missing config.json or
         vocabulary: training would write new ones that do not fit the checkpoints.
     """
     for needed, what in (

@@ -9,7 +9,8 @@ generation_config.json); nothing is downloaded. W becomes a run directory that e
 translate, score, visualize, export and ``api.load`` take as they take a trained one: its
 config.json (the model's settings; the data and evaluation sections of ``--config`` when
 given, with its ``--config.*`` overrides, else a data section that names only the language
-pair), the MarianMT vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
+pair; of its model section, how the model is computed: `FREE_FIELDS`), the MarianMT
+vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
 The beam size and length penalty come from generation_config.json where it has them.
 Everything is read and checked before anything is written, and W is written under a
 temporary name and renamed, so a failed conversion leaves nothing; a non-empty W is refused.
@@ -19,6 +20,7 @@ A converted run has no optimizer state: train from it with ``--config.train.init
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -34,17 +36,24 @@ from transformer import configs, files, rundir, schema
 from transformer.checkpoint import MarianError, MarianModel, load_marian, save_params
 from transformer.commands import console
 from transformer.commands.config_flag import explain_flag_error
-from transformer.model import Transformer, abstract_params, config_from_dict
+from transformer.model import (
+    DTYPE_FIELDS,
+    HOW_FIELDS,
+    Transformer,
+    abstract_params,
+    config_from_dict,
+    convert_layer_layout,
+)
 
 # The model fields a config may set for a converted model: how it is computed, not what.
-HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'dtype', 'param_dtype')
+FREE_FIELDS = (*HOW_FIELDS, *DTYPE_FIELDS)
 
 
 def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experiment:
     """The run's config: ``base`` (a config file's, or None: the defaults with a data section
     that names only the language pair) with the MarianMT's model and evaluation settings."""
     config = schema.plain(schema.complete(base if base is not None else schema.default_config()))
-    model = {k: v for k, v in config['model'].items() if k in HOW_FIELDS}
+    model = {k: v for k, v in config['model'].items() if k in FREE_FIELDS}
     config['model'] = {**model, **marian.model}
     config['eval'].update(marian.eval)
     data = config['data']
@@ -59,16 +68,18 @@ def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experimen
 
 
 def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
-    """The model of ``config``, after checking that the converted parameters are its tree."""
-    model = Transformer(config_from_dict(config.model, marian.tokenizer.vocab_size))
-    wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(model))
+    """The model of ``config``, after checking that the converted parameters are its tree
+    (one subtree per layer, as MarianMT's: `convert` stacks them for ``model.scan_layers``)."""
+    cfg = config_from_dict(config.model, marian.tokenizer.vocab_size)
+    per_layer = Transformer(dataclasses.replace(cfg, scan_layers=False))
+    wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(per_layer))
     found = jax.tree.map(lambda x: tuple(np.shape(x)), marian.params)
     if wanted != found:
         raise MarianError(
             f'The parameters read from {marian.directory} do not form the model its config '
             'describes; this is a bug of the converter, please report it.'
         )
-    return model
+    return Transformer(cfg)
 
 
 def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Experiment:
@@ -93,7 +104,8 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         os.mkdir(vocab)
         marian.tokenizer.copy_to(vocab)
         origin = {'from_hf': os.path.abspath(marian.directory)}
-        save_params(staging, config, 0, marian.params, origin)
+        params = convert_layer_layout(marian.params, config.model.scan_layers)
+        save_params(staging, config, 0, params, origin)
         with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
             json.dump(origin, f, indent=2)
         if os.path.isdir(workdir):

@@ -22,7 +22,7 @@ the backward pass, and the CPU compiler's options for it), functional.py (the fu
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
 from transformer.model.attention_maps import attention_maps
 from transformer.model.cache import beam_mask, padded_length, share_across_beams
-from transformer.model.config import TransformerConfig, config_from_dict
+from transformer.model.config import DTYPE_FIELDS, HOW_FIELDS, TransformerConfig, config_from_dict
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.embedding import lookup as embedding_lookup
 from transformer.model.feed_forward import FeedForward
@@ -64,9 +64,11 @@ from transformer.tokens import EOS_ID, PAD_ID
 
 __all__ = [
     'ATTENTION_MAP_KINDS',
+    'DTYPE_FIELDS',
     'EMBEDDING_GRADS',
     'EOS_ID',
     'FeedForward',
+    'HOW_FIELDS',
     'PAD_ID',
     'Packing',
     'STACKED_KEYS',

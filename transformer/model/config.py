@@ -25,6 +25,15 @@ from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.remat import REMAT_POLICIES
 
+# The fields that choose how, not what, the model computes (the same function either way): a
+# resume may change them (rundir.RESUME_FREE), and the config of a conversion
+# (transformer/commands/convert.py) or of a fine-tuning (transformer/training/init_from.py)
+# may set them.
+HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'scan_layers')
+# The dtypes: a new run from a given model (a conversion, a fine-tuning) may choose them; a
+# resume may not (its checkpoints hold the parameters in param_dtype, its numbers followed dtype).
+DTYPE_FIELDS = ('dtype', 'param_dtype')
+
 
 def _field(default: Any, doc: str, rule: dict[str, Any] | None = None) -> Any:
     # Every model field may be left out of a config (config.json of an earlier run).
@@ -37,7 +46,7 @@ class TransformerConfig(Section):
     Each default, written only here, is the paper's base model (Table 3). A run's config.json
     written before a field existed gets its default: each such field's default is the value
     those runs used, but for attention_impl and embedding_grad, which choose how, not what,
-    is computed (rundir.RESUME_FREE). Each field is checked against its type and rule as the
+    is computed (`HOW_FIELDS`). Each field is checked against its type and rule as the
     schema's sections are (`transformer.fields.Section`); the rule between fields is
     `__post_init__`'s."""
 

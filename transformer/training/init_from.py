@@ -4,8 +4,8 @@
 ``train.init_from`` names a Hugging Face MarianMT directory (read by
 transformer/checkpoint/marian.py), or one of this project's run directories (its latest
 checkpoint, or ``RUN@STEP`` for that step). Every model field that changes the function comes
-from there; the config may set only how the same function is computed (`rundir.RESUME_FREE`'s
-model fields, the dtypes) and the dropout rates, and a command-line override of any other
+from there; the config may set only how the same function is computed (`model.HOW_FIELDS`,
+the dtypes) and the dropout rates, and a command-line override of any other
 model field stops the run in one line before its directory is written. The vocabulary is
 copied into the new run directory, so the run, its resumes and every command that reads it
 need nothing of the start afterwards; config.json records ``train.init_from``.
@@ -26,15 +26,15 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import rundir, schema
 from transformer.checkpoint import is_marian_dir, load_marian, load_model
-from transformer.model import STACKED_KEYS, convert_layer_layout
+from transformer.model import DTYPE_FIELDS, HOW_FIELDS, STACKED_KEYS, convert_layer_layout
 from transformer.training.stops import TrainingError
 
 PyTree = Any
 
 # The model fields a fine-tuning config may set: how the function is computed, and dropout.
 FREE_MODEL_FIELDS = (
-    *(key.split('.', 1)[1] for key in rundir.RESUME_FREE if key.startswith('model.')),
-    *('dtype', 'param_dtype'),
+    *HOW_FIELDS,
+    *DTYPE_FIELDS,
     *('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate', 'token_dropout_rate'),
 )
 
