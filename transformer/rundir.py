@@ -124,6 +124,10 @@ def path(workdir: str, *parts: str) -> str:
 
 
 Config = schema.Config  # as a file gives it, as config.json holds it, or typed
+# A run's vocabulary: the joint SentencePiece model trained for it, or the MarianMT vocabulary
+# of a run converted or fine-tuned from one (`marian_vocab_dir`); both encode, decode and name
+# their pieces alike.
+Vocabulary = data_lib.Tokenizer | data_lib.MarianVocabulary
 
 
 def vocab_path(config: Config, workdir: str | None) -> str | None:
@@ -154,8 +158,9 @@ def data_cache_dir(config: Config, workdir: str | None) -> str | None:
     return path(workdir, DATA_CACHE) if workdir else None
 
 
-def get_tokenizer(config: Config, workdir: str | None) -> data_lib.Tokenizer:
-    """The run's vocabulary for training: reused when saved, else trained and saved.
+def get_tokenizer(config: Config, workdir: str | None) -> Vocabulary:
+    """The run's vocabulary for training: the MarianMT one it holds, or its SentencePiece
+    model, reused when saved, else trained and saved.
 
     In a multi-host run process 0 alone trains and saves a new vocabulary; the others wait
     for it and load that file (SentencePiece training is only reproducible across hosts with
@@ -175,7 +180,7 @@ def get_tokenizer(config: Config, workdir: str | None) -> data_lib.Tokenizer:
     return built[0] if built else data_lib.get_tokenizer(config.data, model_path)
 
 
-def load_tokenizer(config: Config, workdir: str) -> data_lib.Tokenizer:
+def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
     marian = marian_vocab_dir(config, workdir)
     if marian:

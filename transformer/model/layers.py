@@ -1,6 +1,9 @@
-"""The building blocks of the Transformer: positions, masks and the layers. Each layer's
+"""The Transformer's layers: the encoder and decoder layers and their residual sub-layers,
+the decoder's inputs shifted right, the decoding step's position, and `attention_mask`, which
+makes the layers' masks (kept as parts by transformer/model/masks.py). Each layer's
 feed-forward and norms are the modules of the `variants.Variant`s that ``model.ffn`` and
-``model.norm`` choose (transformer/model/feed_forward.py, norms.py).
+``model.norm`` choose (transformer/model/feed_forward.py, norms.py); the positions are
+transformer/model/positions.py's.
 
 Shape legend (see transformer/model/attention.py): B batch · T target positions · S source
 positions · D d_model · F d_ff. Every parameter declares its logical axis names where it is

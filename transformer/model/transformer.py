@@ -45,9 +45,12 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer with (optionally) tied embeddings.
 
     Parameter tree (share_embeddings='all'): ``shared_embedding/embedding [V, D]``,
-    ``encoder/layer_{i}/...``, ``decoder/layer_{i}/...``; with ``model.logits_bias``,
-    ``logits_bias [V]``. The same [V, D] matrix embeds the source and target tokens and,
-    transposed, is the pre-softmax projection (Sec. 3.4).
+    ``encoder_layer_{i}/...``, ``decoder_layer_{i}/...`` (with ``model.scan_layers``:
+    ``encoder_layers/...``, ``decoder_layers/...``, each leaf stacked [L, ...]); with
+    ``model.logits_bias``, ``logits_bias [V]``; with pre-LN, ``encoder_norm``,
+    ``decoder_norm``. The same [V, D] matrix embeds the source and target tokens and,
+    transposed, is the pre-softmax projection (Sec. 3.4); transformer/model/variants.py
+    `param_shapes` lists every path.
     """
 
     config: TransformerConfig
