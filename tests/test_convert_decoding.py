@@ -189,9 +189,10 @@ def test_beam_outputs_and_scores_equal_generates_defaults(variant_dirs, converte
 def test_greedy_outputs_equal_generates_defaults(variant_dirs, converted):
     """Neither file names a setting: the run decodes greedily, as generate does, and the
     outputs are generate's wherever generate ended them itself. generate's default
-    max_length is 20 tokens (the start token counted): the run does not record it (it
-    decodes up to the input's length + eval.extra_length), so an output generate cut at 20
-    with a forced EOS goes on in ours; each such output of generate's is a prefix of ours."""
+    max_length (20) lets it write 20 tokens after the start token, the last a forced EOS:
+    the run does not record it (it decodes up to the input's length + eval.extra_length), so
+    an output generate cut there goes on in ours; each such output of generate's is a prefix
+    of ours."""
     tokenizer, out = _generate(variant_dirs['nothing'])
     theirs = tokenizer.batch_decode(out, skip_special_tokens=True)
     ours = api.load(converted['nothing'][0]).translate(LINES)
