@@ -168,18 +168,10 @@ def _generate(hf_model, hf_tokenizer, lines, num_beams):
     return hf_tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
-@pytest.mark.slow
-def test_greedy_and_beam_outputs_equal_generates(run, greedy, hf_model, hf_tokenizer):
-    """Greedy outputs equal generate(num_beams=1); beam 4 with the checkpoint's length penalty
-    ('fairseq' rule) equals generate(num_beams=4). On the lines the model learned: on others
-    a model this small runs to the length limit, which is set differently (ours: the input's
-    length + eval.extra_length)."""
-    lines = LINES[:TRAINED_LINES]
+def test_greedy_outputs_equal_generates(greedy):
+    """Greedy outputs equal generate(num_beams=1) on the lines the model learned (beam search
+    against generate's: tests/test_convert_decoding.py)."""
     assert greedy[0] == greedy[1]
-    ours = run.translate(lines)  # beam 4, alpha 1.0 'fairseq' from generation_config.json
-    theirs = _generate(hf_model, hf_tokenizer, lines, 4)
-    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
-    assert not differ, [(ours[i], theirs[i]) for i in differ]
 
 
 @pytest.mark.slow

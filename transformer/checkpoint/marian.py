@@ -43,6 +43,11 @@ WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu', 'relu': 'relu'}
 # Marian's layer norms are torch's default nn.LayerNorm.
 LAYER_NORM_EPSILON = 1e-5
+# What Hugging Face's generate applies to a setting a model's files leave unset (transformers'
+# GenerationConfig defaults): greedy search, length_penalty 1.0 (its rule divides a beam's
+# log-probability by length^1.0), at most 20 tokens.
+HF_DEFAULTS = {'num_beams': 1, 'length_penalty': 1.0, 'max_length': 20}
+HF_DEFAULT = "Hugging Face's default"
 
 
 class MarianError(WorkdirError):
@@ -161,18 +166,42 @@ def model_settings(hf: dict[str, Any], file: str) -> dict[str, Any]:
     }
 
 
-def eval_settings(generation: dict[str, Any]) -> dict[str, Any]:
-    """The ``eval`` settings a generation_config.json gives: beam size and length penalty
-    (Hugging Face divides a beam's log-probability by length^x: the 'fairseq' rule). Its
-    absolute max_length is not copied: this project decodes up to the input's length plus
-    eval.extra_length."""
-    found = {}
-    if 'num_beams' in generation:
-        found['beam_size'] = int(generation['num_beams'])
-    if 'length_penalty' in generation:
-        found['alpha'] = float(generation['length_penalty'])
-        found['length_penalty'] = 'fairseq'
-    return found
+def generation_settings(
+    generation: dict[str, Any] | None, hf: dict[str, Any]
+) -> dict[str, tuple[Any, str]]:
+    """{key: (value, where it came from)} of `HF_DEFAULTS`' keys as Hugging Face's ``generate``
+    applies them to a MarianMT directory: from its generation_config.json (``generation``)
+    when there is one, and then none from config.json (transformers 5 loads only that file),
+    else from config.json (``hf``: older OPUS-MT directories keep num_beams and max_length
+    there), and a key the file leaves unset takes transformers' default."""
+    keys, file = (generation, GENERATION_FILE) if generation is not None else (hf, CONFIG_FILE)
+    return {
+        key: (keys[key], file) if keys.get(key) is not None else (default, HF_DEFAULT)
+        for key, default in HF_DEFAULTS.items()
+    }
+
+
+def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dict[str, Any]:
+    """The ``eval`` settings of `generation_settings` (read from ``directory``): the beam
+    size, and the length penalty with Hugging Face's rule (a beam's log-probability divided
+    by length^x: 'fairseq'). The absolute max_length is not copied: this project decodes up
+    to the input's length plus eval.extra_length."""
+    (beams, beams_from), (penalty, penalty_from) = (
+        generation['num_beams'],
+        generation['length_penalty'],
+    )
+    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+        raise MarianError(
+            f'{os.path.join(directory, beams_from)}: num_beams={beams!r} is not a positive '
+            'whole number.'
+        )
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or penalty < 0:
+        raise MarianError(
+            f'{os.path.join(directory, penalty_from)}: length_penalty={penalty!r} is not '
+            'expressible: eval.alpha is a number >= 0 (a negative one, which favours short '
+            'outputs, has no setting here).'
+        )
+    return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
 
 
 def read_state_dict(directory: str) -> dict[str, np.ndarray]:
@@ -316,7 +345,8 @@ class MarianModel:
 
     directory: str
     model: dict[str, Any]  # the config's model section
-    eval: dict[str, Any]  # the eval settings of its generation config
+    eval: dict[str, Any]  # the eval settings generate applies to it (`eval_settings`)
+    generation: dict[str, tuple[Any, str]]  # `generation_settings`: value, where it came from
     languages: tuple[str | None, str | None]  # tokenizer_config.json's source and target
     tokenizer: Any  # transformer.data.MarianVocabulary
     params: dict[str, Any] | None  # None until `load_marian(..., weights=True)`
@@ -339,7 +369,11 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
             f'{file}: d_model={model["d_model"]} must be even and a multiple of '
             f'encoder_attention_heads={model["num_heads"]}.'
         )
-    generation = _read_json(directory, GENERATION_FILE, required=False)
+    has_generation = os.path.isfile(os.path.join(directory, GENERATION_FILE))
+    generation = generation_settings(
+        _read_json(directory, GENERATION_FILE) if has_generation else None, hf
+    )
+    settings = eval_settings(generation, directory)
     tokenizer_config = _read_json(directory, TOKENIZER_CONFIG, required=False)
     if tokenizer_config.get('separate_vocabs'):
         raise MarianError(
@@ -360,4 +394,4 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
         state = read_state_dict(directory)
         params = params_from_state_dict(state, model, tokenizer.vocab_size, directory)
     languages = (tokenizer_config.get('source_lang'), tokenizer_config.get('target_lang'))
-    return MarianModel(directory, model, eval_settings(generation), languages, tokenizer, params)
+    return MarianModel(directory, model, settings, generation, languages, tokenizer, params)

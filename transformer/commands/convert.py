@@ -11,7 +11,11 @@ config.json (the model's settings; the data and evaluation sections of ``--confi
 given, with its ``--config.*`` overrides, else a data section that names only the language
 pair; of its model section, how the model is computed: `FREE_FIELDS`), the MarianMT
 vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
-The beam size and length penalty come from generation_config.json where it has them.
+The beam size and length penalty are those Hugging Face's ``generate`` applies to DIR: from
+generation_config.json (or, without one, config.json), and where a file names none,
+transformers' defaults (one beam, length_penalty 1.0), always with Hugging Face's rule of a
+beam's log-probability divided by length^length_penalty (eval.length_penalty 'fairseq');
+the command prints them and where each came from, and converted_from.json records that.
 Everything is read and checked before anything is written, and W is written under a
 temporary name and renamed, so a failed conversion leaves nothing; a non-empty W is refused.
 A converted run has no optimizer state: train from it with ``--config.train.init_from=W``
@@ -82,6 +86,20 @@ def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
     return Transformer(cfg)
 
 
+def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
+    """One line: the decoding settings a conversion recorded (the run's ``eval``) and where
+    each came from (converted_from.json's ``generation``: `marian.generation_settings`)."""
+    beams, penalty, longest = (generation[k] for k in ('num_beams', 'length_penalty', 'max_length'))
+    search = 'greedy' if ev.beam_size == 1 else f'beam {ev.beam_size}'
+    return (
+        f'Decoding settings recorded: {search} (num_beams from {beams[1]}), length penalty '
+        f"alpha {ev.alpha} '{ev.length_penalty}', log P / length^{ev.alpha} "
+        f'(length_penalty from {penalty[1]}); outputs end at input length + '
+        f'{ev.extra_length} tokens (eval.extra_length; max_length {longest[0]} from '
+        f'{longest[1]} is not recorded).'
+    )
+
+
 def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Experiment:
     """Converts the MarianMT directory ``from_hf`` into the run directory ``workdir``; returns
     the run's config. ``base``: the config giving the data and evaluation sections."""
@@ -107,7 +125,7 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         params = convert_layer_layout(marian.params, config.model.scan_layers)
         save_params(staging, config, 0, params, origin)
         with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
-            json.dump(origin, f, indent=2)
+            json.dump({**origin, 'generation': marian.generation}, f, indent=2)
         if os.path.isdir(workdir):
             os.rmdir(workdir)  # empty, checked above
         os.rename(staging, workdir)
@@ -158,6 +176,8 @@ def cli(argv: list[str] | None = None) -> None:
             f'{m.num_decoder_layers} layers, d_model {m.d_model}, vocabulary '
             f'{config.data.vocab_size}, ffn {m.ffn!r}.'
         )
+        with open(rundir.path(FLAGS.workdir, rundir.CONVERTED_FILE), encoding='utf-8') as f:
+            print(decoding_line(config.eval, json.load(f)['generation']))
 
     try:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)
