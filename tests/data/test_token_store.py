@@ -227,6 +227,16 @@ def test_a_flipped_byte_with_its_time_kept_is_found_by_the_full_check_only(store
         data.open_store(path)
 
 
+def test_offsets_that_do_not_span_the_ids_are_refused_by_an_open(store_path, tmp_path):
+    """The last offset changed in place, its file's time kept: the open reads it and stops."""
+    path = _copy(store_path, tmp_path)
+    offsets = os.path.join(path, 'target_offsets.bin')
+    _flip(offsets, at=os.path.getsize(offsets) - 3)
+    with pytest.raises(data.DataError) as info:
+        data.open_store(path)
+    assert f'{offsets} does not span target_ids.bin; remove {path}' in str(info.value)
+
+
 def test_the_build_checks_what_it_wrote_before_the_rename(vocab, tmp_path, monkeypatch):
     """A byte changed between writing and the rename (its time kept) stops the build in one
     line; neither the store nor its staging directory is left."""
