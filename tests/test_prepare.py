@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.tiny_run import SMALL, command_line, tiny_run_config
-from transformer import prepare
+from transformer import data, prepare
 from transformer.commands import train as trainer
 from transformer.data import token_store, tokenizer
 
@@ -48,3 +48,27 @@ def test_bad_input_stops_in_one_line_and_writes_nothing(tmp_path, monkeypatch, c
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: Missing file for split 'train' (en)")
     assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_verify_reads_every_store_and_refuses_a_damaged_one(tmp_path, monkeypatch, capsys):
+    """``--verify``: one line per store; a byte changed in place (size and time kept), which an
+    ordinary open does not read, is refused in one line naming the file."""
+    workdir = tmp_path / 'run'
+    assert _cli(monkeypatch, f'--workdir={workdir}', '--verify') is None
+    (store,) = [p for p in (workdir / 'data_cache').iterdir() if p.name.endswith('.store')]
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f'Verified {store}: 200 pairs, ') and 'every checksum matches' in line
+    ids = store / 'target_ids.bin'
+    before = ids.stat()
+    with open(ids, 'r+b') as f:
+        f.seek(3)
+        byte = f.read(1)
+        f.seek(3)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(ids, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert data.open_store(str(store)).num_examples > 0  # an open reads sizes and times only
+    code = _cli(monkeypatch, f'--workdir={workdir}', '--verify')
+    assert code.startswith(f'error: The token store file {ids} fails its checksum; remove ')
+    assert '\n' not in code
+    assert _cli(monkeypatch, f'--workdir={workdir}') is None  # without --verify: not read

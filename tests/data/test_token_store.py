@@ -1,6 +1,7 @@
 """The training split's token store: the same ids, batches and resumed batches as the split
 tokenized in memory, narrow bookkeeping, streaming preparation whose memory does not grow with
-the corpus, the vocabulary's sample unchanged, and damaged stores refused in one line."""
+the corpus, the vocabulary's sample unchanged, damaged stores refused in one line, and an
+open that reads the manifest, not the files, unless their times disagree with it."""
 
 import json
 import logging
@@ -15,7 +16,7 @@ import pytest
 from tests.subprocess_env import REPO, repo_env
 from tests.tiny_run import data_config
 from transformer import data
-from transformer.data import packing, sources, token_store, tokenized, tokenizer
+from transformer.data import packing, sources, store_manifest, token_store, tokenized, tokenizer
 
 MAX_LEN = 32
 FIELDS = ('source_ids', 'source_offsets', 'target_ids', 'target_offsets')
@@ -186,6 +187,143 @@ def test_a_damaged_store_is_refused_in_one_line(store_path, tmp_path, damage, me
         data.open_store(path)
     assert message in str(info.value) and '\n' not in str(info.value)
     assert f'remove {path}' in str(info.value)
+
+
+def _flip(file, at=5, keep_time=True):
+    """One byte of ``file`` changed, its size and (``keep_time``) modification time kept."""
+    before = os.stat(file)
+    with open(file, 'r+b') as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 1]))
+    if keep_time:
+        os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _copy(store_path, tmp_path, name='copy.store'):
+    import shutil
+
+    path = str(tmp_path / name)
+    shutil.copytree(store_path, path)  # (file times kept, as `cp -a` or `rsync -a` keep them)
+    return path
+
+
+def test_a_flipped_byte_with_its_time_kept_is_found_by_the_full_check_only(store_path, tmp_path):
+    """The documented trade: an open checks sizes and times; a byte changed in place, with
+    the file's time put back, is found by the full check (`verify_token_store`: the build's
+    and ``transformer-prepare --verify``'s) and not by an open. Then a changed time alone
+    makes the open check in full, which refuses it."""
+    path = _copy(store_path, tmp_path)
+    ids = os.path.join(path, 'source_ids.bin')
+    _flip(ids)
+    assert data.open_store(path).num_examples == 600  # not read: the trade
+    with pytest.raises(data.DataError) as info:
+        data.verify_token_store(path)
+    assert f'{ids} fails its checksum' in str(info.value) and '\n' not in str(info.value)
+    mtime = os.stat(ids).st_mtime_ns
+    os.utime(ids, ns=(mtime, mtime + 10**9))
+    with pytest.raises(data.DataError, match='source_ids.bin fails its checksum'):
+        data.open_store(path)
+
+
+def test_offsets_that_do_not_span_the_ids_are_refused_by_an_open(store_path, tmp_path):
+    """The last offset changed in place, its file's time kept: the open reads it and stops."""
+    path = _copy(store_path, tmp_path)
+    offsets = os.path.join(path, 'target_offsets.bin')
+    _flip(offsets, at=os.path.getsize(offsets) - 3)
+    with pytest.raises(data.DataError) as info:
+        data.open_store(path)
+    assert f'{offsets} does not span target_ids.bin; remove {path}' in str(info.value)
+
+
+def test_the_build_checks_what_it_wrote_before_the_rename(vocab, tmp_path, monkeypatch):
+    """A byte changed between writing and the rename (its time kept) stops the build in one
+    line; neither the store nor its staging directory is left."""
+    written = store_manifest.write
+
+    def write_then_damage(directory, *args, **kwargs):
+        written(directory, *args, **kwargs)
+        _flip(os.path.join(directory, 'target_ids.bin'))
+
+    monkeypatch.setattr(store_manifest, 'write', write_then_damage)
+    path = str(tmp_path / 'cache' / 'train.store')
+    with pytest.raises(data.DataError) as info:
+        token_store.build(path, sources.read_chunks(_config(), 'train', 100), vocab)
+    message = str(info.value)
+    assert 'failed its check after writing: target_ids.bin fails its checksum' in message
+    assert '\n' not in message and os.listdir(tmp_path / 'cache') == []
+
+
+def _thread_reads():
+    """Bytes this thread has read through read(2) and its kin (``rchar``), the mapped pages
+    aside."""
+    with open('/proc/thread-self/io') as f:
+        return int(next(line for line in f if line.startswith('rchar:')).split()[1])
+
+
+def _reads_of_open(path):
+    before = _thread_reads()
+    data.open_store(path)
+    return _thread_reads() - before
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/thread-self/io'), reason='needs Linux /proc')
+def test_an_open_reads_the_manifest_whatever_the_store_size(store_path, in_memory, tmp_path):
+    """A store 20 times larger: the same bytes read by its open, besides the manifest (whose
+    numbers have more digits), and under 8 KiB in all; its files are not read."""
+    large = str(tmp_path / 'large.store')
+    parts = [in_memory] * 20
+    fields = {}
+    for side in ('source', 'target'):
+        ids = [getattr(p, f'{side}_ids') for p in parts]
+        lengths = np.concatenate([getattr(p, f'{side}_lengths') for p in parts])
+        fields[f'{side}_ids'] = np.concatenate(ids)
+        fields[f'{side}_offsets'] = np.concatenate([[0], np.cumsum(lengths)])
+    token_store.from_split(large, tokenized.TokenizedSplit(**fields))
+    sizes = {p: sum(e.stat().st_size for e in os.scandir(p)) for p in (store_path, large)}
+    assert sizes[large] > 19 * sizes[store_path]
+    manifest = {p: os.path.getsize(os.path.join(p, 'manifest.json')) for p in sizes}
+    reads = {p: _reads_of_open(p) for p in sizes}
+    assert reads[large] - manifest[large] == reads[store_path] - manifest[store_path], reads
+    assert reads[large] < 8192 < sizes[store_path]
+
+
+def test_a_store_whose_times_disagree_is_checked_once_then_opens_quickly(store_path, tmp_path):
+    """Files copied without their times (``cp -r``), or a manifest written before times were
+    recorded: the first open reads every file, records the times, and the next reads none."""
+    path = _copy(store_path, tmp_path)
+    manifest = os.path.join(path, 'manifest.json')
+    with open(manifest) as f:
+        content = json.load(f)
+    for entry in content['files'].values():
+        del entry['mtime_ns']  # as written before the times were recorded
+    with open(manifest, 'w') as f:
+        json.dump(content, f)
+    size = sum(e.stat().st_size for e in os.scandir(path))
+    assert _reads_of_open(path) > size - os.path.getsize(manifest)
+    assert _reads_of_open(path) < 8192
+    for name in content['files']:
+        os.utime(os.path.join(path, name))  # (now)
+    assert _reads_of_open(path) > 8192
+    assert _reads_of_open(path) < 8192
+
+
+def test_a_store_whose_manifest_cannot_be_rewritten_opens_after_the_full_check(
+    store_path, tmp_path, monkeypatch
+):
+    """A read-only store (a shared file system mounted so) whose times disagree: each open
+    checks it in full and opens it."""
+    import errno
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system')
+
+    path = _copy(store_path, tmp_path)
+    os.utime(os.path.join(path, 'source_lengths.bin'))
+    monkeypatch.setattr(store_manifest, 'write', read_only)
+    assert data.open_store(path).num_examples == 600
+    assert _reads_of_open(path) > 8192  # (again: the times could not be recorded)
 
 
 def _write_folder(folder, pairs):

@@ -10,6 +10,10 @@ a progress line every few seconds. A cluster job can so prepare on one machine a
 every process of the run, which find both and read them. Nothing is built twice: a second
 prepare, or the training run after it, reuses what is there. It holds the workdir's lock while
 it works, so a training run cannot start there meanwhile. Give ``train`` the same config.
+
+``--verify`` then reads every store of the config whole and checks each file's checksum (an
+open of a store checks its files' sizes and times only: docs/data.md, "The token store"), one
+line per store; a damaged store stops in one line naming its file.
 """
 
 from __future__ import annotations
@@ -31,13 +35,34 @@ def _size_mib(directory: str) -> float:
     return sum(entry.stat().st_size for entry in os.scandir(directory)) / 2**20
 
 
+def _verify(stores: list[str]) -> None:
+    """The full check of each store, one line each on stdout (the answer asked for); a
+    damaged one raises `DataError`."""
+    for store in stores:
+        start = time.perf_counter()
+        pairs = data.verify_token_store(store)
+        seconds = time.perf_counter() - start
+        print(
+            f'Verified {store}: {pairs} pairs, {_size_mib(store):.1f} MiB, every checksum '
+            f'matches ({seconds:.1f} s).',
+            flush=True,
+        )
+
+
 def cli(argv: list[str] | None = None) -> None:
-    """``python -m transformer.prepare --config CONFIG --workdir W``."""
+    """``python -m transformer.prepare --config CONFIG --workdir W [--verify]``."""
     import sys
 
     from absl import app, flags
 
     define_run_flags()
+    console.define_flag(
+        'verify',
+        flags.DEFINE_bool,
+        False,
+        'Then read every token store of the config whole and check its checksums.',
+    )
+    flags.FLAGS['verify'].unparse()  # (absl keeps a parsed value for the whole process)
 
     def main(_):
         config, overridden = run_config()
@@ -45,6 +70,8 @@ def cli(argv: list[str] | None = None) -> None:
         workdir = flags.FLAGS.workdir
         try:
             tokenizer, stores = prepare_data(config, workdir, overridden)
+            if flags.FLAGS.verify:
+                _verify(stores)
         except (data.DataError, rundir.WorkdirError, lock_lib.WorkdirBusy, TrainingError) as e:
             raise SystemExit(f'error: {e}') from None
         pairs = sum(data.token_store_pairs(store) for store in stores)

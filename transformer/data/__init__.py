@@ -12,8 +12,9 @@
   source, as its id (source_tag.py).
 - ``MarianVocabulary`` (marian_vocab.py): a MarianMT (OPUS-MT) directory's vocabulary
   (source.spm, target.spm, vocab.json) behind the same interface, with our ids.
-- ``prepare_token_stores`` / ``open_store`` (token_store.py): a training split's token ids
-  on disk, written by a streaming pass and memory-mapped (corpora larger than memory); one
+- ``prepare_token_stores`` / ``open_store`` / ``verify_token_store`` (token_store.py): a
+  training split's token ids on disk, written by a streaming pass and memory-mapped (corpora
+  larger than memory), checked in full where built and verified, quickly where opened; one
   store per corpus of ``data.mix`` (mix.py, mix_entries.py: several corpora, weighted and
   tagged, as one index space, `Corpora`; ``check_mix_files``).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
@@ -49,6 +50,7 @@ from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
 from transformer.data.token_store import TokenStore, open_store
 from transformer.data.token_store import num_examples as token_store_pairs
+from transformer.data.token_store import verify as verify_token_store
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -93,4 +95,5 @@ __all__ = [
     'tag_sources',
     'token_store_pairs',
     'tokenize_split',
+    'verify_token_store',
 ]

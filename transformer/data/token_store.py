@@ -12,11 +12,15 @@ that numpy memory-maps, and a manifest:
                                             when every length fits, else uint32)
     source_offsets.bin, target_offsets.bin  where each example starts, N + 1 of them (uint32
                                             while the side has under 2^32 tokens, else uint64)
-    manifest.json                           dtype, count, bytes and CRC-32 of each file; N
+    manifest.json                           dtype, count, bytes, CRC-32 and modification
+                                            time of each file; N (store_manifest.py)
 
-It is written in a staging directory beside it and renamed into place, so a store is whole or
-absent; opening checks every file's size and checksum, so a damaged or truncated one stops in
-one line instead of being read as other tokens. Writing holds one chunk of text at a time
+It is written in a staging directory beside it, checked in full (every file's checksum) and
+renamed into place, so a store is whole or absent. Opening it checks the manifest and each
+file's size and modification time, reading no file: a missing, truncated or rewritten file
+stops in one line instead of being read as other tokens, and a file whose time disagrees is
+checked in full (store_manifest.py says which damage only the full check finds:
+``transformer-prepare --verify``). Writing holds one chunk of text at a time
 (`sources.read_chunks`), whatever the corpus's size. A process that trains holds the lengths
 (memory-mapped; packing copies them clipped to ``data.max_len``: 2 bytes a side) and the ids
 only as pages of the files (the operating system's page cache, shared by the processes of a
@@ -26,7 +30,6 @@ host), never the text.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -38,15 +41,13 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer.data import sources, tokenized
+from transformer.data import sources, store_manifest, tokenized
 from transformer.data.errors import DataError
 from transformer.data.tokenized import TokenizedSplit, encode_texts
 from transformer.data.tokenizer import Tokenizer
 
 SIDES = ('source', 'target')
-MANIFEST = 'manifest.json'
-FORMAT = 1  # the manifest's ``format``: the layout above
-_BLOCK = 1 << 24  # bytes read or written at a time by the checksum and narrowing passes
+_BLOCK = 1 << 24  # bytes read or written at a time by the narrowing pass
 PROGRESS_EVERY_S = 10.0  # seconds between two progress lines of a long preparation
 
 
@@ -102,8 +103,7 @@ def build(
         files = {}
         for writer in writers.values():
             files |= writer.finish()
-        _write_manifest(staging, files, pairs)
-        os.replace(staging, path)
+        _seal(staging, path, files, pairs)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -119,8 +119,7 @@ def from_split(path: str, data: TokenizedSplit) -> None:
             writer = _SideWriter(staging, side)
             writer.add(getattr(data, f'{side}_ids'), getattr(data, f'{side}_offsets'))
             files |= writer.finish()
-        _write_manifest(staging, files, data.num_examples)
-        os.replace(staging, path)
+        _seal(staging, path, files, data.num_examples)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -128,50 +127,65 @@ def from_split(path: str, data: TokenizedSplit) -> None:
 def num_examples(path: str) -> int:
     """The number of examples the store at ``path`` holds, from its manifest alone (nothing
     is checked: `open_store` checks)."""
-    with open(os.path.join(path, MANIFEST), encoding='utf-8') as f:
-        return int(json.load(f)['num_examples'])
+    return store_manifest.read(path)[1]
 
 
 def open_store(path: str) -> TokenStore:
-    """The store at ``path``, memory-mapped, after checking each file's size and checksum.
+    """The store at ``path``, memory-mapped, after the quick check of an open (the manifest,
+    each file's size and modification time; in full where a time disagrees:
+    `store_manifest.check_on_open`) and that its offsets span its ids.
 
     Raises:
-      DataError: a file is missing, of the wrong size or checksum, or the manifest does not
-        read: one line naming it and the fix (remove the store; it is built again).
+      DataError: a file is missing, of the wrong size (or checksum, where checked in full),
+        or the manifest does not read: one line naming it and the fix (remove the store; it
+        is built again).
     """
-    fix = f'remove {path} and it is built again from the text (transformer-prepare or training)'
-    try:
-        with open(os.path.join(path, MANIFEST), encoding='utf-8') as f:
-            manifest = json.load(f)
-        files, count = manifest['files'], int(manifest['num_examples'])
-        if manifest.get('format') != FORMAT:
-            raise ValueError(f'format {manifest.get("format")!r}, not {FORMAT}')
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(
-            f'The token store {path} has no readable {MANIFEST} ({e}); {fix}.'
-        ) from None
+    files, count = store_manifest.check_on_open(path)
     arrays = {}
     for name, entry in files.items():
-        file = os.path.join(path, name)
-        size = os.path.getsize(file) if os.path.isfile(file) else None
-        dtype = np.dtype(entry['dtype'])
-        if size != entry['count'] * dtype.itemsize:
-            found = 'missing' if size is None else f'{size} bytes'
-            raise DataError(
-                f'The token store file {file} is {found}, its manifest says '
-                f'{entry["count"] * dtype.itemsize}; {fix}.'
-            )
-        if _crc32(file) != entry['crc32']:
-            raise DataError(f'The token store file {file} fails its checksum; {fix}.')
-        key = name.removesuffix('.bin')
+        dtype, key = np.dtype(entry['dtype']), name.removesuffix('.bin')
         if entry['count']:  # a plain array over the map: indexing a memmap costs more
+            file = os.path.join(path, name)
             arrays[key] = np.asarray(np.memmap(file, dtype, mode='r', shape=(entry['count'],)))
         else:
             arrays[key] = np.zeros(0, dtype)
     for side in SIDES:
         if len(arrays[f'{side}_lengths']) != count or len(arrays[f'{side}_offsets']) != count + 1:
-            raise DataError(f'The token store {path} does not hold {count} examples; {fix}.')
+            raise DataError(
+                f'The token store {path} does not hold {count} examples; '
+                f'{store_manifest.fix(path)}.'
+            )
+        file = os.path.join(path, f'{side}_offsets.bin')
+        if _ends(file, arrays[f'{side}_offsets'].dtype, count) != (0, len(arrays[f'{side}_ids'])):
+            raise DataError(
+                f'The token store file {file} does not span {side}_ids.bin; '
+                f'{store_manifest.fix(path)}.'
+            )
     return TokenStore(path=path, **arrays)
+
+
+def _ends(file: str, dtype: np.dtype, count: int) -> tuple[int, int]:
+    """The first and last of the ``count + 1`` offsets in ``file``, read as two values: not
+    through the map, whose first touch of a page reads the kernel's whole read-ahead window
+    around it (8 MiB on some hosts)."""
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        first, last = (os.pread(fd, dtype.itemsize, i * dtype.itemsize) for i in (0, count))
+    finally:
+        os.close(fd)
+    return int(np.frombuffer(first, dtype)[0]), int(np.frombuffer(last, dtype)[0])
+
+
+def verify(path: str) -> int:
+    """The full check of the store at ``path`` (every file's checksum; the build's and
+    ``transformer-prepare --verify``'s), then its open's; returns its number of examples.
+
+    Raises:
+      DataError: as `open_store`, a file that fails its checksum included.
+    """
+    count = store_manifest.verify(path)
+    open_store(path)  # (quick now: the full check recorded any time that disagreed)
+    return count
 
 
 class _SideWriter:
@@ -208,7 +222,7 @@ class _SideWriter:
         self._ids.close()
         self._lengths.close()
         ids_dtype = self._ids_dtype or np.dtype(np.uint16)
-        entries = {f'{self.side}_ids.bin': _entry(ids_dtype, self._count, self._crc)}
+        entries = {f'{self.side}_ids.bin': store_manifest.entry(ids_dtype, self._count, self._crc)}
         wide = self._file('lengths.wide')
         lengths_dtype = np.uint16 if self.longest <= np.iinfo(np.uint16).max else np.uint32
         offsets_dtype = np.uint32 if self.tokens < 2**32 else np.uint64
@@ -241,33 +255,34 @@ def _narrow(wide: str, lengths_path: str, lengths_dtype, offsets_path: str, offs
             crcs = [zlib.crc32(narrow, crcs[0]), zlib.crc32(offsets, crcs[1])]
             counts = [counts[0] + len(lengths), counts[1] + len(lengths)]
     return {
-        os.path.basename(lengths_path): _entry(np.dtype(lengths_dtype), counts[0], crcs[0]),
-        os.path.basename(offsets_path): _entry(np.dtype(offsets_dtype), counts[1], crcs[1]),
+        os.path.basename(lengths_path): store_manifest.entry(
+            np.dtype(lengths_dtype), counts[0], crcs[0]
+        ),
+        os.path.basename(offsets_path): store_manifest.entry(
+            np.dtype(offsets_dtype), counts[1], crcs[1]
+        ),
     }
 
 
-def _entry(dtype: np.dtype, count: int, crc: int) -> dict[str, Any]:
-    return {'dtype': dtype.str, 'count': count, 'bytes': count * dtype.itemsize, 'crc32': crc}
-
-
-def _write_manifest(directory: str, files: dict[str, dict[str, Any]], count: int) -> None:
-    with open(os.path.join(directory, MANIFEST), 'w', encoding='utf-8') as f:
-        json.dump({'format': FORMAT, 'num_examples': count, 'files': files}, f, indent=1)
-        f.write('\n')
+def _seal(staging: str, path: str, files: dict[str, dict[str, Any]], count: int) -> None:
+    """Writes the manifest of ``staging``, checks the files in full against it (what was
+    written is what was counted) and renames ``staging`` to ``path``."""
+    store_manifest.write(staging, files, count)
+    try:
+        store_manifest.verify(staging)
+    except store_manifest.Damaged as e:
+        raise DataError(
+            f'The token store {path} failed its check after writing: '
+            f'{os.path.basename(e.file)} {e.reason}; nothing was kept: check the disk holding '
+            'it, then prepare again.'
+        ) from None
+    os.replace(staging, path)
 
 
 def _staging(path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(path)}.tmp-')
-
-
-def _crc32(path: str) -> int:
-    crc = 0
-    with open(path, 'rb') as f:
-        while block := f.read(_BLOCK):
-            crc = zlib.crc32(block, crc)
-    return crc
 
 
 def log_progress(pairs: int, tokens: int, seconds: float) -> None:
