@@ -90,6 +90,7 @@ def test_token_ids_equal_marian_tokenizers(loaded, hf):
     assert tokenizer.encode(TAGGED[0][0])[0] == tokenizer.token_id(LANGUAGE_TOKENS[0]) > 2
 
 
+@pytest.mark.slow
 def test_teacher_forced_log_probs_equal_marians(loaded, hf):
     """log P of every position of a padded batch, every vocabulary row: ours (float32, full
     precision) equal MarianMTModel's to 1e-4."""
@@ -117,18 +118,20 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf):
     assert np.abs(ours[real]).max() > 1.0
 
 
+@pytest.mark.slow
 def test_greedy_outputs_equal_generates(run_dir, hf):
-    """Greedy outputs equal generate(num_beams=1) with the directory's generation config, on
-    the learned lines of two language codes."""
+    """Greedy outputs equal generate(num_beams=1) with the directory's generation config
+    (max_length 64, eos mid-vocabulary, pad never generated), on the learned lines of one
+    language code."""
     hf_model, theirs = hf
-    run = api.load(run_dir)
-    for n, code in enumerate(LANGUAGE_TOKENS[:2]):
-        lines = [s for s, _ in PAIRS[:TRAINED_LINES]][n::3]
-        batch = theirs([f'{code} {line}' for line in lines], padding=True, return_tensors='pt')
-        with torch.no_grad():
-            out = hf_model.generate(**batch, num_beams=1)
-        expected = theirs.batch_decode(out, skip_special_tokens=True)
-        assert run.translate(lines, beam_size=1, source_tag=code) == expected, code
+    code = LANGUAGE_TOKENS[1]
+    lines = [s for s, _ in PAIRS[:TRAINED_LINES]][1::3]
+    batch = theirs([f'{code} {line}' for line in lines], padding=True, return_tensors='pt')
+    with torch.no_grad():
+        out = hf_model.generate(**batch, num_beams=1)
+    expected = theirs.batch_decode(out, skip_special_tokens=True)
+    assert len(set(expected)) > len(lines) // 2  # distinct outputs, not one repeated
+    assert api.load(run_dir).translate(lines, beam_size=1, source_tag=code) == expected
 
 
 @pytest.mark.slow
