@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import ctranslate2_child
 from tests.marian_dir import LANGUAGE_TOKENS, TC, TRAINED_LINES, marian_dir, synthetic_lines
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
@@ -153,6 +154,24 @@ def test_export_gives_back_the_directory(run_dir, hf_dir, tmp_path):
         source = json.load(open(os.path.join(hf_dir, name)))
         assert json.loads((out / name).read_text()) == source, name
     assert json.loads((out / 'config.json').read_text())['max_position_embeddings'] == 64
+
+
+@pytest.mark.slow
+def test_ctranslate2_export_translates_as_ours(run_dir, tmp_path):
+    """--format ctranslate2 of the converted run: CTranslate2's greedy outputs equal ours (its
+    vocabulary in our order, the decoder starting from '<pad>' wherever vocab.json has it)."""
+    pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
+    import sentencepiece as spm
+
+    out = tmp_path / 'ct2'
+    assert _cli(export, f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2') is None
+    code, lines = LANGUAGE_TOKENS[1], [s for s, _ in PAIRS[:TRAINED_LINES]][1::3]
+    source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
+    target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
+    batch = [[code, *source.encode(line, out_type=str), '</s>'] for line in lines]
+    hypotheses = ctranslate2_child.translate(out, batch, beam_size=1)
+    theirs = [target.decode([p for p in h if p != '<unk>']) for h in hypotheses]
+    assert api.load(run_dir).translate(lines, beam_size=1, source_tag=code) == theirs
 
 
 def _edited(hf_dir, tmp_path, name, edit):
