@@ -2,8 +2,11 @@
 
 `build_marian_dir` writes what an OPUS-MT repository holds: ``source.spm`` and ``target.spm``
 (SentencePiece unigram models with SentencePiece's default ids, unk 0 / bos 1 / eos 2, as
-OPUS-MT's are), a joint ``vocab.json`` in Marian's conventions (``'</s>'`` 0, ``'<unk>'`` 1,
-``'<pad>'`` V-1), ``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
+OPUS-MT's are), a joint ``vocab.json`` in the layout of OPUS-MT's first generation
+(``layout='classic'``: ``'</s>'`` 0, ``'<unk>'`` 1, ``'<pad>'`` V-1) or of its
+Tatoeba-Challenge generation (``layout='tc'``, ``opus-mt-tc-*``: ``'</s>'`` in the middle,
+``'<unk>'`` three quarters in, ``'<pad>'`` last, and config.json's special ids saying so),
+``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
 the weights and ``generation_config.json`` written by transformers itself. The text is the
 synthetic language pair (transformer/data/synthetic.py), so nothing is read from disk or the
 network.
@@ -46,6 +49,10 @@ from tests.subprocess_env import repo_env
 from transformer.data import synthetic
 
 LANGUAGE_TOKENS = ('>>fra<<', '>>deu<<', '>>spa<<')  # multilingual=True: in vocab.json
+LAYOUTS = ('classic', 'tc')
+# The Tatoeba-Challenge generation's shape in small: its vocab.json layout, relu, several
+# targets, and max_position_embeddings neither 512 (the first generation's) nor 1024.
+TC = {'layout': 'tc', 'multilingual': True, 'activation': 'relu', 'max_positions': 64}
 SOURCE_LANG, TARGET_LANG = 'en', 'de'  # tokenizer_config.json's (the text is synthetic)
 LEFT_OUT_PER_MODEL = 3  # real pieces of each .spm that vocab.json leaves out
 # The model is trained on the first TRAINED_LINES pairs and memorizes them: greedy search on
@@ -78,6 +85,8 @@ def build_marian_dir(
     seed: int = 0,
     train_steps: int = 80,
     length_penalty: float = 1.0,
+    layout: str = 'classic',
+    max_positions: int = 512,
 ) -> str:
     """Writes a MarianMT directory into ``directory`` (new or empty) and returns its path.
 
@@ -93,6 +102,8 @@ def build_marian_dir(
       train_steps: full-batch Adam steps on the first `TRAINED_LINES` pairs (0: a random
         model). The SentencePiece models are trained on all the lines.
       length_penalty: generation_config.json's.
+      layout: where vocab.json puts its special pieces (`LAYOUTS`, module docstring).
+      max_positions: config.json's max_position_embeddings (and generation's max_length).
     """
     import torch
     import transformers
@@ -102,8 +113,9 @@ def build_marian_dir(
     pairs = list(lines) if lines is not None else synthetic_lines()
     if multilingual:
         pairs = [(f'{LANGUAGE_TOKENS[i % 3]} {s}', t) for i, (s, t) in enumerate(pairs)]
-    size = _write_tokenizer(directory, pairs, vocab_size, multilingual)
-    pad = size - 1
+    codes = LANGUAGE_TOKENS if multilingual else ()
+    vocab = _write_tokenizer(directory, pairs, vocab_size, codes, layout)
+    size, pad, eos = len(vocab), vocab['<pad>'], vocab['</s>']
     config = transformers.MarianConfig(
         vocab_size=size,
         decoder_vocab_size=size,
@@ -116,10 +128,10 @@ def build_marian_dir(
         decoder_ffn_dim=d_ff,
         activation_function=activation,
         pad_token_id=pad,
-        eos_token_id=0,
+        eos_token_id=eos,
         decoder_start_token_id=pad,
-        forced_eos_token_id=0,
-        max_position_embeddings=512,
+        forced_eos_token_id=eos,
+        max_position_embeddings=max_positions,
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
@@ -138,12 +150,12 @@ def build_marian_dir(
     model.generation_config = transformers.GenerationConfig(
         num_beams=4,
         length_penalty=length_penalty,
-        max_length=512,
+        max_length=max_positions,
         bad_words_ids=[[pad]],
         decoder_start_token_id=pad,
         pad_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
+        eos_token_id=eos,
+        forced_eos_token_id=eos,
     )
     model.save_pretrained(directory)
     return directory
@@ -192,8 +204,10 @@ def left_out_pieces(directory: str | os.PathLike) -> set[str]:
     return gone
 
 
-def _write_tokenizer(directory: str, pairs, vocab_size: int, multilingual: bool) -> int:
-    """source.spm, target.spm, vocab.json and the tokenizer's configs; the vocabulary size."""
+def _write_tokenizer(
+    directory: str, pairs, vocab_size: int, language_tokens: Sequence[str], layout: str
+) -> dict[str, int]:
+    """source.spm, target.spm, vocab.json and the tokenizer's configs; vocab.json's map."""
     import sentencepiece as spm
 
     texts = {'source': [_strip_code(s) for s, _ in pairs], 'target': [t for _, t in pairs]}
@@ -209,9 +223,7 @@ def _write_tokenizer(directory: str, pairs, vocab_size: int, multilingual: bool)
         # not single letters, which would leave too little for the model to learn.
         longer = [p for p in real if len(p.lstrip('▁')) > 1]
         gone |= set(longer[4 : 4 + 4 * LEFT_OUT_PER_MODEL : 4])
-    vocab = _joint_vocab(
-        [p for p in pieces if p not in gone], LANGUAGE_TOKENS if multilingual else ()
-    )
+    vocab = _joint_vocab([p for p in pieces if p not in gone], language_tokens, layout)
     _write_json(directory, 'vocab.json', vocab)
     special = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
     _write_json(directory, 'special_tokens_map.json', special)
@@ -220,7 +232,7 @@ def _write_tokenizer(directory: str, pairs, vocab_size: int, multilingual: bool)
         'tokenizer_config.json',
         {
             'source_lang': SOURCE_LANG,
-            'target_lang': 'mul' if multilingual else TARGET_LANG,
+            'target_lang': 'mul' if language_tokens else TARGET_LANG,
             'separate_vocabs': False,
             'model_max_length': 512,
             'sp_model_kwargs': {},
@@ -228,7 +240,7 @@ def _write_tokenizer(directory: str, pairs, vocab_size: int, multilingual: bool)
             **special,
         },
     )
-    return len(vocab)
+    return vocab
 
 
 def _strip_code(text: str) -> str:
@@ -257,13 +269,20 @@ def _train_spm(spm, sentences: list[str], vocab_size: int) -> bytes:
     return model.getvalue()
 
 
-def _joint_vocab(pieces: list[str], language_tokens: Sequence[str]) -> dict[str, int]:
-    """'</s>' 0, '<unk>' 1, the pieces (each once) with the language tokens in their middle,
-    '<pad>' last."""
+def _joint_vocab(pieces: list[str], language_tokens: Sequence[str], layout: str) -> dict[str, int]:
+    """The pieces (each once) with the language tokens in their middle, and '<pad>' last;
+    'classic': '</s>' 0, '<unk>' 1 first; 'tc': '</s>' in the middle (after the language
+    tokens), '<unk>' three quarters in."""
+    if layout not in LAYOUTS:
+        raise ValueError(f'layout must be one of {LAYOUTS}, got {layout!r}.')
     unique = list(dict.fromkeys(pieces))
-    middle = len(unique) // 2
-    ordered = ['</s>', '<unk>', *unique[:middle], *language_tokens, *unique[middle:], '<pad>']
-    return {piece: i for i, piece in enumerate(ordered)}
+    half, three_quarters = len(unique) // 2, 3 * len(unique) // 4
+    if layout == 'classic':
+        ordered = ['</s>', '<unk>', *unique[:half], *language_tokens, *unique[half:]]
+    else:
+        ordered = [*unique[:half], *language_tokens, '</s>', *unique[half:three_quarters]]
+        ordered += ['<unk>', *unique[three_quarters:]]
+    return {piece: i for i, piece in enumerate([*ordered, '<pad>'])}
 
 
 def _perturb(model, torch) -> None:

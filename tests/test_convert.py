@@ -176,8 +176,9 @@ def test_greedy_outputs_equal_generates(greedy):
 
 @pytest.mark.slow
 def test_export_gives_back_the_original_tensors_and_files(run_dir, hf_dir, tmp_path):
-    """Round trip: the export of a converted run holds the original's tensors and its
-    vocabulary files byte for byte."""
+    """Round trip: the export of a converted run holds the original's tensors, its
+    vocabulary files byte for byte and its config.json's and generation_config.json's values
+    (max_position_embeddings 512, which an export of a run trained here sizes otherwise)."""
     from safetensors.numpy import load_file
 
     out = tmp_path / 'hf'
@@ -185,20 +186,18 @@ def test_export_gives_back_the_original_tensors_and_files(run_dir, hf_dir, tmp_p
         export.cli(['export', f'--workdir={run_dir}', f'--out={out}'])
     assert info.value.code is None, info.value.code
     original, exported = (load_file(os.path.join(d, 'model.safetensors')) for d in (hf_dir, out))
-    original = {k.removeprefix('model.'): v for k, v in original.items()}
-    exported = {k.removeprefix('model.'): v for k, v in exported.items()}
-    compared = 0
+    assert sorted(original) == sorted(exported)
     for key, value in original.items():
-        if key in exported:
-            np.testing.assert_allclose(exported[key], value, atol=1e-6, err_msg=key)
-            compared += 1
-    assert 'final_logits_bias' in exported and np.abs(exported['final_logits_bias']).max() > 0
-    assert compared >= len(original) - 2  # (tied copies Hugging Face may not store)
-    for name in ('vocab.json', 'source.spm', 'target.spm'):
+        np.testing.assert_array_equal(exported[key], value, err_msg=key)
+    assert np.abs(exported['final_logits_bias']).max() > 0
+    for name in ('vocab.json', 'source.spm', 'target.spm', 'tokenizer_config.json'):
         with open(os.path.join(hf_dir, name), 'rb') as a, open(os.path.join(out, name), 'rb') as b:
             assert a.read() == b.read(), name
+    for name in ('config.json', 'generation_config.json'):
+        source = json.load(open(os.path.join(hf_dir, name)))
+        assert json.load(open(os.path.join(out, name))) == source, name
     config = json.load(open(os.path.join(out, 'config.json')))
-    assert config['activation_function'] == 'swish'
+    assert config['activation_function'] == 'swish' and config['max_position_embeddings'] == 512
     assert config['pad_token_id'] == config['vocab_size'] - 1 and config['eos_token_id'] == 0
 
 

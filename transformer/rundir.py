@@ -6,7 +6,8 @@
     WORKDIR/vocab/vocab.json     a MarianMT vocabulary (with source.spm, target.spm and
                                  tokenizer_config.json) of a run converted from, or
                                  started from, a MarianMT (`transformer.data.MarianVocabulary`)
-    WORKDIR/converted_from.json  where a converted run's parameters came from (transformer.convert)
+    WORKDIR/converted_from.json  where a converted run's parameters came from (transformer.convert),
+                                 and its source's config files (`converted_source`)
     WORKDIR/data_cache/          token ids: the training split's token store (memory-mapped,
                                  transformer/data/token_store.py), the evaluation splits'
                                  .npz files (transformer/data/tokenized.py)
@@ -47,6 +48,8 @@ VOCAB_DIR = 'vocab'
 VOCAB_FILE = os.path.join(VOCAB_DIR, 'spm.model')
 # Marks a run written by transformer.convert: parameters without an optimizer state.
 CONVERTED_FILE = 'converted_from.json'
+# Its key holding the source directory's config files, {file name: its JSON object or None}.
+SOURCE_FILES = 'source_files'
 DATA_CACHE = 'data_cache'
 CHECKPOINTS = 'checkpoints'
 # The best checkpoint lives in its own directory, not among CHECKPOINTS: those keep the last
@@ -149,6 +152,19 @@ def marian_vocab_dir(config: Config, workdir: str | None) -> str | None:
 def is_converted(workdir: str) -> bool:
     """Whether ``workdir`` was written by transformer.convert (no optimizer state)."""
     return os.path.isfile(path(workdir, CONVERTED_FILE))
+
+
+def converted_source(workdir: str) -> dict[str, Any] | None:
+    """A converted run's record of its source's config files (`SOURCE_FILES`); None for a run
+    trained here or converted before they were recorded."""
+    file = path(workdir, CONVERTED_FILE)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding='utf-8') as f:
+            return json.load(f).get(SOURCE_FILES)
+    except (OSError, ValueError, AttributeError) as e:
+        raise WorkdirError(f'{file} cannot be read ({e}); restore it.') from None
 
 
 def data_cache_dir(config: Config, workdir: str | None) -> str | None:

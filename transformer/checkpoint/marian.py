@@ -10,14 +10,18 @@ and layer norm epsilon 1e-5. Two layouts differ and are mapped exactly, each a p
 * Sinusoid channels: Marian puts all sines first, then all cosines; ours interleave them
   (`marian_channel_order`). Every weight that touches the residual stream is permuted on its
   D axis, which gives the same function (layer norm and the tied logits are invariant to it).
-* Vocabulary rows: Marian's eos is 0, unk 1 and pad V - 1 (also the decoder start); ours
-  pad 0 (the decoder start), eos 1, unk 2 (transformer/tokens.py). Our id of Marian id m is
-  (m + 1) mod V (`transformer.data.MarianVocabulary`), so the embedding rows and the output
-  bias are rotated by one.
+* Vocabulary rows: Marian's eos, unk and pad (also the decoder start) are where vocab.json
+  puts them (0, 1 and V - 1 in OPUS-MT's first generation, anywhere in its ``opus-mt-tc-*``
+  generation); ours are pad 0 (the decoder start), eos 1, unk 2 (transformer/tokens.py). One
+  permutation read from vocab.json maps Marian's ids onto ours
+  (`transformer.data.MarianVocabulary`), and the embedding rows and the output bias move by
+  it. config.json's and generation_config.json's special ids must be vocab.json's
+  (`check_special_ids`).
 
 Values Hugging Face's Marian acts on that this model cannot express (a separate decoder
-vocabulary, different encoder and decoder head counts or widths, another ``model_type``,
-other special ids) stop in one `MarianError` naming the key, before anything is written;
+vocabulary, different encoder and decoder head counts or widths, another ``model_type``, a
+decoder start other than pad) stop in one `MarianError` naming the key, before anything is
+written;
 keys Hugging Face's Marian ignores (``normalize_before``, ``static_position_embeddings``,
 ...) are ignored here too.
 """
@@ -29,16 +33,16 @@ import json
 import os
 from typing import Any
 
-import numpy as np
-
 from transformer import data as data_lib
-from transformer.rundir import WorkdirError
+from transformer.checkpoint.marian_params import (
+    MarianError,
+    params_from_state_dict,
+    read_state_dict,
+)
 
 CONFIG_FILE = 'config.json'
 GENERATION_FILE = 'generation_config.json'
 TOKENIZER_CONFIG = 'tokenizer_config.json'
-# The weights, in the order they are looked for.
-WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 # Hugging Face's activation names -> model.ffn (ACT2FN: 'silu' and 'swish' are one function).
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu', 'relu': 'relu'}
 # Marian's layer norms are torch's default nn.LayerNorm.
@@ -48,19 +52,6 @@ LAYER_NORM_EPSILON = 1e-5
 # log-probability by length^1.0), at most 20 tokens.
 HF_DEFAULTS = {'num_beams': 1, 'length_penalty': 1.0, 'max_length': 20}
 HF_DEFAULT = "Hugging Face's default"
-
-
-class MarianError(WorkdirError):
-    """A MarianMT directory this project cannot read as asked; one line naming the file or key."""
-
-
-def marian_channel_order(d_model: int) -> np.ndarray:
-    """Our channel read by each Marian channel: [0, 2, 4, ..., 1, 3, 5, ...].
-
-    Marian channel i < D/2 is sin(pos / 10000^(2i/D)), ours 2i; channel D/2 + i is the cosine
-    of the same frequency, ours 2i + 1.
-    """
-    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
 def is_marian_dir(path: str) -> bool:
@@ -131,14 +122,31 @@ def check_expressible(hf: dict[str, Any], file: str) -> None:
     activation = hf.get('activation_function', 'gelu')
     if activation not in ACTIVATIONS:
         raise refuse('activation_function', f'is not one of {", ".join(ACTIVATIONS)}.')
-    special = {'eos_token_id': 0, 'pad_token_id': vocab - 1, 'decoder_start_token_id': vocab - 1}
-    for key, wanted in special.items():
-        if hf.get(key, wanted) != wanted:
-            raise refuse(
-                key,
-                f'is not {wanted}: Marian ids (eos 0, unk 1, pad and decoder '
-                'start V - 1) are the ones mapped onto ours.',
-            )
+
+
+def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> None:
+    """A `MarianError` naming the first special id of config.json or generation_config.json
+    (``keys``, read from ``file``) that is not vocab.json's (``ids``: its Marian pad, eos and
+    unk, `MarianVocabulary.marian_special_ids`). A key left out or null is not checked: Hugging
+    Face takes it from the other file or goes without it."""
+    pad, eos = ids['pad'], ids['eos']
+    wanted = {
+        'eos_token_id': (eos, "vocab.json's '</s>'"),
+        'forced_eos_token_id': (
+            eos,
+            "vocab.json's '</s>', which ends a sentence at the length limit",
+        ),
+        'pad_token_id': (pad, "vocab.json's '<pad>'"),
+        'decoder_start_token_id': (pad, "vocab.json's '<pad>': the decoder starts with pad here"),
+        'bad_words_ids': (
+            [[pad]],
+            "[[pad]] with vocab.json's '<pad>': only pad is never generated here",
+        ),
+    }
+    for key, (want, what) in wanted.items():
+        value = keys.get(key)
+        if value is not None and value != want:
+            raise MarianError(f'{file}: {key}={value!r} is not {want!r} ({what}).')
 
 
 def model_settings(hf: dict[str, Any], file: str) -> dict[str, Any]:
@@ -204,141 +212,6 @@ def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dic
     return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
 
 
-def read_state_dict(directory: str) -> dict[str, np.ndarray]:
-    """The MarianMT's tensors as float32 numpy arrays, from model.safetensors or
-    pytorch_model.bin (whichever is there first), without the ``model.`` prefix."""
-    for name in WEIGHT_FILES:
-        file = os.path.join(directory, name)
-        if os.path.isfile(file):
-            break
-    else:
-        raise MarianError(
-            f'{directory} holds neither {" nor ".join(WEIGHT_FILES)}: the '
-            'MarianMT weights are missing.'
-        )
-    try:
-        if name.endswith('.safetensors'):
-            from safetensors.numpy import load_file
-
-            tensors = load_file(file)
-        else:
-            import torch
-
-            tensors = {
-                k: v.float().numpy()
-                for k, v in torch.load(file, map_location='cpu', weights_only=True).items()
-            }
-    except ImportError as e:
-        raise MarianError(
-            f'Reading {file} needs the export extra ({e.name} is not installed): '
-            "pip install 'transformer[export]'."
-        ) from None
-    except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own types
-        raise MarianError(f'{file} cannot be read ({str(e).splitlines()[0][:200]}).') from None
-    return {k.removeprefix('model.'): np.asarray(v, np.float32) for k, v in tensors.items()}
-
-
-class _Tensors:
-    """MarianMT's tensors read into our layout (torch Linear weights are [out, in]); the
-    inverse of transformer/commands/marian.py's `marian_state_dict`."""
-
-    def __init__(self, state: dict[str, np.ndarray], model: dict[str, Any], where: str):
-        self.state, self.where = state, where
-        self.d_model, self.d_ff = model['d_model'], model['d_ff']
-        self.heads = model['num_heads']
-        self.head_dim = self.d_model // self.heads
-        self.perm = marian_channel_order(self.d_model)
-
-    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in self.state:
-            raise MarianError(f'{self.where} has no tensor {name}.')
-        value = self.state[name]
-        if value.shape != shape:
-            raise MarianError(
-                f'{self.where}: {name} has shape {value.shape}, not {shape} as config.json says.'
-            )
-        return value
-
-    def residual(self, x: np.ndarray, axis: int) -> np.ndarray:
-        """x with its D axis (Marian's channel order) in ours."""
-        out = np.empty_like(x)
-        index = [slice(None)] * x.ndim
-        index[axis] = self.perm
-        out[tuple(index)] = x
-        return out
-
-    def attention(self, prefix: str) -> dict[str, Any]:
-        d, n, h = self.d_model, self.heads, self.head_dim
-        found = {}
-        for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
-            w = self.take(f'{prefix}.{theirs}.weight', (n * h, d))
-            found[ours] = {
-                'kernel': self.residual(w.T.reshape(d, n, h), 0),  # [D, N, H]
-                'bias': self.take(f'{prefix}.{theirs}.bias', (n * h,)).reshape(n, h),
-            }
-        w = self.take(f'{prefix}.out_proj.weight', (d, n * h))
-        found['out'] = {
-            'kernel': self.residual(w.T.reshape(n, h, d), 2),  # [N, H, D]
-            'bias': self.residual(self.take(f'{prefix}.out_proj.bias', (d,)), 0),
-        }
-        return found
-
-    def norm(self, name: str) -> dict[str, Any]:
-        return {
-            'scale': self.residual(self.take(f'{name}.weight', (self.d_model,)), 0),
-            'bias': self.residual(self.take(f'{name}.bias', (self.d_model,)), 0),
-        }
-
-    def ffn(self, prefix: str) -> dict[str, Any]:
-        d, f = self.d_model, self.d_ff
-        return {
-            'wi': {
-                'kernel': self.residual(self.take(f'{prefix}.fc1.weight', (f, d)).T, 0),
-                'bias': self.take(f'{prefix}.fc1.bias', (f,)),
-            },
-            'wo': {
-                'kernel': self.residual(self.take(f'{prefix}.fc2.weight', (d, f)).T, 1),
-                'bias': self.residual(self.take(f'{prefix}.fc2.bias', (d,)), 0),
-            },
-        }
-
-    def layer(self, stack: str, i: int) -> dict[str, Any]:
-        prefix = f'{stack}.layers.{i}'
-        layer = {
-            'self_attention': self.attention(f'{prefix}.self_attn'),
-            'self_attention_norm': self.norm(f'{prefix}.self_attn_layer_norm'),
-            'ffn': self.ffn(prefix),
-            'ffn_norm': self.norm(f'{prefix}.final_layer_norm'),
-        }
-        if stack == 'decoder':
-            layer['cross_attention'] = self.attention(f'{prefix}.encoder_attn')
-            layer['cross_attention_norm'] = self.norm(f'{prefix}.encoder_attn_layer_norm')
-        return layer
-
-
-def params_from_state_dict(
-    state: dict[str, np.ndarray], model: dict[str, Any], vocab_size: int, where: str
-) -> dict[str, Any]:
-    """Our parameter tree (nested dicts of float32 arrays) from MarianMT's tensors (`_Tensors`);
-    ``where`` names the file in errors. The vocabulary rows of the embedding and the output
-    bias move to our ids (`transformer.data.MarianVocabulary.rows_to_ours`)."""
-    tensors = _Tensors(state, model, where)
-    embedding = tensors.residual(tensors.take('shared.weight', (vocab_size, model['d_model'])), 1)
-    bias = state.get('final_logits_bias', np.zeros((1, vocab_size), np.float32))
-    if bias.shape != (1, vocab_size):
-        raise MarianError(
-            f'{where}: final_logits_bias has shape {bias.shape}, not {(1, vocab_size)}.'
-        )
-    params: dict[str, Any] = {
-        'shared_embedding': {'embedding': data_lib.MarianVocabulary.rows_to_ours(embedding)},
-        'logits_bias': data_lib.MarianVocabulary.rows_to_ours(bias[0]),
-    }
-    for stack in ('encoder', 'decoder'):
-        for i in range(model[f'num_{stack}_layers']):
-            params[f'{stack}_layer_{i}'] = tensors.layer(stack, i)
-    return params
-
-
 @dataclasses.dataclass
 class MarianModel:
     """A MarianMT directory read into this project's terms."""
@@ -350,6 +223,9 @@ class MarianModel:
     languages: tuple[str | None, str | None]  # tokenizer_config.json's source and target
     tokenizer: Any  # transformer.data.MarianVocabulary
     params: dict[str, Any] | None  # None until `load_marian(..., weights=True)`
+    # The directory's config.json and generation_config.json (None without one) as read: the
+    # export of its converted run writes them back (transformer/commands/marian.py).
+    files: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
 
 
 def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
@@ -370,9 +246,8 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
             f'encoder_attention_heads={model["num_heads"]}.'
         )
     has_generation = os.path.isfile(os.path.join(directory, GENERATION_FILE))
-    generation = generation_settings(
-        _read_json(directory, GENERATION_FILE) if has_generation else None, hf
-    )
+    generation_file = _read_json(directory, GENERATION_FILE) if has_generation else None
+    generation = generation_settings(generation_file, hf)
     settings = eval_settings(generation, directory)
     tokenizer_config = _read_json(directory, TOKENIZER_CONFIG, required=False)
     if tokenizer_config.get('separate_vocabs'):
@@ -389,9 +264,14 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
             f'{file}: vocab_size={hf["vocab_size"]} but vocab.json holds '
             f'{tokenizer.vocab_size} pieces.'
         )
+    ids = tokenizer.marian_special_ids()
+    check_special_ids(hf, ids, file)
+    if generation_file is not None:
+        check_special_ids(generation_file, ids, os.path.join(directory, GENERATION_FILE))
     params = None
     if weights:
         state = read_state_dict(directory)
-        params = params_from_state_dict(state, model, tokenizer.vocab_size, directory)
+        params = params_from_state_dict(state, model, tokenizer, directory)
     languages = (tokenizer_config.get('source_lang'), tokenizer_config.get('target_lang'))
-    return MarianModel(directory, model, settings, generation, languages, tokenizer, params)
+    files = {CONFIG_FILE: hf, GENERATION_FILE: generation_file}
+    return MarianModel(directory, model, settings, generation, languages, tokenizer, params, files)

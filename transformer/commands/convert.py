@@ -15,7 +15,8 @@ The beam size and length penalty are those Hugging Face's ``generate`` applies t
 generation_config.json (or, without one, config.json), and where a file names none,
 transformers' defaults (one beam, length_penalty 1.0), always with Hugging Face's rule of a
 beam's log-probability divided by length^length_penalty (eval.length_penalty 'fairseq');
-the command prints them and where each came from, and converted_from.json records that.
+the command prints them and where each came from, and converted_from.json records that, and
+DIR's config.json and generation_config.json as they were, which the run's export writes back.
 Everything is read and checked before anything is written, and W is written under a
 temporary name and renamed, so a failed conversion leaves nothing; a non-empty W is refused.
 A converted run has no optimizer state: train from it with ``--config.train.init_from=W``
@@ -125,7 +126,8 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         params = convert_layer_layout(marian.params, config.model.scan_layers)
         save_params(staging, config, 0, params, origin)
         with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
-            json.dump({**origin, 'generation': marian.generation}, f, indent=2)
+            record = {'generation': marian.generation, rundir.SOURCE_FILES: marian.files}
+            json.dump({**origin, **record}, f, indent=2)
         if os.path.isdir(workdir):
             os.rmdir(workdir)  # empty, checked above
         os.rename(staging, workdir)

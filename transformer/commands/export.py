@@ -96,6 +96,10 @@ def export(
     check_expressible(read_run_config(workdir), format)
     parent = check_can_export(format, out)
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
+    try:
+        source = rundir.converted_source(workdir)  # a converted run's files come back
+    except rundir.WorkdirError as e:
+        raise ExportError(str(e)) from None
     staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out)}.tmp-')
     try:
         if format == 'ctranslate2':
@@ -105,7 +109,7 @@ def export(
         else:
             result = os.path.join(staging, 'hf')
             os.mkdir(result)
-            marian.write_hf(result, model.config, config, tokenizer, params)
+            marian.write_hf(result, model.config, config, tokenizer, params, source)
         old = os.path.join(staging, 'old')
         if os.path.isdir(out):
             os.rename(out, old)

@@ -42,6 +42,13 @@ from transformer.model import TransformerConfig, export_refusal
 from transformer.tokens import EOS_ID, PAD_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
+# The config.json values an export derives from the model, its vocabulary and its weights
+# (`marian_configs`); a converted run's export writes its source's other values back.
+DERIVED_KEYS = (
+    *('vocab_size', 'decoder_vocab_size', 'd_model', 'encoder_layers', 'decoder_layers'),
+    *('encoder_attention_heads', 'decoder_attention_heads', 'encoder_ffn_dim'),
+    *('decoder_ffn_dim', 'pad_token_id', 'eos_token_id', 'decoder_start_token_id', 'dtype'),
+)
 
 
 def _head_dim(cfg: TransformerConfig) -> str | None:
@@ -97,21 +104,22 @@ class ExportError(ValueError):
 
 
 def special_ids(tokenizer: Any) -> dict[str, int]:
-    """The export's pad (= decoder start) and eos ids: ours, or Marian's for a run that reads a
-    MarianMT vocabulary (eos 0, pad V - 1), whose rows the export moves back."""
+    """The export's pad (= decoder start) and eos ids: ours, or, for a run that reads a
+    MarianMT vocabulary, Marian's as its vocab.json has them (the export moves its rows back)."""
     if isinstance(tokenizer, MarianVocabulary):
         return {'pad': tokenizer.marian_id(PAD_ID), 'eos': tokenizer.marian_id(EOS_ID)}
     return {'pad': PAD_ID, 'eos': EOS_ID}
 
 
 def marian_state_dict(
-    params: Any, cfg: TransformerConfig, marian_rows: bool = False
+    params: Any, cfg: TransformerConfig, tokenizer: Any = None
 ) -> dict[str, np.ndarray]:
     """Our parameter tree -> MarianMTModel's state dict (torch Linear weights are [out, in]).
-    ``marian_rows``: the vocabulary rows in Marian's id order (a MarianMT vocabulary's run,
-    `MarianVocabulary.rows_to_marian`), else in ours."""
+    ``tokenizer``: a MarianMT vocabulary puts the vocabulary rows back in its own id order
+    (`MarianVocabulary.rows_to_marian`); any other keeps ours."""
     perm = marian_channel_order(cfg.d_model)
-    rows = MarianVocabulary.rows_to_marian if marian_rows else np.asarray
+    marian_rows = isinstance(tokenizer, MarianVocabulary)
+    rows = tokenizer.rows_to_marian if marian_rows else np.asarray
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
     state = {}
 
@@ -241,8 +249,29 @@ def write_tokenizer(tokenizer: Tokenizer, directory: str, data: Any) -> None:
     )
 
 
+def with_source_files(
+    model_config: dict[str, Any], generation: dict[str, Any], source: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(config.json, generation_config.json) of a converted run's export: the source
+    directory's own (``source``: `MarianModel.files`, as converted_from.json records them),
+    so its values come back (max_position_embeddings, max_length, ...), with the values this
+    export derives from the model written over them (`DERIVED_KEYS`, equal for a converted
+    run) and the dtype of the weights it writes. A source without generation_config.json gets
+    none back: Hugging Face reads config.json's settings then, as it read the source's."""
+    config = {**model_config, **source['config.json']}
+    config.update({k: model_config[k] for k in DERIVED_KEYS})
+    config.pop('torch_dtype', None)  # transformers' older name of dtype
+    recorded = source.get('generation_config.json')
+    return config, None if recorded is None else {**generation, **recorded}
+
+
 def write_hf(
-    directory: str, cfg: TransformerConfig, run_config: Any, tokenizer: Tokenizer, params: Any
+    directory: str,
+    cfg: TransformerConfig,
+    run_config: Any,
+    tokenizer: Tokenizer,
+    params: Any,
+    source: dict[str, Any] | None = None,
 ) -> None:
     """Writes the MarianMT directory (weights, configs, tokenizer files) into ``directory``.
 
@@ -252,6 +281,7 @@ def write_hf(
       run_config: the run's config (its ``eval`` and ``data`` sections are read).
       tokenizer: the run's vocabulary.
       params: the parameters to export.
+      source: a converted run's source files (`with_source_files`); None: a run trained here.
     """
     refusal = export_refusal(cfg, WRITES)  # what the mapping below has no names for
     if refusal:
@@ -260,13 +290,15 @@ def write_hf(
 
     ids = special_ids(tokenizer)
     model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len, ids)
+    if source:
+        model_config, generation = with_source_files(model_config, generation, source)
     # transformers refuses safetensors files whose metadata does not name a framework.
-    marian_rows = isinstance(tokenizer, MarianVocabulary)
-    weights = save(marian_state_dict(params, cfg, marian_rows), metadata={'format': 'pt'})
+    weights = save(marian_state_dict(params, cfg, tokenizer), metadata={'format': 'pt'})
     with open(os.path.join(directory, 'model.safetensors'), 'wb') as f:
         f.write(weights)
     _write_json(os.path.join(directory, 'config.json'), model_config)
-    _write_json(os.path.join(directory, 'generation_config.json'), generation)
+    if generation is not None:
+        _write_json(os.path.join(directory, 'generation_config.json'), generation)
     write_tokenizer(tokenizer, directory, run_config.data)
 
 

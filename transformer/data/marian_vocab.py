@@ -8,10 +8,15 @@ SentencePiece id (a piece that vocab.json lacks is unknown). This is what transf
 handling of a leading language code (``>>fra<< text``) and of special-token strings included
 (one deliberate difference, below).
 
-Ids: Marian's are eos 0, unk 1, pad V-1 (also the decoder's start); ours (transformer/tokens.py)
-are pad 0, eos 1, unk 2. Ours are Marian's turned by one, ``ours = (marian + 1) % V``: eos
-0 -> 1, unk 1 -> 2, pad V-1 -> 0, every other piece one up, so the rows of an embedding or of
-``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`, `rows_to_marian`).
+Ids: a Marian vocabulary puts ``</s>``, ``<unk>`` and ``<pad>`` (also the decoder's start)
+wherever its build left them: OPUS-MT's first generation at 0, 1 and V-1, the Tatoeba-Challenge
+generation (``opus-mt-tc-*``) anywhere (eos 43311 and pad 53016 of 53017, say). Ours
+(transformer/tokens.py) are pad 0, eos 1, unk 2, which the model, the loss and every search
+assume. One permutation of the ids, read from vocab.json, maps Marian's onto ours: our 0, 1, 2
+are Marian's pad, eos and unk, and our 3.. are every other Marian id in increasing order. For
+the first generation that is Marian's ids turned by one, ``ours = (marian + 1) % V``. The rows
+of an embedding or of ``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`,
+`rows_to_marian`), and an export moves them back, so Marian's own ids come back unchanged.
 
 The difference from MarianTokenizer: it takes ``'</s>'`` or ``'<pad>'`` written in the text as
 its eos or pad token; here they are unknown (id 2), as ``'<unk>'`` is in both, because an
@@ -37,7 +42,8 @@ from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
 TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
-EOS, UNK, PAD = '</s>', '<unk>', '<pad>'  # Marian's pieces, at its ids 0, 1 and V-1
+SPECIAL_TOKENS_MAP = 'special_tokens_map.json'  # optional, copied with the vocabulary
+EOS, UNK, PAD = '</s>', '<unk>', '<pad>'  # Marian's special pieces, at any of its ids
 # MarianTokenizer cuts these out of the text before SentencePiece sees it (its special tokens).
 _SPECIAL = re.compile('(' + '|'.join(re.escape(t) for t in (EOS, UNK, PAD)) + ')')
 
@@ -81,6 +87,8 @@ class MarianVocabulary:
             for side, path, proto in zip(SIDES, paths[:2], contents[:2], strict=True)
         }
         self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
+        self._marian = _order(self._pieces)  # our id -> Marian's
+        self._ours = np.argsort(self._marian)  # Marian's id -> ours
         self._ids = {piece: self.our_id(i) for i, piece in enumerate(self._pieces)}
         self.source_lang, self.target_lang = _languages(self.directory)
         if data_config is not None and data_config.pretokenize != 'none':
@@ -144,12 +152,20 @@ class MarianVocabulary:
         return [p for p in self._pieces if p.startswith('>>') and p.endswith('<<')]
 
     def marian_id(self, i: int) -> int:
-        """Marian's id of our id ``i``."""
-        return (int(i) - 1) % self.vocab_size
+        """Marian's id of our id ``i`` (module docstring)."""
+        return int(self._marian[i])
 
     def our_id(self, i: int) -> int:
         """Our id of Marian's id ``i``."""
-        return (int(i) + 1) % self.vocab_size
+        return int(self._ours[i])
+
+    def marian_special_ids(self) -> dict[str, int]:
+        """Marian's ids of its pad (the decoder's start), eos and unk, as vocab.json has them."""
+        return {
+            'pad': self.marian_id(PAD_ID),
+            'eos': self.marian_id(EOS_ID),
+            'unk': self.marian_id(UNK_ID),
+        }
 
     @staticmethod
     def holds(directory: str | os.PathLike) -> bool:
@@ -157,23 +173,21 @@ class MarianVocabulary:
         return os.path.isfile(os.path.join(directory, FILES[2]))
 
     def copy_to(self, directory: str | os.PathLike) -> None:
-        """Copies its files (and tokenizer_config.json, where there is one) into
-        ``directory``, as they are; files already there are kept."""
-        for name in (*FILES, TOKENIZER_CONFIG):
+        """Copies its files (and tokenizer_config.json and special_tokens_map.json, where
+        there are) into ``directory``, as they are; files already there are kept."""
+        for name in (*FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
             source, target = (os.path.join(d, name) for d in (self.directory, directory))
             if os.path.isfile(source) and not os.path.exists(target):
                 shutil.copyfile(source, target)
 
-    @staticmethod
-    def rows_to_ours(x: Any) -> np.ndarray:
+    def rows_to_ours(self, x: Any) -> np.ndarray:
         """``x`` (V rows in Marian's order: an embedding, final_logits_bias) in our order:
-        row ``(m + 1) % V`` of the result is row ``m`` of ``x``."""
-        return np.roll(np.asarray(x), 1, axis=0)
+        row ``our_id(m)`` of the result is row ``m`` of ``x``."""
+        return np.asarray(x)[self._marian]
 
-    @staticmethod
-    def rows_to_marian(x: Any) -> np.ndarray:
+    def rows_to_marian(self, x: Any) -> np.ndarray:
         """The inverse of `rows_to_ours`: V rows in our order put in Marian's."""
-        return np.roll(np.asarray(x), -1, axis=0)
+        return np.asarray(x)[self._ours]
 
 
 def _split(text: str) -> list[tuple[str, str]]:
@@ -202,8 +216,20 @@ def _load_spm(path: str, proto: bytes) -> spm.SentencePieceProcessor:
         raise DataError(f'{path} is not a SentencePiece model that loads ({e}).') from None
 
 
+def _order(pieces: list[str]) -> np.ndarray:
+    """Marian's id of each of our ids: our `PAD_ID`, `EOS_ID` and `UNK_ID` are its pad, eos and
+    unk, and our other ids, in increasing order, its other ids in increasing order."""
+    special = {PAD_ID: pieces.index(PAD), EOS_ID: pieces.index(EOS), UNK_ID: pieces.index(UNK)}
+    order = np.empty(len(pieces), np.int64)
+    mask = np.ones(len(pieces), bool)
+    mask[list(special)] = False
+    order[list(special)] = list(special.values())
+    order[mask] = np.setdiff1d(np.arange(len(pieces)), list(special.values()))
+    return order
+
+
 def _read_vocab(path: str, content: bytes) -> list[str]:
-    """vocab.json's pieces in Marian's id order, checked against Marian's conventions."""
+    """vocab.json's pieces in Marian's id order, with its three special pieces."""
 
     def unique(pairs):
         seen = {}
@@ -227,18 +253,14 @@ def _read_vocab(path: str, content: bytes) -> list[str]:
             raise DataError(f'{path} gives the id {i} to both {pieces[i]!r} and {piece!r}.')
         pieces[i] = piece
     size = len(vocab)
-    for piece, want in ((EOS, 0), (UNK, 1), (PAD, size - 1)):
+    for piece, what in ((EOS, 'end of sentence'), (UNK, 'unknown'), (PAD, 'padding')):
         if piece not in vocab:
-            raise DataError(f"{path} has no {piece!r} (Marian's id {want}).")
+            raise DataError(
+                f'{path} has no {piece!r} (the {what} token a MarianMT vocabulary holds).'
+            )
     if set(pieces) != set(range(size)):
         outside = sorted(i for i in pieces if not 0 <= i < size)[:3]
         raise DataError(f'{path} has ids outside 0..{size - 1} (its size - 1): {outside}.')
-    for piece, want in ((EOS, 0), (UNK, 1), (PAD, size - 1)):
-        if vocab[piece] != want:
-            raise DataError(
-                f'{path} gives {piece!r} the id {vocab[piece]}; a MarianMT vocabulary has it '
-                f'at {want} (eos 0, unk 1, pad V-1 = {size - 1}).'
-            )
     return [pieces[i] for i in range(size)]
 
 

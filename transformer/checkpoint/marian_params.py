@@ -1,0 +1,169 @@
+"""A MarianMT's tensors (model.safetensors or pytorch_model.bin) read into this project's
+parameter tree; transformer/commands/marian.py's `marian_state_dict` is the inverse.
+
+Two layouts differ, each a permutation (transformer/checkpoint/marian.py says why they give the
+same function): the sinusoid channels (`marian_channel_order`) on every weight's D axis, and
+the vocabulary's rows (the embedding, ``final_logits_bias``), moved by the vocabulary's
+permutation of the ids (`transformer.data.MarianVocabulary.rows_to_ours`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from transformer.rundir import WorkdirError
+
+# The weights, in the order they are looked for.
+WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
+
+
+class MarianError(WorkdirError):
+    """A MarianMT directory this project cannot read as asked; one line naming the file or key."""
+
+
+def marian_channel_order(d_model: int) -> np.ndarray:
+    """Our channel read by each Marian channel: [0, 2, 4, ..., 1, 3, 5, ...].
+
+    Marian channel i < D/2 is sin(pos / 10000^(2i/D)), ours 2i; channel D/2 + i is the cosine
+    of the same frequency, ours 2i + 1.
+    """
+    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
+def read_state_dict(directory: str) -> dict[str, np.ndarray]:
+    """The MarianMT's tensors as float32 numpy arrays, from model.safetensors or
+    pytorch_model.bin (whichever is there first), without the ``model.`` prefix."""
+    for name in WEIGHT_FILES:
+        file = os.path.join(directory, name)
+        if os.path.isfile(file):
+            break
+    else:
+        raise MarianError(
+            f'{directory} holds neither {" nor ".join(WEIGHT_FILES)}: the '
+            'MarianMT weights are missing.'
+        )
+    try:
+        if name.endswith('.safetensors'):
+            from safetensors.numpy import load_file
+
+            tensors = load_file(file)
+        else:
+            import torch
+
+            tensors = {
+                k: v.float().numpy()
+                for k, v in torch.load(file, map_location='cpu', weights_only=True).items()
+            }
+    except ImportError as e:
+        raise MarianError(
+            f'Reading {file} needs the export extra ({e.name} is not installed): '
+            "pip install 'transformer[export]'."
+        ) from None
+    except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own types
+        raise MarianError(f'{file} cannot be read ({str(e).splitlines()[0][:200]}).') from None
+    return {k.removeprefix('model.'): np.asarray(v, np.float32) for k, v in tensors.items()}
+
+
+class _Tensors:
+    """MarianMT's tensors read into our layout (torch Linear weights are [out, in]); the
+    inverse of transformer/commands/marian.py's `marian_state_dict`."""
+
+    def __init__(self, state: dict[str, np.ndarray], model: dict[str, Any], where: str):
+        self.state, self.where = state, where
+        self.d_model, self.d_ff = model['d_model'], model['d_ff']
+        self.heads = model['num_heads']
+        self.head_dim = self.d_model // self.heads
+        self.perm = marian_channel_order(self.d_model)
+
+    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.state:
+            raise MarianError(f'{self.where} has no tensor {name}.')
+        value = self.state[name]
+        if value.shape != shape:
+            raise MarianError(
+                f'{self.where}: {name} has shape {value.shape}, not {shape} as config.json says.'
+            )
+        return value
+
+    def residual(self, x: np.ndarray, axis: int) -> np.ndarray:
+        """x with its D axis (Marian's channel order) in ours."""
+        out = np.empty_like(x)
+        index = [slice(None)] * x.ndim
+        index[axis] = self.perm
+        out[tuple(index)] = x
+        return out
+
+    def attention(self, prefix: str) -> dict[str, Any]:
+        d, n, h = self.d_model, self.heads, self.head_dim
+        found = {}
+        for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
+            w = self.take(f'{prefix}.{theirs}.weight', (n * h, d))
+            found[ours] = {
+                'kernel': self.residual(w.T.reshape(d, n, h), 0),  # [D, N, H]
+                'bias': self.take(f'{prefix}.{theirs}.bias', (n * h,)).reshape(n, h),
+            }
+        w = self.take(f'{prefix}.out_proj.weight', (d, n * h))
+        found['out'] = {
+            'kernel': self.residual(w.T.reshape(n, h, d), 2),  # [N, H, D]
+            'bias': self.residual(self.take(f'{prefix}.out_proj.bias', (d,)), 0),
+        }
+        return found
+
+    def norm(self, name: str) -> dict[str, Any]:
+        return {
+            'scale': self.residual(self.take(f'{name}.weight', (self.d_model,)), 0),
+            'bias': self.residual(self.take(f'{name}.bias', (self.d_model,)), 0),
+        }
+
+    def ffn(self, prefix: str) -> dict[str, Any]:
+        d, f = self.d_model, self.d_ff
+        return {
+            'wi': {
+                'kernel': self.residual(self.take(f'{prefix}.fc1.weight', (f, d)).T, 0),
+                'bias': self.take(f'{prefix}.fc1.bias', (f,)),
+            },
+            'wo': {
+                'kernel': self.residual(self.take(f'{prefix}.fc2.weight', (d, f)).T, 1),
+                'bias': self.residual(self.take(f'{prefix}.fc2.bias', (d,)), 0),
+            },
+        }
+
+    def layer(self, stack: str, i: int) -> dict[str, Any]:
+        prefix = f'{stack}.layers.{i}'
+        layer = {
+            'self_attention': self.attention(f'{prefix}.self_attn'),
+            'self_attention_norm': self.norm(f'{prefix}.self_attn_layer_norm'),
+            'ffn': self.ffn(prefix),
+            'ffn_norm': self.norm(f'{prefix}.final_layer_norm'),
+        }
+        if stack == 'decoder':
+            layer['cross_attention'] = self.attention(f'{prefix}.encoder_attn')
+            layer['cross_attention_norm'] = self.norm(f'{prefix}.encoder_attn_layer_norm')
+        return layer
+
+
+def params_from_state_dict(
+    state: dict[str, np.ndarray], model: dict[str, Any], tokenizer: Any, where: str
+) -> dict[str, Any]:
+    """Our parameter tree (nested dicts of float32 arrays) from MarianMT's tensors (`_Tensors`);
+    ``where`` names the file in errors. The vocabulary rows of the embedding and the output
+    bias move to our ids (``tokenizer``'s `transformer.data.MarianVocabulary.rows_to_ours`)."""
+    vocab_size = tokenizer.vocab_size
+    tensors = _Tensors(state, model, where)
+    embedding = tensors.residual(tensors.take('shared.weight', (vocab_size, model['d_model'])), 1)
+    bias = state.get('final_logits_bias', np.zeros((1, vocab_size), np.float32))
+    if bias.shape != (1, vocab_size):
+        raise MarianError(
+            f'{where}: final_logits_bias has shape {bias.shape}, not {(1, vocab_size)}.'
+        )
+    params: dict[str, Any] = {
+        'shared_embedding': {'embedding': tokenizer.rows_to_ours(embedding)},
+        'logits_bias': tokenizer.rows_to_ours(bias[0]),
+    }
+    for stack in ('encoder', 'decoder'):
+        for i in range(model[f'num_{stack}_layers']):
+            params[f'{stack}_layer_{i}'] = tensors.layer(stack, i)
+    return params
