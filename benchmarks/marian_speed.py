@@ -34,6 +34,8 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from transformer import files  # noqa: E402 (after the path above)
+
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 SPM_VOCAB = 8000  # pieces of each SentencePiece model (fewer where the text has fewer)
 SPECIAL = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
@@ -41,8 +43,26 @@ SPECIAL = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
 CHILD = 'import sys; from benchmarks import marian_speed as m; m.child(sys.argv[1], sys.argv[2])'
 CT2_CONVERT = (
     'import sys, ctranslate2; '
-    'ctranslate2.converters.TransformersConverter(sys.argv[1]).convert(sys.argv[2], force=True)'
+    'ctranslate2.converters.TransformersConverter(sys.argv[1]).convert(sys.argv[2])'
 )
+# What main makes in --work and removes at its next start: each directory holds MARK, which
+# lists every file in it; a directory of that name without it is not removed (`clear_previous`).
+MADE = ('run', 'ct2')
+MARK = files.Mark('marian_speed.json', 'benchmarks/marian_speed.py')
+
+
+def clear_previous(work: pathlib.Path) -> None:
+    """Removes the `MADE` directories a run before left in ``work``, when each holds this
+    script's mark and nothing it does not list; else one line, and nothing is removed."""
+    found = [work / name for name in MADE if os.path.lexists(work / name)]
+    for directory in found:
+        if directory.is_symlink() or MARK.foreign(str(directory)) != []:
+            raise SystemExit(
+                f'marian_speed.py: {directory} is not what this script made there (no '
+                f'{MARK.name} listing its files): remove it yourself, or give another --work.'
+            )
+    for directory in found:
+        shutil.rmtree(directory)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,14 +110,25 @@ def _spm_pieces(spm, directory: str, side: str, lines: list[str]) -> list[str]:
 
 def build_hf_dir(directory, result, data, d_model, layers, heads, vocab) -> None:
     """Writes the random MarianMT directory as OPUS-MT's hub repositories hold one (built
-    beside it and renamed, so an interrupted build leaves no directory to reuse)."""
+    in a temporary sibling and renamed, `files.write_in_place`: an interrupted build leaves
+    no directory to reuse)."""
+    parameters = []
+
+    def build(scratch: str) -> str:
+        staging = os.path.join(scratch, 'hf')
+        os.makedirs(staging)
+        _build_hf(staging, data, d_model, layers, heads, vocab, parameters)
+        return staging
+
+    files.write_in_place(directory, build)
+    _write_json(result, dict(zip(('pieces', 'fillers', 'parameters'), parameters, strict=True)))
+
+
+def _build_hf(staging, data, d_model, layers, heads, vocab, summary: list) -> None:
     import sentencepiece as spm
     import torch
     import transformers
 
-    staging = directory + '.partial'
-    shutil.rmtree(staging, ignore_errors=True)  # this script's, from an interrupted build
-    os.makedirs(staging)
     pieces = []
     for side, lang in (('source', 'en'), ('target', 'de')):
         pieces += _spm_pieces(spm, staging, side, _read(f'{data}/train.{lang}'))
@@ -130,9 +161,7 @@ def build_hf_dir(directory, result, data, d_model, layers, heads, vocab) -> None
         num_beams=4, length_penalty=1.0, max_length=512, bad_words_ids=[[pad]], **ids
     )
     model.save_pretrained(staging)
-    os.rename(staging, directory)
-    parameters = sum(p.numel() for p in model.parameters())
-    _write_json(result, dict(pieces=len(pieces), fillers=fillers, parameters=parameters))
+    summary += [len(pieces), fillers, sum(p.numel() for p in model.parameters())]
 
 
 def hf_dir_of(args, directory: str, work: pathlib.Path) -> dict:
@@ -273,6 +302,7 @@ def decodes(args, hf_dir: str, work: pathlib.Path, extra_length: int):
     yield dict(result, run_wall_time_s=scores['wall_time_s'], hypotheses=_read(output))
     ct2_dir = str(work / 'ct2')
     yield measure('convert_ct2', [sys.executable, '-c', CT2_CONVERT, hf_dir, ct2_dir], work)
+    MARK.write(ct2_dir)
     shared = dict(hf_dir=hf_dir, source=str(source), threads=args.threads)
     shared.update(beam_size=args.beam_size, batch_size=args.batch_size, extra_length=extra_length)
     yield run_child('decode_hf', shared, work)
@@ -322,10 +352,10 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(results[-1]), flush=True)
     _write(work / 'source.en', _read(f'{args.data}/test2016.en')[: args.sentences])
     _write(work / 'reference.de', _read(f'{args.data}/test2016.de')[: args.sentences])
-    for directory in ('run', 'ct2'):
-        shutil.rmtree(work / directory, ignore_errors=True)  # this script's, from a run before
+    clear_previous(work)
     command = [sys.executable, '-m', 'transformer.convert', '--from_hf', hf_dir, '--workdir']
     results.append(measure('convert_ours', [*command, str(work / 'run')], work, no_cache=True))
+    MARK.write(str(work / 'run'))
     print(json.dumps(results[-1]), flush=True)
     extra_length = json.loads((work / 'run/config.json').read_text())['eval']['extra_length']
     count = token_counter(args, hf_dir, work, extra_length)

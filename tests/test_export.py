@@ -352,8 +352,8 @@ def test_unexportable_configs_are_one_line_errors():
 
 
 def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path, monkeypatch):
-    """No checkpoints, a non-empty --out without --overwrite, a failure half-way, a pre-LN model:
-    one `error:` line or the exception, --out as it was and no temporary directory left."""
+    """No checkpoints, a non-empty --out, a file as --out, a pre-LN model: one `error:` line,
+    --out as it was and no temporary directory left."""
     empty = tmp_path / 'no_checkpoints'
     shutil.copytree(run_dir, empty, ignore=shutil.ignore_patterns('checkpoints'))
     message = _cli(f'--workdir={empty}', f'--out={tmp_path / "a"}')
@@ -362,21 +362,16 @@ def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path,
     existing = tmp_path / 'existing'
     existing.mkdir()
     (existing / 'keep.txt').write_text('mine')
-    message = _cli(f'--workdir={run_dir}', f'--out={existing}')
-    assert message.startswith('error: ') and '--overwrite' in message and '\n' not in message
+    for overwrite in ([], ['--overwrite']):  # --overwrite replaces an earlier export only
+        message = _cli(f'--workdir={run_dir}', f'--out={existing}', *overwrite)
+        assert message == (
+            f'error: {existing} is not empty and holds no export of this project (no '
+            'transformer_export.json): export into a new or empty directory.'
+        )
     a_file = existing / 'keep.txt'  # even with --overwrite, a file is not replaced by a model
     message = _cli(f'--workdir={run_dir}', f'--out={a_file}', '--overwrite')
     assert message == f'error: {a_file} is a file; --out names the directory to export into.'
-
-    def broken(*args, **kwargs):
-        raise RuntimeError('conversion failed')
-
-    monkeypatch.setattr(ctranslate2_spec, 'write_ctranslate2', broken)
-    with pytest.raises(RuntimeError, match='conversion failed'):
-        export.export(str(run_dir), str(existing), format='ctranslate2', overwrite=True)
     assert os.listdir(existing) == ['keep.txt']
-    assert not _cli(f'--workdir={run_dir}', f'--out={existing}', '--overwrite')
-    assert 'keep.txt' not in os.listdir(existing) and 'model.safetensors' in os.listdir(existing)
 
     # A run whose model MarianMT cannot express: its config says pre-LN. Refused from the
     # config, before the checkpoints are read (their loading would fail the test).
@@ -385,7 +380,59 @@ def test_command_errors_are_one_line_and_leave_nothing_behind(run_dir, tmp_path,
     config = json.loads((pre_ln / 'config.json').read_text())
     config['model']['pre_layer_norm'] = True
     (pre_ln / 'config.json').write_text(json.dumps(config))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('conversion failed')
+
     monkeypatch.setattr(export, 'load_run', broken)
     message = _cli(f'--workdir={pre_ln}', f'--out={tmp_path / "b"}')
     assert message.startswith('error: model.pre_layer_norm=True') and '\n' not in message
     assert sorted(os.listdir(tmp_path)) == ['existing', 'no_checkpoints', 'pre_ln']
+
+
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(
+    run_dir, hf_dir, tmp_path, monkeypatch
+):
+    """An export's transformer_export.json names its format, run and steps and lists its
+    files: --overwrite replaces such a directory (a failure half-way leaves it whole), and
+    refuses one that also holds a file of someone else's, or an export without the mark (a
+    version before it, which a hub MarianMT directory cannot be told from)."""
+    from tests.file_tree import tree_hashes
+
+    mark = json.loads((hf_dir / 'transformer_export.json').read_text())
+    assert mark['written_by'] == 'transformer.export' and mark['format'] == 'hf'
+    assert mark['workdir'] == str(run_dir) and mark['steps'] == [300]
+    assert sorted(mark['files']) == sorted(set(os.listdir(hf_dir)) - {'transformer_export.json'})
+    earlier = tmp_path / 'earlier'
+    shutil.copytree(hf_dir, earlier)
+    before = tree_hashes(tmp_path)
+    message = _cli(f'--workdir={run_dir}', f'--out={earlier}')
+    assert message == (
+        f'error: {earlier} holds an earlier export (hf, steps [300]); pass --overwrite to '
+        'replace it.'
+    )
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('conversion failed')
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ctranslate2_spec, 'write_ctranslate2', broken)
+        with pytest.raises(RuntimeError, match='conversion failed'):
+            export.export(str(run_dir), str(earlier), format='ctranslate2', overwrite=True)
+    assert tree_hashes(tmp_path) == before
+    assert not _cli(f'--workdir={run_dir}', f'--out={earlier}', '--overwrite', '--step=200')
+    assert json.loads((earlier / 'transformer_export.json').read_text())['steps'] == [200]
+    assert (earlier / 'model.safetensors').read_bytes() != (
+        hf_dir / 'model.safetensors'
+    ).read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ['earlier']
+
+    (earlier / 'README.md').write_text('my model card')
+    legacy = tmp_path / 'legacy'  # an export of a version before the mark
+    shutil.copytree(hf_dir, legacy, ignore=shutil.ignore_patterns('transformer_export.json'))
+    before = tree_hashes(tmp_path)
+    for out, words in ((earlier, 'files that no export wrote (README.md)'),
+                       (legacy, "holds a model (config.json of model_type 'marian'")):  # fmt: skip
+        message = _cli(f'--workdir={run_dir}', f'--out={out}', '--overwrite')
+        assert message.startswith('error: ') and words in message and '\n' not in message
+    assert tree_hashes(tmp_path) == before

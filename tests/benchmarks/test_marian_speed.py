@@ -28,6 +28,32 @@ def test_piece_count_spells_the_text_as_sentencepiece_decodes_it():
     assert count('Ein x') == 3  # '▁' and 'x', which no piece spells: one each
 
 
+def test_a_rerun_removes_only_the_directories_it_made(tmp_path):
+    """WORK/run and WORK/ct2 of a run before are removed when they hold this script's mark
+    and nothing else; a run of the user's named run/ there (they were removed whatever they
+    held), or a marked one holding a file of someone else's, stops the script in one line,
+    nothing removed."""
+    from tests.file_tree import tree_hashes
+
+    work = tmp_path / 'work'
+    (work / 'run' / 'checkpoints' / '4').mkdir(parents=True)
+    (work / 'run' / 'config.json').write_text('{}')
+    (work / 'ct2').mkdir()
+    (work / 'ct2' / 'model.bin').write_bytes(b'weights')
+    marian_speed.MARK.write(str(work / 'ct2'))
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit, match=f'{work}/run is not what this script made there'):
+        marian_speed.clear_previous(work)
+    assert tree_hashes(tmp_path) == before
+    marian_speed.MARK.write(str(work / 'run'))
+    (work / 'ct2' / 'notes.txt').write_text('mine')
+    with pytest.raises(SystemExit, match=f'{work}/ct2 is not what this script made there'):
+        marian_speed.clear_previous(work)
+    (work / 'ct2' / 'notes.txt').unlink()
+    marian_speed.clear_previous(work)
+    assert list(work.iterdir()) == []
+
+
 @pytest.mark.long
 def test_marian_speed_times_and_counts_the_three_systems(tmp_path, capsys):
     data = tmp_path / 'data'

@@ -9,7 +9,9 @@ console) and shared_flags.py (the flags several commands define); marian.py, the
 export's MarianMT format; ctranslate2_spec.py, its CTranslate2 model, written directly;
 help.py, ``-h`` / ``--help``; config_flag.py, the ``--config`` flag's errors in one line;
 decoding_run.py, what evaluate, translate and the Python API do before decoding (the
-processes joined, the run's layout, its checkpoints restored into it).
+processes joined, the run's layout, its checkpoints restored into it); ownership.py, what a
+command may replace (only what it wrote: export's mark, the files of runs and models that no
+output replaces).
 
 The modules are this package's public names (``from transformer.commands import train``), imported
 when a caller names one: starting one command does not import the others.
@@ -25,6 +27,7 @@ __all__ = [
     'export',
     'library_logs',
     'marian',
+    'ownership',
     'prepare',
     'score',
     'shared_flags',

@@ -18,7 +18,7 @@ from absl import app, flags, logging
 from transformer import decoding, files
 from transformer.backends import compile_cache, host_memory
 from transformer.commands import help as command_help
-from transformer.commands import library_logs
+from transformer.commands import library_logs, ownership
 from transformer.commands.library_logs import (
     argv_verbosity,
     quiet_libraries,
@@ -78,7 +78,8 @@ def check_paths(
 ) -> None:
     """Ends the command with one usage line (`usage_exit`) for an input flag's file that cannot
     be read, or an output flag's path whose directory is missing or read-only, before any
-    work (a decode of minutes was lost when the output could not be opened at its end).
+    work (a decode of minutes was lost when the output could not be opened at its end), or
+    that names a file of a run, a model or an export (`ownership.output_refusal`).
 
     Args:
       inputs: flag name -> the file it names (None: the flag is unset).
@@ -98,6 +99,9 @@ def check_paths(
         problem = files.unwritable(directory)
         if problem:
             usage_exit(f'--{name}={file}: the directory {directory} is not writable ({problem}).')
+        refusal = ownership.output_refusal(file)
+        if refusal:
+            usage_exit(f'--{name}={file}: {refusal}')
 
 
 def _forget_config_overrides() -> None:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -116,23 +114,26 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
     problem = files.unwritable(parent)
     if problem:
         raise MarianError(f'Cannot write into {parent} ({problem}); --workdir names another place.')
-    staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(workdir)}.tmp-')
-    try:
-        rundir.write_config(staging, config)
-        vocab = rundir.path(staging, rundir.VOCAB_DIR)
+
+    def build(scratch: str) -> str:
+        run = os.path.join(scratch, 'run')
+        os.mkdir(run)
+        rundir.write_config(run, config)
+        vocab = rundir.path(run, rundir.VOCAB_DIR)
         os.mkdir(vocab)
         marian.tokenizer.copy_to(vocab)
         origin = {'from_hf': os.path.abspath(marian.directory)}
         params = convert_layer_layout(marian.params, config.model.scan_layers)
-        save_params(staging, config, 0, params, origin)
-        with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
+        save_params(run, config, 0, params, origin)
+        with open(rundir.path(run, rundir.CONVERTED_FILE), 'w') as f:
             record = {'generation': marian.generation, rundir.SOURCE_FILES: marian.files}
             json.dump({**origin, **record}, f, indent=2)
-        if os.path.isdir(workdir):
-            os.rmdir(workdir)  # empty, checked above
-        os.rename(staging, workdir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        return run
+
+    try:
+        files.write_in_place(workdir, build)  # a new or empty directory only
+    except files.NotReplaceable as e:  # something appeared there during the conversion
+        raise MarianError(f'{e}: --workdir names a new directory; nothing was written.') from None
     logging.info(
         'Converted %s into %s in %.1f s.', marian.directory, workdir, time.perf_counter() - start
     )

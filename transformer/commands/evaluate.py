@@ -30,7 +30,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import decoding, files, multihost, rundir, training
 from transformer.checkpoint import load_model
-from transformer.commands import console, decoding_run
+from transformer.commands import console, decoding_run, ownership
 from transformer.evaluation import score_eval_set
 from transformer.model import Transformer
 from transformer.schema import ConfigError
@@ -107,6 +107,9 @@ def _check_file_flags(FLAGS: Any) -> tuple[str, str] | None:
     console.check_paths(
         {'source': FLAGS.source, 'reference': FLAGS.reference}, {'output': FLAGS.output}
     )
+    refusal = FLAGS.output and ownership.scores_refusal(FLAGS.output)
+    if refusal:
+        console.usage_exit(f'--output={FLAGS.output}: {refusal}')
     return None if FLAGS.source is None else (FLAGS.source, FLAGS.reference)
 
 
@@ -174,8 +177,18 @@ def _eval_set(
     )
 
 
-def _eval_output(run_dir: str, stem: str) -> str:
-    """``WORKDIR/eval/<stem>.txt``, once the directory is known to take files."""
+def _eval_output(run_dir: str, stem: str, output: str | None) -> str:
+    """``output``, else ``WORKDIR/eval/<stem>.txt`` once the directory is known to take files;
+    a one-line `WorkdirError` where the scores beside it would replace a file that is not
+    evaluate's (`ownership.scores_refusal`)."""
+    output = output or _default_output(run_dir, stem)
+    refusal = ownership.scores_refusal(output)
+    if refusal:
+        raise rundir.WorkdirError(refusal)
+    return output
+
+
+def _default_output(run_dir: str, stem: str) -> str:
     directory = rundir.path(run_dir, rundir.EVAL_DIR)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -295,7 +308,7 @@ def run(
     stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
     _ = files or data_lib.check_split(config.data, split)
-    output = output or _eval_output(run_dir, stem)  # before the decode it would hold
+    output = _eval_output(run_dir, stem, output)  # before the decode it would hold
     eval_set = _eval_set(config, tokenizer, run_dir, split, files, sentences, max_examples)
     scores, hypotheses = score_eval_set(
         *(config, tokenizer, loaded.model, loaded.params, eval_set),

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 
 from absl import logging
 
 from transformer import files, rundir, schema
 from transformer.checkpoint import load_model
-from transformer.commands import console, ctranslate2_spec, marian
+from transformer.commands import console, ctranslate2_spec, marian, ownership
 from transformer.commands.marian import ExportError
 from transformer.data import DataError
 from transformer.model import export_refusal
@@ -79,8 +77,13 @@ def export(
 ) -> list[int]:
     """Exports a run's (averaged) parameters to ``out``; returns the checkpoint steps used.
 
-    Everything is written into a temporary sibling of ``out`` that is renamed at the end, so
-    a failure leaves ``out`` as it was.
+    ``out`` may be absent or an empty directory; with ``overwrite`` also an earlier export of
+    this project, which is replaced: its mark (`ownership.EXPORT_MARK_FILE`, written with
+    every export) lists every file it holds. Anything else there (the run, a directory above
+    it, another run, a model this project did not write, other files) is refused in one line
+    (`ownership.export_refusal`) before the run is read. Everything is written into a
+    temporary sibling of ``out`` that is renamed at the end (`files.write_in_place`), so a
+    failure leaves ``out`` as it was.
     """
     if format not in FORMATS:
         raise ExportError(f'--format={format} is unknown; use one of {", ".join(FORMATS)}.')
@@ -89,38 +92,32 @@ def export(
     if quantization is not None and format != 'ctranslate2':
         raise ExportError(f'--quantization={quantization} applies to --format=ctranslate2 only.')
     out = os.path.abspath(out)
-    if os.path.isfile(out):
-        raise ExportError(f'{out} is a file; --out names the directory to export into.')
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ExportError(f'{out} exists and is not empty; pass --overwrite to replace it.')
+    refusal = ownership.export_refusal(out, workdir, overwrite)
+    if refusal:
+        raise ExportError(refusal)
     check_expressible(read_run_config(workdir), format)
-    parent = check_can_export(format, out)
+    check_can_export(format, out)
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
     try:
         source = rundir.converted_source(workdir)  # a converted run's files come back
     except rundir.WorkdirError as e:
         raise ExportError(str(e)) from None
-    staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(out)}.tmp-')
-    try:
+
+    def build(scratch: str) -> str:
         if format == 'ctranslate2':
-            result = ctranslate2_spec.write_ctranslate2(
-                staging, model.config, config, tokenizer, params, quantization=quantization
+            return ctranslate2_spec.write_ctranslate2(
+                scratch, model.config, config, tokenizer, params, quantization=quantization
             )
-        else:
-            result = os.path.join(staging, 'hf')
-            os.mkdir(result)
-            marian.write_hf(result, model.config, config, tokenizer, params, source)
-        old = os.path.join(staging, 'old')
-        if os.path.isdir(out):
-            os.rename(out, old)
-        try:
-            os.rename(result, out)
-        except OSError:
-            if os.path.isdir(old):
-                os.rename(old, out)  # the previous export stays, not the staging directory
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        directory = os.path.join(scratch, 'hf')
+        os.mkdir(directory)
+        marian.write_hf(directory, model.config, config, tokenizer, params, source)
+        return directory
+
+    mark = ownership.export_mark(format, workdir, steps, quantization)
+    try:
+        files.write_in_place(out, build, mark=mark, replace=overwrite)
+    except files.NotReplaceable as e:  # changed while the run was read and written
+        raise ExportError(f'{e}: nothing was written; export into a new directory.') from None
     logging.info('Exported %s (checkpoints %s) as %s to %s.', workdir, steps, format, out)
     return steps
 
@@ -167,7 +164,7 @@ def cli(argv: list[str] | None = None) -> None:
     define('out', flags.DEFINE_string, None, 'Directory to write the exported model to.')
     define('format', flags.DEFINE_enum, 'hf', FORMATS, 'hf (MarianMT) or ctranslate2.')
     define('quantization', flags.DEFINE_enum, None, QUANTIZATIONS, 'CTranslate2 weights.')
-    define('overwrite', flags.DEFINE_bool, False, 'Replace a non-empty --out directory.')
+    define('overwrite', flags.DEFINE_bool, False, 'Replace an earlier export in --out.')
     FLAGS = flags.FLAGS
     # absl keeps parsed values for the whole process: a second in-process call (tests) must
     # not inherit the first one's --format or --quantization.
