@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from tests.tiny_run import file_hashes, tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import convert
+from transformer.commands import train as trainer
 from transformer.data import DataError, MarianVocabulary
 from transformer.training import TrainingError, init_from, train_and_evaluate
 
@@ -140,7 +142,7 @@ def test_train_on_a_converted_run_points_to_init_from(hf_dir, folder, tmp_path):
 
 
 def test_train_into_a_marian_directory_is_refused_with_its_files_unchanged(
-    hf_dir, folder, tmp_path
+    hf_dir, folder, tmp_path, monkeypatch
 ):
     """A user who forgot train.init_from and gave the pretrained directory as --workdir: it
     is named, with how to fine-tune it, and every file of it stays as it was."""
@@ -159,6 +161,14 @@ def test_train_into_a_marian_directory_is_refused_with_its_files_unchanged(
             f'fine-tune it with --config.train.init_from={pretrained} and a new --workdir.'
         )
         assert file_hashes(pretrained) == before
+    # The command as typed: python train.py --config configs/multi30k.py:finetune --workdir DIR
+    argv = ['train', '--config=multi30k:finetune', f'--workdir={pretrained}']
+    monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    monkeypatch.delitem(sys.modules, 'config_config', raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.cli(argv)
+    assert exit_info.value.code == f'error: {info.value}'
+    assert file_hashes(pretrained) == before
 
 
 def test_a_mix_tag_the_start_lacks_stops_before_the_workdir_is_made(hf_dir, folder, tmp_path):

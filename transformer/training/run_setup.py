@@ -222,8 +222,8 @@ def prepare_data(
 ) -> tuple[data_lib.Tokenizer, list[str]]:
     """What a training run's set-up builds before its first step, and nothing more: the
     vocabulary and the training split's token store (one per corpus of ``data.mix``;
-    transformer-prepare). Returns the vocabulary and the stores' paths. Single-process; holds
-    the workdir's lock meanwhile.
+    transformer-prepare), and config.json where the run has no checkpoint yet. Returns the
+    vocabulary and the stores' paths. Single-process; holds the workdir's lock meanwhile.
 
     Args:
       config: the experiment config, as `setup` takes it.
