@@ -50,11 +50,7 @@ def same_path(old: Any, new: Any) -> bool:
 
 def split_paths(data: Any) -> list[str]:
     """The path settings a split of ``data.dataset`` is read from (those set): the folder of
-    a folder dataset, the raw files of Multi30k or of a TFDS dataset's manual download."""
-    if data.dataset == 'folder':
-        keys = ['data.folder']
-    elif data.dataset in ('synthetic', 'none'):
-        keys = []
-    else:
-        keys = ['data.manual_dir']
+    a folder dataset, Multi30k's raw files (a TFDS dataset's manual download is read once,
+    into its prepared copy)."""
+    keys = {'folder': ['data.folder'], 'multi30k': ['data.manual_dir']}.get(data.dataset, [])
     return [key for key in keys if getattr(data, key.split('.')[1], None)]
