@@ -128,3 +128,20 @@ def run_dir_with(tmp_path, **model):
     (workdir / 'vocab').mkdir(exist_ok=True)
     open(rundir.vocab_path(config, str(workdir)), 'w').close()
     return workdir, config
+
+
+def file_hashes(root) -> dict[str, str]:
+    """Every path under ``root`` (relative) -> the SHA-256 of a file's bytes, or 'directory':
+    equal before and after a command that must change nothing there."""
+    import hashlib
+    import os
+
+    found = {}
+    for directory, subdirectories, files in os.walk(root):
+        for name in subdirectories:
+            found[os.path.relpath(os.path.join(directory, name), root)] = 'directory'
+        for name in files:
+            file = os.path.join(directory, name)
+            with open(file, 'rb') as f:
+                found[os.path.relpath(file, root)] = hashlib.sha256(f.read()).hexdigest()
+    return found

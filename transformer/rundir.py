@@ -1,6 +1,6 @@
 """The run directory: the one place that knows what a workdir holds and how to read it.
 
-    WORKDIR/config.json          the experiment config the run started with
+    WORKDIR/config.json          the experiment config the run started with, its paths absolute
     WORKDIR/config_history.jsonl settings changed by later resumes (step, key, old, new)
     WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary, or
     WORKDIR/vocab/vocab.json     a MarianMT vocabulary (with source.spm, target.spm and
@@ -38,6 +38,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, schema
+from transformer.lock import LOCK_FILE
 from transformer.model import HOW_FIELDS
 
 PyTree = Any
@@ -64,6 +65,12 @@ MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
 HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
 SHARED_CHECK = 'shared_check'  # process 0's mark the others must see (multihost.check_shared)
+# Everything a run writes at its top level: a directory holding anything else is not a run's.
+RUN_ENTRIES = (
+    *(CONFIG_FILE, HISTORY_FILE, VOCAB_DIR, CONVERTED_FILE, DATA_CACHE, CHECKPOINTS, BEST),
+    *(METRICS_FILE, TENSORBOARD, FINAL_METRICS_FILE, EVAL_DIR, CORRUPT_CHECKPOINTS, SHARED_CHECK),
+    LOCK_FILE,
+)
 # Settings a resumed run may change in its model or data section: paths to the same files,
 # and how the same model is computed (model.HOW_FIELDS: the attention, the embedding gradient,
 # what the backward pass recomputes, the layers' layout).
@@ -102,12 +109,16 @@ def wrong_kind(file: str, directory: bool) -> str | None:
 
 
 def create(workdir: str) -> bool:
-    """Makes the run directory (True) or finds it (False), its paths of the right kind.
+    """Makes the run directory (True) or finds it (False), after `check_kinds`."""
+    check_kinds(workdir)
+    created = not os.path.isdir(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    return created
 
-    Raises:
-      WorkdirError: ``workdir`` or a path training writes into is of the wrong kind
-        (`wrong_kind`), in one line, before anything is written.
-    """
+
+def check_kinds(workdir: str) -> None:
+    """A one-line `WorkdirError` when ``workdir`` or a path training writes into is of the
+    wrong kind (`wrong_kind`); reads nothing but the paths themselves."""
     problem = wrong_kind(workdir, directory=True)
     if problem:
         raise WorkdirError(f'{problem}: give --workdir the directory of the run.')
@@ -116,9 +127,6 @@ def create(workdir: str) -> bool:
             problem = wrong_kind(path(workdir, name), directory)
             if problem:
                 raise WorkdirError(f'{problem}: restore it, or train in a new --workdir.')
-    created = not os.path.isdir(workdir)
-    os.makedirs(workdir, exist_ok=True)
-    return created
 
 
 def path(workdir: str, *parts: str) -> str:
@@ -203,10 +211,10 @@ def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
         return _marian_vocabulary(marian)
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
-        raise WorkdirError(
-            f'No vocabulary at {model_path}: the workdir has no trained SentencePiece model '
-            '(copy it there or set data.vocab_path).'
-        )
+        fix = 'the workdir has no trained SentencePiece model (copy it or set data.vocab_path)'
+        if config.data.vocab_path:  # a file the run's config names, since moved
+            fix = f'set data.vocab_path in {path(workdir, CONFIG_FILE)} to where it is now'
+        raise WorkdirError(f'No vocabulary at {model_path}: {fix}.')
     return data_lib.Tokenizer(model_path, data_config=config.data)
 
 
@@ -226,6 +234,8 @@ def _values(config: Config) -> dict[str, Any]:
 
 def write_config(workdir: str, config: Config) -> None:
     """Writes ``config.json``: the settings a run starts with (later changes: `keep_record`)."""
+    if isinstance(config, schema.Experiment):  # read from any directory later
+        config = schema.absolute_paths(config)
     with open(path(workdir, CONFIG_FILE), 'w') as f:
         f.write(json.dumps(_values(config), indent=2))
 
@@ -365,6 +375,8 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     for key, old, value in changes:
         if key == 'data.mix' and data_lib.mix_entries.same_but_folders(old, value):
             continue  # a mix whose folders moved, as data.folder may
+        if key in schema.PATH_KEYS and schema.same_path(old, value):
+            continue  # a path stored as it was typed, now absolute
         if key.split('.')[0] in ('model', 'data') and key not in RESUME_FREE:
             raise WorkdirError(
                 f'{workdir} holds a run trained with {key}={old!r}, not {value!r}: a run keeps '

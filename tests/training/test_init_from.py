@@ -2,16 +2,19 @@
 
 import json
 import os
+import shutil
+import sys
 
 import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import file_hashes, tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import convert
-from transformer.data import MarianVocabulary
+from transformer.commands import train as trainer
+from transformer.data import DataError, MarianVocabulary
 from transformer.training import TrainingError, init_from, train_and_evaluate
 
 pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
@@ -136,3 +139,42 @@ def test_train_on_a_converted_run_points_to_init_from(hf_dir, folder, tmp_path):
         train_and_evaluate(_config(2, None, folder), workdir)
     assert '\n' not in str(info.value) and 'new --workdir' in str(info.value)
     assert sorted(os.listdir(workdir)) == before
+
+
+def test_train_into_a_marian_directory_is_refused_with_its_files_unchanged(
+    hf_dir, folder, tmp_path, monkeypatch
+):
+    """A user who forgot train.init_from and gave the pretrained directory as --workdir: it
+    is named, with how to fine-tune it, and every file of it stays as it was."""
+    from transformer.training import prepare_data
+
+    pretrained = tmp_path / 'opus-mt'
+    shutil.copytree(hf_dir, pretrained)
+    before = file_hashes(pretrained)
+    config = _config(2, None, folder)
+    config.train.init_from_required = True  # as configs/multi30k.py:finetune
+    for command in (train_and_evaluate, prepare_data):
+        with pytest.raises(TrainingError) as info:
+            command(config, str(pretrained))
+        assert str(info.value) == (
+            f"{pretrained} holds a Hugging Face model (model_type 'marian'), not a run: "
+            f'fine-tune it with --config.train.init_from={pretrained} and a new --workdir.'
+        )
+        assert file_hashes(pretrained) == before
+    # The command as typed: python train.py --config configs/multi30k.py:finetune --workdir DIR
+    argv = ['train', '--config=multi30k:finetune', f'--workdir={pretrained}']
+    monkeypatch.setattr(sys, 'argv', argv)  # ml_collections reads its overrides from sys.argv
+    monkeypatch.delitem(sys.modules, 'config_config', raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.cli(argv)
+    assert exit_info.value.code == f'error: {info.value}'
+    assert file_hashes(pretrained) == before
+
+
+def test_a_mix_tag_the_start_lacks_stops_before_the_workdir_is_made(hf_dir, folder, tmp_path):
+    config = _config(2, hf_dir, folder)
+    config.data.mix = f'own={folder},bt={folder}:<bt>'
+    workdir = tmp_path / 'run'
+    with pytest.raises(DataError, match=r"data.mix entry 'bt'='<bt>' is not a token"):
+        train_and_evaluate(config, str(workdir))
+    assert not workdir.exists()

@@ -6,6 +6,7 @@ straight into that layout (transformer/decoding/mesh.py says how a decode then r
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -118,6 +119,24 @@ def load_run(
     if source_tag is not None or not tag_later:
         tokenizer = data_lib.tag_sources(tokenizer, source_tag)
     return LoadedRun(config, tokenizer, model, params, member_steps, layouts[0])
+
+
+def check_split(workdir: str, config: schema.Experiment, split: str) -> None:
+    """One line, before anything is read, for a ``split`` the run's data source does not
+    have (`data.check_split`), or for a path it reads its splits from (`schema.split_paths`)
+    that no longer exists: a `WorkdirError` naming the setting and the file that holds it
+    (no command line of a decode overrides the run's config)."""
+    data_lib.check_split(config.data, split)
+    for key in schema.split_paths(config.data):
+        value = getattr(config.data, key.split('.')[1])
+        if os.path.exists(schema.absolute(value)):
+            continue
+        changed = [c for c in rundir.read_history(workdir) if c['key'] == key]
+        where = rundir.HISTORY_FILE if changed else rundir.CONFIG_FILE
+        raise rundir.WorkdirError(
+            f'{rundir.path(workdir, where)} holds {key}={value}, which does not exist (moved?): '
+            f'set {key} there to where the files are now, as an absolute path.'
+        )
 
 
 def layout_summary(layout: decoding.DecodeLayout, sentences: list[int]) -> dict[str, Any]:

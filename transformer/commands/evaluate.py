@@ -307,7 +307,7 @@ def run(
     )
     stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
-    _ = files or data_lib.check_split(config.data, split)
+    _ = files or decoding_run.check_split(run_dir, config, split)
     output = _eval_output(run_dir, stem, output)  # before the decode it would hold
     eval_set = _eval_set(config, tokenizer, run_dir, split, files, sentences, max_examples)
     scores, hypotheses = score_eval_set(

@@ -6,10 +6,12 @@ Builds what the first start of ``train --config CONFIG --workdir W`` would build
 first step: the joint vocabulary (``W/vocab/``, unless ``data.vocab_path`` gives one) and the
 training split's token store, one per corpus of ``data.mix`` (``W/data_cache/``, or
 ``data.cache_dir``; transformer/data/token_store.py), streaming the text a chunk at a time with
-a progress line every few seconds. A cluster job can so prepare on one machine and then start
-every process of the run, which find both and read them. Nothing is built twice: a second
-prepare, or the training run after it, reuses what is there. It holds the workdir's lock while
-it works, so a training run cannot start there meanwhile. Give ``train`` the same config.
+a progress line every few seconds, and ``W/config.json`` (what the vocabulary was made with: a
+later ``train`` or ``prepare`` asking for another stops in one line). A cluster job can so
+prepare on one machine and then start every process of the run, which find both and read them.
+Nothing is built twice: a second prepare, or the training run after it, reuses what is there.
+It holds the workdir's lock while it works, so a training run cannot start there meanwhile.
+Give ``train`` the same config.
 
 ``--verify`` then reads every store of the config whole and checks each file's checksum (an
 open of a store checks its files' sizes and times only: docs/data.md, "The token store"), one

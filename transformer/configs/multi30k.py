@@ -37,7 +37,7 @@ Variants (lowercased tokenized BLEU, as the published Multi30k results):
   feed-forward parameters), QK-norm, 2 key/value heads for 4 query heads.
 
 - ``finetune``: a pretrained model fine-tuned on Multi30k (``--config.train.init_from=PATH``, a
-  MarianMT directory or a run directory; docs/pretrained.md): 1000 steps, fairseq's
+  MarianMT directory or a run directory, required; docs/pretrained.md): 1000 steps, fairseq's
   ``inverse_sqrt`` schedule to a peak of 4e-4 after 100 steps, cooled to 0 over the last 200.
   A MarianMT trained by Hugging Face's code on half of the training pairs (d128, 3+3, ending
   its own training at lr 3.7e-4; benchmarks/marian_finetune.sh), fine-tuned on the other half:
@@ -120,8 +120,10 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
     'finetune': (
         '',
         {
-            # A pretrained model's parameters (train.init_from, required): a learning rate near
-            # what it ended its own training with, not the paper's warm-up peak from scratch.
+            # A pretrained model's parameters (train.init_from, required: without one training
+            # stops before it writes): a learning rate near what it ended its own training
+            # with, not the paper's warm-up peak from scratch.
+            'train.init_from_required': True,
             'opt.schedule': 'inverse_sqrt',
             'opt.lr_scale': 4e-4,  # the peak itself; 1e-4 gained a tenth as much (docstring)
             'opt.warmup_steps': 100,

@@ -16,7 +16,7 @@
   training split's token ids on disk, written by a streaming pass and memory-mapped (corpora
   larger than memory), checked in full where built and verified, quickly where opened; one
   store per corpus of ``data.mix`` (mix.py, mix_entries.py: several corpora, weighted and
-  tagged, as one index space, `Corpora`; ``check_mix_files``).
+  tagged, as one index space, `Corpora`; ``check_mix_files``, ``check_mix_tags``).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
@@ -36,6 +36,7 @@ from transformer.data.eval_batches import (
 from transformer.data.marian_vocab import MarianVocabulary
 from transformer.data.mix import Corpora
 from transformer.data.mix import check_files as check_mix_files
+from transformer.data.mix import check_tags as check_mix_tags
 from transformer.data.mix import prepare_stores as prepare_token_stores
 from transformer.data.packing import (
     LONG_EXAMPLES,
@@ -78,6 +79,7 @@ __all__ = [
     'check_split',
     'bucket_length',
     'check_mix_files',
+    'check_mix_tags',
     'decode_lines',
     'eval_set_of_lines',
     'get_tokenizer',

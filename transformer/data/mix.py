@@ -114,6 +114,12 @@ def _corpora_configs(data_config: Any, tokenizer: Tokenizer) -> list[tuple[str, 
     return found
 
 
+def check_tags(data_config: Any, tokenizer: Tokenizer) -> None:
+    """A one-line `DataError` for a tag of ``data.mix`` that ``tokenizer`` lacks, or an entry
+    without one where the vocabulary is multilingual (`tag_sources`); nothing is read."""
+    _corpora_configs(data_config, tokenizer)
+
+
 def check_files(data_config: Any) -> None:
     """A one-line `DataError` when a mix entry's training files are missing (where the source
     can tell without reading them); nothing without a mix."""

@@ -130,6 +130,19 @@ def tags(mix: str | None) -> list[str]:
     return list(dict.fromkeys(e.tag for e in parse(mix) if e.tag)) if mix else []
 
 
+def absolute_folders(mix: str) -> str:
+    """``data.mix`` with each folder entry's SOURCE absolute (resolved against the current
+    directory, ``~`` expanded; a URL as it is), each entry as written otherwise."""
+    written = []
+    for raw, entry in zip(mix.split(','), parse(mix), strict=True):
+        raw = raw.strip()
+        if entry.is_folder and '://' not in entry.source:
+            rest = raw.partition('=')[2][len(entry.source) :]  # [:WEIGHT][:TAG]
+            raw = f'{entry.name}={os.path.abspath(os.path.expanduser(entry.source))}{rest}'
+        written.append(raw)
+    return ','.join(written)
+
+
 def same_but_folders(old: str | None, new: str | None) -> bool:
     """Whether two ``data.mix`` values are the same corpora, weights and tags, the paths of
     folder entries aside (a resume may move them, as it may move ``data.folder``)."""

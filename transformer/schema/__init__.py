@@ -21,6 +21,9 @@ paper's choices that differ (its WMT14 data), every other config is base plus it
 changes, and the data section's defaults are nowhere else. The defaults are the paper's
 base model and training; the data default is the built-in synthetic task (offline).
 
+Every setting that names a file or a directory is stored absolute (paths.py: `PATH_KEYS`,
+`absolute_paths`), resolved against the directory the command was given in.
+
 Each choice list is written once, as a ``Literal`` (sections.py); the modules that act on a
 choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
 """
@@ -41,6 +44,7 @@ from transformer.schema.convert import (
     plain,
     to_dict,
 )
+from transformer.schema.paths import PATH_KEYS, absolute, absolute_paths, same_path, split_paths
 from transformer.schema.sections import (
     DROPOUT_PRNGS,
     LENGTH_PENALTIES,
@@ -66,6 +70,7 @@ __all__ = [
     'MAX_VOCAB',
     'METRICS',
     'PARALLELISMS',
+    'PATH_KEYS',
     'REMOVED_KEYS',
     'REMOVED_VALUES',
     'SCHEDULES',
@@ -77,10 +82,14 @@ __all__ = [
     'Experiment',
     'OptSection',
     'TrainSection',
+    'absolute',
+    'absolute_paths',
     'complete',
     'default_config',
     'descriptions',
     'parse',
     'plain',
+    'same_path',
+    'split_paths',
     'to_dict',
 ]

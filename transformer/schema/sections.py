@@ -209,6 +209,11 @@ class TrainSection(Section):
         optional=True,
         doc='fine-tune: a MarianMT or run directory (RUN@STEP: that step); None = random init',
     )
+    # A recipe for a pretrained model (configs/multi30k.py:finetune): without a start it would
+    # train its schedule from scratch.
+    init_from_required: bool = field(
+        False, optional=True, doc='refuse to train without train.init_from (a fine-tuning recipe)'
+    )
     # threefry (jax's default) measured cheapest on CPU (docs/experiments.md) and on an H200
     # (base, bfloat16: 40.8 ms/step, rbg 41.3); it is also what runs before the choice drew.
     dropout_prng: DropoutPrng = field(

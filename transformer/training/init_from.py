@@ -8,7 +8,9 @@ from there; the config may set only how the same function is computed (`model.HO
 the dtypes) and the dropout rates, and a command-line override of any other
 model field stops the run in one line before its directory is written. The vocabulary is
 copied into the new run directory, so the run, its resumes and every command that reads it
-need nothing of the start afterwards; config.json records ``train.init_from``.
+need nothing of the start afterwards; config.json records ``train.init_from``. A start that is
+the work directory itself, and no start where the config requires one
+(``train.init_from_required``), stop in one line (`check_start`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,23 @@ def read_start(init_from: str) -> Start:
         raise TrainingError(f'{key}: {e}') from None
 
 
+def check_start(train: schema.TrainSection, workdir: str) -> None:
+    """A one-line `TrainingError` for a recipe that needs ``train.init_from`` and names none
+    (``train.init_from_required``), or for one that names ``workdir`` itself: the run would
+    write its files into the model it starts from."""
+    if train.init_from_required and not train.init_from:
+        raise TrainingError(
+            'This config fine-tunes a pretrained model (train.init_from_required) and names '
+            'none: give --config.train.init_from=PATH, a MarianMT or run directory (RUN@STEP: '
+            'that step).'
+        )
+    if train.init_from and os.path.realpath(parse(train.init_from)[0]) == os.path.realpath(workdir):
+        raise TrainingError(
+            f'train.init_from={train.init_from} is the --workdir itself: a run writes its own '
+            'files into its work directory; fine-tune into a new --workdir.'
+        )
+
+
 def apply(
     config: schema.Experiment, workdir: str, overridden: Collection[str] = ()
 ) -> tuple[schema.Experiment, Start | None]:
@@ -94,6 +113,7 @@ def apply(
     ``overridden``: the config keys set on the command line ('model.d_model', ...); one that
     changes a model field other than `FREE_MODEL_FIELDS` raises a one-line `TrainingError`.
     """
+    check_start(config.train, workdir)
     init_from = config.train.init_from
     if not init_from:
         return config, None

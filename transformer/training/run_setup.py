@@ -24,7 +24,15 @@ from transformer import lock as lock_lib
 from transformer import multihost, rundir, schema
 from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer, describe
-from transformer.training import config_checks, footprint, init_from, optim, steps, stops
+from transformer.training import (
+    config_checks,
+    footprint,
+    init_from,
+    optim,
+    steps,
+    stops,
+    workdir_checks,
+)
 from transformer.training.best import BestTracker
 from transformer.training.parallel import Parallel
 from transformer.training.steps import TrainState
@@ -132,20 +140,14 @@ def setup(
     if not isinstance(config, schema.Experiment):
         config = schema.parse(schema.complete(config))  # a file written before a field existed
     init_distributed(config.train)
-    if rundir.is_converted(workdir):
-        raise TrainingError(
-            f'{workdir} is a converted model (transformer.convert: parameters, no optimizer '
-            f'state), not a run to resume: fine-tune it in a new --workdir with '
-            f'--config.train.init_from={workdir}.'
-        )
-    config, start = init_from.apply(config, workdir, overridden)
-    # Before anything is written; now that the processes have joined, the batch is checked
-    # against the devices of all of them.
-    config = config_checks.check(config, jax.devices() if devices is None else devices)
+    # Before anything is written: the workdir, the start, the vocabulary, a resume's changes;
+    # now that the processes have joined, the batch against the devices of all of them.
+    checked = workdir_checks.before_writing(config, workdir, overridden)
+    config = config_checks.check(checked.config, jax.devices() if devices is None else devices)
     created = rundir.create(workdir)  # or one line on a path of the wrong kind
     lock = lock_lib.acquire(workdir)
     try:
-        return _setup(config, workdir, devices, lock, start)
+        return _setup(config, workdir, devices, lock, checked)
     except BaseException:
         lock_lib.release(lock)
         if created and lock is not None:
@@ -153,10 +155,10 @@ def setup(
         raise
 
 
-def _setup(config: schema.Experiment, workdir: str, devices, lock, start) -> Run:
-    tc = config.train
-    # Before anything is written: a changed model or data, a missing config.json or vocabulary
-    changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
+def _setup(
+    config: schema.Experiment, workdir: str, devices, lock, checked: workdir_checks.Checked
+) -> Run:
+    tc, start, changes = config.train, checked.start, checked.changes
     tokenizer = _build_data(config, workdir, start)
     model = steps.build_model(config, tokenizer.vocab_size)
     tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, tc.num_steps)
@@ -220,8 +222,8 @@ def prepare_data(
 ) -> tuple[data_lib.Tokenizer, list[str]]:
     """What a training run's set-up builds before its first step, and nothing more: the
     vocabulary and the training split's token store (one per corpus of ``data.mix``;
-    transformer-prepare). Returns the vocabulary and the stores' paths. Single-process; holds
-    the workdir's lock meanwhile.
+    transformer-prepare), and config.json where the run has no checkpoint yet. Returns the
+    vocabulary and the stores' paths. Single-process; holds the workdir's lock meanwhile.
 
     Args:
       config: the experiment config, as `setup` takes it.
@@ -230,12 +232,8 @@ def prepare_data(
     """
     if not isinstance(config, schema.Experiment):
         config = schema.parse(schema.complete(config))
-    if rundir.is_converted(workdir):
-        raise TrainingError(
-            f'{workdir} is a converted model: prepare the data of a fine-tuning run in its '
-            'own --workdir.'
-        )
-    config, start = init_from.apply(config, workdir, overridden)
+    checked = workdir_checks.before_writing(config, workdir, overridden)
+    config, start = checked.config, checked.start
     data_lib.sources.check_dataset(config.data)
     data_lib.sources.check_files(config.data, [config.data.train_split])
     data_lib.check_mix_files(config.data)
@@ -243,6 +241,8 @@ def prepare_data(
     lock = lock_lib.acquire(workdir)
     try:
         tokenizer = _build_data(config, workdir, start)
+        if not rundir.has_checkpoints(workdir):  # what its vocabulary was made with
+            rundir.keep_record(workdir, config, None, [])
     except BaseException:
         lock_lib.release(lock)
         if created and lock is not None:
