@@ -104,11 +104,11 @@ def test_a_conversion_takes_how_the_model_is_computed_as_resume_and_init_from_do
     converted with scan_layers=True and remat='full', the run holds its layers stacked, and
     they are the per-layer run's parameters."""
     from tests.tiny_run import tiny_run_config
-    from transformer import rundir
+    from transformer import run_changes
     from transformer.model import HOW_FIELDS, STACKED_KEYS
     from transformer.training import init_from
 
-    resume_free = {key for key in rundir.RESUME_FREE if key.startswith('model.')}
+    resume_free = {key for key in run_changes.RESUME_FREE if key.startswith('model.')}
     assert resume_free == {f'model.{name}' for name in HOW_FIELDS}
     assert set(init_from.FREE_MODEL_FIELDS) >= set(HOW_FIELDS)
     assert set(convert.FREE_FIELDS) >= set(HOW_FIELDS)

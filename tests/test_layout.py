@@ -11,7 +11,7 @@ Layers, from the ground up (a module may import its own package and any lower la
     1  model/, data/                            the network; text to batches
     2  schema                                   the config's typed sections and their rules
     3  configs/, rundir                         experiments; the run directory
-    4  checkpoint/                              checkpoints on disk
+    4  checkpoint/, run_changes                 checkpoints on disk; what a resume may change
     5  decoding/                                searches over the model, text in and out
     6  evaluation/                              BLEU, decode-and-score
     7  training/                                steps, devices, checkpoints policy, the loop
@@ -40,6 +40,7 @@ LAYERS = {
     'schema': 2,
     'configs': 3,
     'rundir': 3,
+    'run_changes': 4,
     'checkpoint': 4,
     'decoding': 5,
     'evaluation': 6,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_run import tiny_run_config
-from transformer import evaluate, rundir, schema, score, translate, visualize
+from transformer import evaluate, run_changes, rundir, schema, score, translate, visualize
 from transformer.checkpoint import load_model
 from transformer.commands import train as trainer
 from transformer.configs.tiny import MODERN
@@ -65,5 +65,5 @@ def test_the_modern_variant_through_every_command(tmp_path, capsys):
 
     changed = _config(6, positions='sinusoidal')
     with pytest.raises(rundir.WorkdirError, match="model.positions='rope', not 'sinusoidal'"):
-        rundir.resume_changes(str(run), schema.parse(changed))
+        run_changes.resume_changes(str(run), schema.parse(changed))
     capsys.readouterr()

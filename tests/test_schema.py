@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import pytest
 
-from transformer import configs, rundir, schema
+from transformer import configs, run_changes, rundir, schema
 from transformer.model import TransformerConfig
 
 PACKAGE = pathlib.Path(__file__).parents[1] / 'transformer'
@@ -71,7 +71,7 @@ def test_read_config_completes_a_saved_config_json(tmp_path):
     assert isinstance(config, schema.Experiment)  # typed, as every command reads a run
     assert config.eval.compound_split is True
     assert config.data.synthetic.num_train == values['data']['synthetic']['num_train']
-    assert 'model.max_len' not in rundir.flat_config(config)
+    assert 'model.max_len' not in run_changes.flat_config(config)
 
 
 def test_a_saved_config_with_a_removed_value_loads_or_says_what_became_of_it(tmp_path, caplog):
@@ -86,7 +86,7 @@ def test_a_saved_config_with_a_removed_value_loads_or_says_what_became_of_it(tmp
     with caplog.at_level('WARNING'):
         config = rundir.read_config(str(tmp_path))
     assert config.model.attention_impl == 'auto'
-    assert 'train.loss_pass' not in rundir.flat_config(config)
+    assert 'train.loss_pass' not in run_changes.flat_config(config)
     warnings = [r.getMessage() for r in caplog.records if 'cudnn_packed' in r.getMessage()]
     assert warnings == [
         "model.attention_impl='cudnn_packed' was removed (docs/experiments.md, \"Removed "
@@ -232,7 +232,7 @@ def test_configs_base_writes_only_the_choices_that_differ_from_the_schema():
     assert written, 'configs/base.py sets no field'  # the walk finds its assignments
     restated = {k: v for k, v in written.items() if k in defaults and defaults[k] == v}
     assert not restated, f'configs/base.py restates the schema defaults {restated}'
-    base = rundir.flat_config(configs.load('base'))
+    base = run_changes.flat_config(configs.load('base'))
     for name in ('tiny', 'big', 'multi30k'):
         written = _assigned(PACKAGE / 'configs' / f'{name}.py')
         assert written, name
@@ -247,7 +247,7 @@ def test_the_default_config_is_the_fields_defaults_and_nothing_else():
     from transformer import data
     from transformer.data import sources
 
-    flat = rundir.flat_config(schema.default_config())
+    flat = run_changes.flat_config(schema.default_config())
     defaults = _field_defaults()
     defaults['model.dtype'] = defaults['model.param_dtype'] = 'float32'
     assert {k: flat[k] for k in defaults} == defaults
@@ -271,7 +271,7 @@ def test_attention_impl_has_one_default_auto_which_resolves_per_platform():
 
 
 def test_every_field_has_a_one_line_description():
-    flat = rundir.flat_config(schema.default_config())
+    flat = run_changes.flat_config(schema.default_config())
     descriptions = schema.descriptions()
     assert set(descriptions) == set(flat)
     for key, text in descriptions.items():

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.tiny_run import tiny_run_config
-from transformer import evaluate, rundir, schema
+from transformer import evaluate, run_changes, rundir, schema
 from transformer.commands import decoding_run
 from transformer.training import prepare_data
 
@@ -94,7 +94,7 @@ def test_a_run_that_stored_a_relative_path_resumes_with_it_absolute(tmp_path, mo
     (workdir / rundir.CONFIG_FILE).write_text(json.dumps(values))
     (tmp_path / 'given').mkdir()
     (tmp_path / 'given' / 'spm.model').write_bytes(b'')
-    changes = rundir.resume_changes(str(workdir), schema.absolute_paths(schema.parse(config)))
+    changes = run_changes.resume_changes(str(workdir), schema.absolute_paths(schema.parse(config)))
     assert changes == [
         ('data.vocab_path', 'given/spm.model', str(tmp_path / 'given' / 'spm.model'))
     ]
@@ -102,4 +102,4 @@ def test_a_run_that_stored_a_relative_path_resumes_with_it_absolute(tmp_path, mo
     (tmp_path / 'other').mkdir()
     (tmp_path / 'other' / 'spm.model').write_bytes(b'')
     with pytest.raises(rundir.WorkdirError, match=r"data.vocab_path='given/spm.model', not"):
-        rundir.resume_changes(str(workdir), schema.absolute_paths(schema.parse(config)))
+        run_changes.resume_changes(str(workdir), schema.absolute_paths(schema.parse(config)))

@@ -30,16 +30,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-from absl import logging
 
 from transformer import data as data_lib
 from transformer import multihost, schema
 from transformer.lock import LOCK_FILE
-from transformer.model import HOW_FIELDS
 
 PyTree = Any
 
@@ -63,7 +60,7 @@ FINAL_METRICS_FILE = 'final_metrics.json'
 EVAL_DIR = 'eval'
 MANIFEST = 'manifest.json'  # inside each checkpoints/<step>/
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'  # where training moves steps that failed checks
-HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`keep_record`)
+HISTORY_FILE = 'config_history.jsonl'  # settings changed by resumes (`run_changes`)
 SHARED_CHECK = 'shared_check'  # process 0's mark the others must see (multihost.check_shared)
 # Everything a run writes at its top level: a directory holding anything else is not a run's.
 RUN_ENTRIES = (
@@ -71,20 +68,6 @@ RUN_ENTRIES = (
     *(METRICS_FILE, TENSORBOARD, FINAL_METRICS_FILE, EVAL_DIR, CORRUPT_CHECKPOINTS, SHARED_CHECK),
     LOCK_FILE,
 )
-# Settings a resumed run may change in its model or data section: paths to the same files,
-# and how the same model is computed (model.HOW_FIELDS: the attention, the embedding gradient,
-# what the backward pass recomputes, the layers' layout).
-RESUME_FREE = (
-    *('data.manual_dir', 'data.data_dir', 'data.cache_dir', 'data.folder'),
-    *(f'model.{name}' for name in HOW_FIELDS),
-)
-# How one process joins a multi-host run: differs between processes, never recorded.
-LAUNCH_SETTINGS = (
-    *('train.distributed', 'train.coordinator_address', 'train.num_processes'),
-    *('train.process_id', 'train.init_timeout_s'),
-)
-
-
 # Paths training writes into, checked before it writes (`create`): one of the wrong kind
 # failed late, after other files were written, and a link to checkpoints on a disk that is
 # not mounted read as "no checkpoints yet".
@@ -225,7 +208,7 @@ def _marian_vocabulary(directory: str) -> data_lib.MarianVocabulary:
         raise WorkdirError(f'{e} Restore the vocabulary the run was converted with.') from None
 
 
-def _values(config: Config) -> dict[str, Any]:
+def plain_values(config: Config) -> dict[str, Any]:
     """A config's plain values as JSON holds them."""
     if isinstance(config, schema.Experiment):
         return json.loads(json.dumps(schema.to_dict(config)))
@@ -233,11 +216,12 @@ def _values(config: Config) -> dict[str, Any]:
 
 
 def write_config(workdir: str, config: Config) -> None:
-    """Writes ``config.json``: the settings a run starts with (later changes: `keep_record`)."""
+    """Writes ``config.json``: the settings a run starts with (later changes:
+    `run_changes.keep_record`)."""
     if isinstance(config, schema.Experiment):  # read from any directory later
         config = schema.absolute_paths(config)
     with open(path(workdir, CONFIG_FILE), 'w') as f:
-        f.write(json.dumps(_values(config), indent=2))
+        f.write(json.dumps(plain_values(config), indent=2))
 
 
 def read_config(workdir: str) -> schema.Experiment:
@@ -329,78 +313,6 @@ def read_final_metrics(workdir: str) -> dict[str, Any]:
     if not isinstance(final, dict):
         raise WorkdirError(f'{file} holds {final!r:.60}, not the metrics of a run; restore it.')
     return final
-
-
-def flat_config(config: Config) -> dict[str, Any]:
-    """Dotted key -> value as JSON holds it (so a fresh config compares with a saved one)."""
-
-    def walk(node: Mapping[str, Any], prefix: str):
-        for key, value in node.items():
-            if isinstance(value, Mapping):
-                yield from walk(value, f'{prefix}{key}.')
-            else:
-                yield f'{prefix}{key}', value
-
-    return dict(walk(_values(config), ''))
-
-
-def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
-    """(key, old, new) for each setting ``config`` changes in a run that has checkpoints.
-
-    Raises:
-      WorkdirError: a change of the model or the data (what the checkpoints and the
-        vocabulary were made with), named in one line. Paths to the same files and how the
-        same model is computed (`RESUME_FREE`: attention, embedding gradient, remat, the
-        layers' layout) may change. Also a missing config.json or
-        vocabulary: training would write new ones that do not fit the checkpoints.
-    """
-    for needed, what in (
-        (path(workdir, CONFIG_FILE), 'the settings they were trained with'),
-        (
-            marian_vocab_dir(config, workdir) or vocab_path(config, workdir),
-            'the vocabulary they were trained with',
-        ),
-    ):
-        if not os.path.exists(needed):
-            raise WorkdirError(
-                f'{workdir} holds checkpoints but no {needed}, {what}: restore it to resume, '
-                'or train in a new --workdir.'
-            )
-    saved, new = flat_config(read_config(workdir)), flat_config(config)
-    changes = [
-        (key, saved[key], new[key])
-        for key in sorted(saved.keys() & new.keys())
-        if saved[key] != new[key] and key not in LAUNCH_SETTINGS
-    ]
-    for key, old, value in changes:
-        if key == 'data.mix' and data_lib.mix_entries.same_but_folders(old, value):
-            continue  # a mix whose folders moved, as data.folder may
-        if key in schema.PATH_KEYS and schema.same_path(old, value):
-            continue  # a path stored as it was typed, now absolute
-        if key.split('.')[0] in ('model', 'data') and key not in RESUME_FREE:
-            raise WorkdirError(
-                f'{workdir} holds a run trained with {key}={old!r}, not {value!r}: a run keeps '
-                'its model and data. Resume with its settings, or use a new --workdir.'
-            )
-    return changes
-
-
-def keep_record(
-    workdir: str, config: Config, step: int | None, changes: Sequence[tuple[str, Any, Any]]
-) -> None:
-    """config.json describes what the run started with: written when it starts (``step``
-    None: nothing restored); a resume at ``step`` adds the settings it changes (`resume_changes`),
-    one line each on the console and in config_history.jsonl. Process 0 writes."""
-    if step is None:
-        if multihost.is_main():
-            write_config(workdir, config)
-        return
-    for key, old, new in changes:
-        logging.info('Resuming at step %d with %s=%r (was %r).', step, key, new, old)
-    if changes and multihost.is_main():
-        with open(path(workdir, HISTORY_FILE), 'a') as f:
-            for key, old, new in changes:
-                f.write(json.dumps({'step': step, 'key': key, 'old': old, 'new': new}) + '\n')
 
 
 def has_checkpoints(workdir: str) -> bool:

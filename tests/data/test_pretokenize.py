@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from transformer import data, rundir, schema
+from transformer import data, run_changes, rundir, schema
 from transformer.commands import export as export_command
 from transformer.data import pretokenize, sources, tokenized
 from transformer.data import tokenizer as tokenizer_lib
@@ -215,13 +215,13 @@ def _write_run(workdir, config) -> None:
 
 
 def test_a_resume_that_changes_pretokenize_is_refused(tmp_path):
-    assert 'data.pretokenize' not in rundir.RESUME_FREE
+    assert 'data.pretokenize' not in run_changes.RESUME_FREE
     workdir = str(tmp_path / 'run')
     _write_run(workdir, schema.parse(schema.default_config()))
     changed = schema.default_config()
     changed.data.pretokenize = 'moses'
     with pytest.raises(rundir.WorkdirError) as info:
-        rundir.resume_changes(workdir, schema.parse(changed))
+        run_changes.resume_changes(workdir, schema.parse(changed))
     assert str(info.value) == (
         f"{workdir} holds a run trained with data.pretokenize='none', not 'moses': a run keeps "
         'its model and data. Resume with its settings, or use a new --workdir.'
@@ -236,7 +236,7 @@ def test_a_config_json_without_the_key_reads_as_none(tmp_path):
     del values['data']['pretokenize']
     json.dump(values, open(config_path, 'w'))
     assert rundir.read_config(workdir).data.pretokenize == 'none'
-    assert rundir.resume_changes(workdir, schema.parse(schema.default_config())) == []
+    assert run_changes.resume_changes(workdir, schema.parse(schema.default_config())) == []
 
 
 def test_the_setting_is_checked_and_described():

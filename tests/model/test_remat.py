@@ -10,7 +10,7 @@ import pytest
 
 from tests.random_params import fill_random
 from tests.tiny_run import packed_batch, tiny_model
-from transformer import rundir, schema
+from transformer import run_changes, rundir, schema
 from transformer.model import (
     abstract_params,
     decode_step,
@@ -162,5 +162,5 @@ def test_a_resume_may_change_the_policy(tmp_path):
     rundir.write_config(workdir, schema.parse(schema.default_config()))
     changed = schema.default_config()
     changed.model.remat = 'full'
-    changes = rundir.resume_changes(workdir, schema.parse(changed))
+    changes = run_changes.resume_changes(workdir, schema.parse(changed))
     assert changes == [('model.remat', 'none', 'full')]

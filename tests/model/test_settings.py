@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.tiny_run import run_dir_with, tiny_run_config
-from transformer import fields, rundir, schema
+from transformer import fields, run_changes, rundir, schema
 from transformer.commands import export
 from transformer.model import TransformerConfig, flops, settings, variants
 from transformer.model import config as model_config
@@ -93,7 +93,7 @@ def test_a_resume_that_changes_a_setting_is_refused(toy, tmp_path, key, old, new
     workdir, config = run_dir_with(tmp_path, **{key: old})
     config.model[key] = new
     with pytest.raises(rundir.WorkdirError, match=f'model.{key}={old!r}, not {new!r}'):
-        rundir.resume_changes(str(workdir), schema.parse(config))
+        run_changes.resume_changes(str(workdir), schema.parse(config))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 from flax import linen as nn
 
 from tests.tiny_run import run_dir_with, tiny_run_config
-from transformer import rundir, schema
+from transformer import run_changes, rundir, schema
 from transformer.commands import ctranslate2_spec, export, marian
 from transformer.fields import ConfigError
 from transformer.model import (
@@ -234,7 +234,7 @@ def test_a_resume_that_changes_the_variant_is_refused(toys, part, tmp_path):
     config.model[part] = TOYS[part].value
     message = f'model.{part}={BUILT[part]!r}, not {TOYS[part].value!r}'
     with pytest.raises(rundir.WorkdirError, match=message):
-        rundir.resume_changes(str(workdir), schema.parse(config))
+        run_changes.resume_changes(str(workdir), schema.parse(config))
 
 
 @pytest.mark.parametrize('part', TOYS)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from transformer import configs, rundir, schema
+from transformer import configs, run_changes, rundir, schema
 
 HELP_ARGS = ('-h', '--help')
 FULL_HELP = '--helpfull'
@@ -28,7 +28,7 @@ def _config_lines(
     descriptions = schema.descriptions()
     lines = [title]
     config = configs.load(config_path) if config is None else config
-    for key, value in rundir.flat_config(config).items():
+    for key, value in run_changes.flat_config(config).items():
         if sections and key.split('.')[0] not in sections:
             continue
         comment = f'  # {descriptions[key]}' if key in descriptions else ''

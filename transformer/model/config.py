@@ -26,7 +26,7 @@ from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.remat import REMAT_POLICIES
 
 # The fields that choose how, not what, the model computes (the same function either way): a
-# resume may change them (rundir.RESUME_FREE), and the config of a conversion
+# resume may change them (run_changes.RESUME_FREE), and the config of a conversion
 # (transformer/commands/convert.py) or of a fine-tuning (transformer/training/init_from.py)
 # may set them.
 HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'scan_layers')

@@ -21,7 +21,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import lock as lock_lib
-from transformer import multihost, rundir, schema
+from transformer import multihost, run_changes, rundir, schema
 from transformer.checkpoint import Checkpoints
 from transformer.model import Transformer, describe
 from transformer.training import (
@@ -187,7 +187,7 @@ def _setup(
         logging.info('Resumed from %s at step %d.', workdir, latest)
         if warning := steps.resumed_prng_warning(changes):
             logging.warning(warning)
-    rundir.keep_record(workdir, config, latest, changes)
+    run_changes.keep_record(workdir, config, latest, changes)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     cfg = model.config
     logging.info(
@@ -242,7 +242,7 @@ def prepare_data(
     try:
         tokenizer = _build_data(config, workdir, start)
         if not rundir.has_checkpoints(workdir):  # what its vocabulary was made with
-            rundir.keep_record(workdir, config, None, [])
+            run_changes.keep_record(workdir, config, None, [])
     except BaseException:
         lock_lib.release(lock)
         if created and lock is not None:

@@ -89,7 +89,7 @@ def dropout_key(seed: int, prng: str = DEFAULT_DROPOUT_PRNG) -> Array:
 
 
 def resumed_prng_warning(changes: Sequence[tuple[str, Any, Any]]) -> str | None:
-    """One line for a resume whose ``changes`` (`rundir.resume_changes`: key, old, new) switch
+    """One line for a resume whose ``changes`` (`run_changes.resume_changes`: key, old, new) switch
     the dropout PRNG: the masks from there on differ from an uninterrupted run's. None when
     the generator stays (a config.json written before the field existed reads as threefry,
     the generator such runs used)."""

@@ -15,12 +15,13 @@ from collections.abc import Collection
 from typing import Any
 
 from transformer import data as data_lib
-from transformer import rundir, schema
+from transformer import run_changes, rundir, schema
 from transformer.training import init_from
 from transformer.training.stops import TrainingError
 
 # The settings a run's own vocabulary is made from (with the text of data.dataset's training
-# split): a run that holds one keeps them, as a resume keeps its data (`rundir.resume_changes`).
+# split): a run that holds one keeps them, as a resume keeps its data
+# (`run_changes.resume_changes`).
 VOCAB_KEYS = (
     *('data.dataset', 'data.source_lang', 'data.target_lang', 'data.train_split'),
     *('data.vocab_size', 'data.vocab_model_type', 'data.vocab_normalization'),
@@ -40,7 +41,7 @@ class Checked:
 
     config: schema.Experiment  # paths absolute; a fine-tuning run's with its start's model
     start: init_from.Start | None  # what ``train.init_from`` names
-    changes: list[tuple[str, Any, Any]]  # settings a resume changes (`rundir.resume_changes`)
+    changes: list[tuple[str, Any, Any]]  # settings a resume changes (`run_changes.resume_changes`)
 
 
 def before_writing(
@@ -54,7 +55,7 @@ def before_writing(
     config = schema.absolute_paths(config)
     check_workdir(workdir, config)
     config, start = init_from.apply(config, workdir, overridden)
-    changes = rundir.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
+    changes = run_changes.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
     vocabulary = held_vocabulary(config, workdir, start)
     if vocabulary is not None:  # (a new one gets every tag of the mix)
         data_lib.check_mix_tags(config.data, vocabulary)
@@ -112,7 +113,7 @@ def _config_json(file: str) -> Any:
 def _lying_in(workdir: str, config: schema.Experiment) -> set[str]:
     """The names in ``workdir`` that paths of ``config`` lie in (a ``data.cache_dir`` kept
     inside the run directory)."""
-    root, values, names = os.path.realpath(workdir), rundir.flat_config(config), set()
+    root, values, names = os.path.realpath(workdir), run_changes.flat_config(config), set()
     for key in schema.PATH_KEYS:
         if values.get(key) and '://' not in values[key]:
             inner = os.path.relpath(os.path.realpath(schema.absolute(values[key])), root)
@@ -159,7 +160,10 @@ def _check_made_with(config: schema.Experiment, workdir: str) -> None:
     """The `VOCAB_KEYS` of ``config`` against those of the run's config.json (if any)."""
     if not os.path.isfile(rundir.path(workdir, rundir.CONFIG_FILE)):
         return
-    saved, new = rundir.flat_config(rundir.read_config(workdir)), rundir.flat_config(config)
+    saved, new = (
+        run_changes.flat_config(rundir.read_config(workdir)),
+        run_changes.flat_config(config),
+    )
     for key in VOCAB_KEYS:
         if saved.get(key) != new.get(key):
             _refuse(workdir, key, saved.get(key), new.get(key))
