@@ -6,7 +6,9 @@ this package imports flax.linen (tests/test_layout.py).
 
 Modules: attention.py (multi-head attention, an einsum over an explicit head axis),
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
-`fused`), decode_attention.py (a decoding step's attention over the cache), positions.py
+`fused`), dot_product.py (scaled dot-product attention, the one `attend` of every path:
+its scale and logits bias), decode_attention.py (a decoding step's attention over the
+cache), positions.py
 (how positions enter: the sinusoids, rotary positions), layers.py (masks, the encoder and
 decoder layers), layer_stack.py (the layers' two layouts, unrolled and scanned, and the
 conversion between them), transformer.py (the Transformer), config.py (its config),

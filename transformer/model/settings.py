@@ -275,3 +275,41 @@ declare(
         unbuilt=_peer_qk_norm,
     )
 )
+
+
+# The factor on the attention logits q k^T (transformer/model/dot_product.py): the paper's
+# 1/sqrt(H) (Sec. 3.2.1), or another, as T5's 1.0 (its initialization scales the queries
+# instead).
+def _marian_scale(cfg: TransformerConfig) -> str | None:
+    if cfg.attention_scale is None:
+        return None
+    return 'MarianMT scales the logits by 1/sqrt(head_dim); only attention_scale=None exports.'
+
+
+def _ctranslate2_scale(cfg: TransformerConfig) -> str | None:
+    """CTranslate2's attention spec has a ``queries_scale`` (its T5 converter writes 1.0), but
+    the encoder-decoder model written with it fails to load in CTranslate2 4.8 ("storage is
+    not a scalar"), so the export writes the default only."""
+    if cfg.attention_scale is None:
+        return None
+    return 'the CTranslate2 export writes its default 1/sqrt(head_dim) only; only None exports.'
+
+
+def _peer_scale(cfg: TransformerConfig) -> str | None:
+    if cfg.attention_scale is None:
+        return None
+    return 'the peer scales the logits by 1/sqrt(head_dim) only.'
+
+
+declare(
+    Setting(
+        'attention_scale',
+        None,
+        'the factor on the attention logits q.k; None = 1/sqrt(head_dim) (Sec. 3.2.1); T5: 1.0',
+        fields.ABOVE_ZERO,
+        lambda cfg: {},
+        unexportable={'hf': _marian_scale, 'ctranslate2': _ctranslate2_scale},
+        exports='None',
+        unbuilt=_peer_scale,
+    )
+)
