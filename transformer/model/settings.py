@@ -305,7 +305,7 @@ declare(
     Setting(
         'attention_scale',
         None,
-        'the factor on the attention logits q.k; None = 1/sqrt(head_dim) (Sec. 3.2.1); T5: 1.0',
+        'factor on the attention logits; None = 1/sqrt(head_dim) (Sec. 3.2.1); T5: 1.0',
         fields.ABOVE_ZERO,
         lambda cfg: {},
         unexportable={'hf': _marian_scale, 'ctranslate2': _ctranslate2_scale},
