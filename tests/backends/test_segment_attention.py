@@ -63,16 +63,16 @@ def test_other_attention_and_backends_take_the_fused_path(monkeypatch):
     t, s, cross = test_masks._case('cross-attention, packed')
     q = jnp.ones((3, t, N, 8))
     k = jnp.ones((3, s, N, 8))
-    assert segment_attention.packed_self_attention(q, k, k, cross) is None  # T != S
+    assert segment_attention.packed_self_attention(q, k, k, cross, scale=0.5) is None  # T != S
     _, _, unpacked = test_masks._case('decoder self-attention, padded, causal')
-    assert segment_attention.packed_self_attention(q, q, q, unpacked) is None
+    assert segment_attention.packed_self_attention(q, q, q, unpacked, scale=0.5) is None
     _, _, packed = test_masks._case('decoder self-attention, packed, causal')
     if jax.default_backend() != 'gpu':
-        assert segment_attention.packed_self_attention(q, q, q, packed) is None
+        assert segment_attention.packed_self_attention(q, q, q, packed, scale=0.5) is None
     monkeypatch.setattr(segment_attention, 'INTERPRET', True)
-    assert segment_attention.packed_self_attention(q, q, q, packed) is not None
+    assert segment_attention.packed_self_attention(q, q, q, packed, scale=0.5) is not None
     long = jnp.ones((3, 40, N, 8))  # 40: not a multiple of the 32-position backward tiles
     seg = jnp.ones((3, 40), jnp.int32)
     mask = packed.replace(query_valid=seg > 0, key_valid=seg > 0,
                           query_segmentation=seg, key_segmentation=seg)  # fmt: skip
-    assert segment_attention.packed_self_attention(long, long, long, mask) is None
+    assert segment_attention.packed_self_attention(long, long, long, mask, scale=0.5) is None

@@ -19,8 +19,8 @@ INTERPRET = False
 FORWARD_BLOCK, BACKWARD_BLOCK = 128, 32  # the kernel's default tiles along the sequence
 
 
-def packed_self_attention(q: Array, k: Array, v: Array, mask: Any) -> Array | None:
-    """softmax(q k^T / sqrt(H)) v within each packed segment (and causal where the mask is),
+def packed_self_attention(q: Array, k: Array, v: Array, mask: Any, *, scale: float) -> Array | None:
+    """softmax(scale * q k^T) v within each packed segment (and causal where the mask is),
     [B, T, N, H]; padding's outputs are zeros, as in the einsum path. None where the kernel
     does not apply: a mask that is not an `AttentionMask` of packed rows, a length the tiles
     do not divide, or neither a GPU nor `INTERPRET`; the caller then takes another path.
@@ -32,6 +32,7 @@ def packed_self_attention(q: Array, k: Array, v: Array, mask: Any) -> Array | No
       v: values [B, T, N, H]. Keys and values of K < N heads (grouped heads) are repeated
         to N for the kernel, head j serving query heads j * N / K .. (j + 1) * N / K - 1.
       mask: the self-attention's `model.masks.AttentionMask`.
+      scale: the factor on the logits (transformer/model/dot_product.py `logits_scale`).
     """
     segments = getattr(mask, 'query_segmentation', None)
     if segments is None or q.shape[1] != k.shape[1]:
@@ -59,7 +60,7 @@ def packed_self_attention(q: Array, k: Array, v: Array, mask: Any) -> Array | No
         k,
         v,
         segments.astype(jnp.int32),
-        sm_scale=float(q.shape[-1]) ** -0.5,
+        sm_scale=scale,
         causal=mask.causal,
         block_sizes=blocks,
         interpret=INTERPRET,

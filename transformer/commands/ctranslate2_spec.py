@@ -94,6 +94,12 @@ WRITES = Format(
         'num_kv_heads': EVERY_VALUE,
         'attention_bias': Writes((False, True)),
         'qk_norm': Writes(check=_qk_norm),
+        # Its attention spec has a ``queries_scale`` (its T5 converter writes 1.0), but an
+        # encoder-decoder model written with one fails to load in CTranslate2 4.8 ("storage is
+        # not a scalar"), so the export writes the default only.
+        'attention_scale': Writes(
+            (None,), 'the CTranslate2 export writes the logits scale 1/sqrt(head_dim) only'
+        ),
     },
 )
 

@@ -6,18 +6,19 @@ this package imports flax.linen (tests/test_layout.py).
 
 Modules: attention.py (multi-head attention, an einsum over an explicit head axis),
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
-`fused`), decode_attention.py (a decoding step's attention over the cache), positions.py (how
-positions enter: the sinusoids, rotary positions), layers.py (the encoder and decoder layers,
-the shifted decoder inputs, the masks' making), layer_stack.py (the layers' two layouts,
-unrolled and scanned, and the conversion between them), transformer.py (the Transformer),
-config.py (its config), cache.py (the decoder's key/value cache layout, shared across beams),
-masks.py (attention masks, packed rows' included, kept as their parts), dropout.py (16-bit
-dropout masks), embedding.py (the embedding lookup and its gradient variants),
-attention_maps.py (every head's attention probabilities of one example), flops.py (analytic
-FLOPs and the device's peak), variants.py (the registry of what the network may compute: each
-variant's weights and module), settings.py (the numeric settings), feed_forward.py (the
-feed-forward variants), norms.py (the normalizations), remat.py (what each layer keeps for the
-backward pass, and the CPU compiler's options for it), functional.py (the functions above).
+`fused`), dot_product.py (scaled dot-product attention, the one `attend` of every path: its
+scale and logits bias), decode_attention.py (a decoding step's attention over the cache),
+positions.py (how positions enter: the sinusoids, rotary positions), layers.py (the encoder and
+decoder layers, the shifted decoder inputs, the masks' making), layer_stack.py (the layers' two
+layouts, unrolled and scanned, and the conversion between them), transformer.py (the
+Transformer), config.py (its config), cache.py (the decoder's key/value cache layout, shared
+across beams), masks.py (attention masks, packed rows' included, kept as their parts),
+dropout.py (16-bit dropout masks), embedding.py (the embedding lookup and its gradient
+variants), attention_maps.py (every head's attention probabilities of one example), flops.py
+(analytic FLOPs and the device's peak), variants.py (the registry of what the network may
+compute: each variant's weights and module), settings.py (the numeric settings), feed_forward.py
+(the feed-forward variants), norms.py (the normalizations), remat.py (what each layer keeps for
+the backward pass, and the CPU compiler's options for it), functional.py (the functions above).
 """
 
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS

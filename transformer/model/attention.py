@@ -34,10 +34,11 @@ from jax.ad_checkpoint import checkpoint_name
 
 from transformer import backends
 from transformer.model import cache as cache_layout
-from transformer.model import decode_attention, masks
+from transformer.model import masks
 from transformer.model.constraints import HEADS, constrain
+from transformer.model.dot_product import attend
 from transformer.model.dropout import Dropout
-from transformer.model.masks import AttentionInputs, AttentionMask, masked_softmax
+from transformer.model.masks import AttentionInputs, AttentionMask
 from transformer.model.projections import (
     OUT_AXES,
     QKV_AXES,
@@ -54,55 +55,6 @@ Dtype = Any
 
 # 'auto': the measured winner (`backends.attention_impl`); the others: see MultiHeadAttention.
 ATTENTION_IMPLS = ('auto', 'einsum', 'fused', 'pallas')
-
-
-def attention_logits(q: Array, k: Array) -> Array:
-    """q [B, T, N, H] . k [B, S, K, H] -> logits [B, N, T, S]; query head i reads key head
-    i // (N / K)."""
-    num_heads, num_kv_heads = q.shape[2], k.shape[2]
-    if num_kv_heads == num_heads:
-        return backends.einsum('BTNH,BSNH->BNTS', q, k)
-    q = q.reshape(*q.shape[:2], num_kv_heads, num_heads // num_kv_heads, q.shape[3])
-    logits = backends.einsum('BTKGH,BSKH->BKGTS', q, k)
-    return logits.reshape(logits.shape[0], num_heads, *logits.shape[3:])
-
-
-def attention_values(probs: Array, v: Array) -> Array:
-    """probs [B, N, T, S] . v [B, S, K, H] -> heads [B, T, N, H]; query head i reads value
-    head i // (N / K)."""
-    num_heads, num_kv_heads = probs.shape[1], v.shape[2]
-    if num_kv_heads == num_heads:
-        return backends.einsum('BNTS,BSNH->BTNH', probs, v)
-    group = num_heads // num_kv_heads
-    probs = probs.reshape(probs.shape[0], num_kv_heads, group, *probs.shape[2:])
-    heads = backends.einsum('BKGTS,BSKH->BTKGH', probs, v)
-    return heads.reshape(*heads.shape[:2], num_heads, heads.shape[-1])
-
-
-def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask | Array | None) -> Array:
-    """softmax(q k^T / sqrt(H)) v over [B, T, N, H] inputs by `jax.nn.dot_product_attention`.
-
-    On an NVIDIA GPU with 16-bit inputs this is cuDNN's fused (flash) attention, which never
-    writes the [B, N, T, S] matrix; elsewhere, or where cuDNN rejects the shapes, it is XLA's
-    reference implementation. Unpacked rows reach it as sequence lengths and a causal flag,
-    packed rows as the dense mask (`masks.fused_arguments`). Queries with no valid key get
-    zeros, as in `masked_softmax` (both implementations would otherwise average or return
-    garbage there). q [B, T, N, H] (not yet scaled), k and v [B, S, K, H] (K divides N:
-    grouped heads, which both implementations take); ``mask`` an `AttentionMask`, or boolean
-    broadcastable to [B, N, T, S] (True = may attend).
-    """
-    arguments, attends = masks.fused_arguments(mask, q.shape[0], q.shape[1], k.shape[1])
-    out = None
-    if jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16):
-        try:
-            out = jax.nn.dot_product_attention(q, k, v, **arguments, implementation='cudnn')
-        except (ValueError, NotImplementedError, RuntimeError):
-            out = None  # a shape or mask cuDNN does not support: XLA below
-    if out is None:
-        out = jax.nn.dot_product_attention(q, k, v, **arguments, implementation='xla')
-    if attends is None:
-        return out
-    return jnp.where(attends, out, 0).astype(out.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -132,6 +84,7 @@ class MultiHeadAttention(nn.Module):
       norm_epsilon: QK-norm's epsilon.
       position_encoding: what turns self-attention's queries and keys by their positions
         (``rotate``: transformer/model/positions.py), or None: nothing does.
+      scale: the factor on q k^T (``model.attention_scale``); None: 1/sqrt(H) (Sec. 3.2.1).
     """
 
     num_heads: int
@@ -145,6 +98,7 @@ class MultiHeadAttention(nn.Module):
     qk_norm: bool = False
     norm_epsilon: float = 1e-6
     position_encoding: Any = None
+    scale: float | None = None
 
     @nn.compact
     def __call__(
@@ -164,9 +118,9 @@ class MultiHeadAttention(nn.Module):
           inputs_kv: keys and values, [B, S, D]; None: self-attention, keys and values from
             ``inputs_q`` (S = T), the three projections applied as one einsum
             (`fused_projections`).
-          inputs: an `AttentionInputs` (the mask and self-attention's positions), or the mask
-            alone: an `AttentionMask`, or boolean broadcastable to [B, N, T, S]; True = may
-            attend.
+          inputs: an `AttentionInputs` (the mask, the logits bias and self-attention's
+            positions), or the mask alone: an `AttentionMask`, or boolean broadcastable to
+            [B, N, T, S]; True = may attend.
           deterministic: disables dropout.
           decode: self-attention one position per call with a key/value cache in the
             ``cache`` collection. The first call (at ``init``) sizes the cache from the
@@ -197,38 +151,49 @@ class MultiHeadAttention(nn.Module):
         else:
             q = normalize_q(query(inputs_q))
             k, v = self._keys_values(key, value, normalize_k, inputs_kv, decode and static_kv)
-        mask = inputs.mask
         if not decode:
             q, k, v = (constrain(x, HEADS) for x in (q, k, v))
         elif not static_kv:
-            k, v, mask = self._update_cache(k, v, mask)
-        heads = self._attend(q, k, v, mask, deterministic, decode, static_kv, inputs_kv is None)
+            k, v, mask = self._update_cache(k, v, inputs.mask)
+            inputs = inputs.replace(mask=mask)
+        heads = self._attend(q, k, v, inputs, deterministic, decode, static_kv, inputs_kv is None)
         return out(checkpoint_name(heads, ATTENTION_OUTPUT))  # what model.remat='attention' keeps
 
-    def _attend(self, q, k, v, mask, deterministic, decode, static_kv, self_attention) -> Array:
-        """The heads [B, T, N, H] of softmax(q k^T / sqrt(H)) v: a decoding step's single query
-        over the cache (transformer/model/decode_attention.py), the backend's fused attention
+    def _attend(self, q, k, v, inputs, deterministic, decode, static_kv, self_attention) -> Array:
+        """The heads [B, T, N, H] of `dot_product.attend`: a decoding step's single query over
+        the cache (transformer/model/decode_attention.py), the backend's fused attention
         ('fused', 'pallas'), or the einsums with their sown weights and attention dropout."""
         dropout = not deterministic and self.dropout_rate > 0.0
         one_query = decode and q.shape[1] == 1 and not dropout
         if decode and not one_query:  # the call that made the cache: back to [B, S, N, H]
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        if backends.attention_impl(self.attention_impl) != 'einsum' and not (dropout or one_query):
-            return self._fused(q, k, v, mask, self_attention and not decode)
-        # Scale q rather than the [B, N, T, S] logits: fewer multiplies, same result.
-        q = q / jnp.sqrt(q.shape[-1]).astype(self.dtype)
+        impl = backends.attention_impl(self.attention_impl)
+        written = None
         if one_query and not static_kv:
             # Keys written so far: positions times the slots per position (`_update_cache`).
             positions = self.get_variable('cache', cache_layout.INDEX)
             written = positions * (q.shape[0] // k.shape[0])
-            return decode_attention.cached_self_attention(q, k, v, mask, written)
-        if one_query:
-            return decode_attention.one_query(q, k, v, mask)
-        probs = masked_softmax(attention_logits(q, k), mask)
-        self.sow('intermediates', 'attention_weights', probs)
-        if dropout:
-            probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
-        return attention_values(probs.astype(self.dtype), v)
+
+        def on_probs(probs: Array) -> Array:
+            self.sow('intermediates', 'attention_weights', probs)
+            if dropout:
+                probs = Dropout(rate=self.dropout_rate)(probs, deterministic=False)
+            return probs
+
+        return attend(
+            q,
+            k,
+            v,
+            mask=inputs.mask,
+            bias=inputs.bias,
+            scale=self.scale,
+            impl='einsum' if dropout else impl,
+            dtype=self.dtype,
+            packed_self_attention=self_attention and not decode,
+            cached=one_query,
+            written=written,
+            on_probs=on_probs,
+        )
 
     def _qk_norms(self) -> tuple[Callable[[Array], Array], Callable[[Array], Array]]:
         """QK-norm's RMSNorms of the queries and the keys over H, or two identities."""
@@ -272,13 +237,6 @@ class MultiHeadAttention(nn.Module):
             project('value', 'BSD,DKH->BSKH', *kv),
             project('out', 'BTNH,NHD->BTD', out_shape, (d_model,), out_kernel_init, OUT_AXES),
         )
-
-    def _fused(self, q: Array, k: Array, v: Array, mask, self_attention: bool) -> Array:
-        """`fused_attention`, after the packed kernel 'pallas' names."""
-        impl, packed = backends.attention_impl(self.attention_impl), None
-        if self_attention and impl == 'pallas':
-            packed = backends.packed_self_attention(q, k, v, mask)
-        return fused_attention(q, k, v, mask) if packed is None else packed
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None):
         """Writes this step's key/value into the head-major cache and masks the keys not yet

@@ -62,6 +62,7 @@ class TransformerConfig(Section):
     num_kv_heads: int | None = settings.config_field('num_kv_heads')
     attention_bias: bool = settings.config_field('attention_bias')
     qk_norm: bool = settings.config_field('qk_norm')
+    attention_scale: float | None = settings.config_field('attention_scale')
     d_ff: int = _field(2048, 'F, inner FFN width', POSITIVE)
     # The feed-forward's variant (transformer/model/feed_forward.py). Each field read by
     # variants.config_field chooses a part of model/variants.py: its default, description and

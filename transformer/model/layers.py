@@ -110,6 +110,7 @@ class _SubLayers(nn.Module):
             qk_norm=cfg.qk_norm,
             norm_epsilon=cfg.layer_norm_epsilon,
             position_encoding=variants.chosen(cfg, 'positions').module,
+            scale=cfg.attention_scale,
             name=name,
         )
 

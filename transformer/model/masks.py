@@ -107,8 +107,12 @@ def fused_arguments(
     return {'mask': mask}, attends
 
 
-def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
-    """Softmax over the last axis where ``mask`` is True; rows with no True give all zeros.
+def masked_softmax(
+    logits: Array, mask: AttentionMask | Array | None, bias: Array | None = None
+) -> Array:
+    """Softmax over the last axis of ``logits + bias`` where ``mask`` is True; rows with no
+    True give all zeros. ``bias`` (broadcastable to the logits, or None) is added in float32
+    before the mask, so a masked position stays masked whatever its bias.
 
     Masked logits are replaced by the most negative finite float32 (never -inf, so no
     inf - inf), the softmax runs in float32, and the result is multiplied by the mask so a
@@ -116,6 +120,8 @@ def masked_softmax(logits: Array, mask: AttentionMask | Array | None) -> Array:
     zero weights instead of a uniform average or NaN.
     """
     logits, mask = logits.astype(jnp.float32), dense(mask)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -132,10 +138,13 @@ class AttentionInputs:
       positions: [B, T], the positions of self-attention's tokens (each packed example's
         own, the step's when decoding), which a rotary position encoding turns the queries
         and keys by (transformer/model/positions.py); None: no rotation (cross-attention).
+      bias: added to the attention logits before the mask, [B or 1, N, T, S] (a decoding
+        step's: [B or 1, N, 1, S] over the whole cache); None: nothing.
     """
 
     mask: AttentionMask | Array | None = None
     positions: Array | None = None
+    bias: Array | None = None
 
     @classmethod
     def of(cls, value: AttentionInputs | AttentionMask | Array | None) -> AttentionInputs:

@@ -204,3 +204,24 @@ declare(
         unbuilt=_peer_qk_norm,
     )
 )
+
+
+# The factor on the attention logits q k^T (transformer/model/dot_product.py): the paper's
+# 1/sqrt(H) (Sec. 3.2.1), or another, as T5's 1.0 (its initialization scales the queries
+# instead).
+def _peer_scale(cfg: TransformerConfig) -> str | None:
+    if cfg.attention_scale is None:
+        return None
+    return 'the peer scales the logits by 1/sqrt(head_dim) only.'
+
+
+declare(
+    Setting(
+        'attention_scale',
+        None,
+        'factor on the attention logits; None = 1/sqrt(head_dim) (Sec. 3.2.1); T5: 1.0',
+        fields.ABOVE_ZERO,
+        lambda cfg: {},
+        unbuilt=_peer_scale,
+    )
+)
