@@ -74,9 +74,14 @@ MODES = {
     'fsdp4': ('sharding', 4, {'fsdp': True}),
     'model4': ('sharding', 4, {'model_parallelism': 2}),
 }
-# Each mode with one remat policy in the suite; every other pair in the long tier.
-SUITE = [('sharding1', 'none'), ('sharding2', 'full'), ('pmap2', 'dots')]
-SUITE += [('fsdp4', 'attention'), ('model4', 'none')]
+# In the suite, the modes whose step does more than one device's with the layer axis:
+# replicas kept by pmap, the stacked parameters sharded over fsdp's and the model's axes, with
+# the policies the gradient test below leaves out. The others are in the long tier. One
+# device's step under 'none' and 'full' repeats test_gradients_equal_the_unrolled_models (the
+# same loss and gradients, compiled once each) and test_stacked_norm_scales_and_biases_do_not_
+# decay (the update's mask); two data-parallel devices split the batch of a replicated state,
+# as tests/training/test_parallel.py's data-parallel cases check for the unrolled step.
+SUITE = [('pmap2', 'dots'), ('fsdp4', 'attention'), ('model4', 'none')]
 LONG = [(m, p) for m in MODES for p in ('none', 'full', 'dots', 'attention') if (m, p) not in SUITE]
 
 
