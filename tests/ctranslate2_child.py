@@ -4,30 +4,84 @@ holding all three was lost without a traceback now and then, at different tests 
 
     translate(directory, batch, beam_size=1)  -> [hypothesis tokens, ...] (the best of each)
     score(directory, sources, targets)        -> [log-probs of each target token (+ </s>)]
+
+Each test process starts one child, on its first request, and sends it every later one (a
+request a line on its stdin, the answer a line on its stdout): the suite's score cases, one
+per model option, would otherwise each start Python and import ctranslate2 again. A request
+that raises is answered with its error, and the child serves the next; a child that died is
+started again by the next request.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import select
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from tests.subprocess_env import repo_env
 
+TIMEOUT_S = 300  # one request's answer
+
 _CHILD = """
-import json, sys
+import json, sys, traceback
 import ctranslate2
-request = json.load(sys.stdin)
-translator = ctranslate2.Translator(request['directory'], compute_type=request['compute_type'])
-if request['method'] == 'translate_batch':
-    results = translator.translate_batch(*request['args'], **request['kwargs'])
-    out = [r.hypotheses[0] for r in results]
-else:
-    results = translator.score_batch(*request['args'], **request['kwargs'])
-    out = [r.log_probs for r in results]
-json.dump(out, sys.stdout)
+for line in sys.stdin:
+    request = json.loads(line)
+    try:
+        translator = ctranslate2.Translator(
+            request['directory'], compute_type=request['compute_type']
+        )
+        if request['method'] == 'translate_batch':
+            results = translator.translate_batch(*request['args'], **request['kwargs'])
+            answer = {'out': [r.hypotheses[0] for r in results]}
+        else:
+            results = translator.score_batch(*request['args'], **request['kwargs'])
+            answer = {'out': [r.log_probs for r in results]}
+        del translator
+    except Exception:
+        answer = {'error': traceback.format_exc()}
+    sys.stdout.write(json.dumps(answer) + '\\n')
+    sys.stdout.flush()
 """
+
+_child: subprocess.Popen | None = None
+_stderr = None  # the child's stderr, a file: a pipe nobody reads could fill and block it
+
+
+def _started() -> subprocess.Popen:
+    global _child, _stderr
+    if _child is None or _child.poll() is not None:
+        _stderr = tempfile.TemporaryFile(mode='w+')
+        _child = subprocess.Popen(
+            [sys.executable, '-c', _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=_stderr,
+            env=repo_env(),
+            text=True,
+        )
+    return _child
+
+
+def _stop() -> None:
+    if _child is not None and _child.poll() is None:
+        _child.stdin.close()
+        try:
+            _child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _child.kill()
+
+
+atexit.register(_stop)
+
+
+def _stderr_tail() -> str:
+    _stderr.seek(0)
+    return _stderr.read()[-3000:]
 
 
 def _run(directory, method: str, args: list, compute_type: str, kwargs: dict) -> list[Any]:
@@ -38,16 +92,17 @@ def _run(directory, method: str, args: list, compute_type: str, kwargs: dict) ->
         'kwargs': kwargs,
         'compute_type': compute_type,
     }
-    done = subprocess.run(
-        [sys.executable, '-c', _CHILD],
-        input=json.dumps(request),
-        env=repo_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f'CTranslate2 failed ({done.returncode}): {done.stderr[-3000:]}'
-    return json.loads(done.stdout)
+    child = _started()
+    child.stdin.write(json.dumps(request) + '\n')
+    child.stdin.flush()
+    if not select.select([child.stdout], [], [], TIMEOUT_S)[0]:
+        child.kill()
+        raise AssertionError(f'CTranslate2 gave no answer in {TIMEOUT_S} s: {_stderr_tail()}')
+    line = child.stdout.readline()
+    assert line, f'CTranslate2 ended ({child.wait()}): {_stderr_tail()}'
+    answer = json.loads(line)
+    assert 'error' not in answer, f'CTranslate2 failed: {answer.get("error", "")[-3000:]}'
+    return answer['out']
 
 
 def translate(directory, batch: list[list[str]], compute_type: str = 'default', **kwargs):

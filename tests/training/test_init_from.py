@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.shared_dirs import built_once
 from tests.tiny_run import file_hashes, tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import load_model
@@ -40,29 +41,40 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
-    """The lines the MarianMT fixture learned, as every split of a folder dataset."""
-    path = tmp_path_factory.mktemp('lines')
-    pairs = synthetic_lines()[:TRAINED_LINES]
-    for split in ('train', 'validation', 'test'):
-        (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
-        (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
-    return str(path)
+    """The lines the MarianMT fixture learned, as every split of a folder dataset; one folder
+    for all workers (`finetuned`'s config names it)."""
+
+    def write(path):
+        path.mkdir()
+        pairs = synthetic_lines()[:TRAINED_LINES]
+        for split in ('train', 'validation', 'test'):
+            (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
+            (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
+
+    return str(built_once(tmp_path_factory, 'init_from_lines', write))
 
 
 @pytest.fixture(scope='module')
 def finetuned(hf_dir, folder, tmp_path_factory):
-    """(workdir, first losses): 4 steps from the MarianMT, and 1 from nothing."""
-    losses = {}
-    workdir = str(tmp_path_factory.mktemp('finetune') / 'run')
-    for name, init, where, steps in (
-        ('pretrained', hf_dir, workdir, 4),
-        ('fresh', None, workdir + '-0', 1),
-    ):
-        seen: list[float] = []
-        config = _config(steps, init, folder)
-        train_and_evaluate(config, where, on_step=lambda s, m, seen=seen: seen.append(m['loss']))
-        losses[name] = seen[0]
-    return workdir, losses
+    """(workdir, first losses): 4 steps from the MarianMT, and 1 from nothing; trained once
+    for all workers (read it only: a test that trains on copies it)."""
+
+    def train(path):
+        losses = {}
+        path.mkdir()
+        for name, init, where, steps in (
+            ('pretrained', hf_dir, path / 'run', 4),
+            ('fresh', None, path / 'run-0', 1),
+        ):
+            seen: list[float] = []
+            config = _config(steps, init, folder)
+            on_step = lambda s, m, seen=seen: seen.append(m['loss'])  # noqa: E731
+            train_and_evaluate(config, str(where), on_step=on_step)
+            losses[name] = seen[0]
+        (path / 'losses.json').write_text(json.dumps(losses))
+
+    path = built_once(tmp_path_factory, 'init_from_finetuned', train)
+    return str(path / 'run'), json.loads((path / 'losses.json').read_text())
 
 
 @pytest.mark.slow
@@ -91,8 +103,8 @@ def test_the_output_bias_stays_frozen_and_the_rest_trains(finetuned, hf_dir):
 
 
 @pytest.mark.slow
-def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned, hf_dir, folder):
-    workdir, _ = finetuned
+def test_a_run_resumes_and_run_at_step_takes_that_step(finetuned, hf_dir, folder, tmp_path):
+    workdir = str(shutil.copytree(finetuned[0], tmp_path / 'run'))  # the shared run: read only
     final = train_and_evaluate(_config(6, hf_dir, folder), workdir)  # the same command, longer
     assert final['step'] == 6 and final['steps_this_run'] == 2
     assert [c['key'] for c in rundir.read_history(workdir)] == ['train.num_steps']

@@ -55,7 +55,15 @@ def _assert_same_training(got, reference) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     'mode,num_devices,accum',
-    [('pmap', 8, 1), ('sharding', 8, 1), ('pmap', 4, 2), ('sharding', 4, 2), ('sharding', 1, 4)],
+    [
+        ('pmap', 8, 1),
+        # The same run as test_layouts_equal_one_device_and_hold_their_share's data-only
+        # layout (sharding, 8 devices, no accumulation), which also checks its bytes.
+        pytest.param('sharding', 8, 1, marks=pytest.mark.long),
+        ('pmap', 4, 2),
+        ('sharding', 4, 2),
+        ('sharding', 1, 4),
+    ],
 )
 def test_data_parallel_equals_one_device(mode, num_devices, accum):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with

@@ -330,8 +330,11 @@ def _run_child(request_path: str, error: type[Exception]) -> None:
     line of stderr) if it fails."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = [package_root, *filter(None, os.environ.get('PYTHONPATH', '').split(os.pathsep))]
+    # ctranslate2.specs imports torch when it can (most of the child's time for a small
+    # model), for bfloat16 and torch tensors only; the arrays here are numpy, float32 or int8.
     code = (
         'import sys\n'
+        "sys.modules['torch'] = None\n"
         'from transformer.commands.ctranslate2_spec import save_model\n'
         'save_model(sys.argv[1])\n'
     )
