@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformer.commands import train as trainer  # noqa: E402
 from transformer.data import token_store, tokenizer  # noqa: E402
+from transformer.schema import METRICS  # noqa: E402
 from transformer.training import validation
 
 
@@ -30,7 +31,7 @@ def _fake_bleu(table):
         row = table[jax.process_index()]
         value = float(row[min(len(calls), len(row) - 1)])
         calls.append(value)
-        return {'sacrebleu': value, 'tokenized_bleu': value, 'chrf': value}
+        return dict.fromkeys(METRICS, value)
 
     return bleu
 

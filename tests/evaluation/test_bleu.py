@@ -1,7 +1,8 @@
-"""sacreBLEU, tokenized BLEU (lowercased, compound-split) and chrF."""
+"""sacreBLEU, tokenized BLEU (lowercased, compound-split), chrF and chrF++."""
 
 import pytest
 import sacrebleu
+from sacrebleu.metrics import CHRF
 
 from transformer.evaluation import bleu
 
@@ -15,6 +16,18 @@ def test_sacrebleu_and_chrf_equal_sacrebleu_itself():
     assert scores['chrf'] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
     assert 'tok:13a' in scores['sacrebleu_signature']
     assert 0 < scores['sacrebleu'] < 100
+
+
+def test_chrf_plus_plus_equals_sacrebleu_word_order_2():
+    """chrF++ is sacrebleu's CHRF(word_order=2): the word n-grams it adds to chrF change the
+    score when the words differ but their characters largely match."""
+    hyps = ['Ein Mann fährt ein rotes Fahrrad.', 'Zwei Hunde spielen im Schnee.', 'Ja']
+    refs = ['Ein Mann fährt auf einem roten Fahrrad.', 'Zwei Hunde spielen im Schnee.', 'Nein']
+    scores = bleu.bleu_scores(hyps, refs, target_lang='de')
+    want = CHRF(word_order=2).corpus_score(hyps, [refs]).score
+    assert scores['chrf++'] == pytest.approx(want)
+    assert abs(scores['chrf++'] - scores['chrf']) > 0.5
+    assert 'nw:2' in scores['chrf++_signature'] and 'nw:0' in scores['chrf_signature']
 
 
 def test_tokenized_bleu_lowercases_and_splits_compounds():

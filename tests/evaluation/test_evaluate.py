@@ -8,9 +8,9 @@ from transformer import evaluate
 
 
 @pytest.mark.slow
-def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path):
+def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path, capsys):
     """`python -m transformer.evaluate` decodes the test split with beam search, prints the
-    scores and writes one hypothesis per reference plus a JSON of the scores."""
+    scores (chrF++ among them) and writes one hypothesis per reference plus a JSON of them."""
     out = tmp_path / 'hyps.txt'
     with pytest.raises(SystemExit) as exit_info:
         evaluate.cli(
@@ -28,6 +28,10 @@ def test_evaluate_command_writes_hypotheses_and_scores(run_dir, tmp_path):
     scores = json.loads(out.with_suffix('.json').read_text())
     assert scores['num_sentences'] == 7 and scores['beam_size'] == 2 and scores['steps'] == [4]
     assert 0.0 <= scores['sacrebleu'] <= 100.0
+    assert 0.0 <= scores['chrf++'] <= 100.0 and 'nw:2' in scores['chrf++_signature']
+    printed = capsys.readouterr().out
+    assert f'chrF {scores["chrf"]:.2f}  ' in printed
+    assert f'chrF++ {scores["chrf++"]:.2f}  {scores["chrf++_signature"]}' in printed
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 from tests.tiny_run import tiny_run_config
 from transformer import evaluate
 from transformer.checkpoint import checkpoint_steps, load_model
+from transformer.schema import METRICS
 from transformer.training import validation
 from transformer.training.best import BestTracker
 
@@ -36,7 +37,7 @@ def _train(tmp_path, monkeypatch, num_steps, scores):
     monkeypatch.setattr(
         validation.Validation,
         'bleu',
-        lambda self, params: dict.fromkeys(('sacrebleu', 'tokenized_bleu', 'chrf'), next(values)),
+        lambda self, params: dict.fromkeys(METRICS, next(values)),
     )
     from transformer.commands import train as trainer
 

@@ -92,7 +92,7 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     trainer.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices('cpu'))
     got, want = _validation(two)[2], _validation(tmp_path / 'one')[2]
     np.testing.assert_allclose(got['loss'], want['loss'], rtol=1e-5)
-    for metric in ('sacrebleu', 'tokenized_bleu', 'chrf'):
+    for metric in ('sacrebleu', 'tokenized_bleu', 'chrf', 'chrf++'):
         assert abs(got[metric] - want[metric]) <= 0.01, (metric, got, want)
 
     out = tmp_path / 'two.txt'

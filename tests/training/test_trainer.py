@@ -170,6 +170,7 @@ def test_train_py_smoke(tmp_path, monkeypatch):
     assert any(r['split'] == 'validation' and r['step'] == 4 and 'loss' in r for r in records)
     bleu = [r for r in records if 'sacrebleu' in r]  # validation BLEU through evaluate's code
     assert [r['step'] for r in bleu] == [4] and 0.0 <= bleu[0]['sacrebleu'] <= 100.0
+    assert 0.0 <= bleu[0]['chrf++'] <= 100.0  # every validation score of evaluate's
     assert all(np.isfinite(r['loss']) for r in records if 'loss' in r)
     assert json.loads((workdir / 'config.json').read_text())['train']['num_steps'] == 4
     assert (workdir / 'vocab' / 'spm.model').exists()

@@ -341,7 +341,8 @@ def _report(output: str, hypotheses: Sequence[str], scores: dict[str, Any]) -> N
     while the files are written loses nothing of the decode but the files."""
     print(f'sacreBLEU {scores["sacrebleu"]:.2f}  {scores["sacrebleu_signature"]}')
     print(f'tokenized BLEU {scores["tokenized_bleu"]:.2f}  ({scores["tokenized_bleu_convention"]})')
-    print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}', flush=True)
+    print(f'chrF {scores["chrf"]:.2f}  {scores["chrf_signature"]}')
+    print(f'chrF++ {scores["chrf++"]:.2f}  {scores["chrf++_signature"]}', flush=True)
     _write_outputs(output, hypotheses, scores)
     print(f'hypotheses: {output}')
     if scores['order'] != 'original':

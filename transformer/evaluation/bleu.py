@@ -1,12 +1,15 @@
-"""Corpus scores of detokenized hypotheses: sacreBLEU, tokenized BLEU and chrF.
+"""Corpus scores of detokenized hypotheses: sacreBLEU, tokenized BLEU, chrF and chrF++.
 
-Two BLEU numbers are reported because they are not comparable (README, "Which BLEU"):
+Two BLEU numbers are reported because they are not comparable (docs/decoding.md, "Which BLEU"):
 
 - sacreBLEU on cased, detokenized text, with its signature: the comparable modern number.
 - tokenized BLEU as the paper reported it: Moses-tokenized hypotheses and references
   (optionally lowercased and punctuation-normalised, as the Multi30k literature does), with
   tensor2tensor's compound splitting of hyphens ("##AT##-##AT##") for WMT14 EN-DE; then
   plain corpus BLEU on those tokens (what multi-bleu.perl computes).
+
+chrF and chrF++ (chrF plus word unigrams and bigrams, sacreBLEU's `CHRF(word_order=2)`, the
+score NLLB reports) are computed on the same detokenized text as sacreBLEU.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def bleu_scores(
     lowercase_tokenized: bool = False,
     compound_split: bool = False,
 ) -> dict[str, Any]:
-    """sacreBLEU (cased, detokenized) + tokenized BLEU + chrF of detokenized hypotheses.
+    """sacreBLEU (cased, detokenized) + tokenized BLEU + chrF + chrF++ of detokenized hypotheses.
 
     Args:
       hypotheses: one detokenized hypothesis per reference.
@@ -75,8 +78,9 @@ def bleu_scores(
         raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} references.')
     sacre = BLEU(trg_lang=target_lang)
     sacre_score = sacre.corpus_score(list(hypotheses), [list(references)])
-    chrf = CHRF()
+    chrf, chrf_pp = CHRF(), CHRF(word_order=2)
     chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    chrf_pp_score = chrf_pp.corpus_score(list(hypotheses), [list(references)])
     tok_options = dict(
         lowercase=lowercase_tokenized,
         normalize_punctuation=lowercase_tokenized,
@@ -99,5 +103,7 @@ def bleu_scores(
         'tokenized_bleu_detail': str(tokenized),
         'chrf': chrf_score.score,
         'chrf_signature': str(chrf.get_signature()),
+        'chrf++': chrf_pp_score.score,
+        'chrf++_signature': str(chrf_pp.get_signature()),
         'num_sentences': len(hypotheses),
     }

@@ -2,7 +2,7 @@
 
 Sentences are decoded by transformer/decoding/translation.py's batch path and scored by
 transformer/evaluation/bleu.py: sacreBLEU (cased, detokenized), tokenized BLEU as the paper
-computed it, and chrF. The evaluate command and the trainer's validation BLEU both run
+computed it, chrF and chrF++. The evaluate command and the trainer's validation BLEU both run
 through `score_eval_set`, so both report the same number for the same parameters.
 """
 

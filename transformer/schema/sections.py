@@ -35,7 +35,8 @@ from transformer.model import TransformerConfig
 Schedule = Literal['rsqrt', 'constant', 'inverse_sqrt']
 DropoutPrng = Literal['threefry', 'rbg', 'unsafe_rbg', 'philox4x32']
 Parallelism = Literal['pmap', 'sharding']  # transformer/training/parallel.py
-BestMetric = Literal['sacrebleu', 'tokenized_bleu', 'chrf']  # validation scores, higher = better
+# Validation scores, higher = better (transformer/evaluation/bleu.py's keys).
+BestMetric = Literal['sacrebleu', 'tokenized_bleu', 'chrf', 'chrf++']
 VocabModelType = Literal[MODEL_TYPES]
 VocabNormalization = Literal[NORMALIZATIONS]
 Pretokenize = Literal[PRETOKENIZERS]  # transformer/data/pretokenize.py
@@ -331,7 +332,7 @@ class EvalSection(Section):
     best_metric: BestMetric = field(
         'sacrebleu',
         optional=True,
-        doc="'sacrebleu' | 'tokenized_bleu' | 'chrf': picks WORKDIR/best",
+        doc="'sacrebleu' | 'tokenized_bleu' | 'chrf' | 'chrf++': picks WORKDIR/best",
     )
     # Tokenized BLEU's conventions (transformer/evaluation/bleu.py).
     compound_split: bool = field(

@@ -139,9 +139,9 @@ def validate(
         meta = {**best.state(), 'metric': best.metric}
         checkpoints.save_best(global_params, meta)
     logging.info(
-        'step %d  validation sacreBLEU %.2f  tokenized BLEU %.2f  chrF %.2f  (best %s %.2f at '
-        'step %d)',
-        *(step, scores['sacrebleu'], scores['tokenized_bleu'], scores['chrf']),
+        'step %d  validation sacreBLEU %.2f  tokenized BLEU %.2f  chrF %.2f  chrF++ %.2f  '
+        '(best %s %.2f at step %d)',
+        *(step, scores['sacrebleu'], scores['tokenized_bleu'], scores['chrf'], scores['chrf++']),
         *(best.metric, best.score, best.step),
     )
     if best.should_stop:
