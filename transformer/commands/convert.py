@@ -36,7 +36,8 @@ import numpy as np
 from absl import logging
 
 from transformer import configs, files, rundir, schema
-from transformer.checkpoint import MarianError, MarianModel, load_marian, save_params
+from transformer import data as data_lib
+from transformer.checkpoint import MarianError, MarianModel, add_rows, load_marian, save_params
 from transformer.commands import console
 from transformer.commands.config_flag import explain_flag_error
 from transformer.model import Transformer, abstract_params, config_from_dict
@@ -45,15 +46,16 @@ from transformer.model import Transformer, abstract_params, config_from_dict
 HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'dtype', 'param_dtype')
 
 
-def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experiment:
+def experiment_config(marian: MarianModel, base: Any | None, added: int = 0) -> schema.Experiment:
     """The run's config: ``base`` (a config file's, or None: the defaults with a data section
-    that names only the language pair) with the MarianMT's model and evaluation settings."""
+    that names only the language pair) with the MarianMT's model and evaluation settings;
+    ``added``: the number of tokens added to its vocabulary."""
     config = schema.plain(schema.complete(base if base is not None else schema.default_config()))
     model = {k: v for k, v in config['model'].items() if k in HOW_FIELDS}
     config['model'] = {**model, **marian.model}
     config['eval'].update(marian.eval)
     data = config['data']
-    data['vocab_size'] = marian.tokenizer.vocab_size
+    data['vocab_size'] = marian.tokenizer.vocab_size + added
     if base is None:
         source, target = marian.languages
         data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')
@@ -65,7 +67,7 @@ def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experimen
 
 def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
     """The model of ``config``, after checking that the converted parameters are its tree."""
-    model = Transformer(config_from_dict(config.model, marian.tokenizer.vocab_size))
+    model = Transformer(config_from_dict(config.model, config.data.vocab_size))
     wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(model))
     found = jax.tree.map(lambda x: tuple(np.shape(x)), marian.params)
     if wanted != found:
@@ -90,15 +92,32 @@ def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
     )
 
 
-def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Experiment:
+def added_tokens(marian: MarianModel, spec: str | None) -> list[tuple[str, str | None]]:
+    """The tokens ``--add_tokens`` (``spec``) adds to the MarianMT's vocabulary, checked
+    (transformer/data/added_tokens.py); a one-line `MarianError` otherwise."""
+    try:
+        added = data_lib.added_tokens.parse(spec, '--add_tokens')
+        data_lib.added_tokens.check(marian.tokenizer, added, '--add_tokens')
+    except data_lib.DataError as e:
+        raise MarianError(str(e)) from None
+    return added
+
+
+def convert(
+    from_hf: str, workdir: str, base: Any | None = None, add_tokens: str | None = None
+) -> schema.Experiment:
     """Converts the MarianMT directory ``from_hf`` into the run directory ``workdir``; returns
-    the run's config. ``base``: the config giving the data and evaluation sections."""
+    the run's config. ``base``: the config giving the data and evaluation sections;
+    ``add_tokens``: tokens to add to the vocabulary (transformer/data/added_tokens.py)."""
     start = time.perf_counter()
     workdir = os.path.abspath(workdir)
     if os.path.isfile(workdir) or (os.path.isdir(workdir) and os.listdir(workdir)):
         raise MarianError(f'{workdir} exists and is not empty: --workdir names a new directory.')
     marian = load_marian(from_hf)
-    config = experiment_config(marian, base)
+    added = added_tokens(marian, add_tokens)
+    likes = data_lib.added_tokens.like_ids(marian.tokenizer, added)
+    marian.params = add_rows(marian.params, likes)
+    config = experiment_config(marian, base, len(added))
     check_fits(config, marian)
     parent = os.path.dirname(workdir)
     os.makedirs(parent, exist_ok=True)
@@ -110,11 +129,15 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         rundir.write_config(staging, config)
         vocab = rundir.path(staging, rundir.VOCAB_DIR)
         os.mkdir(vocab)
-        marian.tokenizer.copy_to(vocab)
+        if added:
+            data_lib.added_tokens.write(marian.tokenizer, added, vocab)
+        else:
+            marian.tokenizer.copy_to(vocab)
         origin = {'from_hf': os.path.abspath(marian.directory)}
         save_params(staging, config, 0, marian.params, origin)
         with open(rundir.path(staging, rundir.CONVERTED_FILE), 'w') as f:
             record = {'generation': marian.generation, rundir.SOURCE_FILES: marian.files}
+            record['add_tokens'] = add_tokens or None
             json.dump({**origin, **record}, f, indent=2)
         if os.path.isdir(workdir):
             os.rmdir(workdir)  # empty, checked above
@@ -138,6 +161,12 @@ def cli(argv: list[str] | None = None) -> None:
     define('from_hf', flags.DEFINE_string, None, 'A local Hugging Face MarianMT directory.')
     define('workdir', flags.DEFINE_string, None, 'The run directory to write (new or empty).')
     define(
+        'add_tokens',
+        flags.DEFINE_string,
+        None,
+        "Optional: tokens to add to the vocabulary, 'NAME[=LIKE],...' (docs/pretrained.md).",
+    )
+    define(
         'config',
         config_flags.DEFINE_config_file,
         None,
@@ -157,7 +186,7 @@ def cli(argv: list[str] | None = None) -> None:
             except (schema.ConfigError, ValueError) as e:
                 console.usage_exit(str(e))
         try:
-            config = convert(FLAGS.from_hf, FLAGS.workdir, base)
+            config = convert(FLAGS.from_hf, FLAGS.workdir, base, FLAGS.add_tokens)
         except (MarianError, rundir.WorkdirError, OSError) as e:
             raise SystemExit(f'error: {e}') from None
         m = config.model
