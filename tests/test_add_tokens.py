@@ -124,22 +124,22 @@ def folder(tmp_path_factory):
 
 
 def test_a_tagged_mix_needs_the_tokens_added(hf_dir, folder, tmp_path):
-    with pytest.raises(Exception, match=r"'<bt>' is not a token of the vocabulary") as info:
+    with pytest.raises(
+        Exception, match=r"'<bt>' is not a token .* train.add_tokens='<bt>'"
+    ) as info:
         train_and_evaluate(_config(folder, 1, init_from=hf_dir), str(tmp_path / 'run'))
     assert '\n' not in str(info.value)
 
 
-@pytest.mark.slow
-def test_add_tokens_on_a_sentencepiece_run_is_refused(folder, tmp_path):
-    from tests.tiny_run import tiny_run_config as base
+def test_add_tokens_on_a_sentencepiece_run_is_refused(run_dir, folder):
+    """A run of this project's joint SentencePiece vocabulary (conftest's ``run_dir``)."""
+    from transformer import schema
+    from transformer.training import init_from
 
-    run = str(tmp_path / 'scratch')
-    config = base(1)
-    config.data.update(dataset='folder', folder=folder)
-    train_and_evaluate(config, run)
+    config = schema.parse(_config(folder, 1, init_from=str(run_dir), add_tokens='<bt>'))
     with pytest.raises(TrainingError, match=r'cannot grow') as info:
-        train_and_evaluate(_config(folder, 1, init_from=run, add_tokens='<bt>'), run + '-2')
-    assert '\n' not in str(info.value) and not os.path.exists(run + '-2')
+        init_from.apply(config, str(run_dir) + '-2')
+    assert '\n' not in str(info.value)
 
 
 @pytest.mark.slow
@@ -160,10 +160,13 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
     embedding = model.get_input_embeddings().weight.detach().numpy()
     ours = np.asarray(params['shared_embedding']['embedding'])
     for tag in ('<bt>', '<ft>'):
-        ids = tokenizer(f'{tag} {synthetic_lines()[0][0]}').input_ids
+        ids = tokenizer(f'{tag} {synthetic_lines()[0][0]}').input_ids  # Hugging Face's
         ours_id = vocab.token_id(tag)
         assert ids[0] == vocab.marian_id(ours_id) == len(tokenizer) - (2 if tag == '<bt>' else 1)
-        assert ids[1:-1] == [vocab.marian_id(i) for i in vocab.encode(synthetic_lines()[0][0])]
+        line = synthetic_lines()[0][0]
+        ours_ids = vocab.encode(f'{tag} {line}')  # the tag's string maps to its id, as HF's
+        assert ours_ids == [ours_id, *vocab.encode(line)]
+        assert ids[:-1] == [vocab.marian_id(i) for i in ours_ids]
         np.testing.assert_allclose(embedding[ids[0]], _marian_channels(ours[ours_id]), atol=1e-6)
         assert np.abs(ours[ours_id] - initial[tag]).max() > 1e-4  # it trained
     with open(rundir.path(workdir, 'config.json')) as f:
@@ -177,3 +180,22 @@ def _marian_channels(row: np.ndarray) -> np.ndarray:
     from transformer.checkpoint import marian_channel_order
 
     return row[marian_channel_order(row.shape[-1])]
+
+
+def test_add_tokens_needs_init_from_and_a_new_name(hf_dir, folder, tmp_path):
+    from transformer import schema
+    from transformer.training import init_from
+
+    config = _config(folder, 1, add_tokens='<bt>')
+    with pytest.raises(schema.ConfigError, match=r'set train.init_from') as info:
+        schema.parse(config)
+    assert '\n' not in str(info.value)
+    config = _config(folder, 1, init_from=hf_dir, add_tokens='<bt>,</s>')
+    with pytest.raises(TrainingError, match=r"'</s>' is already a token") as info:
+        train_and_evaluate(config, str(tmp_path / 'run'))
+    assert '\n' not in str(info.value) and not (tmp_path / 'run').exists()
+    merged, start = init_from.apply(
+        schema.parse(_config(folder, 1, init_from=hf_dir, add_tokens=TAGS)), str(tmp_path)
+    )
+    assert merged.data.vocab_size == start.tokenizer.vocab_size + 2
+    assert start.added == [('<bt>', None), ('<ft>', '<unk>')]
