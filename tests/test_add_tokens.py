@@ -199,3 +199,27 @@ def test_add_tokens_needs_init_from_and_a_new_name(hf_dir, folder, tmp_path):
     )
     assert merged.data.vocab_size == start.tokenizer.vocab_size + 2
     assert start.added == [('<bt>', None), ('<ft>', '<unk>')]
+
+
+@pytest.fixture(scope='module')
+def tc_dir(tmp_path_factory):
+    from tests.marian_dir import TC
+
+    return marian_dir(tmp_path_factory, **TC)  # tests/test_convert_tc.py's, built once
+
+
+def test_the_tc_layout_puts_the_new_tokens_after_every_piece(tc_dir, tmp_path):
+    """eos, unk and pad mid-vocabulary and last: the new tokens are still Marian's V, V+1 and
+    ours V, V+1, and MarianTokenizer reads the run's vocabulary with them."""
+    from transformer.data import MarianVocabulary
+
+    out = tmp_path / 'run'
+    assert _cli(f'--from_hf={tc_dir}', f'--workdir={out}', '--add_tokens=<bt>,<ft>') is None
+    vocab = MarianVocabulary(rundir.path(str(out), rundir.VOCAB_DIR))
+    size = vocab.vocab_size - 2
+    for n, tag in enumerate(('<bt>', '<ft>')):
+        assert vocab.token_id(tag) == vocab.marian_id(size + n) == size + n
+    tokenizer = transformers.MarianTokenizer.from_pretrained(rundir.path(str(out), 'vocab'))
+    line = '>>fra<< <ft> ' + synthetic_lines()[1][0]
+    assert tokenizer(line).input_ids[:-1] == [vocab.marian_id(i) for i in vocab.encode(line)]
+    assert vocab.encode(line)[1] == size + 1
