@@ -193,7 +193,9 @@ def cli(argv: list[str] | None = None) -> None:
         print(
             f'Converted {FLAGS.from_hf} into {FLAGS.workdir}: {m.num_encoder_layers}+'
             f'{m.num_decoder_layers} layers, d_model {m.d_model}, vocabulary '
-            f'{config.data.vocab_size}, ffn {m.ffn!r}.'
+            f'{config.data.vocab_size}'
+            + (f' ({FLAGS.add_tokens} added)' if FLAGS.add_tokens else '')
+            + f', ffn {m.ffn!r}.'
         )
         with open(rundir.path(FLAGS.workdir, rundir.CONVERTED_FILE), encoding='utf-8') as f:
             print(decoding_line(config.eval, json.load(f)['generation']))
