@@ -48,7 +48,7 @@ from transformer.checkpoint.loading import (
     load_model,
 )
 from transformer.checkpoint.marian import MarianModel, is_marian_dir, load_marian
-from transformer.checkpoint.marian_params import MarianError, marian_channel_order
+from transformer.checkpoint.marian_params import MarianError, add_rows, marian_channel_order
 from transformer.checkpoint.resume import RestoreFailed
 from transformer.checkpoint.run import Checkpoints, save_params
 
@@ -65,6 +65,7 @@ __all__ = [
     'default_average',
     'is_marian_dir',
     'load_marian',
+    'add_rows',
     'load_model',
     'marian_channel_order',
     'read_meta',

@@ -167,3 +167,23 @@ def params_from_state_dict(
         for i in range(model[f'num_{stack}_layers']):
             params[f'{stack}_layer_{i}'] = tensors.layer(stack, i)
     return params
+
+
+def add_rows(params: dict[str, Any], likes: list[int | None]) -> dict[str, Any]:
+    """``params`` with one new vocabulary row per entry of ``likes`` after the existing ones,
+    in the embedding and the output bias (transformer/data/added_tokens.py): the mean of the
+    existing rows, or a copy of row ``like`` (our id). Everything else is ``params`` as is."""
+    if not likes:
+        return params
+
+    def grown(rows: Any) -> np.ndarray:
+        rows = np.asarray(rows)
+        mean = rows.mean(axis=0, dtype=np.float64).astype(rows.dtype)
+        new = [mean if like is None else rows[like] for like in likes]
+        return np.concatenate([rows, np.stack(new)])
+
+    out = dict(params)
+    out['shared_embedding'] = {'embedding': grown(params['shared_embedding']['embedding'])}
+    if 'logits_bias' in params:
+        out['logits_bias'] = grown(params['logits_bias'])
+    return out

@@ -36,7 +36,8 @@ import numpy as np
 from absl import logging
 
 from transformer import configs, files, rundir, schema
-from transformer.checkpoint import MarianError, MarianModel, load_marian, save_params
+from transformer import data as data_lib
+from transformer.checkpoint import MarianError, MarianModel, add_rows, load_marian, save_params
 from transformer.commands import console
 from transformer.commands.config_flag import explain_flag_error
 from transformer.model import (
@@ -52,15 +53,16 @@ from transformer.model import (
 FREE_FIELDS = (*HOW_FIELDS, *DTYPE_FIELDS)
 
 
-def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experiment:
+def experiment_config(marian: MarianModel, base: Any | None, added: int = 0) -> schema.Experiment:
     """The run's config: ``base`` (a config file's, or None: the defaults with a data section
-    that names only the language pair) with the MarianMT's model and evaluation settings."""
+    that names only the language pair) with the MarianMT's model and evaluation settings;
+    ``added``: the number of tokens added to its vocabulary."""
     config = schema.plain(schema.complete(base if base is not None else schema.default_config()))
     model = {k: v for k, v in config['model'].items() if k in FREE_FIELDS}
     config['model'] = {**model, **marian.model}
     config['eval'].update(marian.eval)
     data = config['data']
-    data['vocab_size'] = marian.tokenizer.vocab_size
+    data['vocab_size'] = marian.tokenizer.vocab_size + added
     if base is None:
         source, target = marian.languages
         data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')
@@ -73,7 +75,7 @@ def experiment_config(marian: MarianModel, base: Any | None) -> schema.Experimen
 def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
     """The model of ``config``, after checking that the converted parameters are its tree
     (one subtree per layer, as MarianMT's: `convert` stacks them for ``model.scan_layers``)."""
-    cfg = config_from_dict(config.model, marian.tokenizer.vocab_size)
+    cfg = config_from_dict(config.model, config.data.vocab_size)
     per_layer = Transformer(dataclasses.replace(cfg, scan_layers=False))
     wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(per_layer))
     found = jax.tree.map(lambda x: tuple(np.shape(x)), marian.params)
@@ -99,15 +101,32 @@ def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
     )
 
 
-def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Experiment:
+def added_tokens(marian: MarianModel, spec: str | None) -> list[tuple[str, str | None]]:
+    """The tokens ``--add_tokens`` (``spec``) adds to the MarianMT's vocabulary, checked
+    (transformer/data/added_tokens.py); a one-line `MarianError` otherwise."""
+    try:
+        added = data_lib.added_tokens.parse(spec, '--add_tokens')
+        data_lib.added_tokens.check(marian.tokenizer, added, '--add_tokens')
+    except data_lib.DataError as e:
+        raise MarianError(str(e)) from None
+    return added
+
+
+def convert(
+    from_hf: str, workdir: str, base: Any | None = None, add_tokens: str | None = None
+) -> schema.Experiment:
     """Converts the MarianMT directory ``from_hf`` into the run directory ``workdir``; returns
-    the run's config. ``base``: the config giving the data and evaluation sections."""
+    the run's config. ``base``: the config giving the data and evaluation sections;
+    ``add_tokens``: tokens to add to the vocabulary (transformer/data/added_tokens.py)."""
     start = time.perf_counter()
     workdir = os.path.abspath(workdir)
     if os.path.isfile(workdir) or (os.path.isdir(workdir) and os.listdir(workdir)):
         raise MarianError(f'{workdir} exists and is not empty: --workdir names a new directory.')
     marian = load_marian(from_hf)
-    config = experiment_config(marian, base)
+    added = added_tokens(marian, add_tokens)
+    likes = data_lib.added_tokens.like_ids(marian.tokenizer, added)
+    marian.params = add_rows(marian.params, likes)
+    config = experiment_config(marian, base, len(added))
     check_fits(config, marian)
     parent = os.path.dirname(workdir)
     os.makedirs(parent, exist_ok=True)
@@ -121,12 +140,16 @@ def convert(from_hf: str, workdir: str, base: Any | None = None) -> schema.Exper
         rundir.write_config(run, config)
         vocab = rundir.path(run, rundir.VOCAB_DIR)
         os.mkdir(vocab)
-        marian.tokenizer.copy_to(vocab)
+        if added:
+            data_lib.added_tokens.write(marian.tokenizer, added, vocab)
+        else:
+            marian.tokenizer.copy_to(vocab)
         origin = {'from_hf': os.path.abspath(marian.directory)}
         params = convert_layer_layout(marian.params, config.model.scan_layers)
         save_params(run, config, 0, params, origin)
         with open(rundir.path(run, rundir.CONVERTED_FILE), 'w') as f:
             record = {'generation': marian.generation, rundir.SOURCE_FILES: marian.files}
+            record['add_tokens'] = add_tokens or None
             json.dump({**origin, **record}, f, indent=2)
         return run
 
@@ -151,6 +174,12 @@ def cli(argv: list[str] | None = None) -> None:
     define('from_hf', flags.DEFINE_string, None, 'A local Hugging Face MarianMT directory.')
     define('workdir', flags.DEFINE_string, None, 'The run directory to write (new or empty).')
     define(
+        'add_tokens',
+        flags.DEFINE_string,
+        None,
+        "Optional: tokens to add to the vocabulary, 'NAME[=LIKE],...' (docs/pretrained.md).",
+    )
+    define(
         'config',
         config_flags.DEFINE_config_file,
         None,
@@ -170,14 +199,16 @@ def cli(argv: list[str] | None = None) -> None:
             except (schema.ConfigError, ValueError) as e:
                 console.usage_exit(str(e))
         try:
-            config = convert(FLAGS.from_hf, FLAGS.workdir, base)
+            config = convert(FLAGS.from_hf, FLAGS.workdir, base, FLAGS.add_tokens)
         except (MarianError, rundir.WorkdirError, OSError) as e:
             raise SystemExit(f'error: {e}') from None
         m = config.model
         print(
             f'Converted {FLAGS.from_hf} into {FLAGS.workdir}: {m.num_encoder_layers}+'
             f'{m.num_decoder_layers} layers, d_model {m.d_model}, vocabulary '
-            f'{config.data.vocab_size}, ffn {m.ffn!r}.'
+            f'{config.data.vocab_size}'
+            + (f' ({FLAGS.add_tokens} added)' if FLAGS.add_tokens else '')
+            + f', ffn {m.ffn!r}.'
         )
         with open(rundir.path(FLAGS.workdir, rundir.CONVERTED_FILE), encoding='utf-8') as f:
             print(decoding_line(config.eval, json.load(f)['generation']))

@@ -22,7 +22,7 @@
   example, sorted and bucketed, with its references, and back in order.
 """
 
-from transformer.data import mix_entries, sources
+from transformer.data import added_tokens, mix_entries, sources
 from transformer.data.errors import DataError
 from transformer.data.eval_batches import (
     EvalSet,
@@ -57,6 +57,7 @@ from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, g
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
+    'added_tokens',
     'LONG_EXAMPLES',
     'MODEL_TYPES',
     'NORMALIZATIONS',

@@ -18,6 +18,11 @@ the first generation that is Marian's ids turned by one, ``ours = (marian + 1) %
 of an embedding or of ``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`,
 `rows_to_marian`), and an export moves them back, so Marian's own ids come back unchanged.
 
+Tokens added to the vocabulary (transformer/data/added_tokens.py: a corpus tag, ``<bt>``) are
+the last pieces of vocab.json, registered in tokenizer_config.json's ``added_tokens_decoder``;
+as MarianTokenizer does, their strings are cut out of the text wherever they stand and map to
+their ids.
+
 The difference from MarianTokenizer: it takes ``'</s>'`` or ``'<pad>'`` written in the text as
 its eos or pad token; here they are unknown (id 2), as ``'<unk>'`` is in both, because an
 end-of-sentence or a padding id inside a sentence would cut it short or mask it.
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from transformer.data import added_tokens
 from transformer.data.errors import DataError
 from transformer.data.pretokenize import SIDES, Pretokenizer, Side
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -44,8 +50,14 @@ FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary
 TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
 SPECIAL_TOKENS_MAP = 'special_tokens_map.json'  # optional, copied with the vocabulary
 EOS, UNK, PAD = '</s>', '<unk>', '<pad>'  # Marian's special pieces, at any of its ids
-# MarianTokenizer cuts these out of the text before SentencePiece sees it (its special tokens).
-_SPECIAL = re.compile('(' + '|'.join(re.escape(t) for t in (EOS, UNK, PAD)) + ')')
+# MarianTokenizer cuts these out of the text before SentencePiece sees it (its special tokens),
+# and the tokens added to the vocabulary (`MarianVocabulary.added`).
+_SPECIAL = (EOS, UNK, PAD)
+
+
+def _cutter(added: Sequence[str]) -> re.Pattern:
+    tokens = sorted({*_SPECIAL, *added}, key=len, reverse=True)  # the longest match first
+    return re.compile('(' + '|'.join(re.escape(t) for t in tokens) + ')')
 
 
 class MarianVocabulary:
@@ -54,8 +66,9 @@ class MarianVocabulary:
     Attributes:
       directory: the directory it was loaded from.
       vocab_size: V, the number of pieces in vocab.json (pad, eos and unk included).
-      fingerprint: a hash of source.spm, target.spm and vocab.json, part of the token-cache
-        keys.
+      fingerprint: a hash of source.spm, target.spm, vocab.json and the added tokens, part
+        of the token-cache keys.
+      added: the tokens added to the vocabulary (module docstring), in id order.
       source_lang, target_lang: tokenizer_config.json's, or None.
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
@@ -79,18 +92,24 @@ class MarianVocabulary:
         for path in paths:
             with open(path, 'rb') as f:
                 contents.append(f.read())
+        config = _tokenizer_config(self.directory)
+        self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
+        known = set(self._pieces) - set(_SPECIAL)
+        self.added = [t for t in added_tokens.registered(config) if t in known]
+        contents.append('\n'.join(self.added).encode())
         self.fingerprint = hashlib.sha256(
             b''.join(len(c).to_bytes(8, 'little') + c for c in contents)
         ).hexdigest()[:16]
+        self._cut = _cutter(self.added)
         self._spm = {
             side: _load_spm(path, proto)
             for side, path, proto in zip(SIDES, paths[:2], contents[:2], strict=True)
         }
-        self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
         self._marian = _order(self._pieces)  # our id -> Marian's
         self._ours = np.argsort(self._marian)  # Marian's id -> ours
         self._ids = {piece: self.our_id(i) for i, piece in enumerate(self._pieces)}
-        self.source_lang, self.target_lang = _languages(self.directory)
+        self._added_ids = {self._ids[t] for t in self.added}
+        self.source_lang, self.target_lang = _languages(config, self.directory)
         if data_config is not None and data_config.pretokenize != 'none':
             raise DataError(
                 f'{where} is a MarianMT vocabulary, which reads raw text: set '
@@ -111,7 +130,7 @@ class MarianVocabulary:
         """Token ids of many texts of one side (without EOS), segmented on all cores."""
         if side not in SIDES:
             raise ValueError(f'side must be one of {SIDES}, got {side!r}.')
-        parts = [_split(text) for text in texts]
+        parts = [_split(text, self._cut) for text in texts]
         plain = [chunk for split in parts for kind, chunk in split if kind == 'text']
         pieces = iter(self._spm[side].encode(plain, out_type=str, num_threads=os.cpu_count() or 1))
         out = []
@@ -122,19 +141,21 @@ class MarianVocabulary:
                     ids += [self._ids.get(p, UNK_ID) for p in next(pieces)]
                 elif kind == 'code':
                     ids.append(self._ids.get(chunk, UNK_ID))
-                else:  # a special token's string: unknown (module docstring)
+                elif chunk in _SPECIAL:  # a special token's string: unknown (docstring)
                     ids.append(UNK_ID)
+                else:  # an added token
+                    ids.append(self._ids[chunk])
             out.append(ids)
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids`` up to the first EOS, padding and unknown skipped: what
+        """Text of ``ids`` up to the first EOS, padding, unknown and added tokens skipped: what
         ``MarianTokenizer.decode(..., skip_special_tokens=True)`` gives, with target.spm."""
         pieces = []
         for i in np.asarray(ids).reshape(-1).tolist():
             if i == EOS_ID:
                 break
-            if i not in (PAD_ID, UNK_ID):
+            if i not in (PAD_ID, UNK_ID) and i not in self._added_ids:
                 pieces.append(self.id_to_piece(i))
         text = self._spm['target'].decode_pieces(pieces)
         return text.replace('▁', ' ').strip()
@@ -190,11 +211,12 @@ class MarianVocabulary:
         return np.asarray(x)[self._ours]
 
 
-def _split(text: str) -> list[tuple[str, str]]:
-    """``text`` as MarianTokenizer cuts it: its special tokens' strings ('special') out, and
-    a language code ('code', ``>>xx<<``) off the start of each piece between them ('text')."""
+def _split(text: str, cut: re.Pattern) -> list[tuple[str, str]]:
+    """``text`` as MarianTokenizer cuts it: its special and added tokens' strings ('special',
+    ``cut`` finds them) out, and a language code ('code', ``>>xx<<``) off the start of each
+    piece between them ('text')."""
     parts = []
-    for n, chunk in enumerate(_SPECIAL.split(text)):
+    for n, chunk in enumerate(cut.split(text)):
         if n % 2:
             parts.append(('special', chunk))
             continue
@@ -264,11 +286,11 @@ def _read_vocab(path: str, content: bytes) -> list[str]:
     return [pieces[i] for i in range(size)]
 
 
-def _languages(directory: str) -> tuple[str | None, str | None]:
-    """tokenizer_config.json's source_lang and target_lang, when it is there."""
+def _tokenizer_config(directory: str) -> dict[str, Any]:
+    """tokenizer_config.json ({} without one)."""
     path = os.path.join(directory, TOKENIZER_CONFIG)
     if not os.path.isfile(path):
-        return None, None
+        return {}
     try:
         with open(path, encoding='utf-8') as f:
             config = json.load(f)
@@ -276,6 +298,12 @@ def _languages(directory: str) -> tuple[str | None, str | None]:
         raise DataError(f'{path} is not JSON ({e}).') from None
     if not isinstance(config, dict):
         raise DataError(f'{path} must be a JSON object.')
+    return config
+
+
+def _languages(config: dict[str, Any], directory: str) -> tuple[str | None, str | None]:
+    """tokenizer_config.json's (``config``) source_lang and target_lang."""
+    path = os.path.join(directory, TOKENIZER_CONFIG)
     if config.get('separate_vocabs'):
         raise DataError(
             f'{path} has separate_vocabs=true (a target_vocab.json): only one joint '

@@ -60,5 +60,7 @@ def tag_sources(tokenizer: Any, tag: str | None, key: str = '--source_tag') -> A
     tag_id = tokenizer.token_id(tag)
     if tag_id is None:
         known = f' The vocabulary has {_named(languages)}.' if languages else ''
+        if hasattr(tokenizer, 'added'):  # a pretrained (MarianMT) vocabulary grows
+            known += f" Add it with train.add_tokens='{tag}' (docs/pretrained.md)."
         raise DataError(f'{key}={tag!r} is not a token of the vocabulary.{known}')
     return SourceTagged(tokenizer, tag, tag_id)

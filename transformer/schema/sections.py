@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from transformer import data as data_lib
 from transformer.data import LONG_EXAMPLES, MODEL_TYPES, NORMALIZATIONS, PRETOKENIZERS, DataError
 from transformer.data import mix_entries as data_mix
 from transformer.data import sources as data_sources
@@ -215,6 +216,11 @@ class TrainSection(Section):
     init_from_required: bool = field(
         False, optional=True, doc='refuse to train without train.init_from (a fine-tuning recipe)'
     )
+    add_tokens: str | None = field(
+        None,
+        optional=True,
+        doc="with init_from a MarianMT: new tokens 'NAME[=LIKE],...' (docs/pretrained.md)",
+    )
     # threefry (jax's default) measured cheapest on CPU (docs/experiments.md) and on an H200
     # (base, bfloat16: 40.8 ms/step, rbg 41.3); it is also what runs before the choice drew.
     dropout_prng: DropoutPrng = field(
@@ -301,6 +307,16 @@ class TrainSection(Section):
 
     def __post_init__(self):
         super().__post_init__()
+        try:
+            data_lib.added_tokens.parse(self.add_tokens)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+        if self.add_tokens and not self.init_from:
+            raise ConfigError(
+                f'train.add_tokens={self.add_tokens!r} adds tokens to the vocabulary that '
+                'train.init_from gives: set train.init_from (a new vocabulary gets its tags '
+                'from data.mix).'
+            )
         if self.rdrop_alpha and self.loss_chunk_tokens:
             raise ConfigError(
                 f'train.rdrop_alpha={self.rdrop_alpha} needs the logits of both passes, which '

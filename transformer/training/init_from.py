@@ -11,6 +11,10 @@ copied into the new run directory, so the run, its resumes and every command tha
 need nothing of the start afterwards; config.json records ``train.init_from``. A start that is
 the work directory itself, and no start where the config requires one
 (``train.init_from_required``), stop in one line (`check_start`).
+
+``train.add_tokens`` adds tokens to a MarianMT vocabulary (transformer/data/added_tokens.py):
+the run's copy of the vocabulary holds them and its parameters get their rows, so resumes,
+averages and exports keep them.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from absl import logging
 
 from transformer import data as data_lib
 from transformer import rundir, schema
-from transformer.checkpoint import is_marian_dir, load_marian, load_model
+from transformer.checkpoint import add_rows, is_marian_dir, load_marian, load_model
 from transformer.model import DTYPE_FIELDS, HOW_FIELDS, STACKED_KEYS, convert_layer_layout
 from transformer.training.stops import TrainingError
 
@@ -49,6 +53,7 @@ class Start:
     step: int | None  # the run directory's checkpoint (None: a MarianMT)
     model: dict[str, Any]  # its model section, as config.json holds it
     tokenizer: Any  # its vocabulary: a `data.MarianVocabulary` or `data.Tokenizer`
+    added: list = dataclasses.field(default_factory=list)  # train.add_tokens, parsed
 
 
 def parse(init_from: str) -> tuple[str, int | None]:
@@ -118,10 +123,18 @@ def apply(
     if not init_from:
         return config, None
     start = read_start(init_from)
+    start.added = _added(start, config.train.add_tokens)
     values = schema.to_dict(config)
     model = start.model
     if rundir.has_checkpoints(workdir) and os.path.isfile(rundir.path(workdir, 'config.json')):
-        model = schema.to_dict(rundir.read_config(workdir))['model']
+        saved = rundir.read_config(workdir)
+        model = schema.to_dict(saved)['model']
+        if saved.train.add_tokens != config.train.add_tokens:
+            raise TrainingError(
+                f'{workdir} holds a run trained with train.add_tokens='
+                f'{saved.train.add_tokens!r}, not {config.train.add_tokens!r}: a run keeps its '
+                'vocabulary. Resume with its settings, or use a new --workdir.'
+            )
     for key in overridden:
         section, _, name = key.partition('.')
         if section != 'model' or name in FREE_MODEL_FIELDS:
@@ -136,11 +149,27 @@ def apply(
             )
     free = {k: v for k, v in values['model'].items() if k in FREE_MODEL_FIELDS}
     values['model'] = {**model, **free}
-    values['data']['vocab_size'] = start.tokenizer.vocab_size
+    values['data']['vocab_size'] = start.tokenizer.vocab_size + len(start.added)
     try:
         return schema.parse(schema.complete(values)), start
     except schema.ConfigError as e:
         raise TrainingError(f'train.init_from={init_from}: {e}') from None
+
+
+def _added(start: Start, spec: str | None) -> list[tuple[str, str | None]]:
+    """``train.add_tokens`` (``spec``) parsed and checked against the start's vocabulary."""
+    key = f'train.add_tokens={spec!r}'
+    if spec and not isinstance(start.tokenizer, data_lib.MarianVocabulary):
+        raise TrainingError(
+            f'{key}: train.init_from={start.path} has a SentencePiece vocabulary of this '
+            'project, which cannot grow; tokens are added to a MarianMT vocabulary only.'
+        )
+    try:
+        added = data_lib.added_tokens.parse(spec)
+        data_lib.added_tokens.check(start.tokenizer, added, key)
+    except data_lib.DataError as e:
+        raise TrainingError(str(e)) from None
+    return added
 
 
 def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str) -> None:
@@ -150,8 +179,13 @@ def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str
         return
     if isinstance(start.tokenizer, data_lib.MarianVocabulary):
         directory = rundir.path(workdir, rundir.VOCAB_DIR)
+        if start.added and data_lib.MarianVocabulary.holds(directory):
+            return  # a resume: the run's copy holds the added tokens already
         os.makedirs(directory, exist_ok=True)
-        start.tokenizer.copy_to(directory)
+        if start.added:
+            data_lib.added_tokens.write(start.tokenizer, start.added, directory)
+        else:
+            start.tokenizer.copy_to(directory)
         return
     target = rundir.vocab_path(config, workdir)
     if not os.path.exists(target):
@@ -171,6 +205,7 @@ def start_params(start: Start, abstract: PyTree) -> PyTree:
             params = load_model(start.path, step=start.step, average_last=1, scan_layers=scanned)[3]
     except rundir.WorkdirError as e:
         raise TrainingError(f'{where}: {e}') from None
+    params = add_rows(params, data_lib.added_tokens.like_ids(start.tokenizer, start.added))
     leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     wanted = {
         jax.tree_util.keystr(p): tuple(x.shape)
