@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 from collections.abc import Collection
 from typing import Any
 
@@ -170,6 +171,17 @@ def _added(start: Start, spec: str | None) -> list[tuple[str, str | None]]:
     except data_lib.DataError as e:
         raise TrainingError(str(e)) from None
     return added
+
+
+def run_vocabulary(start: Start) -> Any:
+    """The vocabulary a run started from ``start`` trains with: the start's, with the tokens of
+    ``train.add_tokens`` (``start.added``) added, built in a temporary directory so that the
+    checks before the first write see it (`copy_vocabulary` writes the run's copy)."""
+    if not start.added:
+        return start.tokenizer
+    with tempfile.TemporaryDirectory() as directory:
+        data_lib.added_tokens.write(start.tokenizer, start.added, directory)
+        return data_lib.MarianVocabulary(directory)  # (read whole: the files may go)
 
 
 def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str) -> None:

@@ -134,15 +134,13 @@ def held_vocabulary(config: schema.Experiment, workdir: str, start: init_from.St
     held = rundir.marian_vocab_dir(config, workdir) or rundir.vocab_path(config, workdir)
     exists = os.path.exists(held)
     if start is not None:
-        if (
-            exists
-            and rundir.load_tokenizer(config, workdir).fingerprint != start.tokenizer.fingerprint
-        ):
+        wanted = init_from.run_vocabulary(start)  # (with train.add_tokens)
+        if exists and rundir.load_tokenizer(config, workdir).fingerprint != wanted.fingerprint:
             raise TrainingError(
                 f'{workdir} holds a vocabulary ({held}) that is not the one of '
                 f'train.init_from={start.path}: fine-tune in a new --workdir.'
             )
-        return start.tokenizer
+        return wanted
     if config.data.vocab_path:
         return data_lib.get_tokenizer(config.data, held)  # (one line if it is no vocabulary)
     if not exists:
