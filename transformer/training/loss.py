@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import backends
+from transformer.model import output_logits
 
 Array = jax.Array
 
@@ -174,14 +175,6 @@ def _chunks(x: Array, size: int) -> Array:
     return x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
-    """float32 [C, V] logits of one chunk, the product in the operands' dtype as in decode."""
-    z = backends.einsum('CD,VD->CV', y, weight)
-    if bias is not None:
-        z = z + bias
-    return z.astype(jnp.float32)
-
-
 def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, z_loss, grads):
     """The loop over chunks: sums [3] ([4] with ``z_loss``: the first then includes it) and,
     with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
@@ -194,7 +187,7 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
 
     def body(carry, chunk):
         y_c, t_c, wt_c = chunk
-        z = _chunk_logits(y_c, w, b)
+        z = output_logits(y_c[None], w, b, dtype)[0]  # [C, V], as the model's forward
         smoothed, nll, lse = token_losses(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
         per_token = [smoothed, nll, correct]
