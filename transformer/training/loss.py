@@ -18,8 +18,10 @@ recomputes them in the backward pass (four). The NLL and the correct count come 
 `stop_gradient`: only the smoothed loss is differentiable, the one the step differentiates.
 Without differentiation (evaluation) only the forward sums run.
 
-The product runs in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes
-them); the softmax statistics, dz and the dW accumulation are float32.
+W and b are the model's output head's, and each chunk's logits are computed by its one rule
+(`output_logits`, transformer/model/output_head.py), as the model's forward pass computes them:
+the product in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes them);
+the softmax statistics, dz and the dW accumulation are float32.
 
 The loss reads the logits through one float32 copy (for 16-bit logits a second [tokens, V]
 array): reading them in their own dtype with float32 sums instead measured no faster on an H200
