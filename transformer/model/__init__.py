@@ -11,14 +11,16 @@ scale and logits bias), decode_attention.py (a decoding step's attention over th
 positions.py (how positions enter: the sinusoids, rotary positions), layers.py (the encoder and
 decoder layers, the shifted decoder inputs, the masks' making), layer_stack.py (the layers' two
 layouts, unrolled and scanned, and the conversion between them), transformer.py (the
-Transformer), config.py (its config), cache.py (the decoder's key/value cache layout, shared
-across beams), masks.py (attention masks, packed rows' included, kept as their parts),
-dropout.py (16-bit dropout masks), embedding.py (the embedding lookup and its gradient
-variants), attention_maps.py (every head's attention probabilities of one example), flops.py
-(analytic FLOPs and the device's peak), variants.py (the registry of what the network may
-compute: each variant's weights and module), settings.py (the numeric settings), feed_forward.py
-(the feed-forward variants), norms.py (the normalizations), remat.py (what each layer keeps for
-the backward pass, and the CPU compiler's options for it), functional.py (the functions above).
+Transformer), output_head.py (its pre-softmax projection, the one rule of the logits from the
+hidden states, which the forward pass and the chunked loss both follow: `output_logits`),
+config.py (its config), cache.py (the decoder's key/value cache layout, shared across beams),
+masks.py (attention masks, packed rows' included, kept as their parts), dropout.py (16-bit
+dropout masks), embedding.py (the embedding lookup and its gradient variants), attention_maps.py
+(every head's attention probabilities of one example), flops.py (analytic FLOPs and the device's
+peak), variants.py (the registry of what the network may compute: each variant's weights and
+module), settings.py (the numeric settings), feed_forward.py (the feed-forward variants),
+norms.py (the normalizations), remat.py (what each layer keeps for the backward pass, and the
+CPU compiler's options for it), functional.py (the functions above).
 """
 
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
@@ -47,6 +49,7 @@ from transformer.model.layer_stack import stack as stack_layers
 from transformer.model.layer_stack import unstack as unstack_layers
 from transformer.model.layers import attention_mask, shift_right
 from transformer.model.norms import layer_norm
+from transformer.model.output_head import logits as output_logits
 from transformer.model.packing import Packing
 from transformer.model.positions import sinusoidal_positions
 from transformer.model.projections import fused, per_head
@@ -97,6 +100,7 @@ __all__ = [
     'layer_norm',
     'layer_param_count',
     'model_fields',
+    'output_logits',
     'logical_partition_specs',
     'logical_shardings',
     'padded_length',

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer import backends
 from transformer.model import embedding as embedding_lib
 from transformer.model import layer_stack, variants
 from transformer.model.config import TransformerConfig
@@ -34,6 +33,7 @@ from transformer.model.layers import (
     shift_right,
 )
 from transformer.model.masks import AttentionInputs
+from transformer.model.output_head import OutputHead
 from transformer.model.packing import Packing
 from transformer.model.remat import rematerialized
 from transformer.tokens import PAD_ID
@@ -49,8 +49,9 @@ class Transformer(nn.Module):
     ``encoder_layers/...``, ``decoder_layers/...``, each leaf stacked [L, ...]); with
     ``model.logits_bias``, ``logits_bias [V]``; with pre-LN, ``encoder_norm``,
     ``decoder_norm``. The same [V, D] matrix embeds the source and target tokens and,
-    transposed, is the pre-softmax projection (Sec. 3.4); transformer/model/variants.py
-    `param_shapes` lists every path.
+    transposed, is the pre-softmax projection (Sec. 3.4; the output head,
+    transformer/model/output_head.py); transformer/model/variants.py `param_shapes` lists
+    every path.
     """
 
     config: TransformerConfig
@@ -73,24 +74,10 @@ class Transformer(nn.Module):
         else:
             self.source_embedding = embed('source_embedding')
             self.target_embedding = embed('target_embedding')
-        if cfg.share_embeddings == 'none':
-            self.logits_dense = nn.Dense(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype,
-                kernel_init=partitioned(nn.initializers.lecun_normal(), ('embed', 'vocab')),
-                dot_general=backends.dense_dot_general,
-                name='logits_dense',
-            )
-        if cfg.logits_bias:
-            # MarianMT's final_logits_bias: zeros, fixed unless opt.train_logits_bias.
-            self.logits_bias = self.param(
-                'logits_bias',
-                partitioned(nn.initializers.zeros, ('vocab',)),
-                (cfg.vocab_size,),
-                cfg.param_dtype,
-            )
+        # The pre-softmax projection (Sec. 3.4): its parameters at the root, beside the
+        # embeddings it may share (transformer/model/output_head.py).
+        self.output_head = OutputHead(cfg)
+        nn.share_scope(self, self.output_head)
         # model.remat: each layer recomputed in the backward pass as the policy says; its
         # flags (LayerFlags: deterministic, decode), its first argument, are static.
         encoder_layer = rematerialized(EncoderLayer, cfg.remat)
@@ -210,7 +197,7 @@ class Transformer(nn.Module):
         )
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
-        return self._project(y) if logits else y
+        return self.output_head(y, self.target_embedding.embedding) if logits else y
 
     def _layers(self, layers, count: int, flags: LayerFlags, x: Array, *inputs) -> Array:
         """``x`` through a stack's layers, each called as ``layer(flags, x, *inputs)``: one
@@ -252,31 +239,12 @@ class Transformer(nn.Module):
         )
         return positions, self_mask, cross_mask
 
-    def _project(self, y: Array) -> Array:
-        """float32 pre-softmax logits [B, T, V] of decoder hidden states y [B, T, D]: the
-        product in ``cfg.dtype``, plus ``model.logits_bias``'s b in ``cfg.dtype``, as the
-        chunked loss adds it (transformer/training/loss.py)."""
-        cfg = self.config
-        if cfg.share_embeddings == 'none':
-            logits = self.logits_dense(y)
-        else:
-            embedding = self.target_embedding.embedding.astype(cfg.dtype)
-            logits = backends.tied_logits(y.astype(cfg.dtype), embedding)  # y E^T (Sec. 3.4)
-        if cfg.logits_bias:
-            logits = logits + self.logits_bias.astype(cfg.dtype)
-        return logits.astype(jnp.float32)
-
     def output_projection(self) -> tuple[Array, Array | None]:
         """The pre-softmax projection as a [V, D] matrix W and its bias [V] (None without
-        one), as stored (param dtype): logits = y W^T + b, what `decode` computes in
-        ``cfg.dtype``. Tied embeddings give E itself (Sec. 3.4); ``logits_dense`` (no bias of
-        its own) gives its [D, V] kernel transposed; b is ``model.logits_bias``'s parameter.
-        For losses that never form the [B, T, V] logits (transformer/training/loss.py), from
-        ``decode(..., logits=False)``'s hidden states."""
-        bias = self.logits_bias if self.config.logits_bias else None
-        if self.config.share_embeddings != 'none':
-            return self.target_embedding.embedding, bias
-        return self.logits_dense.variables['params']['kernel'].T, bias
+        one), as stored: logits = y W^T + b of ``decode(..., logits=False)``'s hidden states y
+        (`output_head.OutputHead.projection`), for losses that never form the [B, T, V] logits
+        (transformer/training/loss.py)."""
+        return self.output_head.projection(self.target_embedding.embedding)
 
     def __call__(
         self,

@@ -14,7 +14,8 @@ one place, what the rest of the package reads:
 * ``module``: the Flax module that computes it, where the part has one per entry (the
   feed-forward, the norm: ``module(config, name=...)``), or the object the network calls (the
   positions: transformer/model/positions.py); None where the Transformer reads the field
-  itself (norm placement, embedding sharing, the logits' bias).
+  itself (norm placement, embedding sharing) or its output head does (embedding sharing, the
+  logits' bias: transformer/model/output_head.py).
 * ``check``: why a config cannot build it (rotary positions with an odd head size), or None;
   `check` runs every chosen entry's when the config is made.
 
@@ -357,7 +358,7 @@ register(
         True,
         nothing,
         "Hugging Face MarianMT's final_logits_bias: logits = y E^T + b, b a fixed buffer there",
-        # [V], in the rows' order of the embedding (transformer/model/transformer.py).
+        # [V], in the rows' order of the embedding (transformer/model/output_head.py).
         outer=lambda cfg: {'logits_bias': (cfg.vocab_size,)},
     )
 )

@@ -18,8 +18,10 @@ recomputes them in the backward pass (four). The NLL and the correct count come 
 `stop_gradient`: only the smoothed loss is differentiable, the one the step differentiates.
 Without differentiation (evaluation) only the forward sums run.
 
-The product runs in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes
-them); the softmax statistics, dz and the dW accumulation are float32.
+W and b are the model's output head's, and each chunk's logits are computed by its one rule
+(`output_logits`, transformer/model/output_head.py), as the model's forward pass computes them:
+the product in the model's compute dtype (bfloat16 logits as `Transformer.decode` makes them);
+the softmax statistics, dz and the dW accumulation are float32.
 
 The loss reads the logits through one float32 copy (for 16-bit logits a second [tokens, V]
 array): reading them in their own dtype with float32 sums instead measured no faster on an H200
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import backends
+from transformer.model import output_logits
 
 Array = jax.Array
 
@@ -174,14 +177,6 @@ def _chunks(x: Array, size: int) -> Array:
     return x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _chunk_logits(y: Array, weight: Array, bias: Array | None) -> Array:
-    """float32 [C, V] logits of one chunk, the product in the operands' dtype as in decode."""
-    z = backends.einsum('CD,VD->CV', y, weight)
-    if bias is not None:
-        z = z + bias
-    return z.astype(jnp.float32)
-
-
 def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dtype, z_loss, grads):
     """The loop over chunks: sums [3] ([4] with ``z_loss``: the first then includes it) and,
     with ``grads``, (dy [B, T, D], dW [V, D], db [V])."""
@@ -194,7 +189,7 @@ def _sweep(y, weight, bias, targets, weights, label_smoothing, chunk_tokens, dty
 
     def body(carry, chunk):
         y_c, t_c, wt_c = chunk
-        z = _chunk_logits(y_c, w, b)
+        z = output_logits(y_c[None], w, b, dtype)[0]  # [C, V], as the model's forward
         smoothed, nll, lse = token_losses(z, t_c, label_smoothing)
         correct = (z.argmax(-1) == t_c).astype(jnp.float32)
         per_token = [smoothed, nll, correct]

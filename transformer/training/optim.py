@@ -143,7 +143,7 @@ def _name(path: tuple[Any, ...]) -> Any:
     return getattr(path[-1], 'key', None) if path else None
 
 
-# The parameter of model.logits_bias (transformer/model/transformer.py): Hugging Face's
+# The parameter of model.logits_bias (transformer/model/output_head.py): Hugging Face's
 # final_logits_bias, a buffer never trained there.
 FIXED_UNLESS_TRAINED = 'logits_bias'
 
