@@ -44,6 +44,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env
 from transformer.data import synthetic
@@ -69,6 +71,20 @@ def synthetic_lines(count: int = 300, max_words: int = 10, seed: int = 0):
     )
     sources, targets = synthetic.read(SimpleNamespace(synthetic=cfg), 'train')
     return list(zip(sources, targets, strict=True))
+
+
+def hf_log_probs(hf_model, batch) -> np.ndarray:
+    """MarianMTModel's teacher-forced log-probabilities [B, T, V] of a tokenizer's ``batch``
+    (its input_ids, attention_mask and labels), in its own id order."""
+    import torch
+
+    with torch.no_grad():
+        logits = hf_model(
+            input_ids=torch.as_tensor(np.array(batch['input_ids'])),
+            attention_mask=torch.as_tensor(np.array(batch['attention_mask'])),
+            labels=torch.as_tensor(np.array(batch['labels'])),
+        ).logits
+    return torch.log_softmax(logits, -1).numpy()
 
 
 def build_marian_dir(

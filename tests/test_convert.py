@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests import ctranslate2_child
-from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID
@@ -132,13 +132,7 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf_model, hf_tokenizer):
     labels = np.array(batch['labels'])
     assert (inputs == hf_tokenizer.pad_token_id).any()  # the batch has padding
     vocab = tokenizer.vocab_size
-    with torch.no_grad():
-        theirs = hf_model(
-            input_ids=torch.as_tensor(inputs),
-            attention_mask=torch.as_tensor(batch['attention_mask']),
-            labels=torch.as_tensor(labels),
-        ).logits
-    theirs = torch.log_softmax(theirs, -1).numpy()
+    theirs = hf_log_probs(hf_model, batch)
     with jax.default_matmul_precision('float32'):
         logits = model.apply(
             {'params': params},

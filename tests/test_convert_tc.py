@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from tests import ctranslate2_child
-from tests.marian_dir import LANGUAGE_TOKENS, TC, TRAINED_LINES, marian_dir, synthetic_lines
+from tests.marian_dir import (
+    LANGUAGE_TOKENS,
+    TC,
+    TRAINED_LINES,
+    hf_log_probs,
+    marian_dir,
+    synthetic_lines,
+)
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -101,13 +108,7 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf):
     batch = theirs([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True)
     inputs, labels = np.array(batch['input_ids']), np.array(batch['labels'])
     assert (inputs == theirs.pad_token_id).any()
-    with torch.no_grad():
-        logits = hf_model(
-            input_ids=torch.as_tensor(inputs),
-            attention_mask=torch.as_tensor(batch['attention_mask']),
-            labels=torch.as_tensor(labels),
-        ).logits
-    expected = torch.log_softmax(logits, -1).numpy()
+    expected = hf_log_probs(hf_model, batch)
     ours_of = np.array([tokenizer.our_id(m) for m in range(tokenizer.vocab_size)])
     with jax.default_matmul_precision('float32'):
         ours = model.apply(
