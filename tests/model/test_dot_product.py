@@ -76,7 +76,7 @@ def test_a_scale_of_one_multiplies_the_default_logits_by_sqrt_h():
         keep = lambda p, s=scale: probs.setdefault(s, p)  # noqa: E731
         out = attend(q, k, v, mask=mask, bias=bias, scale=scale, on_probs=keep)
         np.testing.assert_allclose(out, _reference(q, k, v, mask, bias, factor), atol=1e-5)
-    assert logits_scale(H, None) == 1.0 / np.sqrt(H) and logits_scale(H, 1.0) == 1.0
+    assert logits_scale(H, None) == float(H) ** -0.5 and logits_scale(H, 1.0) == 1.0
     # Where every key is allowed, log p + log Z is the logits: the bias-free parts differ by
     # sqrt(H) exactly (up to float32 rounding).
     row = np.asarray(mask.dense())[0, 0, 0]

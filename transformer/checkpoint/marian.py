@@ -127,8 +127,8 @@ def check_expressible(hf: dict[str, Any], file: str) -> None:
 def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> None:
     """A `MarianError` naming the first special id of config.json or generation_config.json
     (``keys``, read from ``file``) that is not vocab.json's (``ids``: its Marian pad, eos and
-    unk, `MarianVocabulary.marian_special_ids`). A key left out or null is not checked: Hugging
-    Face takes it from the other file or goes without it."""
+    unk, `MarianVocabulary.marian_special_ids`). A key left out or null is not checked:
+    transformers takes it from the other file or goes without it."""
     pad, eos = ids['pad'], ids['eos']
     wanted = {
         'eos_token_id': (eos, "vocab.json's '</s>'"),

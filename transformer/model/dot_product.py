@@ -17,7 +17,6 @@ the mask.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +31,9 @@ Array = jax.Array
 
 
 def logits_scale(head_dim: int, scale: float | None) -> float:
-    """The factor on q k^T: ``scale``, or None: 1/sqrt(H) (Sec. 3.2.1; jax's default too)."""
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    """The factor on q k^T: ``scale``, or None: 1/sqrt(H) (Sec. 3.2.1; jax's default too),
+    written as ``H ** -0.5``, the float the segment-id kernel's ``sm_scale`` always had."""
+    return float(head_dim) ** -0.5 if scale is None else float(scale)
 
 
 def scale_queries(q: Array, scale: float | None, dtype: Any) -> Array:
