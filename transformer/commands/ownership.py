@@ -20,19 +20,15 @@ import json
 import os
 from collections.abc import Sequence
 
-from transformer import files, lock, rundir
+from transformer import files, rundir
 
 EXPORT_MARK_FILE = 'transformer_export.json'
 EXPORT_MARK = files.Mark(EXPORT_MARK_FILE, 'transformer.export')
 
-# What a run directory holds besides config.json (transformer/rundir.py names each): any one
-# of them beside config.json, or checkpoints/ or best/ alone (a run whose config.json is
-# lost), makes a directory a run's.
-RUN_PATHS = (
-    *(rundir.VOCAB_DIR, rundir.DATA_CACHE, rundir.CHECKPOINTS, rundir.BEST, rundir.EVAL_DIR),
-    *(rundir.CORRUPT_CHECKPOINTS, rundir.TENSORBOARD, rundir.HISTORY_FILE, rundir.METRICS_FILE),
-    *(rundir.FINAL_METRICS_FILE, rundir.CONVERTED_FILE, rundir.SHARED_CHECK, lock.LOCK_FILE),
-)
+# What a run directory holds besides config.json (`rundir.RUN_ENTRIES`): any one of them
+# beside config.json, or checkpoints/ or best/ alone (a run whose config.json is lost), makes a
+# directory a run's.
+RUN_PATHS = tuple(name for name in rundir.RUN_ENTRIES if name != rundir.CONFIG_FILE)
 # The weights of the model formats a user may keep beside our runs: Hugging Face (every
 # family), its sharded files, and CTranslate2's.
 WEIGHT_PATTERNS = (
