@@ -28,6 +28,7 @@ alone trains a new vocabulary (`get_tokenizer`).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from typing import Any
@@ -67,6 +68,19 @@ RUN_ENTRIES = (
     *(CONFIG_FILE, HISTORY_FILE, VOCAB_DIR, CONVERTED_FILE, DATA_CACHE, CHECKPOINTS, BEST),
     *(METRICS_FILE, TENSORBOARD, FINAL_METRICS_FILE, EVAL_DIR, CORRUPT_CHECKPOINTS, SHARED_CHECK),
     LOCK_FILE,
+)
+# The weights of the model formats a user may keep beside our runs: Hugging Face (every
+# family), its sharded files, PyTorch's and CTranslate2's.
+WEIGHT_PATTERNS = (
+    *('*.safetensors', 'pytorch_model*.bin', 'tf_model*.h5', 'flax_model*.msgpack'),
+    *('model.bin', '*.ckpt', '*.pt', '*.pth'),
+)
+# A model directory's own files, which no run writes at its top: weights, configs,
+# vocabularies, tokenizers (`is_model_file`).
+MODEL_FILE_PATTERNS = (
+    *WEIGHT_PATTERNS,
+    *('config.json', 'generation_config.json', '*tokenizer*.json', 'special_tokens_map.json'),
+    *('vocab.json', '*.spm', '*.model', '*vocabulary*'),
 )
 # Paths training writes into, checked before it writes (`create`): one of the wrong kind
 # failed late, after other files were written, and a link to checkpoints on a disk that is
@@ -313,6 +327,11 @@ def read_final_metrics(workdir: str) -> dict[str, Any]:
     if not isinstance(final, dict):
         raise WorkdirError(f'{file} holds {final!r:.60}, not the metrics of a run; restore it.')
     return final
+
+
+def is_model_file(name: str) -> bool:
+    """Whether ``name`` is one of a model directory's own files (`MODEL_FILE_PATTERNS`)."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in MODEL_FILE_PATTERNS)
 
 
 def has_checkpoints(workdir: str) -> bool:

@@ -14,7 +14,6 @@ refusal is one line, given before anything is read or written.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import glob
 import json
 import os
@@ -29,18 +28,6 @@ EXPORT_MARK = files.Mark(EXPORT_MARK_FILE, 'transformer.export')
 # beside config.json, or checkpoints/ or best/ alone (a run whose config.json is lost), makes a
 # directory a run's.
 RUN_PATHS = tuple(name for name in rundir.RUN_ENTRIES if name != rundir.CONFIG_FILE)
-# The weights of the model formats a user may keep beside our runs: Hugging Face (every
-# family), its sharded files, and CTranslate2's.
-WEIGHT_PATTERNS = (
-    *('*.safetensors', 'pytorch_model*.bin', 'tf_model*.h5', 'flax_model*.msgpack'),
-    'model.bin',
-)
-# A model directory's own files besides its weights: configs, vocabularies, tokenizers.
-MODEL_FILE_PATTERNS = (
-    *WEIGHT_PATTERNS,
-    *('config.json', 'generation_config.json', '*tokenizer*.json', 'special_tokens_map.json'),
-    *('vocab.json', '*.spm', '*.model', '*vocabulary*'),
-)
 
 
 def export_mark(format: str, workdir: str, steps: Sequence[int], quantization: str | None):
@@ -84,7 +71,7 @@ def model_files(directory: str) -> str | None:
             found.append(f'config.json of model_type {model_type!r}')
     except (OSError, ValueError, AttributeError):
         pass
-    for pattern in WEIGHT_PATTERNS:
+    for pattern in rundir.WEIGHT_PATTERNS:
         found += sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, pattern)))
     return ', '.join(found[:3]) or None
 
@@ -133,7 +120,7 @@ def export_refusal(out: str, workdir: str, overwrite: bool) -> str | None:
 def output_refusal(file: str) -> str | None:
     """Why an output flag may not write ``file`` (None: it may: a new file, or one of the
     user's): an existing file of a run (`run_of`), one an export lists in its mark, or a
-    model's own file (`MODEL_FILE_PATTERNS`) in a model directory (`model_files`)."""
+    model's own file (`rundir.is_model_file`) in a model directory (`model_files`)."""
     if not os.path.lexists(file) or os.path.isdir(file):
         return None
     run = run_of(file)
@@ -145,7 +132,7 @@ def output_refusal(file: str) -> str | None:
         model = 'an export' if name in (*mark['files'], EXPORT_MARK_FILE) else None
     else:
         model = model_files(directory)
-        model = model if any(fnmatch.fnmatch(name, p) for p in MODEL_FILE_PATTERNS) else None
+        model = model if rundir.is_model_file(name) else None
     if model:
         return (
             f'{file} is a file of the model directory {directory} ({model}); an output never '

@@ -27,12 +27,6 @@ VOCAB_KEYS = (
     *('data.vocab_size', 'data.vocab_model_type', 'data.vocab_normalization'),
     *('data.vocab_sample_size', 'data.pretokenize'),
 )
-# Files of a pretrained model (Hugging Face's, Marian's, CTranslate2's): never a run's.
-MODEL_SUFFIXES = ('.safetensors', '.bin', '.h5', '.msgpack', '.ckpt', '.pt', '.pth', '.npz')
-MODEL_FILES = (
-    *('vocab.json', 'source.spm', 'target.spm', 'spiece.model', 'sentencepiece.bpe.model'),
-    *('tokenizer.json', 'tokenizer_config.json', 'generation_config.json'),
-)
 
 
 @dataclasses.dataclass
@@ -85,7 +79,7 @@ def check_workdir(workdir: str, config: schema.Experiment | None = None) -> None
         )
     own = {*rundir.RUN_ENTRIES, *(_lying_in(workdir, config) if config else ())}
     foreign = sorted(n for n in os.listdir(workdir) if n not in own and not n.startswith('.'))
-    model = [name for name in foreign if name in MODEL_FILES or name.endswith(MODEL_SUFFIXES)]
+    model = [name for name in foreign if rundir.is_model_file(name)]
     named = ', '.join((model or foreign)[:3]) + (', ...' if len(model or foreign) > 3 else '')
     if model:
         raise TrainingError(
