@@ -2,8 +2,11 @@
 
 The MarianMT (default: opus-mt-en-de's sizes, 6 + 6 layers, d_model 512, 8 heads, FFN 2048,
 swish, V = 58101) has random weights (transformers' own initialization, torch seed 0) and
-SentencePiece unigram models of Multi30k's train English and German; vocab.json: '</s>',
-'<unk>', both models' pieces, fillers ('▁fill00001', ...) up to V-1 entries, '<pad>'. Each
+SentencePiece unigram models of Multi30k's train English and German; vocab.json (`entries`):
+'</s>', '<unk>', both models' pieces, fillers ('▁fill00001', ...) up to V-1 entries, '<pad>'
+(`--layout classic`, OPUS-MT's first generation), or with `--layout tc` as the
+Tatoeba-Challenge generation (opus-mt-tc-*) places them: '</s>' at 80% of V, '<unk>' at 95%,
+'<pad>' (the decoder's start) last, and relu. Each
 measured command runs in a process of its own, with its own wall time and peak RSS: our
 convert and evaluate commands (no compilation cache), CTranslate2's converter, generate and
 translate_batch (their decode loops timed alone too) on the first --sentences of test2016, beam
@@ -15,6 +18,8 @@ produced (ours: from its text, `piece_count`). Figures: benchmarks/README.md.
     python benchmarks/marian_speed.py --out benchmarks/results/marian_speed.json
     python benchmarks/marian_speed.py --d_model 64 --layers 1 --vocab 20000 --sentences 20 \
         --work /tmp/marian_speed_small --out /tmp/marian_speed_small.json   # a quick check
+    python benchmarks/marian_speed.py --layout tc --d_model 1024 --heads 16 --vocab 57000 \
+        --sentences 200 --work /tmp/marian_speed_tc_big --out /tmp/marian_speed_tc_big.json
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ CT2_CONVERT = (
 # What main makes in --work and removes at its next start: each directory holds MARK, which
 # lists every file in it; a directory of that name without it is not removed (`clear_previous`).
 MADE = ('run', 'ct2')
+LAYOUTS = {'classic': 'swish', 'tc': 'relu'}  # where vocab.json puts '</s>'...; the activation
 MARK = files.Mark('marian_speed.json', 'benchmarks/marian_speed.py')
 
 
@@ -74,6 +80,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument('--layers', type=int, default=6, help='encoder layers = decoder layers')
     parser.add_argument('--heads', type=int, default=8)
     parser.add_argument('--vocab', type=int, default=58101, help="vocab.json's entries")
+    parser.add_argument('--layout', choices=list(LAYOUTS), default='classic', help='`entries`')
     parser.add_argument('--sentences', type=int, default=500, help='first N of test2016')
     parser.add_argument('--beam_size', type=int, default=4)
     parser.add_argument('--batch_size', type=int, default=64, help='sentences per batch')
@@ -108,7 +115,22 @@ def _spm_pieces(spm, directory: str, side: str, lines: list[str]) -> list[str]:
     return [sp.id_to_piece(i) for i in range(len(sp)) if not any(f(i) for f in special)]
 
 
-def build_hf_dir(directory, result, data, d_model, layers, heads, vocab) -> None:
+def entries(pieces: list[str], vocab: int, layout: str) -> list[str]:
+    """vocab.json's entries in id order: ``pieces``, fillers up to ``vocab``, and '</s>',
+    '<unk>' and '<pad>' where ``layout`` puts them (module docstring)."""
+    fillers = vocab - 3 - len(pieces)
+    if fillers < 0:
+        raise SystemExit(f'marian_speed.py: --vocab must be at least {len(pieces) + 3}.')
+    body = [*pieces, *(f'▁fill{i:05d}' for i in range(1, fillers + 1))]
+    if layout == 'classic':
+        return ['</s>', '<unk>', *body, '<pad>']
+    eos, unk = int(0.8 * vocab), int(0.95 * vocab)
+    body.insert(eos, '</s>')
+    body.insert(unk, '<unk>')
+    return [*body, '<pad>']
+
+
+def build_hf_dir(directory, result, data, d_model, layers, heads, vocab, layout) -> None:
     """Writes the random MarianMT directory as OPUS-MT's hub repositories hold one (built
     in a temporary sibling and renamed, `files.write_in_place`: an interrupted build leaves
     no directory to reuse)."""
@@ -117,41 +139,41 @@ def build_hf_dir(directory, result, data, d_model, layers, heads, vocab) -> None
     def build(scratch: str) -> str:
         staging = os.path.join(scratch, 'hf')
         os.makedirs(staging)
-        _build_hf(staging, data, d_model, layers, heads, vocab, parameters)
+        _build_hf(staging, data, (d_model, layers, heads, vocab), layout, parameters)
         return staging
 
     files.write_in_place(directory, build)
     _write_json(result, dict(zip(('pieces', 'fillers', 'parameters'), parameters, strict=True)))
 
 
-def _build_hf(staging, data, d_model, layers, heads, vocab, summary: list) -> None:
+def _build_hf(staging, data, sizes, layout, summary: list) -> None:
     import sentencepiece as spm
     import torch
     import transformers
 
+    d_model, layers, heads, vocab = sizes
     pieces = []
     for side, lang in (('source', 'en'), ('target', 'de')):
         pieces += _spm_pieces(spm, staging, side, _read(f'{data}/train.{lang}'))
     pieces = [p for p in dict.fromkeys(pieces) if p not in ('</s>', '<unk>', '<pad>')]
     fillers = vocab - 3 - len(pieces)
-    if fillers < 0:
-        raise SystemExit(f'marian_speed.py: --vocab must be at least {len(pieces) + 3}.')
-    entries = ['</s>', '<unk>', *pieces, *(f'▁fill{i:05d}' for i in range(1, fillers + 1))]
-    _write_json(f'{staging}/vocab.json', {p: i for i, p in enumerate([*entries, '<pad>'])})
+    ids_of = {p: i for i, p in enumerate(entries(pieces, vocab, layout))}
+    _write_json(f'{staging}/vocab.json', ids_of)
     _write_json(f'{staging}/special_tokens_map.json', SPECIAL)
     _write_json(f'{staging}/tokenizer_config.json', {
         'source_lang': 'en', 'target_lang': 'de', 'separate_vocabs': False,
         'model_max_length': 512, 'sp_model_kwargs': {}, 'tokenizer_class': 'MarianTokenizer',
         **SPECIAL,
     })  # fmt: skip
-    pad = vocab - 1
-    ids = dict(pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0)
+    pad, eos = ids_of['<pad>'], ids_of['</s>']
+    ids = dict(pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad)
+    ids.update(forced_eos_token_id=eos)
     config = transformers.MarianConfig(
         vocab_size=vocab, decoder_vocab_size=vocab, d_model=d_model,
         encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=heads, decoder_attention_heads=heads,
         encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model,
-        activation_function='swish', max_position_embeddings=512, scale_embedding=True,
+        activation_function=LAYOUTS[layout], max_position_embeddings=512, scale_embedding=True,
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
         architectures=['MarianMTModel'], **ids,
     )  # fmt: skip
@@ -170,10 +192,12 @@ def hf_dir_of(args, directory: str, work: pathlib.Path) -> dict:
     if not os.path.isfile(f'{directory}/config.json'):
         if os.path.isdir(directory) and os.listdir(directory):
             raise SystemExit(f'marian_speed.py: {directory} has no config.json: name another.')
-        kwargs = {k: getattr(args, k) for k in ('data', 'd_model', 'layers', 'heads', 'vocab')}
+        names = ('data', 'd_model', 'layers', 'heads', 'vocab', 'layout')
+        kwargs = {k: getattr(args, k) for k in names}
         return run_child('build_hf_dir', dict(kwargs, directory=directory), work)
     config = json.loads(pathlib.Path(directory, 'config.json').read_text())
     asked = {'d_model': args.d_model, 'encoder_layers': args.layers, 'vocab_size': args.vocab}
+    asked['activation_function'] = LAYOUTS[args.layout]
     found = {key: config.get(key) for key in asked}
     if found != asked:
         raise SystemExit(f'marian_speed.py: {directory} has {found}, not {asked}: remove it.')

@@ -90,3 +90,15 @@ def test_marian_speed_times_and_counts_the_three_systems(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert [json.loads(line)['measurement'] for line in printed[:-1]] == MEASUREMENTS
     assert printed[-1] == f'saved {out}'
+
+
+def test_the_tc_layout_puts_eos_and_unk_mid_vocabulary_and_pad_last():
+    pieces = [f'▁p{i}' for i in range(50)]
+    classic = marian_speed.entries(pieces, 100, 'classic')
+    tc = marian_speed.entries(pieces, 100, 'tc')
+    assert len(classic) == len(tc) == 100 and sorted(classic) == sorted(tc)
+    assert classic[:2] == ['</s>', '<unk>'] and classic[-1] == '<pad>'
+    assert (tc.index('</s>'), tc.index('<unk>'), tc.index('<pad>')) == (80, 95, 99)
+    assert tc[:50] == pieces
+    with pytest.raises(SystemExit, match='--vocab must be at least 53'):
+        marian_speed.entries(pieces, 52, 'tc')
