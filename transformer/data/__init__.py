@@ -8,6 +8,8 @@
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py), which
   applies the run's pretokenization (``PRETOKENIZERS``; ``Pretokenizer``, pretokenize.py)
   both ways: raw text in, detokenized text out.
+  A pretrained family's vocabulary (a MarianMT's) has the same interface and lives with its
+  family (transformer/interop/).
 - ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
   source, as its id (source_tag.py).
 - ``prepare_token_stores`` / ``open_store`` / ``verify_token_store`` (token_store.py): a
