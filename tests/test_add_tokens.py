@@ -149,9 +149,9 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
     train_and_evaluate(config, workdir)
     train_and_evaluate(_config(folder, 4, init_from=hf_dir, add_tokens=TAGS), workdir)  # resume
     _, vocab, _, params, _ = load_model(workdir, average_last=2)
-    from transformer.checkpoint import load_marian
+    from transformer.interop import marian
 
-    pretrained = load_marian(hf_dir).params['shared_embedding']['embedding']
+    pretrained = marian.load(hf_dir).params['shared_embedding']['embedding']
     initial = {'<bt>': pretrained.mean(0), '<ft>': pretrained[vocab.token_id('<unk>')]}
     out = str(tmp_path / 'hf')
     export.export(workdir, out, format='hf', average_last=2)
@@ -177,7 +177,7 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
 
 
 def _marian_channels(row: np.ndarray) -> np.ndarray:
-    from transformer.checkpoint import marian_channel_order
+    from transformer.interop.marian_params import marian_channel_order
 
     return row[marian_channel_order(row.shape[-1])]
 
@@ -211,7 +211,7 @@ def tc_dir(tmp_path_factory):
 def test_the_tc_layout_puts_the_new_tokens_after_every_piece(tc_dir, tmp_path):
     """eos, unk and pad mid-vocabulary and last: the new tokens are still Marian's V, V+1 and
     ours V, V+1, and MarianTokenizer reads the run's vocabulary with them."""
-    from transformer.data import MarianVocabulary
+    from transformer.interop.marian_vocab import MarianVocabulary
 
     out = tmp_path / 'run'
     assert _cli(f'--from_hf={tc_dir}', f'--workdir={out}', '--add_tokens=<bt>,<ft>') is None

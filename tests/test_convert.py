@@ -175,6 +175,8 @@ def test_export_gives_back_the_original_tensors_and_files(run_dir, hf_dir, tmp_p
     (max_position_embeddings 512, which an export of a run trained here sizes otherwise)."""
     from safetensors.numpy import load_file
 
+    recorded = json.load(open(os.path.join(run_dir, 'converted_from.json')))
+    assert recorded['family'] == 'marian'  # the family --format hf writes back
     out = tmp_path / 'hf'
     with pytest.raises(SystemExit) as info:
         export.cli(['export', f'--workdir={run_dir}', f'--out={out}'])

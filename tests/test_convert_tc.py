@@ -78,7 +78,7 @@ def test_the_fixture_has_the_tc_layout(hf_dir):
 def test_token_ids_equal_marian_tokenizers(loaded, hf):
     """Both sides, on lines with codes, unknown pieces and special-token strings: ours are
     MarianTokenizer's through the vocabulary's permutation (a '</s>' or '<pad>' written in the
-    text is unknown here, eos or pad there: transformer/data/marian_vocab.py)."""
+    text is unknown here, eos or pad there: transformer/interop/marian_vocab.py)."""
     _, tokenizer, *_ = loaded
     theirs = hf[1]
     ours_of = np.array([tokenizer.our_id(m) for m in range(tokenizer.vocab_size)])

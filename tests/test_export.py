@@ -14,9 +14,10 @@ from tests.shared_dirs import built_once
 from transformer import data as data_lib
 from transformer import export
 from transformer.checkpoint import load_model
-from transformer.commands import ctranslate2_spec, marian
+from transformer.commands import ctranslate2_spec
 from transformer.commands import train as trainer
 from transformer.decoding import translation
+from transformer.interop import marian_export, marian_params
 from transformer.model import sinusoidal_positions
 from transformer.tokens import EOS_ID
 
@@ -93,7 +94,7 @@ def test_marian_channel_order_turns_our_sinusoids_into_marians():
     d_model, positions = 16, 40
     theirs = MarianSinusoidalPositionalEmbedding(positions, d_model).create_weight().numpy()
     ours = np.asarray(sinusoidal_positions(jnp.arange(positions), d_model))
-    perm = marian.marian_channel_order(d_model)
+    perm = marian_params.marian_channel_order(d_model)
     np.testing.assert_allclose(ours[:, perm], theirs, atol=2e-5)
     assert np.abs(ours - theirs).max() > 0.5  # unpermuted, they are different tables
 
@@ -289,7 +290,7 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
     hf_dir = tmp_path / 'hf'
     hf_dir.mkdir()
     run_config = schema.parse(tiny_run_config(1))
-    marian.write_hf(str(hf_dir), cfg, run_config, tokenizer, params)
+    marian_export.write_hf(str(hf_dir), cfg, run_config, tokenizer, params, length_exponent=0.0)
     rng = np.random.default_rng(0)
     inputs = rng.integers(3, cfg.vocab_size, (2, 6)).astype(np.int32)
     inputs[:, 3], inputs[1, 4:] = EOS_ID, 0

@@ -9,7 +9,9 @@ Layers, from the ground up (a module may import its own package and any lower la
        formats, backends/                       disk errors, config fields and their rules,
                                                 what each export format writes, devices
     1  model/, data/                            the network; text to batches
-    2  schema                                   the config's typed sections and their rules
+    2  schema, interop/                         the config's typed sections and their rules;
+                                                the pretrained families (MarianMT): their
+                                                directories, vocabularies, exports
     3  configs/, rundir                         experiments; the run directory
     4  checkpoint/, run_changes                 checkpoints on disk; what a resume may change
     5  decoding/                                searches over the model, text in and out
@@ -38,6 +40,7 @@ LAYERS = {
     'model': 1,
     'data': 1,
     'schema': 2,
+    'interop': 2,
     'configs': 3,
     'rundir': 3,
     'run_changes': 4,

@@ -1,19 +1,21 @@
 """What an export format writes of a model: one declaration per format, and the refusal of
 everything it does not declare.
 
-Each format (the MarianMT export, transformer/commands/marian.py; the CTranslate2 export,
-transformer/commands/ctranslate2_spec.py) declares, in one `Format`, the values of the model's
-variant fields (the entries of transformer/model/variants.py, by their config field) and of
-its numeric settings (transformer/model/settings.py) that its writer maps, each as a `Writes`:
-the values, or a check of the whole config where a setting is written in part (a head size
-MarianMT fixes). A field the format does not name is written at its default only: the
-default is the network of the runs written before the field existed, which the format wrote
-then. Any other value is refused in one line naming the field, before anything is written
-(`Format.refusal`), so a variant registered later is refused by every format until its writer
-maps it, not written as something else.
+Each format (each pretrained family's export, transformer/interop/: MarianMT's in
+marian_export.py; the CTranslate2 export, transformer/commands/ctranslate2_spec.py)
+declares, in one `Format`, the values of the model's variant fields (the entries of
+transformer/model/variants.py, by their config field) and of its numeric settings
+(transformer/model/settings.py) that its writer maps, each as a `Writes`: the values, or a
+check of the whole config where a setting is written in part (a head size MarianMT fixes).
+A field the format does not name is written at its default only: the default is the network
+of the runs written before the field existed, which the format wrote then. Any other value is
+refused in one line naming the field, before anything is written (`Format.refusal`), so a
+variant registered later is refused by every format until its writer maps it, not written as
+something else.
 
 The declarations are plain data, importable without jax: the CTranslate2 export's child
-process reads its module and never imports jax.
+process reads its module and never imports jax. `ExportError` and `max_length` are what
+every format's writer shares.
 """
 
 from __future__ import annotations
@@ -105,3 +107,14 @@ class Format:
                     line += f'; --format={other.flag} writes {key}={value!r}'
             return line + '.'
         return None
+
+
+class ExportError(ValueError):
+    """A run that cannot be exported as asked; the message names the option and the fix."""
+
+
+def max_length(ev: Any, max_len: int) -> int:
+    """The longest sequence an export is sized for: the longest input the model was trained
+    on (``max_len``, data.max_len) plus the paper's +50 (Sec. 6.1, ``ev.extra_length``), and
+    the start token, which Hugging Face counts in max_length."""
+    return int(max_len) + int(ev.extra_length) + 1

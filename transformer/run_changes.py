@@ -57,7 +57,7 @@ def resume_changes(workdir: str, config: Config) -> list[tuple[str, Any, Any]]:
     for needed, what in (
         (rundir.path(workdir, rundir.CONFIG_FILE), 'the settings they were trained with'),
         (
-            rundir.marian_vocab_dir(config, workdir) or rundir.vocab_path(config, workdir),
+            rundir.pretrained_vocab_dir(config, workdir) or rundir.vocab_path(config, workdir),
             'the vocabulary they were trained with',
         ),
     ):

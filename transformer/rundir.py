@@ -3,11 +3,12 @@
     WORKDIR/config.json          the experiment config the run started with, its paths absolute
     WORKDIR/config_history.jsonl settings changed by later resumes (step, key, old, new)
     WORKDIR/vocab/spm.model      the joint SentencePiece vocabulary, or
-    WORKDIR/vocab/vocab.json     a MarianMT vocabulary (with source.spm, target.spm and
-                                 tokenizer_config.json) of a run converted from, or
-                                 started from, a MarianMT (`transformer.data.MarianVocabulary`)
+    WORKDIR/vocab/...            a pretrained family's vocabulary (MarianMT's vocab.json,
+                                 source.spm, target.spm, tokenizer_config.json) of a run
+                                 converted from, or started from, a pretrained model (its
+                                 family reads it: `transformer.interop`)
     WORKDIR/converted_from.json  where a converted run's parameters came from (transformer.convert),
-                                 and its source's config files (`converted_source`)
+                                 its family, and its source's config files (`converted_source`)
     WORKDIR/data_cache/          token ids: the training split's token store (memory-mapped,
                                  transformer/data/token_store.py), the evaluation splits'
                                  .npz files (transformer/data/tokenized.py)
@@ -36,7 +37,7 @@ from typing import Any
 import jax
 
 from transformer import data as data_lib
-from transformer import multihost, schema
+from transformer import interop, multihost, schema
 from transformer.lock import LOCK_FILE
 
 PyTree = Any
@@ -49,6 +50,7 @@ VOCAB_FILE = os.path.join(VOCAB_DIR, 'spm.model')
 CONVERTED_FILE = 'converted_from.json'
 # Its key holding the source directory's config files, {file name: its JSON object or None}.
 SOURCE_FILES = 'source_files'
+FAMILY_KEY = 'family'  # converted_from.json's: the pretrained family (`converted_family`)
 DATA_CACHE = 'data_cache'
 CHECKPOINTS = 'checkpoints'
 # The best checkpoint lives in its own directory, not among CHECKPOINTS: those keep the last
@@ -132,10 +134,11 @@ def path(workdir: str, *parts: str) -> str:
 
 
 Config = schema.Config  # as a file gives it, as config.json holds it, or typed
-# A run's vocabulary: the joint SentencePiece model trained for it, or the MarianMT vocabulary
-# of a run converted or fine-tuned from one (`marian_vocab_dir`); both encode, decode and name
-# their pieces alike.
-Vocabulary = data_lib.Tokenizer | data_lib.MarianVocabulary
+# A run's vocabulary: the joint SentencePiece model trained for it (`data.Tokenizer`), or a
+# pretrained family's vocabulary of a run converted or fine-tuned from one
+# (`pretrained_vocab_dir`, `interop.Family.vocabulary`); all encode, decode and name their
+# pieces alike.
+Vocabulary = Any
 
 
 def vocab_path(config: Config, workdir: str | None) -> str | None:
@@ -145,13 +148,13 @@ def vocab_path(config: Config, workdir: str | None) -> str | None:
     return path(workdir, VOCAB_FILE) if workdir else None
 
 
-def marian_vocab_dir(config: Config, workdir: str | None) -> str | None:
-    """``WORKDIR/vocab`` when it holds a MarianMT vocabulary (vocab.json), else None; never
-    with ``data.vocab_path`` set."""
+def pretrained_vocab_dir(config: Config, workdir: str | None) -> str | None:
+    """``WORKDIR/vocab`` when it holds a pretrained family's vocabulary
+    (`interop.held_vocabulary`), else None; never with ``data.vocab_path`` set."""
     if config.data.vocab_path or not workdir:
         return None
     directory = path(workdir, VOCAB_DIR)
-    return directory if data_lib.MarianVocabulary.holds(directory) else None
+    return directory if interop.held_vocabulary(directory) else None
 
 
 def is_converted(workdir: str) -> bool:
@@ -172,6 +175,20 @@ def converted_source(workdir: str) -> dict[str, Any] | None:
         raise WorkdirError(f'{file} cannot be read ({e}); restore it.') from None
 
 
+def converted_family(workdir: str) -> str | None:
+    """The pretrained family a converted run came from (converted_from.json's `FAMILY_KEY`;
+    `interop.UNRECORDED_FAMILY` for a run converted before it was recorded), None for a run
+    not converted."""
+    file = path(workdir, CONVERTED_FILE)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding='utf-8') as f:
+            return json.load(f).get(FAMILY_KEY, interop.UNRECORDED_FAMILY)
+    except (OSError, ValueError, AttributeError) as e:
+        raise WorkdirError(f'{file} cannot be read ({e}); restore it.') from None
+
+
 def data_cache_dir(config: Config, workdir: str | None) -> str | None:
     """``data.cache_dir``, else ``WORKDIR/data_cache``, else None (no disk cache)."""
     if config.data.cache_dir:
@@ -180,16 +197,16 @@ def data_cache_dir(config: Config, workdir: str | None) -> str | None:
 
 
 def get_tokenizer(config: Config, workdir: str | None) -> Vocabulary:
-    """The run's vocabulary for training: the MarianMT one it holds, or its SentencePiece
+    """The run's vocabulary for training: the pretrained one it holds, or its SentencePiece
     model, reused when saved, else trained and saved.
 
     In a multi-host run process 0 alone trains and saves a new vocabulary; the others wait
     for it and load that file (SentencePiece training is only reproducible across hosts with
     the same thread count and library build).
     """
-    marian = marian_vocab_dir(config, workdir)
-    if marian:
-        return _marian_vocabulary(marian)
+    pretrained = pretrained_vocab_dir(config, workdir)
+    if pretrained:
+        return _pretrained_vocabulary(pretrained)
     model_path = vocab_path(config, workdir)
     if jax.process_count() == 1 or config.data.vocab_path:
         return data_lib.get_tokenizer(config.data, model_path)
@@ -203,9 +220,9 @@ def get_tokenizer(config: Config, workdir: str | None) -> Vocabulary:
 
 def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
-    marian = marian_vocab_dir(config, workdir)
-    if marian:
-        return _marian_vocabulary(marian)
+    pretrained = pretrained_vocab_dir(config, workdir)
+    if pretrained:
+        return _pretrained_vocabulary(pretrained)
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
         fix = 'the workdir has no trained SentencePiece model (copy it or set data.vocab_path)'
@@ -215,9 +232,9 @@ def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
     return data_lib.Tokenizer(model_path, data_config=config.data)
 
 
-def _marian_vocabulary(directory: str) -> data_lib.MarianVocabulary:
+def _pretrained_vocabulary(directory: str) -> Vocabulary:
     try:
-        return data_lib.MarianVocabulary(directory)
+        return interop.held_vocabulary(directory).load_vocabulary(directory)
     except data_lib.DataError as e:
         raise WorkdirError(f'{e} Restore the vocabulary the run was converted with.') from None
 

@@ -10,8 +10,8 @@ from flax import struct
 
 from tests.decoding.test_decode import MODEL
 from transformer import decoding
-from transformer.commands import marian
 from transformer.decoding import next_token, translation
+from transformer.interop import marian_export
 from transformer.model import EOS_ID, PAD_ID
 from transformer.schema import EvalSection
 
@@ -100,17 +100,22 @@ def test_the_hugging_face_export_writes_the_exponent_and_warns_for_gnmt(caplog):
     """Hugging Face divides by length^length_penalty: fairseq's rule exactly; GNMT's has no
     such form, which the export says in one line naming eval.length_penalty."""
     cfg = MODEL.config
+
+    def configs(ev):  # as export --format hf computes the exponent and writes it
+        exponent = decoding.length_power(ev.alpha, ev.length_penalty)
+        return marian_export.marian_configs(cfg, ev, 8, exponent)
+
     with caplog.at_level(logging.WARNING):
-        _, fairseq = marian.marian_configs(cfg, EvalSection(alpha=1.2, length_penalty='fairseq'), 8)
+        _, fairseq = configs(EvalSection(alpha=1.2, length_penalty='fairseq'))
     assert fairseq['length_penalty'] == 1.2 and not caplog.records
     with caplog.at_level(logging.WARNING):
-        _, gnmt = marian.marian_configs(cfg, EvalSection(alpha=0.6), 8)
+        _, gnmt = configs(EvalSection(alpha=0.6))
     assert gnmt['length_penalty'] == 0.6
     [record] = caplog.records
     assert "eval.length_penalty='gnmt'" in record.getMessage() and '\n' not in record.getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        marian.marian_configs(cfg, EvalSection(alpha=0.0), 8)  # no penalty: exact either way
+        configs(EvalSection(alpha=0.0))  # no penalty: exact either way
     assert not caplog.records
 
 

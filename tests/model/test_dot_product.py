@@ -13,9 +13,9 @@ import pytest
 from flax import linen as nn
 
 from tests.model import test_masks
-from transformer import fields
+from transformer import fields, interop
 from transformer.backends import segment_attention
-from transformer.commands import ctranslate2_spec, marian
+from transformer.commands import ctranslate2_spec
 from transformer.model import TransformerConfig, export_refusal, settings
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.dot_product import attend, logits_scale, pallas_refusal
@@ -192,7 +192,7 @@ def test_the_setting_is_checked_and_refused_by_what_cannot_hold_it():
             TransformerConfig(vocab_size=32, attention_scale=bad)
         assert str(error.value).startswith(f'model.attention_scale={bad!r} ')
         assert '\n' not in str(error.value)
-    for format in (marian.WRITES, ctranslate2_spec.WRITES):
+    for format in (*(f.writes for f in interop.FAMILIES), ctranslate2_spec.WRITES):
         refusal = export_refusal(cfg, format)
         assert refusal.startswith('model.attention_scale=1.0 cannot be exported'), refusal
         assert export_refusal(TransformerConfig(vocab_size=32), format) is None

@@ -6,6 +6,7 @@ the FLOPs, the memory bound, resuming and the PyTorch peer learn them from that 
 export refuses them, as it refuses every value its format does not declare (transformer/
 formats.py; docs/model_variants.md)."""
 
+import functools
 import math
 import re
 import sys
@@ -17,8 +18,8 @@ import pytest
 from flax import linen as nn
 
 from tests.tiny_run import run_dir_with, tiny_run_config
-from transformer import run_changes, rundir, schema
-from transformer.commands import ctranslate2_spec, export, marian
+from transformer import interop, run_changes, rundir, schema
+from transformer.commands import ctranslate2_spec, export
 from transformer.fields import ConfigError
 from transformer.model import (
     Transformer,
@@ -280,10 +281,8 @@ def test_every_format_refuses_an_entry_it_does_not_declare_before_writing(
         assert str(info.value) == line
         assert not (tmp_path / 'out').exists()
     cfg = schema.parse(config).model
-    for format, write in (
-        ('hf', marian.write_hf),
-        ('ctranslate2', ctranslate2_spec.write_ctranslate2),
-    ):
+    writers = [('hf', functools.partial(f.write, length_exponent=0.0)) for f in interop.FAMILIES]
+    for format, write in (*writers, ('ctranslate2', ctranslate2_spec.write_ctranslate2)):
         directory = tmp_path / format
         directory.mkdir()
         with pytest.raises(

@@ -15,7 +15,8 @@ from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import convert
 from transformer.commands import train as trainer
-from transformer.data import DataError, MarianVocabulary
+from transformer.data import DataError
+from transformer.interop.marian_vocab import MarianVocabulary
 from transformer.training import TrainingError, init_from, train_and_evaluate
 
 pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
@@ -90,10 +91,10 @@ def test_first_loss_is_the_pretrained_models(finetuned, hf_dir):
 
 @pytest.mark.slow
 def test_the_output_bias_stays_frozen_and_the_rest_trains(finetuned, hf_dir):
-    from transformer.checkpoint import load_marian
+    from transformer.interop import marian
 
     workdir, _ = finetuned
-    start = load_marian(hf_dir).params
+    start = marian.load(hf_dir).params
     params = load_model(workdir, step=4, average_last=1)[3]
     np.testing.assert_array_equal(np.asarray(params['logits_bias']), start['logits_bias'])
     moved = np.abs(

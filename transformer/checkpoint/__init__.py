@@ -6,8 +6,8 @@ best checkpoint. Callers use the names below, not the modules behind them:
 - the readers (evaluate, translate, visualize, export): `load_model` (loading.py) and the
   steps it would choose (`checkpoint_steps`, `default_average`, `best_step`);
 - the converter and fine-tuning (transformer/commands/convert.py, ``train.init_from``): a
-  MarianMT directory read into this project's terms (`load_marian`, marian.py; its tensors:
-  marian_params.py) and a checkpoint of parameters alone (`save_params`);
+  checkpoint of parameters alone (`save_params`; the pretrained directories themselves are
+  read by transformer/interop/);
 - anyone: `verify_step` (directory.py, with checksums.py's manifest), `read_meta`,
   `average_params`, and the errors `CorruptCheckpoint` and `CheckpointRemoved` (both
   `transformer.rundir.WorkdirError`s, one line each).
@@ -47,27 +47,19 @@ from transformer.checkpoint.loading import (
     default_average,
     load_model,
 )
-from transformer.checkpoint.marian import MarianModel, is_marian_dir, load_marian
-from transformer.checkpoint.marian_params import MarianError, add_rows, marian_channel_order
 from transformer.checkpoint.resume import RestoreFailed
 from transformer.checkpoint.run import Checkpoints, save_params
 
 __all__ = [
     'CheckpointRemoved',
     'Checkpoints',
-    'MarianError',
-    'MarianModel',
     'CorruptCheckpoint',
     'RestoreFailed',
     'average_params',
     'best_step',
     'checkpoint_steps',
     'default_average',
-    'is_marian_dir',
-    'load_marian',
-    'add_rows',
     'load_model',
-    'marian_channel_order',
     'read_meta',
     'save_params',
     'verify_step',

@@ -5,8 +5,9 @@ visualize.py, export.py, convert.py and prepare.py (``python -m transformer.NAME
 ``transformer-NAME``),
 each a ``cli()``; console.py, what every command shares (its run, errors, exit codes, the
 process-wide settings it opts in to), with library_logs.py (the libraries' log lines at the
-console) and shared_flags.py (the flags several commands define); marian.py, the files of
-export's MarianMT format; ctranslate2_spec.py, its CTranslate2 model, written directly;
+console) and shared_flags.py (the flags several commands define); ctranslate2_spec.py,
+export's CTranslate2 model, written directly (a pretrained family's own format is written by
+transformer/interop/);
 help.py, ``-h`` / ``--help``; config_flag.py, the ``--config`` flag's errors in one line;
 decoding_run.py, what evaluate, translate and the Python API do before decoding (the
 processes joined, the run's layout, its checkpoints restored into it); ownership.py, what a
@@ -26,7 +27,6 @@ __all__ = [
     'evaluate',
     'export',
     'library_logs',
-    'marian',
     'ownership',
     'prepare',
     'score',

@@ -1,22 +1,25 @@
-"""The convert command: a Hugging Face MarianMT (OPUS-MT) directory into a run directory.
+"""The convert command: a pretrained model directory (Hugging Face MarianMT, OPUS-MT) into a
+run directory.
 
 ``python -m transformer.convert --from_hf DIR --workdir W [--config CONFIG]``
 (also ``transformer-convert``)
 
-DIR is a local MarianMT directory as the hub serves it (config.json, model.safetensors or
-pytorch_model.bin, source.spm, target.spm, vocab.json, tokenizer_config.json, optionally
-generation_config.json); nothing is downloaded. W becomes a run directory that evaluate,
-translate, score, visualize, export and ``api.load`` take as they take a trained one: its
-config.json (the model's settings; the data and evaluation sections of ``--config`` when
-given, with its ``--config.*`` overrides, else a data section that names only the language
-pair; of its model section, how the model is computed: `FREE_FIELDS`), the MarianMT
-vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
+DIR is a local model directory as the hub serves it, of a family this project reads
+(transformer/interop/, which picks the family from DIR: a MarianMT's config.json,
+model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json,
+tokenizer_config.json, optionally generation_config.json); nothing is downloaded. A
+directory no family recognises stops in one line naming the families known. W becomes a run
+directory that evaluate, translate, score, visualize, export and ``api.load`` take as they
+take a trained one: its config.json (the model's settings; the data and evaluation sections
+of ``--config`` when given, with its ``--config.*`` overrides, else a data section that names
+only the language pair; of its model section, how the model is computed: `FREE_FIELDS`), the
+model's vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
 The beam size and length penalty are those Hugging Face's ``generate`` applies to DIR: from
 generation_config.json (or, without one, config.json), and where a file names none,
 transformers' defaults (one beam, length_penalty 1.0), always with Hugging Face's rule of a
 beam's log-probability divided by length^length_penalty (eval.length_penalty 'fairseq');
-the command prints them and where each came from, and converted_from.json records that, and
-DIR's config.json and generation_config.json as they were, which the run's export writes back.
+the command prints them and where each came from, and converted_from.json records that, the
+family, and DIR's config files as they were, which the run's export writes back.
 Everything is read and checked before anything is written, and W is written under a
 temporary name and renamed, so a failed conversion leaves nothing; a non-empty W is refused.
 A converted run has no optimizer state: train from it with ``--config.train.init_from=W``
@@ -35,11 +38,12 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer import configs, files, rundir, schema
+from transformer import configs, files, interop, rundir, schema
 from transformer import data as data_lib
-from transformer.checkpoint import MarianError, MarianModel, add_rows, load_marian, save_params
+from transformer.checkpoint import save_params
 from transformer.commands import console
 from transformer.commands.config_flag import explain_flag_error
+from transformer.interop import Pretrained, PretrainedError
 from transformer.model import (
     DTYPE_FIELDS,
     HOW_FIELDS,
@@ -53,35 +57,38 @@ from transformer.model import (
 FREE_FIELDS = (*HOW_FIELDS, *DTYPE_FIELDS)
 
 
-def experiment_config(marian: MarianModel, base: Any | None, added: int = 0) -> schema.Experiment:
+def experiment_config(
+    pretrained: Pretrained, base: Any | None, added: int = 0
+) -> schema.Experiment:
     """The run's config: ``base`` (a config file's, or None: the defaults with a data section
-    that names only the language pair) with the MarianMT's model and evaluation settings;
-    ``added``: the number of tokens added to its vocabulary."""
+    that names only the language pair) with the pretrained model's model and evaluation
+    settings; ``added``: the number of tokens added to its vocabulary."""
     config = schema.plain(schema.complete(base if base is not None else schema.default_config()))
     model = {k: v for k, v in config['model'].items() if k in FREE_FIELDS}
-    config['model'] = {**model, **marian.model}
-    config['eval'].update(marian.eval)
+    config['model'] = {**model, **pretrained.model}
+    config['eval'].update(pretrained.eval)
     data = config['data']
-    data['vocab_size'] = marian.tokenizer.vocab_size + added
+    data['vocab_size'] = pretrained.tokenizer.vocab_size + added
     if base is None:
-        source, target = marian.languages
+        source, target = pretrained.languages
         data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')
     try:
         return schema.parse(config)
     except schema.ConfigError as e:
-        raise MarianError(str(e)) from None
+        raise PretrainedError(str(e)) from None
 
 
-def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
+def check_fits(config: schema.Experiment, pretrained: Pretrained) -> Transformer:
     """The model of ``config``, after checking that the converted parameters are its tree
-    (one subtree per layer, as MarianMT's: `convert` stacks them for ``model.scan_layers``)."""
+    (one subtree per layer, as the families read them: `convert` stacks them for
+    ``model.scan_layers``)."""
     cfg = config_from_dict(config.model, config.data.vocab_size)
     per_layer = Transformer(dataclasses.replace(cfg, scan_layers=False))
     wanted = jax.tree.map(lambda x: tuple(x.shape), abstract_params(per_layer))
-    found = jax.tree.map(lambda x: tuple(np.shape(x)), marian.params)
+    found = jax.tree.map(lambda x: tuple(np.shape(x)), pretrained.params)
     if wanted != found:
-        raise MarianError(
-            f'The parameters read from {marian.directory} do not form the model its config '
+        raise PretrainedError(
+            f'The parameters read from {pretrained.directory} do not form the model its config '
             'describes; this is a bug of the converter, please report it.'
         )
     return Transformer(cfg)
@@ -89,7 +96,7 @@ def check_fits(config: schema.Experiment, marian: MarianModel) -> Transformer:
 
 def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
     """One line: the decoding settings a conversion recorded (the run's ``eval``) and where
-    each came from (converted_from.json's ``generation``: `marian.generation_settings`)."""
+    each came from (converted_from.json's ``generation``: `Pretrained.generation`)."""
     beams, penalty, longest = (generation[k] for k in ('num_beams', 'length_penalty', 'max_length'))
     search = 'greedy' if ev.beam_size == 1 else f'beam {ev.beam_size}'
     return (
@@ -101,38 +108,43 @@ def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
     )
 
 
-def added_tokens(marian: MarianModel, spec: str | None) -> list[tuple[str, str | None]]:
-    """The tokens ``--add_tokens`` (``spec``) adds to the MarianMT's vocabulary, checked
-    (transformer/data/added_tokens.py); a one-line `MarianError` otherwise."""
+def added_tokens(pretrained: Pretrained, spec: str | None) -> list[tuple[str, str | None]]:
+    """The tokens ``--add_tokens`` (``spec``) adds to the pretrained vocabulary, checked
+    (transformer/data/added_tokens.py); a one-line `PretrainedError` otherwise."""
     try:
         added = data_lib.added_tokens.parse(spec, '--add_tokens')
-        data_lib.added_tokens.check(marian.tokenizer, added, '--add_tokens')
+        data_lib.added_tokens.check(pretrained.tokenizer, added, '--add_tokens')
     except data_lib.DataError as e:
-        raise MarianError(str(e)) from None
+        raise PretrainedError(str(e)) from None
     return added
 
 
 def convert(
     from_hf: str, workdir: str, base: Any | None = None, add_tokens: str | None = None
 ) -> schema.Experiment:
-    """Converts the MarianMT directory ``from_hf`` into the run directory ``workdir``; returns
+    """Converts the pretrained directory ``from_hf`` into the run directory ``workdir``; returns
     the run's config. ``base``: the config giving the data and evaluation sections;
     ``add_tokens``: tokens to add to the vocabulary (transformer/data/added_tokens.py)."""
     start = time.perf_counter()
     workdir = os.path.abspath(workdir)
     if os.path.isfile(workdir) or (os.path.isdir(workdir) and os.listdir(workdir)):
-        raise MarianError(f'{workdir} exists and is not empty: --workdir names a new directory.')
-    marian = load_marian(from_hf)
-    added = added_tokens(marian, add_tokens)
-    likes = data_lib.added_tokens.like_ids(marian.tokenizer, added)
-    marian.params = add_rows(marian.params, likes)
-    config = experiment_config(marian, base, len(added))
-    check_fits(config, marian)
+        raise PretrainedError(
+            f'{workdir} exists and is not empty: --workdir names a new directory.'
+        )
+    family = interop.family_of(from_hf)
+    pretrained = family.load(from_hf)
+    added = added_tokens(pretrained, add_tokens)
+    likes = data_lib.added_tokens.like_ids(pretrained.tokenizer, added)
+    pretrained.params = interop.add_rows(pretrained.params, likes)
+    config = experiment_config(pretrained, base, len(added))
+    check_fits(config, pretrained)
     parent = os.path.dirname(workdir)
     os.makedirs(parent, exist_ok=True)
     problem = files.unwritable(parent)
     if problem:
-        raise MarianError(f'Cannot write into {parent} ({problem}); --workdir names another place.')
+        raise PretrainedError(
+            f'Cannot write into {parent} ({problem}); --workdir names another place.'
+        )
 
     def build(scratch: str) -> str:
         run = os.path.join(scratch, 'run')
@@ -141,14 +153,15 @@ def convert(
         vocab = rundir.path(run, rundir.VOCAB_DIR)
         os.mkdir(vocab)
         if added:
-            data_lib.added_tokens.write(marian.tokenizer, added, vocab)
+            family.write_vocabulary(pretrained.tokenizer, added, vocab)
         else:
-            marian.tokenizer.copy_to(vocab)
-        origin = {'from_hf': os.path.abspath(marian.directory)}
-        params = convert_layer_layout(marian.params, config.model.scan_layers)
+            pretrained.tokenizer.copy_to(vocab)
+        origin = {'from_hf': os.path.abspath(pretrained.directory)}
+        params = convert_layer_layout(pretrained.params, config.model.scan_layers)
         save_params(run, config, 0, params, origin)
         with open(rundir.path(run, rundir.CONVERTED_FILE), 'w') as f:
-            record = {'generation': marian.generation, rundir.SOURCE_FILES: marian.files}
+            record = {rundir.FAMILY_KEY: family.name, 'generation': pretrained.generation}
+            record[rundir.SOURCE_FILES] = pretrained.files
             record['add_tokens'] = add_tokens or None
             json.dump({**origin, **record}, f, indent=2)
         return run
@@ -156,9 +169,12 @@ def convert(
     try:
         files.write_in_place(workdir, build)  # a new or empty directory only
     except files.NotReplaceable as e:  # something appeared there during the conversion
-        raise MarianError(f'{e}: --workdir names a new directory; nothing was written.') from None
+        raise PretrainedError(
+            f'{e}: --workdir names a new directory; nothing was written.'
+        ) from None
     logging.info(
-        'Converted %s into %s in %.1f s.', marian.directory, workdir, time.perf_counter() - start
+        'Converted %s into %s in %.1f s.',
+        *(pretrained.directory, workdir, time.perf_counter() - start),
     )
     return config
 
@@ -171,7 +187,12 @@ def cli(argv: list[str] | None = None) -> None:
     from ml_collections import config_flags
 
     define = console.define_flag
-    define('from_hf', flags.DEFINE_string, None, 'A local Hugging Face MarianMT directory.')
+    define(
+        'from_hf',
+        flags.DEFINE_string,
+        None,
+        f'A local Hugging Face model directory: {interop.known()}.',
+    )
     define('workdir', flags.DEFINE_string, None, 'The run directory to write (new or empty).')
     define(
         'add_tokens',
@@ -200,7 +221,7 @@ def cli(argv: list[str] | None = None) -> None:
                 console.usage_exit(str(e))
         try:
             config = convert(FLAGS.from_hf, FLAGS.workdir, base, FLAGS.add_tokens)
-        except (MarianError, rundir.WorkdirError, OSError) as e:
+        except (PretrainedError, rundir.WorkdirError, OSError) as e:
             raise SystemExit(f'error: {e}') from None
         m = config.model
         print(

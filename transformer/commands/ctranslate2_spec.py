@@ -1,5 +1,5 @@
 """The CTranslate2 export, written directly: our parameter tree as CTranslate2's
-``TransformerSpec`` (ctranslate2.specs), with no MarianMT files in between.
+``TransformerSpec`` (ctranslate2.specs), with no Hugging Face files in between.
 
 The exporting process computes everything in numpy: the spec's constructor options
 (`spec_options`), its variables by their names in the spec (`spec_weights`:
@@ -34,7 +34,8 @@ has each option our model has.
 * Embeddings: scaled by sqrt(D); the target table or ``logits_dense`` is the decoder's
   ``projection``, ``model.logits_bias`` its bias. The decoder starts from the embedding of
   id 0 (<pad>), its ``decoder_start_token``. The vocabulary is written in our id order
-  (``tokenizer.id_to_piece``), a MarianMT vocabulary's run's too, so no row moves.
+  (``tokenizer.id_to_piece``), a pretrained family's vocabulary's run's too, so no row moves;
+  its SentencePiece files are the family's (`interop.Family.tokenizer_files`).
 
 What the spec holds of a model is declared once, `WRITES` (transformer/formats.py): the values
 of each variant field and numeric setting mapped above; any other is refused in one line
@@ -51,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.data import MarianVocabulary
-from transformer.formats import EVERY_VALUE, Format, Writes
+from transformer.formats import EVERY_VALUE, ExportError, Format, Writes, max_length
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
@@ -247,7 +247,7 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
 
 
 def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
-    """The pieces in our id order (a MarianMT vocabulary's too: no row moves) and the
+    """The pieces in our id order (a pretrained vocabulary's too: no row moves) and the
     config's special tokens: the decoder starts from <pad> (id 0), as ours does; sources get
     no BOS, which is set to <pad> too."""
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
@@ -265,9 +265,12 @@ def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
 
 def spm_files(tokenizer: Any) -> dict[str, str]:
     """source.spm and target.spm for the model directory: our joint SentencePiece model under
-    both names, or a MarianMT vocabulary's own two."""
-    if isinstance(tokenizer, MarianVocabulary):
-        return {name: os.path.join(tokenizer.directory, name) for name in SPM_FILES}
+    both names, or a pretrained family's own (`interop.Family.tokenizer_files`)."""
+    from transformer import interop  # jax: not the child's
+
+    family = interop.vocabulary_family(tokenizer)
+    if family is not None:
+        return family.tokenizer_files(tokenizer)
     return {name: tokenizer.model_path for name in SPM_FILES}
 
 
@@ -294,8 +297,7 @@ def write_ctranslate2(
     Raises:
       ExportError: the vocabulary or the child process failed; one line.
     """
-    from transformer.commands.marian import ExportError, max_length  # jax: not the child's
-    from transformer.model import export_refusal
+    from transformer.model import export_refusal  # jax: not the child's
 
     # What the mapping has no names for, and what CTranslate2 computes otherwise.
     refusal = export_refusal(cfg, WRITES)

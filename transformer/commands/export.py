@@ -1,13 +1,14 @@
-"""Export a trained run to Hugging Face MarianMT (safetensors) or CTranslate2.
+"""Export a trained run to Hugging Face (safetensors; a MarianMT) or CTranslate2.
 
 ``python -m transformer.export --workdir W --out DIR [--format hf|ctranslate2]``
 
 The run's config decides first whether the model can be exported at all
 (`check_expressible`, the list of refusals), before the format's packages are asked for or a
-checkpoint is read; transformer/commands/marian.py writes the MarianMT files,
-transformer/commands/ctranslate2_spec.py the CTranslate2 model (directly, in a process of its
-own). Each declares what it writes of a model (its ``WRITES``, transformer/formats.py), and
-refuses the rest.
+checkpoint is read. ``--format hf`` writes the pretrained family the run came from
+(converted_from.json's, or its vocabulary's; a run trained here is a MarianMT): the family
+writes its files (transformer/interop/); transformer/commands/ctranslate2_spec.py writes the
+CTranslate2 model (directly, in a process of its own). Each declares what it writes of a
+model (its `Format`, transformer/formats.py), and refuses the rest.
 """
 
 from __future__ import annotations
@@ -17,17 +18,33 @@ import os
 
 from absl import logging
 
-from transformer import files, rundir, schema
+from transformer import decoding, files, interop, rundir, schema
 from transformer.checkpoint import load_model
-from transformer.commands import console, ctranslate2_spec, marian, ownership
-from transformer.commands.marian import ExportError
+from transformer.commands import console, ctranslate2_spec, ownership
 from transformer.data import DataError
+from transformer.formats import ExportError, Format
 from transformer.model import export_refusal
 
-# Each format's declaration of what it writes, by its --format value.
-DECLARATIONS = {writes.flag: writes for writes in (marian.WRITES, ctranslate2_spec.WRITES)}
-FORMATS = tuple(DECLARATIONS)
+# The --format values: a pretrained family's own format ('hf': the family the run came from,
+# `run_family`) and CTranslate2's.
+FORMATS = ('hf', ctranslate2_spec.WRITES.flag)
 QUANTIZATIONS = ('int8',)
+
+
+def run_family(workdir: str, config: schema.Experiment) -> interop.Family:
+    """The family whose format ``--format hf`` writes for the run: the one it was converted
+    from, or whose vocabulary it holds, else a run trained here's (`interop.export_family`)."""
+    try:
+        held = rundir.pretrained_vocab_dir(config, workdir)
+        vocabulary = interop.held_vocabulary(held) if held else None
+        return interop.export_family(rundir.converted_family(workdir), vocabulary)
+    except (rundir.WorkdirError, interop.PretrainedError) as e:
+        raise ExportError(str(e)) from None
+
+
+def declarations(family: interop.Family) -> dict[str, Format]:
+    """Each format's declaration of what it writes, by its --format value."""
+    return {'hf': family.writes, ctranslate2_spec.WRITES.flag: ctranslate2_spec.WRITES}
 
 
 def load_run(workdir: str, step: int | None, average_last: int | None):
@@ -46,12 +63,15 @@ def read_run_config(workdir: str) -> schema.Experiment:
         raise ExportError(str(e)) from None
 
 
-def check_expressible(config: schema.Experiment, format: str) -> None:
+def check_expressible(
+    config: schema.Experiment, format: str, family: interop.Family | None = None
+) -> None:
     """The list of refusals: an `ExportError` (one line) for a run that ``format`` cannot
     represent, decided from its config alone, before the format's packages are asked for or a
     checkpoint is read. Each format writes the values of the model's variant fields and
     numeric settings its declaration names (transformer/formats.py) and refuses every other,
-    naming the formats that write it. (An odd d_model with sinusoids, or an odd head size with
+    naming the formats that write it. ``family``: the one ``--format hf`` writes (`run_family`;
+    default: a run trained here's). (An odd d_model with sinusoids, or an odd head size with
     rotary positions, is no config at all: `variants.check`.)"""
     if config.data.pretokenize != 'none':  # Moses runs outside the SentencePiece model
         raise ExportError(
@@ -60,7 +80,8 @@ def check_expressible(config: schema.Experiment, format: str) -> None:
             'this project (transformer.translate or its Python api) instead.'
         )
     cfg = config.model
-    refusal = export_refusal(cfg, DECLARATIONS[format], tuple(DECLARATIONS.values()))
+    formats = declarations(family or interop.family_named(interop.DEFAULT_FAMILY))
+    refusal = export_refusal(cfg, formats[format], tuple(formats.values()))
     if refusal:
         raise ExportError(refusal)
 
@@ -95,7 +116,9 @@ def export(
     refusal = ownership.export_refusal(out, workdir, overwrite)
     if refusal:
         raise ExportError(refusal)
-    check_expressible(read_run_config(workdir), format)
+    run_config = read_run_config(workdir)
+    family = run_family(workdir, run_config)
+    check_expressible(run_config, format, family)
     check_can_export(format, out)
     config, tokenizer, model, params, steps = load_run(workdir, step, average_last)
     try:
@@ -110,7 +133,9 @@ def export(
             )
         directory = os.path.join(scratch, 'hf')
         os.mkdir(directory)
-        marian.write_hf(directory, model.config, config, tokenizer, params, source)
+        exponent = decoding.length_power(config.eval.alpha, config.eval.length_penalty)
+        args = (model.config, config, tokenizer, params, source)
+        family.write(directory, *args, length_exponent=exponent)
         return directory
 
     mark = ownership.export_mark(format, workdir, steps, quantization)
@@ -162,7 +187,14 @@ def cli(argv: list[str] | None = None) -> None:
         lower_bound=1,
     )
     define('out', flags.DEFINE_string, None, 'Directory to write the exported model to.')
-    define('format', flags.DEFINE_enum, 'hf', FORMATS, 'hf (MarianMT) or ctranslate2.')
+    define(
+        'format',
+        flags.DEFINE_enum,
+        'hf',
+        FORMATS,
+        "hf (the run's pretrained family's format; MarianMT for a run trained here) or "
+        'ctranslate2.',
+    )
     define('quantization', flags.DEFINE_enum, None, QUANTIZATIONS, 'CTranslate2 weights.')
     define('overwrite', flags.DEFINE_bool, False, 'Replace an earlier export in --out.')
     FLAGS = flags.FLAGS

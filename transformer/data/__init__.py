@@ -8,10 +8,10 @@
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py), which
   applies the run's pretokenization (``PRETOKENIZERS``; ``Pretokenizer``, pretokenize.py)
   both ways: raw text in, detokenized text out.
+  A pretrained family's vocabulary (a MarianMT's) has the same interface and lives with its
+  family (transformer/interop/).
 - ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
   source, as its id (source_tag.py).
-- ``MarianVocabulary`` (marian_vocab.py): a MarianMT (OPUS-MT) directory's vocabulary
-  (source.spm, target.spm, vocab.json) behind the same interface, with our ids.
 - ``prepare_token_stores`` / ``open_store`` / ``verify_token_store`` (token_store.py): a
   training split's token ids on disk, written by a streaming pass and memory-mapped (corpora
   larger than memory), checked in full where built and verified, quickly where opened; one
@@ -33,7 +33,6 @@ from transformer.data.eval_batches import (
     make_eval_set,
     restore_order,
 )
-from transformer.data.marian_vocab import MarianVocabulary
 from transformer.data.mix import Corpora
 from transformer.data.mix import check_files as check_mix_files
 from transformer.data.mix import check_tags as check_mix_tags
@@ -45,7 +44,7 @@ from transformer.data.packing import (
     pack_examples,
 )
 from transformer.data.prefetch import Prefetcher
-from transformer.data.pretokenize import PRETOKENIZERS, Pretokenizer
+from transformer.data.pretokenize import PRETOKENIZERS, SIDES, Pretokenizer, Side
 from transformer.data.source_tag import SourceTagged, tag_sources
 from transformer.data.sources import check_split, load_text, order_note
 from transformer.data.text import decode_lines
@@ -62,6 +61,8 @@ __all__ = [
     'MODEL_TYPES',
     'NORMALIZATIONS',
     'PRETOKENIZERS',
+    'SIDES',
+    'Side',
     'Prefetcher',
     'SourceTagged',
     'Pretokenizer',
@@ -71,7 +72,6 @@ __all__ = [
     'Corpora',
     'DataError',
     'EvalSet',
-    'MarianVocabulary',
     'TokenStore',
     'TokenizedSplit',
     'Tokenizer',

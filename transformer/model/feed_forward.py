@@ -36,7 +36,8 @@ def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: st
 
 # The activation of each ``model.ffn`` value that `FeedForward` computes, and where it comes
 # from. The values are Hugging Face's names (transformers' ACT2FN, CTranslate2's converter),
-# which the MarianMT export writes as its activation_function (transformer/commands/marian.py).
+# which the MarianMT export writes as its activation_function
+# (transformer/interop/marian_export.py).
 ACTIVATIONS = {
     'relu': (jax.nn.relu, 'Sec. 3.3: max(0, x)'),
     # x sigmoid(x): SiLU (Elfwing et al., 2018), Swish (Ramachandran et al., 2017).

@@ -21,7 +21,8 @@ Modules:
 - config_checks.py: the config's values checked before a run writes anything.
 - workdir_checks.py: the work directory, the start, the vocabulary and the mix's tags, checked
   before train or prepare writes anything.
-- init_from.py: fine-tuning, a run that starts from a MarianMT's or another run's parameters.
+- init_from.py: fine-tuning, a run that starts from a pretrained model's or another run's
+  parameters.
 - footprint.py: a lower bound on the memory a config needs, for training and decoding; the
   compiled train step against the memory left.
 """

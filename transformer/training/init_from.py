@@ -1,8 +1,8 @@
 """Fine-tuning: a new run that starts from another model's parameters and vocabulary
 (``train.init_from``) with a fresh optimizer and schedule, on the config's data.
 
-``train.init_from`` names a Hugging Face MarianMT directory (read by
-transformer/checkpoint/marian.py), or one of this project's run directories (its latest
+``train.init_from`` names a pretrained model directory of a family this project reads (a
+Hugging Face MarianMT: transformer/interop/), or one of this project's run directories (its latest
 checkpoint, or ``RUN@STEP`` for that step). Every model field that changes the function comes
 from there; the config may set only how the same function is computed (`model.HOW_FIELDS`,
 the dtypes) and the dropout rates, and a command-line override of any other
@@ -12,7 +12,7 @@ need nothing of the start afterwards; config.json records ``train.init_from``. A
 the work directory itself, and no start where the config requires one
 (``train.init_from_required``), stop in one line (`check_start`).
 
-``train.add_tokens`` adds tokens to a MarianMT vocabulary (transformer/data/added_tokens.py):
+``train.add_tokens`` adds tokens to a pretrained vocabulary (transformer/data/added_tokens.py):
 the run's copy of the vocabulary holds them and its parameters get their rows, so resumes,
 averages and exports keep them.
 """
@@ -31,8 +31,8 @@ import numpy as np
 from absl import logging
 
 from transformer import data as data_lib
-from transformer import rundir, schema
-from transformer.checkpoint import add_rows, is_marian_dir, load_marian, load_model
+from transformer import interop, rundir, schema
+from transformer.checkpoint import load_model
 from transformer.model import DTYPE_FIELDS, HOW_FIELDS, STACKED_KEYS, convert_layer_layout
 from transformer.training.stops import TrainingError
 
@@ -50,10 +50,11 @@ FREE_MODEL_FIELDS = (
 class Start:
     """What a fine-tuning run starts from."""
 
-    path: str  # the MarianMT or run directory
-    step: int | None  # the run directory's checkpoint (None: a MarianMT)
+    path: str  # the pretrained or run directory
+    step: int | None  # the run directory's checkpoint (None: a pretrained directory)
     model: dict[str, Any]  # its model section, as config.json holds it
-    tokenizer: Any  # its vocabulary: a `data.MarianVocabulary` or `data.Tokenizer`
+    tokenizer: Any  # its vocabulary: a family's (`interop.Family.vocabulary`) or `data.Tokenizer`
+    family: interop.Family | None = None  # the pretrained directory's family (None: a run)
     added: list = dataclasses.field(default_factory=list)  # train.add_tokens, parsed
 
 
@@ -72,24 +73,27 @@ def read_start(init_from: str) -> Start:
     key = f'train.init_from={init_from}'
     if not os.path.isdir(path):
         raise TrainingError(
-            f'{key}: {path} is not a directory (a MarianMT directory or a run '
+            f'{key}: {path} is not a directory (a pretrained model directory or a run '
             'directory, optionally RUN@STEP).'
         )
     try:
-        if is_marian_dir(path):
+        family = interop.recognised(path)
+        if family is not None:
             if step is not None:
-                raise TrainingError(f'{key}: a MarianMT directory has no steps; drop @{step}.')
-            marian = load_marian(path, weights=False)
-            return Start(path, None, dict(marian.model), marian.tokenizer)
+                raise TrainingError(
+                    f'{key}: a {family.title} directory has no steps; drop @{step}.'
+                )
+            pretrained = family.load(path, weights=False)
+            return Start(path, None, dict(pretrained.model), pretrained.tokenizer, family)
         if not os.path.isfile(rundir.path(path, rundir.CONFIG_FILE)):
             raise TrainingError(
-                f'{key}: {path} is neither a MarianMT directory (config.json of '
-                "model_type 'marian') nor a run directory."
+                f'{key}: {path} is neither a pretrained model directory ({interop.known()}) '
+                'nor a run directory.'
             )
         config = rundir.read_config(path)
         model = schema.to_dict(config)['model']
         return Start(path, step, model, rundir.load_tokenizer(config, path))
-    except rundir.WorkdirError as e:
+    except (rundir.WorkdirError, interop.PretrainedError) as e:
         raise TrainingError(f'{key}: {e}') from None
 
 
@@ -100,7 +104,7 @@ def check_start(train: schema.TrainSection, workdir: str) -> None:
     if train.init_from_required and not train.init_from:
         raise TrainingError(
             'This config fine-tunes a pretrained model (train.init_from_required) and names '
-            'none: give --config.train.init_from=PATH, a MarianMT or run directory (RUN@STEP: '
+            'none: give --config.train.init_from=PATH, a pretrained or run directory (RUN@STEP: '
             'that step).'
         )
     if train.init_from and os.path.realpath(parse(train.init_from)[0]) == os.path.realpath(workdir):
@@ -160,10 +164,11 @@ def apply(
 def _added(start: Start, spec: str | None) -> list[tuple[str, str | None]]:
     """``train.add_tokens`` (``spec``) parsed and checked against the start's vocabulary."""
     key = f'train.add_tokens={spec!r}'
-    if spec and not isinstance(start.tokenizer, data_lib.MarianVocabulary):
+    if spec and interop.vocabulary_family(start.tokenizer) is None:
         raise TrainingError(
             f'{key}: train.init_from={start.path} has a SentencePiece vocabulary of this '
-            'project, which cannot grow; tokens are added to a MarianMT vocabulary only.'
+            "project, which cannot grow; tokens are added to a pretrained model's vocabulary "
+            'only.'
         )
     try:
         added = data_lib.added_tokens.parse(spec)
@@ -179,9 +184,10 @@ def run_vocabulary(start: Start) -> Any:
     checks before the first write see it (`copy_vocabulary` writes the run's copy)."""
     if not start.added:
         return start.tokenizer
+    family = interop.vocabulary_family(start.tokenizer)
     with tempfile.TemporaryDirectory() as directory:
-        data_lib.added_tokens.write(start.tokenizer, start.added, directory)
-        return data_lib.MarianVocabulary(directory)  # (read whole: the files may go)
+        family.write_vocabulary(start.tokenizer, start.added, directory)
+        return family.load_vocabulary(directory)  # (read whole: the files may go)
 
 
 def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str) -> None:
@@ -189,13 +195,14 @@ def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str
     nothing without a start)."""
     if start is None:
         return
-    if isinstance(start.tokenizer, data_lib.MarianVocabulary):
+    family = interop.vocabulary_family(start.tokenizer)
+    if family is not None:
         directory = rundir.path(workdir, rundir.VOCAB_DIR)
-        if start.added and data_lib.MarianVocabulary.holds(directory):
+        if start.added and family.holds_vocabulary(directory):
             return  # a resume: the run's copy holds the added tokens already
         os.makedirs(directory, exist_ok=True)
         if start.added:
-            data_lib.added_tokens.write(start.tokenizer, start.added, directory)
+            family.write_vocabulary(start.tokenizer, start.added, directory)
         else:
             start.tokenizer.copy_to(directory)
         return
@@ -211,13 +218,14 @@ def start_params(start: Start, abstract: PyTree) -> PyTree:
     where = f'train.init_from={start.path}'
     try:
         scanned = STACKED_KEYS[0] in abstract  # the new run's layout of the layers
-        if start.step is None and is_marian_dir(start.path):
-            params = convert_layer_layout(load_marian(start.path).params, scanned)
+        if start.family is not None:
+            params = convert_layer_layout(start.family.load(start.path).params, scanned)
         else:
             params = load_model(start.path, step=start.step, average_last=1, scan_layers=scanned)[3]
-    except rundir.WorkdirError as e:
+    except (rundir.WorkdirError, interop.PretrainedError) as e:
         raise TrainingError(f'{where}: {e}') from None
-    params = add_rows(params, data_lib.added_tokens.like_ids(start.tokenizer, start.added))
+    likes = data_lib.added_tokens.like_ids(start.tokenizer, start.added)
+    params = interop.add_rows(params, likes)
     leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     wanted = {
         jax.tree_util.keystr(p): tuple(x.shape)

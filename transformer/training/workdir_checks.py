@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from transformer import data as data_lib
-from transformer import run_changes, rundir, schema
+from transformer import interop, run_changes, rundir, schema
 from transformer.training import init_from
 from transformer.training.stops import TrainingError
 
@@ -72,9 +72,10 @@ def check_workdir(workdir: str, config: schema.Experiment | None = None) -> None
             f'state), not a run: {fine_tune}.'
         )
     found = _config_json(rundir.path(workdir, rundir.CONFIG_FILE))
-    if isinstance(found, dict) and found.get('model_type') is not None:
+    model_type = found.get('model_type') if isinstance(found, dict) else None
+    if interop.recognised(workdir) or model_type is not None:  # (a family's, or another's)
         raise TrainingError(
-            f'{workdir} holds a Hugging Face model (model_type {found["model_type"]!r}), not a '
+            f'{workdir} holds a Hugging Face model (model_type {model_type!r}), not a '
             f'run: {fine_tune}.'
         )
     own = {*rundir.RUN_ENTRIES, *(_lying_in(workdir, config) if config else ())}
@@ -125,7 +126,7 @@ def held_vocabulary(config: schema.Experiment, workdir: str, start: init_from.St
       TrainingError: the run holds another vocabulary than its start's, or its own was made
         with other `VOCAB_KEYS` settings (as config.json says) or of another size.
     """
-    held = rundir.marian_vocab_dir(config, workdir) or rundir.vocab_path(config, workdir)
+    held = rundir.pretrained_vocab_dir(config, workdir) or rundir.vocab_path(config, workdir)
     exists = os.path.exists(held)
     if start is not None:
         wanted = init_from.run_vocabulary(start)  # (with train.add_tokens)
@@ -143,7 +144,8 @@ def held_vocabulary(config: schema.Experiment, workdir: str, start: init_from.St
     vocabulary = rundir.load_tokenizer(config, workdir)
     size, asked = vocabulary.vocab_size, config.data.vocab_size
     # Fewer pieces than asked can be the text's limit; a start's vocabulary has its own size.
-    if size > asked or (isinstance(vocabulary, data_lib.MarianVocabulary) and size != asked):
+    pretrained = interop.vocabulary_family(vocabulary) is not None
+    if size > asked or (pretrained and size != asked):
         _refuse(workdir, 'data.vocab_size', size, asked)
     return vocabulary
 

@@ -1,5 +1,7 @@
-"""Hugging Face MarianMT (OPUS-MT) directories read as this project's models: the config
-mapped onto the ``model`` and ``eval`` sections, the weights onto the parameter tree.
+"""The MarianMT family (Hugging Face MarianMT, OPUS-MT): its directories read as this
+project's models, the config mapped onto the ``model`` and ``eval`` sections, the weights onto
+the parameter tree (marian_params.py), its vocabulary (marian_vocab.py, marian_added.py) and
+its export (marian_export.py); `FAMILY` is its entry in the registry (families.py).
 
 A MarianMT is the paper's post-LN Transformer with a few options this project declares as
 model variants and settings (transformer/model/variants.py, settings.py): the feed-forward's
@@ -13,10 +15,9 @@ and layer norm epsilon 1e-5. Two layouts differ and are mapped exactly, each a p
 * Vocabulary rows: Marian's eos, unk and pad (also the decoder start) are where vocab.json
   puts them (0, 1 and V - 1 in OPUS-MT's first generation, anywhere in its ``opus-mt-tc-*``
   generation); ours are pad 0 (the decoder start), eos 1, unk 2 (transformer/tokens.py). One
-  permutation read from vocab.json maps Marian's ids onto ours
-  (`transformer.data.MarianVocabulary`), and the embedding rows and the output bias move by
-  it. config.json's and generation_config.json's special ids must be vocab.json's
-  (`check_special_ids`).
+  permutation read from vocab.json maps Marian's ids onto ours (`MarianVocabulary`,
+  marian_vocab.py), and the embedding rows and the output bias move by it. config.json's and
+  generation_config.json's special ids must be vocab.json's (`check_special_ids`).
 
 Values Hugging Face's Marian acts on that this model cannot express (a separate decoder
 vocabulary, different encoder and decoder head counts or widths, another ``model_type``, a
@@ -28,17 +29,19 @@ keys Hugging Face's Marian ignores (``normalize_before``, ``static_position_embe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any
 
-from transformer import data as data_lib
-from transformer.checkpoint.marian_params import (
+from transformer.data import DataError
+from transformer.interop import marian_added, marian_export
+from transformer.interop.family import Family, Pretrained
+from transformer.interop.marian_params import (
     MarianError,
     params_from_state_dict,
     read_state_dict,
 )
+from transformer.interop.marian_vocab import MarianVocabulary
 
 CONFIG_FILE = 'config.json'
 GENERATION_FILE = 'generation_config.json'
@@ -54,7 +57,7 @@ HF_DEFAULTS = {'num_beams': 1, 'length_penalty': 1.0, 'max_length': 20}
 HF_DEFAULT = "Hugging Face's default"
 
 
-def is_marian_dir(path: str) -> bool:
+def recognises(path: str) -> bool:
     """Whether ``path`` looks like a MarianMT directory (a config.json of model_type 'marian'
     and no run directory's checkpoints)."""
     config = os.path.join(path, CONFIG_FILE)
@@ -212,25 +215,12 @@ def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dic
     return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
 
 
-@dataclasses.dataclass
-class MarianModel:
-    """A MarianMT directory read into this project's terms."""
-
-    directory: str
-    model: dict[str, Any]  # the config's model section
-    eval: dict[str, Any]  # the eval settings generate applies to it (`eval_settings`)
-    generation: dict[str, tuple[Any, str]]  # `generation_settings`: value, where it came from
-    languages: tuple[str | None, str | None]  # tokenizer_config.json's source and target
-    tokenizer: Any  # transformer.data.MarianVocabulary
-    params: dict[str, Any] | None  # None until `load_marian(..., weights=True)`
-    # The directory's config.json and generation_config.json (None without one) as read: the
-    # export of its converted run writes them back (transformer/commands/marian.py).
-    files: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
-
-
-def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
+def load(directory: str, weights: bool = True) -> Pretrained:
     """Reads a MarianMT directory: its config (checked first), vocabulary and (``weights``)
-    parameters. Nothing is downloaded; every problem is one `MarianError`."""
+    parameters. Nothing is downloaded; every problem is one `MarianError`. Its `Pretrained`'s
+    ``eval`` is `eval_settings`, ``generation`` `generation_settings`, ``languages``
+    tokenizer_config.json's, ``files`` its config.json and generation_config.json as read
+    (marian_export.py writes them back)."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise MarianError(
@@ -256,8 +246,8 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
             'is not expressible (one joint vocabulary here).'
         )
     try:
-        tokenizer = data_lib.MarianVocabulary(directory)
-    except data_lib.DataError as e:
+        tokenizer = MarianVocabulary(directory)
+    except DataError as e:
         raise MarianError(str(e)) from None
     if tokenizer.vocab_size != hf['vocab_size']:
         raise MarianError(
@@ -274,4 +264,27 @@ def load_marian(directory: str, *, weights: bool = True) -> MarianModel:
         params = params_from_state_dict(state, model, tokenizer, directory)
     languages = (tokenizer_config.get('source_lang'), tokenizer_config.get('target_lang'))
     files = {CONFIG_FILE: hf, GENERATION_FILE: generation_file}
-    return MarianModel(directory, model, settings, generation, languages, tokenizer, params, files)
+    return Pretrained(
+        'marian', directory, model, settings, generation, languages, tokenizer, params, files
+    )
+
+
+def tokenizer_files(vocabulary: MarianVocabulary) -> dict[str, str]:
+    """Its two SentencePiece models, by their names in a model directory."""
+    return {name: os.path.join(vocabulary.directory, name) for name in marian_export.SPM_FILES}
+
+
+FAMILY = Family(
+    name='marian',
+    title='MarianMT',
+    model_types=('marian',),
+    recognises=recognises,
+    load=load,
+    vocabulary=MarianVocabulary,
+    holds_vocabulary=MarianVocabulary.holds,
+    load_vocabulary=MarianVocabulary,
+    write_vocabulary=marian_added.write,
+    tokenizer_files=tokenizer_files,
+    writes=marian_export.WRITES,
+    write=marian_export.write_hf,
+)

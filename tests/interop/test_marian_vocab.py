@@ -10,7 +10,8 @@ import pytest
 import transformers
 
 from tests.marian_dir import LANGUAGE_TOKENS, TC, left_out_pieces, marian_dir, synthetic_lines
-from transformer.data import EOS_ID, PAD_ID, UNK_ID, DataError, MarianVocabulary
+from transformer.data import EOS_ID, PAD_ID, UNK_ID, DataError
+from transformer.interop.marian_vocab import MarianVocabulary
 
 # Pieces vocab.json lacks (capitals and digits are no piece of either model), whitespace,
 # a language code not at the start, text without a piece.

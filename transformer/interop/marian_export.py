@@ -1,5 +1,5 @@
-"""The files of a MarianMT (Hugging Face) export: the parameter mapping, the configs, the
-tokenizer files. (The CTranslate2 export writes its model directly:
+"""The MarianMT family's export (``export --format hf``): the parameter mapping, the configs,
+the tokenizer files. (The CTranslate2 export writes its model directly:
 transformer/commands/ctranslate2_spec.py.)
 
 MarianMT is the same architecture as the paper's post-LN Transformer (sinusoidal positions,
@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from transformer import decoding
-from transformer.checkpoint import marian_channel_order
-from transformer.data import MarianVocabulary, Tokenizer
-from transformer.formats import Format, Writes
+from transformer.data import Tokenizer
+from transformer.formats import ExportError, Format, Writes, max_length
+from transformer.interop.marian_params import marian_channel_order
+from transformer.interop.marian_vocab import MarianVocabulary
 from transformer.model import TransformerConfig, export_refusal
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -97,10 +97,6 @@ WRITES = Format(
         'qk_norm': Writes((False,), 'MarianMT has no norm on queries and keys'),
     },
 )
-
-
-class ExportError(ValueError):
-    """A run that cannot be exported as asked; the message names the option and the fix."""
 
 
 def special_ids(tokenizer: Any) -> dict[str, int]:
@@ -163,19 +159,17 @@ def marian_state_dict(
     return state
 
 
-def max_length(ev: Any, max_len: int) -> int:
-    """The longest sequence an export is sized for: the longest input the model was trained
-    on (``max_len``, data.max_len) plus the paper's +50 (Sec. 6.1, ``ev.extra_length``), and
-    the start token, which Hugging Face counts in max_length."""
-    return int(max_len) + int(ev.extra_length) + 1
-
-
 def marian_configs(
-    cfg: TransformerConfig, ev: Any, max_len: int, ids: dict[str, int] | None = None
+    cfg: TransformerConfig,
+    ev: Any,
+    max_len: int,
+    length_exponent: float,
+    ids: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
-    ``max_len`` its longest training row (data.max_len), ``ids`` its pad and eos ids
-    (`special_ids`; default ours)."""
+    ``max_len`` its longest training row (data.max_len), ``length_exponent`` the exponent of
+    its length penalty (``decoding.length_power``), ``ids`` its pad and eos ids (`special_ids`;
+    default ours)."""
     pad, eos = (ids or {'pad': PAD_ID, 'eos': EOS_ID}).values()
     longest = max_length(ev, max_len)
     config = {
@@ -215,7 +209,7 @@ def marian_configs(
         'bad_words_ids': [[pad]],  # pad is never generated (transformer/decoding/greedy.py)
         'num_beams': int(ev.beam_size),
         # Hugging Face divides by length^x: exact for 'fairseq', said in a warning for 'gnmt'.
-        'length_penalty': decoding.length_power(ev.alpha, ev.length_penalty),
+        'length_penalty': length_exponent,
         'max_length': longest,
     }
     return config, generation
@@ -253,7 +247,7 @@ def with_source_files(
     model_config: dict[str, Any], generation: dict[str, Any], source: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(config.json, generation_config.json) of a converted run's export: the source
-    directory's own (``source``: `MarianModel.files`, as converted_from.json records them),
+    directory's own (``source``: `Pretrained.files`, as converted_from.json records them),
     so its values come back (max_position_embeddings, max_length, ...), with the values this
     export derives from the model written over them (`DERIVED_KEYS`, equal for a converted
     run) and the dtype of the weights it writes. A source without generation_config.json gets
@@ -272,6 +266,8 @@ def write_hf(
     tokenizer: Tokenizer,
     params: Any,
     source: dict[str, Any] | None = None,
+    *,
+    length_exponent: float,
 ) -> None:
     """Writes the MarianMT directory (weights, configs, tokenizer files) into ``directory``.
 
@@ -282,6 +278,8 @@ def write_hf(
       tokenizer: the run's vocabulary.
       params: the parameters to export.
       source: a converted run's source files (`with_source_files`); None: a run trained here.
+      length_exponent: generation_config.json's length_penalty (``decoding.length_power`` of
+        the run's eval section).
     """
     refusal = export_refusal(cfg, WRITES)  # what the mapping below has no names for
     if refusal:
@@ -289,7 +287,8 @@ def write_hf(
     from safetensors.numpy import save
 
     ids = special_ids(tokenizer)
-    model_config, generation = marian_configs(cfg, run_config.eval, run_config.data.max_len, ids)
+    ev, max_len = run_config.eval, run_config.data.max_len
+    model_config, generation = marian_configs(cfg, ev, max_len, length_exponent, ids)
     if source:
         model_config, generation = with_source_files(model_config, generation, source)
     # transformers refuses safetensors files whose metadata does not name a framework.

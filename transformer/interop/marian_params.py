@@ -1,10 +1,10 @@
 """A MarianMT's tensors (model.safetensors or pytorch_model.bin) read into this project's
-parameter tree; transformer/commands/marian.py's `marian_state_dict` is the inverse.
+parameter tree; marian_export.py's `marian_state_dict` is the inverse.
 
-Two layouts differ, each a permutation (transformer/checkpoint/marian.py says why they give the
+Two layouts differ, each a permutation (marian.py says why they give the
 same function): the sinusoid channels (`marian_channel_order`) on every weight's D axis, and
 the vocabulary's rows (the embedding, ``final_logits_bias``), moved by the vocabulary's
-permutation of the ids (`transformer.data.MarianVocabulary.rows_to_ours`).
+permutation of the ids (`MarianVocabulary.rows_to_ours`, marian_vocab.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from transformer.rundir import WorkdirError
+from transformer.interop.family import PretrainedError
 
 # The weights, in the order they are looked for.
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 
 
-class MarianError(WorkdirError):
+class MarianError(PretrainedError):
     """A MarianMT directory this project cannot read as asked; one line naming the file or key."""
 
 
@@ -69,7 +69,7 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
 
 class _Tensors:
     """MarianMT's tensors read into our layout (torch Linear weights are [out, in]); the
-    inverse of transformer/commands/marian.py's `marian_state_dict`."""
+    inverse of marian_export.py's `marian_state_dict`."""
 
     def __init__(self, state: dict[str, np.ndarray], model: dict[str, Any], where: str):
         self.state, self.where = state, where
@@ -150,7 +150,7 @@ def params_from_state_dict(
 ) -> dict[str, Any]:
     """Our parameter tree (nested dicts of float32 arrays) from MarianMT's tensors (`_Tensors`);
     ``where`` names the file in errors. The vocabulary rows of the embedding and the output
-    bias move to our ids (``tokenizer``'s `transformer.data.MarianVocabulary.rows_to_ours`)."""
+    bias move to our ids (``tokenizer``'s `MarianVocabulary.rows_to_ours`)."""
     vocab_size = tokenizer.vocab_size
     tensors = _Tensors(state, model, where)
     embedding = tensors.residual(tensors.take('shared.weight', (vocab_size, model['d_model'])), 1)
@@ -167,23 +167,3 @@ def params_from_state_dict(
         for i in range(model[f'num_{stack}_layers']):
             params[f'{stack}_layer_{i}'] = tensors.layer(stack, i)
     return params
-
-
-def add_rows(params: dict[str, Any], likes: list[int | None]) -> dict[str, Any]:
-    """``params`` with one new vocabulary row per entry of ``likes`` after the existing ones,
-    in the embedding and the output bias (transformer/data/added_tokens.py): the mean of the
-    existing rows, or a copy of row ``like`` (our id). Everything else is ``params`` as is."""
-    if not likes:
-        return params
-
-    def grown(rows: Any) -> np.ndarray:
-        rows = np.asarray(rows)
-        mean = rows.mean(axis=0, dtype=np.float64).astype(rows.dtype)
-        new = [mean if like is None else rows[like] for like in likes]
-        return np.concatenate([rows, np.stack(new)])
-
-    out = dict(params)
-    out['shared_embedding'] = {'embedding': grown(params['shared_embedding']['embedding'])}
-    if 'logits_bias' in params:
-        out['logits_bias'] = grown(params['logits_bias'])
-    return out

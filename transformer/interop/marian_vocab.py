@@ -18,7 +18,7 @@ the first generation that is Marian's ids turned by one, ``ours = (marian + 1) %
 of an embedding or of ``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`,
 `rows_to_marian`), and an export moves them back, so Marian's own ids come back unchanged.
 
-Tokens added to the vocabulary (transformer/data/added_tokens.py: a corpus tag, ``<bt>``) are
+Tokens added to the vocabulary (marian_added.py: a corpus tag, ``<bt>``) are
 the last pieces of vocab.json, registered in tokenizer_config.json's ``added_tokens_decoder``;
 as MarianTokenizer does, their strings are cut out of the text wherever they stand and map to
 their ids.
@@ -41,9 +41,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from transformer.data import added_tokens
-from transformer.data.errors import DataError
-from transformer.data.pretokenize import SIDES, Pretokenizer, Side
+from transformer.data import SIDES, DataError, Pretokenizer, Side
+from transformer.interop.marian_added import registered
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
@@ -95,7 +94,7 @@ class MarianVocabulary:
         config = _tokenizer_config(self.directory)
         self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
         known = set(self._pieces) - set(_SPECIAL)
-        self.added = [t for t in added_tokens.registered(config) if t in known]
+        self.added = [t for t in registered(config) if t in known]
         contents.append('\n'.join(self.added).encode())
         self.fingerprint = hashlib.sha256(
             b''.join(len(c).to_bytes(8, 'little') + c for c in contents)

@@ -1,0 +1,49 @@
+"""Pretrained model families (Hugging Face MarianMT / OPUS-MT today): one module per family
+owns, for that family, recognising its directory, mapping its config onto the ``model`` and
+``eval`` sections, its vocabulary with this project's ids, its parameters in both directions,
+its refusals and its export; a small registry picks the family of a directory, a name or a
+vocabulary, so that no caller names one.
+
+- family.py: `Family` (what a family provides), `Pretrained` (a directory read into this
+  project's terms), `PretrainedError`, `add_rows` (the rows of tokens added to a vocabulary);
+- families.py: the registry, `FAMILIES`, `family_of` (a directory; one line naming the known
+  families for one nobody reads), `family_named`, `recognised`, `vocabulary_family`,
+  `held_vocabulary`, `export_family`;
+- marian.py (the MarianMT entry, `marian.FAMILY`): its directory and config; marian_params.py
+  its tensors; marian_vocab.py its vocabulary; marian_added.py tokens added to it;
+  marian_export.py its export.
+
+A new family is a module that builds its `Family` and one entry in `FAMILIES`
+(docs/pretrained.md, "Families").
+"""
+
+from transformer.interop.families import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    UNRECORDED_FAMILY,
+    export_family,
+    family_named,
+    family_of,
+    held_vocabulary,
+    known,
+    recognised,
+    vocabulary_family,
+)
+from transformer.interop.family import Family, Pretrained, PretrainedError, add_rows
+
+__all__ = [
+    'DEFAULT_FAMILY',
+    'FAMILIES',
+    'UNRECORDED_FAMILY',
+    'Family',
+    'Pretrained',
+    'PretrainedError',
+    'add_rows',
+    'export_family',
+    'family_named',
+    'family_of',
+    'held_vocabulary',
+    'known',
+    'recognised',
+    'vocabulary_family',
+]
