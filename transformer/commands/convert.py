@@ -63,6 +63,7 @@ def experiment_config(marian: MarianModel, base: Any | None, added: int = 0) -> 
     config['eval'].update(marian.eval)
     data = config['data']
     data['vocab_size'] = marian.tokenizer.vocab_size + added
+    data.update(data_lib.special_fields(marian.tokenizer.special))  # recorded, not detected
     if base is None:
         source, target = marian.languages
         data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')

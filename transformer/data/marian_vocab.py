@@ -44,7 +44,7 @@ import sentencepiece as spm
 from transformer.data import added_tokens
 from transformer.data.errors import DataError
 from transformer.data.pretokenize import SIDES, Pretokenizer, Side
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
 TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
@@ -72,9 +72,12 @@ class MarianVocabulary:
       source_lang, target_lang: tokenizer_config.json's, or None.
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
+      special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`),
+        which the permutation (module docstring) makes them.
     """
 
     pretokenize = 'none'
+    special = JOINT
 
     def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
         """``key``: the setting that named the directory, for the error messages.
