@@ -3,6 +3,7 @@ read back from there, checked against the vocabulary a run loads, and kept by a 
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.tiny_run import run_dir_with, tiny_run_config
@@ -95,3 +96,77 @@ def test_a_vocabulary_whose_ids_are_not_the_runs_is_refused_where_it_loads(tmp_p
         rundir.load_tokenizer(config, str(workdir))
     loaded = rundir.load_tokenizer(schema.parse(tiny_run_config(1)), str(workdir))
     assert loaded.fingerprint == tokenizer.fingerprint
+
+
+class ToyVocabulary:
+    """A word-level vocabulary with NLLB-200's special ids: a `data.Vocabulary` that is no
+    SentencePiece model."""
+
+    special = NLLB_LIKE
+    fingerprint = 'toy'
+    pretokenize = 'none'
+    PIECES = ('<s>', '<pad>', '</s>', '<unk>', 'ze', 'bland', 'robop', 'pud', '__eng__')
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.PIECES)
+
+    def encode(self, text, side='source'):
+        return [self.token_id(w) or self.special.unk for w in text.split()]
+
+    def encode_batch(self, texts, side='source'):
+        return [self.encode(text, side) for text in texts]
+
+    def decode(self, ids):
+        words = []
+        for i in ids:
+            if i == self.special.eos:
+                break
+            if i not in self.special.never_emit:
+                words.append(self.PIECES[i])
+        return ' '.join(words)
+
+    def id_to_piece(self, i):
+        return self.PIECES[i]
+
+    def token_id(self, piece):
+        return self.PIECES.index(piece) if piece in self.PIECES else None
+
+    def language_tokens(self):
+        return ['__eng__']
+
+    def copy_to(self, directory):
+        pass
+
+
+def test_the_pipeline_pads_with_the_vocabularys_pad_and_ends_with_its_eos():
+    """Evaluation batches and packed training rows of a vocabulary whose pad is 1 and eos 2:
+    every example ends with 2, padding and filler targets are 1, a filler source is [2]; the
+    id 0 is a token like any other (here, <s> where text holds it)."""
+    from transformer.data import tokenized
+
+    toy = ToyVocabulary()
+    assert isinstance(toy, data.Vocabulary)
+    sources, targets = ['ze bland', 'robop', '<s> pud ze zorp'], ['bland', 'pud ze', 'ze']
+    evaluation = data.eval_set_of_lines(toy, sources, targets, batch_size=4, name='toy')
+    (batch,) = evaluation.batches
+    rows = batch['index'] >= 0
+    for key, texts in (('inputs', sources), ('targets', targets)):
+        for row, i in enumerate(batch['index'][rows]):
+            ids = toy.encode(texts[i]) + [2]
+            assert batch[key][row].tolist() == ids + [1] * (batch[key].shape[1] - len(ids))
+    assert batch['inputs'][~rows].tolist() == [[2] + [1] * (batch['inputs'].shape[1] - 1)]
+    assert (batch['targets'][~rows] == 1).all()
+    assert toy.decode(batch['targets'][0]) == targets[batch['index'][0]]
+
+    split = tokenized.TokenizedSplit(
+        *tokenized.encode_texts(toy, sources, 'source'),
+        *tokenized.encode_texts(toy, targets, 'target'),
+    )
+    iterator = data.TrainIterator(split, batch_size=2, seed=0, max_len=8, special=toy.special)
+    packed = next(iterator)
+    for side in ('inputs', 'targets'):
+        tokens, segments = packed[side], packed[f'{side}_segmentation']
+        assert (tokens[segments == 0] == 1).all() and (segments == 0).any()
+        ends = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
+        assert (tokens[ends] == 2).all() and ends.sum() == 3

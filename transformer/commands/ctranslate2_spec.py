@@ -53,7 +53,6 @@ import numpy as np
 
 from transformer.data import MarianVocabulary
 from transformer.formats import EVERY_VALUE, Format, Writes
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
 WEIGHTS, REQUEST = 'ctranslate2_weights.npz', 'ctranslate2_request.json'
@@ -248,17 +247,18 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
 
 def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
     """The pieces in our id order (a MarianMT vocabulary's too: no row moves) and the
-    config's special tokens: the decoder starts from <pad> (id 0), as ours does; sources get
-    no BOS, which is set to <pad> too."""
+    config's special tokens, the vocabulary's (``tokenizer.special``): the decoder starts from
+    its start token (<pad>, id 0, for the joint vocabulary), as ours does; sources get no BOS,
+    which is set to <pad>."""
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     if len(set(pieces)) != len(pieces):
         raise ValueError('the vocabulary has duplicate pieces; CTranslate2 needs unique ones.')
-    pad = tokenizer.id_to_piece(PAD_ID)
+    special = tokenizer.special
     tokens = {
-        'unk_token': tokenizer.id_to_piece(UNK_ID),
-        'eos_token': tokenizer.id_to_piece(EOS_ID),
-        'bos_token': pad,
-        'decoder_start_token': pad,
+        'unk_token': tokenizer.id_to_piece(special.unk),
+        'eos_token': tokenizer.id_to_piece(special.eos),
+        'bos_token': tokenizer.id_to_piece(special.pad),
+        'decoder_start_token': tokenizer.id_to_piece(special.decoder_start),
     }
     return pieces, tokens
 
