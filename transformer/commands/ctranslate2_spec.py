@@ -33,7 +33,8 @@ has each option our model has.
   position encodings at all.
 * Embeddings: scaled by sqrt(D); the target table or ``logits_dense`` is the decoder's
   ``projection``, ``model.logits_bias`` its bias. The decoder starts from the embedding of
-  id 0 (<pad>), its ``decoder_start_token``. The vocabulary is written in our id order
+  the vocabulary's start token (the joint vocabulary's <pad>, id 0), its
+  ``decoder_start_token``. The vocabulary is written in our id order
   (``tokenizer.id_to_piece``), a MarianMT vocabulary's run's too, so no row moves.
 
 What the spec holds of a model is declared once, `WRITES` (transformer/formats.py): the values

@@ -5,9 +5,10 @@ Shape legend (see also transformer/model/attention.py):
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k) · F d_ff · V vocabulary
 
-Token ids (transformer/tokens.py): 0 = padding and the decoder start token, 1 = end of
-sentence. Every parameter declares logical axis names where it is created ('embed', 'heads',
-'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
+Token ids: the vocabulary's special ids, ``config.special`` (transformer/tokens.py `SpecialIds`):
+its pad is masked and its decoder start begins the shifted-right target (the joint vocabulary's 0
+for both). Every parameter declares logical axis names where it is created ('embed', 'heads', 'kv',
+'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
 The rest of the package calls the network through transformer/model/functional.py, which hands
 out plain arrays and the specs.
 """
