@@ -220,7 +220,7 @@ def _recorded(vocab: Vocabulary, config: Config, where: str) -> Vocabulary:
     """``vocab``, whose special ids must be the ones the run records (config.json's data
     section, `data_lib.special_of`): the model and the searches read those."""
     try:
-        data_lib.check_special(vocab, data_lib.special_of(config.data), where)
+        data_lib.check_special(vocab.special, data_lib.special_of(config.data), where)
     except data_lib.DataError as e:
         raise WorkdirError(str(e)) from None
     return vocab

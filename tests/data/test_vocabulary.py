@@ -170,3 +170,19 @@ def test_the_pipeline_pads_with_the_vocabularys_pad_and_ends_with_its_eos():
         assert (tokens[segments == 0] == 1).all() and (segments == 0).any()
         ends = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
         assert (tokens[ends] == 2).all() and ends.sum() == 3
+
+
+def test_a_new_run_whose_ids_are_not_its_vocabularys_stops_before_writing(tmp_path):
+    """A run from scratch trains a joint SentencePiece vocabulary: other recorded ids stop it
+    in one line, before the workdir, the vocabulary or config.json exist."""
+    from transformer.training import workdir_checks
+
+    config = schema.parse(_with_ids(tiny_run_config(1), NLLB_LIKE))
+    workdir = tmp_path / 'new'
+    with pytest.raises(
+        data.DataError,
+        match=r'The vocabulary of the run has the special ids pad_id=0 .* records pad_id=1',
+    ) as info:
+        workdir_checks.before_writing(config, str(workdir))
+    assert '\n' not in str(info.value) and not workdir.exists()
+    workdir_checks.before_writing(schema.parse(tiny_run_config(1)), str(workdir))  # the joint ids

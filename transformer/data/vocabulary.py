@@ -107,14 +107,15 @@ def special_of(data_config: Any) -> SpecialIds:
     return special
 
 
-def check_special(vocab: Vocabulary, special: SpecialIds, where: str) -> None:
-    """`DataError` in one line when ``vocab``'s special ids are not the run's (``special``,
-    its config.json's): the model was trained, or converted, with those."""
-    if vocab.special != special:
+def check_special(theirs: SpecialIds, special: SpecialIds, where: str) -> None:
+    """`DataError` in one line when a vocabulary's special ids (``theirs``; ``where`` names
+    it) are not the run's (``special``, its config's): the model is trained, or was converted,
+    with those."""
+    if theirs != special:
         raise DataError(
-            f'{where} has the special ids {_text(vocab.special)}, but the run records '
-            f'{_text(special)} (config.json, data.pad_id ... data.never_emit): use the '
-            "run's own vocabulary, or a new --workdir."
+            f'{where} has the special ids {_text(theirs)}, but the run records '
+            f'{_text(special)} (data.pad_id ... data.never_emit): use the '
+            "run's own vocabulary and settings, or a new --workdir."
         )
 
 
