@@ -14,7 +14,7 @@ import ml_collections
 import pytest
 
 from transformer import configs, run_changes, rundir, schema
-from transformer.model import TransformerConfig
+from transformer.model import VOCABULARY_FIELDS, TransformerConfig
 
 PACKAGE = pathlib.Path(__file__).parents[1] / 'transformer'
 
@@ -214,7 +214,7 @@ def _field_defaults() -> dict[str, Any]:
     found = {
         f'model.{f.name}': f.default
         for f in dataclasses.fields(TransformerConfig)
-        if f.default is not dataclasses.MISSING
+        if f.default is not dataclasses.MISSING and f.name not in VOCABULARY_FIELDS
     }
     for name, cls in schema.SECTIONS.items():
         for f in dataclasses.fields(cls):

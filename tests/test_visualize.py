@@ -48,4 +48,5 @@ def test_the_command_names_special_tokens_and_warns_on_empty_or_unknown_text(
         assert not info.value.code and out.stat().st_size > 1000
         warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
         assert [w for w in warnings if warning in w], warnings
-    assert visualize.input_warnings('ze bix pud .', tokenizer.encode('ze bix pud .')) == []
+    ids = tokenizer.encode('ze bix pud .')
+    assert visualize.input_warnings('ze bix pud .', ids, tokenizer.special.unk) == []

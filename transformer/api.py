@@ -41,7 +41,6 @@ from transformer.model import (
     per_head,
 )
 from transformer.model import teacher_forced_logits as logits
-from transformer.tokens import EOS_ID
 
 Hypothesis = decoding.Hypothesis
 PairScore = decoding.PairScore
@@ -207,7 +206,7 @@ class Run:
         if target is None:
             target = self.translate([source], beam_size=1)[0]
         inputs, targets = (
-            np.array(self.tokenizer.encode(text, side) + [EOS_ID], np.int32)
+            np.array(self.tokenizer.encode(text, side) + [self.tokenizer.special.eos], np.int32)
             for text, side in ((source, 'source'), (target, 'target'))
         )
         return attention_maps(self.model, self.params, inputs, targets)

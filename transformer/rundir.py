@@ -136,9 +136,9 @@ def path(workdir: str, *parts: str) -> str:
 Config = schema.Config  # as a file gives it, as config.json holds it, or typed
 # A run's vocabulary: the joint SentencePiece model trained for it (`data.Tokenizer`), or a
 # pretrained family's vocabulary of a run converted or fine-tuned from one
-# (`pretrained_vocab_dir`, `interop.Family.vocabulary`); all encode, decode and name their
-# pieces alike.
-Vocabulary = Any
+# (`pretrained_vocab_dir`, `interop.Family.vocabulary`); each is a `data_lib.Vocabulary`, whose
+# special ids must be the ones config.json records.
+Vocabulary = data_lib.Vocabulary
 
 
 def vocab_path(config: Config, workdir: str | None) -> str | None:
@@ -206,30 +206,41 @@ def get_tokenizer(config: Config, workdir: str | None) -> Vocabulary:
     """
     pretrained = pretrained_vocab_dir(config, workdir)
     if pretrained:
-        return _pretrained_vocabulary(pretrained)
+        return _recorded(_pretrained_vocabulary(pretrained), config, pretrained)
     model_path = vocab_path(config, workdir)
     if jax.process_count() == 1 or config.data.vocab_path:
-        return data_lib.get_tokenizer(config.data, model_path)
+        return _recorded(data_lib.get_tokenizer(config.data, model_path), config, model_path)
     built = []
     multihost.on_main(
         lambda: built.append(data_lib.get_tokenizer(config.data, model_path)),
         f'build the vocabulary {model_path}',
     )
-    return built[0] if built else data_lib.get_tokenizer(config.data, model_path)
+    vocab = built[0] if built else data_lib.get_tokenizer(config.data, model_path)
+    return _recorded(vocab, config, model_path)
 
 
 def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
     pretrained = pretrained_vocab_dir(config, workdir)
     if pretrained:
-        return _pretrained_vocabulary(pretrained)
+        return _recorded(_pretrained_vocabulary(pretrained), config, pretrained)
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
         fix = 'the workdir has no trained SentencePiece model (copy it or set data.vocab_path)'
         if config.data.vocab_path:  # a file the run's config names, since moved
             fix = f'set data.vocab_path in {path(workdir, CONFIG_FILE)} to where it is now'
         raise WorkdirError(f'No vocabulary at {model_path}: {fix}.')
-    return data_lib.Tokenizer(model_path, data_config=config.data)
+    return _recorded(data_lib.Tokenizer(model_path, data_config=config.data), config, model_path)
+
+
+def _recorded(vocab: Vocabulary, config: Config, where: str) -> Vocabulary:
+    """``vocab``, whose special ids must be the ones the run records (config.json's data
+    section, `data_lib.special_of`): the model and the searches read those."""
+    try:
+        data_lib.check_special(vocab.special, data_lib.special_of(config.data), where)
+    except data_lib.DataError as e:
+        raise WorkdirError(str(e)) from None
+    return vocab
 
 
 def _pretrained_vocabulary(directory: str) -> Vocabulary:

@@ -233,3 +233,13 @@ def test_pretokenized_runs_are_refused(hf_dir):
     config = SimpleNamespace(pretokenize='moses')
     with pytest.raises(DataError, match='data.pretokenize=none'):
         MarianVocabulary(hf_dir, key='data.vocab_path', data_config=config)
+
+
+def test_it_is_a_vocabulary_whose_special_ids_are_the_joint_ones(vocab, theirs):
+    """The permutation puts Marian's pad, eos and unk on the joint ids, whatever the layout."""
+    from transformer.data import JOINT, Vocabulary
+
+    assert isinstance(vocab, Vocabulary) and vocab.special == JOINT
+    assert vocab.marian_id(JOINT.pad) == theirs.pad_token_id
+    assert vocab.marian_id(JOINT.eos) == theirs.eos_token_id
+    assert vocab.marian_id(JOINT.unk) == theirs.unk_token_id

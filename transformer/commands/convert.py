@@ -69,6 +69,7 @@ def experiment_config(
     config['eval'].update(pretrained.eval)
     data = config['data']
     data['vocab_size'] = pretrained.tokenizer.vocab_size + added
+    data.update(data_lib.special_fields(pretrained.tokenizer.special))  # recorded, not detected
     if base is None:
         source, target = pretrained.languages
         data.update(dataset='none', source_lang=source or 'src', target_lang=target or 'tgt')

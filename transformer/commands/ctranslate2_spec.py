@@ -33,7 +33,8 @@ has each option our model has.
   position encodings at all.
 * Embeddings: scaled by sqrt(D); the target table or ``logits_dense`` is the decoder's
   ``projection``, ``model.logits_bias`` its bias. The decoder starts from the embedding of
-  id 0 (<pad>), its ``decoder_start_token``. The vocabulary is written in our id order
+  the vocabulary's start token (the joint vocabulary's <pad>, id 0), its
+  ``decoder_start_token``. The vocabulary is written in our id order
   (``tokenizer.id_to_piece``), a pretrained family's vocabulary's run's too, so no row moves;
   its SentencePiece files are the family's (`interop.Family.tokenizer_files`).
 
@@ -53,7 +54,6 @@ from typing import Any
 import numpy as np
 
 from transformer.formats import EVERY_VALUE, ExportError, Format, Writes, max_length
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 SPM_FILES = ('source.spm', 'target.spm')
 WEIGHTS, REQUEST = 'ctranslate2_weights.npz', 'ctranslate2_request.json'
@@ -248,17 +248,18 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
 
 def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
     """The pieces in our id order (a pretrained vocabulary's too: no row moves) and the
-    config's special tokens: the decoder starts from <pad> (id 0), as ours does; sources get
-    no BOS, which is set to <pad> too."""
+    config's special tokens, the vocabulary's (``tokenizer.special``): the decoder starts from
+    its start token (<pad>, id 0, for the joint vocabulary), as ours does; sources get no BOS,
+    which is set to <pad>."""
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     if len(set(pieces)) != len(pieces):
         raise ValueError('the vocabulary has duplicate pieces; CTranslate2 needs unique ones.')
-    pad = tokenizer.id_to_piece(PAD_ID)
+    special = tokenizer.special
     tokens = {
-        'unk_token': tokenizer.id_to_piece(UNK_ID),
-        'eos_token': tokenizer.id_to_piece(EOS_ID),
-        'bos_token': pad,
-        'decoder_start_token': pad,
+        'unk_token': tokenizer.id_to_piece(special.unk),
+        'eos_token': tokenizer.id_to_piece(special.eos),
+        'bos_token': tokenizer.id_to_piece(special.pad),
+        'decoder_start_token': tokenizer.id_to_piece(special.decoder_start),
     }
     return pieces, tokens
 

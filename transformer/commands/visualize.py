@@ -23,7 +23,6 @@ from transformer.checkpoint import load_model
 from transformer.commands import console
 from transformer.data import DataError
 from transformer.model import ATTENTION_MAP_KINDS, attention_maps
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 
 def plot_attention(
@@ -88,15 +87,17 @@ def check_out(out: str) -> None:
 
 def token_labels(tokenizer, ids) -> list[str]:
     """Axis labels: each piece's text, special tokens by name."""
-    names = {EOS_ID: '</s>', UNK_ID: '<unk>', PAD_ID: '<pad>'}
+    special = tokenizer.special
+    names = {special.eos: '</s>', special.unk: '<unk>', special.pad: '<pad>'}
     return [names.get(int(i)) or tokenizer.decode([int(i)]) or f'<{int(i)}>' for i in ids]
 
 
-def input_warnings(text: str, ids: list[int]) -> list[str]:
-    """What makes a figure of ``text`` say little: no words, or pieces the vocabulary lacks."""
+def input_warnings(text: str, ids: list[int], unk: int) -> list[str]:
+    """What makes a figure of ``text`` say little: no words, or pieces the vocabulary lacks
+    (its unknown id ``unk``)."""
     if not text.strip():
         return ['--text is empty: the figure shows the end-of-sentence token alone.']
-    unknown = sum(i == UNK_ID for i in ids)
+    unknown = sum(i == unk for i in ids)
     if unknown:
         return [f'{unknown} of the {len(ids)} pieces of --text are not in the vocabulary (<unk>).']
     return []
@@ -126,15 +127,16 @@ def cli(argv: list[str] | None = None) -> None:
         except (rundir.WorkdirError, DataError) as e:  # DataError: a vocabulary that won't load
             raise SystemExit(f'error: {e}') from None
         source_ids = tokenizer.encode(FLAGS.text)
-        for warning in input_warnings(FLAGS.text, source_ids):
+        eos = tokenizer.special.eos
+        for warning in input_warnings(FLAGS.text, source_ids, tokenizer.special.unk):
             logging.warning(warning)
-        inputs = np.array(source_ids + [EOS_ID], np.int32)
+        inputs = np.array(source_ids + [eos], np.int32)
         if FLAGS.target is None:
             tokens = np.asarray(decoding.greedy_search(model, params, jnp.asarray(inputs)[None])[0])
-            length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else len(tokens)
+            length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else len(tokens)
             targets = tokens[:length]
         else:
-            targets = np.array(tokenizer.encode(FLAGS.target, 'target') + [EOS_ID], np.int32)
+            targets = np.array(tokenizer.encode(FLAGS.target, 'target') + [eos], np.int32)
         maps = attention_maps(model, params, inputs, targets)
         labels = functools.partial(token_labels, tokenizer)
         plot_attention(maps, labels(inputs), labels(targets), FLAGS.out)

@@ -5,6 +5,9 @@
   failures raise ``DataError``; ``order_note``: why a split cannot come in its original
   order (TFDS datasets stored shuffled), or None; ``check_split``: a split the source does
   not have, before anything is read.
+- ``Vocabulary`` (vocabulary.py): what every vocabulary offers, its special ids (``special``,
+  a `SpecialIds`) included; ``special_fields`` / ``special_of``: their record in the ``data``
+  section of config.json; ``check_special``: a vocabulary that disagrees with its run.
 - ``get_tokenizer``: the joint SentencePiece vocabulary (ids in transformer/tokens.py), which
   applies the run's pretokenization (``PRETOKENIZERS``; ``Pretokenizer``, pretokenize.py)
   both ways: raw text in, detokenized text out.
@@ -53,7 +56,14 @@ from transformer.data.token_store import num_examples as token_store_pairs
 from transformer.data.token_store import verify as verify_token_store
 from transformer.data.tokenized import TokenizedSplit, tokenize_split
 from transformer.data.tokenizer import MODEL_TYPES, NORMALIZATIONS, Tokenizer, get_tokenizer
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer.data.vocabulary import (
+    SPECIAL_FIELDS,
+    Vocabulary,
+    check_special,
+    special_fields,
+    special_of,
+)
+from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID, SpecialIds
 
 __all__ = [
     'added_tokens',
@@ -69,6 +79,13 @@ __all__ = [
     'EOS_ID',
     'PAD_ID',
     'UNK_ID',
+    'JOINT',
+    'SPECIAL_FIELDS',
+    'SpecialIds',
+    'Vocabulary',
+    'check_special',
+    'special_fields',
+    'special_of',
     'Corpora',
     'DataError',
     'EvalSet',

@@ -19,7 +19,7 @@ from absl import logging
 from transformer.data.sources import load_text
 from transformer.data.tokenized import encode_texts, tokenize_split
 from transformer.data.tokenizer import Tokenizer
-from transformer.tokens import EOS_ID, PAD_ID
+from transformer.tokens import JOINT, SpecialIds
 
 
 def bucket_length(n: int) -> int:
@@ -42,6 +42,7 @@ def batch_examples(
     sources: Sequence[np.ndarray],
     targets: Sequence[np.ndarray] | None,
     batch_size: int,
+    special: SpecialIds = JOINT,
 ) -> list[dict[str, np.ndarray]]:
     """Examples in length-sorted, bucketed batches of ``batch_size`` rows (see
     ``make_eval_batches``); ``targets`` None for source-only batches (translation).
@@ -50,6 +51,7 @@ def batch_examples(
       sources: token ids of each example's source, EOS included.
       targets: the same for the targets, or None.
       batch_size: rows per batch.
+      special: the vocabulary's ids: its pad fills the rows, a filler row's source is [eos].
 
     Returns:
       Batches with 'inputs', 'targets' (when given) and 'index'.
@@ -67,12 +69,12 @@ def batch_examples(
         index = order[start : start + batch_size]
         length = bucket_length(int(max(source_lengths[index].max(), target_lengths[index].max())))
         batch = {
-            'inputs': np.full((batch_size, length), PAD_ID, np.int32),
+            'inputs': np.full((batch_size, length), special.pad, np.int32),
             'index': np.full((batch_size,), -1, np.int32),
         }
         if targets is not None:
-            batch['targets'] = np.full((batch_size, length), PAD_ID, np.int32)
-        batch['inputs'][len(index) :, 0] = EOS_ID
+            batch['targets'] = np.full((batch_size, length), special.pad, np.int32)
+        batch['inputs'][len(index) :, 0] = special.eos
         batch['index'][: len(index)] = index
         for row, i in enumerate(index):
             batch['inputs'][row, : len(sources[i])] = sources[i]
@@ -94,10 +96,11 @@ def make_eval_batches(
     """Every example of a split in batches sorted by length, for evaluation and decoding.
 
     Nothing is dropped or truncated. Each batch holds ``batch_size`` rows: 'inputs' and
-    'targets' [batch_size, L] (each example ends with EOS, 0-padded; L = bucket_length of the
-    batch's longest side, possibly above max_len) and 'index' [batch_size] (the example's
-    position in the split, -1 for filler rows). Filler rows have the source [EOS] (so no row
-    is fully masked) and an all-padding target (so they weigh nothing in a loss).
+    'targets' [batch_size, L] (each example ends with EOS, padded with the pad id; L =
+    bucket_length of the batch's longest side, possibly above max_len) and 'index'
+    [batch_size] (the example's position in the split, -1 for filler rows). Filler rows have
+    the source [EOS] (so no row is fully masked) and an all-padding target (so they weigh
+    nothing in a loss).
 
     Args:
       data_config: the ``data`` config section.
@@ -113,7 +116,10 @@ def make_eval_batches(
     data = tokenize_split(data_config, tokenizer, split, cache_dir)
     n = data.num_examples if max_examples is None else min(max_examples, data.num_examples)
     batches = batch_examples(
-        [data.source(i) for i in range(n)], [data.target(i) for i in range(n)], batch_size
+        [data.source(i) for i in range(n)],
+        [data.target(i) for i in range(n)],
+        batch_size,
+        tokenizer.special,
     )
     logging.info(
         'Evaluation data %s: %d examples in %d batches of %d rows, lengths %s.',
@@ -198,5 +204,5 @@ def eval_set_of_lines(
     target_ids, target_offsets = encode_texts(tokenizer, references, 'target')
     sources_ids = np.split(source_ids, source_offsets[1:-1])
     targets_ids = np.split(target_ids, target_offsets[1:-1])
-    batches = batch_examples(sources_ids, targets_ids, batch_size)
+    batches = batch_examples(sources_ids, targets_ids, batch_size, tokenizer.special)
     return EvalSet(name, batches, list(references))

@@ -44,7 +44,7 @@ from transformer.data.mix import Corpora, training_corpora
 from transformer.data.token_store import TokenStore
 from transformer.data.tokenized import TokenizedSplit
 from transformer.data.tokenizer import Tokenizer
-from transformer.tokens import EOS_ID
+from transformer.tokens import JOINT, SpecialIds
 
 CHUNK_SIZE = 1 << 16  # examples packed together; bounds the cost of restoring a state
 OPEN_ROWS = 8  # rows open at once in first-fit packing
@@ -93,13 +93,14 @@ def _fill_rows(
     side: str,
     lengths: np.ndarray,
     width: int,
+    special: SpecialIds,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Writes one side of packed rows: tokens, segment ids and positions, each [len(rows), width].
+    """One side of packed rows: tokens (``special.pad`` pads), segments, positions [R, width].
 
     Vectorized over all tokens of the batch. ``lengths`` may be shorter than the stored
     example (truncation); the last token written for an example is always EOS.
     """
-    tokens = np.zeros((len(rows), width), np.int32)
+    tokens = np.full((len(rows), width), special.pad, np.int32)
     segments = np.zeros_like(tokens)
     positions = np.zeros_like(tokens)
     counts = np.array([len(r) for r in rows], np.int64)
@@ -116,7 +117,7 @@ def _fill_rows(
     token_example = np.repeat(np.arange(len(examples)), lens)
     within = np.arange(int(ends[-1])) - np.repeat(starts, lens)
     values = corpora.gather(side, examples, token_example, within)
-    values[ends - 1] = EOS_ID
+    values[ends - 1] = special.eos
     r, c = row_of_example[token_example], column0[token_example] + within
     tokens[r, c] = values
     segments[r, c] = segment[token_example]
@@ -162,7 +163,7 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
 
     Each batch is a dict of int32 arrays [batch_size // data_groups, max_len] under the keys
     inputs, targets, inputs_segmentation, targets_segmentation, inputs_positions,
-    targets_positions.
+    targets_positions; ``special``: the vocabulary's ids (its pad, its eos: `_fill_rows`).
     """
 
     def __init__(
@@ -177,6 +178,7 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
         long_examples: str = 'drop',
         chunk_size: int = CHUNK_SIZE,
         open_rows: int = OPEN_ROWS,
+        special: SpecialIds = JOINT,
     ):
         if batch_size % data_groups:
             raise ValueError(f'batch_size={batch_size} is not divisible by {data_groups=}.')
@@ -185,14 +187,13 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
         if long_examples not in LONG_EXAMPLES:
             raise ValueError(f"long_examples must be 'drop' or 'truncate', got {long_examples!r}.")
         data = data if isinstance(data, Corpora) else Corpora([data])
-        self._data = data
+        self._data, self._special = data, special  # the rows' tokens and their pad and eos
         self.last_pairs: dict[str, int] = {}  # each named corpus's pairs in the last batch
         self.batch_size = batch_size
         self.max_len = max_len
         self.data_group = data_group
         self.data_groups = data_groups
-        self._chunk_size = chunk_size
-        self._open_rows = open_rows
+        self._chunk_size, self._open_rows = chunk_size, open_rows
 
         self._examples, empty, long = _kept_examples(data, max_len, long_examples)
         if not len(self._examples):
@@ -329,10 +330,10 @@ class TrainIterator(Iterator[dict[str, np.ndarray]]):
         self.last_pairs = self._data.pairs(rows)  # (all processes' rows)
         rows = rows[self.data_group * local : (self.data_group + 1) * local]
         inputs, inputs_segmentation, inputs_positions = _fill_rows(
-            rows, self._data, 'source', self._source_lengths, self.max_len
+            rows, self._data, 'source', self._source_lengths, self.max_len, self._special
         )
         targets, targets_segmentation, targets_positions = _fill_rows(
-            rows, self._data, 'target', self._target_lengths, self.max_len
+            rows, self._data, 'target', self._target_lengths, self.max_len, self._special
         )
         return {
             'inputs': inputs,
@@ -382,6 +383,7 @@ def make_train_iterator(
         data_group=data_group,
         data_groups=data_groups,
         long_examples=data_config.long_examples,
+        special=tokenizer.special,
     )
     stats = iterator.stats()
     logging.info(

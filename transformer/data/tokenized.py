@@ -28,7 +28,6 @@ from absl import logging
 from transformer.data import sources
 from transformer.data.pretokenize import Side
 from transformer.data.tokenizer import Tokenizer
-from transformer.tokens import EOS_ID
 
 _ENCODE_CHUNK = 100_000  # sentences per encode call: bounds the memory of Python id lists
 _MEMORY_CACHE_SIZE = 4  # recent splits kept in memory (e.g. repeated evaluations)
@@ -85,7 +84,8 @@ def encode_texts(
     for start in range(0, len(texts), _ENCODE_CHUNK):
         encoded = tokenizer.encode_batch(texts[start : start + _ENCODE_CHUNK], side)
         lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
-        flat = itertools.chain.from_iterable(ids + [EOS_ID] for ids in encoded)
+        eos = tokenizer.special.eos
+        flat = itertools.chain.from_iterable(ids + [eos] for ids in encoded)
         id_chunks.append(np.fromiter(flat, dtype, int(lengths.sum())))
         length_chunks.append(lengths)
     ids = np.concatenate(id_chunks) if id_chunks else np.zeros(0, dtype)

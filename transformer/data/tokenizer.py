@@ -2,9 +2,10 @@
 
 The paper shares one BPE vocabulary of ~37000 tokens between English and German (Sec. 5.1),
 which is also what lets the source embedding, target embedding and pre-softmax matrix be one
-(Sec. 3.4). Ids follow the model's conventions: 0 = padding (and decoder start), 1 = end of
-sentence, 2 = unknown; there is no beginning-of-sentence token. With ``data.pretokenize='moses'``
-the vocabulary is trained on, and reads, Moses-tokenized text (pretokenize.py).
+(Sec. 3.4). Its ids are transformer/tokens.py's (`tokens.JOINT`): 0 = padding (and decoder
+start), 1 = end of sentence, 2 = unknown; there is no beginning-of-sentence token. With
+``data.pretokenize='moses'`` the vocabulary is trained on, and reads, Moses-tokenized text
+(pretokenize.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from transformer.data import mix_entries
 from transformer.data.errors import DataError
 from transformer.data.pretokenize import MOSES_MARK, Pretokenizer, Side
 from transformer.data.sources import read_chunks
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
+
+FILE = 'spm.model'  # its name in a run's vocab/ directory (`Tokenizer.copy_to`)
 
 # SentencePiece's built-in normalization rules. 'nmt_nfkc' (its default) keeps the case;
 # the '_cf' rules also lowercase (Unicode case folding that keeps the German sharp s).
@@ -34,7 +37,8 @@ MODEL_TYPES = ('bpe', 'unigram', 'word', 'char')  # SentencePiece's algorithms
 
 
 class Tokenizer:
-    """A SentencePiece model with the project's id conventions and the text it was trained on.
+    """A SentencePiece model with the joint ids and the text it was trained on: a
+    `transformer.data.vocabulary.Vocabulary`.
 
     Text goes in raw and comes out as text: with ``data.pretokenize='moses'`` encoding Moses-
     tokenizes it first and decoding detokenizes and unescapes (transformer/data/pretokenize.py),
@@ -42,12 +46,15 @@ class Tokenizer:
 
     Attributes:
       model_path: the ``.model`` file it was loaded from.
+      special: its special ids, `tokens.JOINT`.
       vocab_size: number of ids (pad, eos and unk included).
       fingerprint: a hash of the model file, part of the token-cache keys.
       pretokenize: the text the vocabulary was trained on, one of `PRETOKENIZERS` (a
         vocabulary holding the control piece `MOSES_MARK` was trained on Moses text).
       pretokenizer: the `Pretokenizer` that turns raw text into that text and back.
     """
+
+    special = JOINT
 
     def __init__(self, model_path: str, key: str | None = None, data_config: Any = None):
         """``key``: the setting that named the file (``'data.vocab_path'``), for the error
@@ -107,9 +114,9 @@ class Tokenizer:
         language when the vocabulary was trained on pretokenized text."""
         out = []
         for i in np.asarray(ids).reshape(-1).tolist():
-            if i == EOS_ID:
+            if i == self.special.eos:
                 break
-            if i != PAD_ID:
+            if i not in self.special.never_emit:
                 out.append(i)
         return self.pretokenizer.decode(self._sp.decode(out))
 
@@ -124,6 +131,13 @@ class Tokenizer:
     def language_tokens(self) -> list[str]:
         """Target-language tokens (``>>xx<<``): a joint SentencePiece vocabulary has none."""
         return []
+
+    def copy_to(self, directory: str | os.PathLike) -> None:
+        """Copies its model into ``directory`` as `FILE` (kept when one is there)."""
+        target = os.path.join(directory, FILE)
+        if not os.path.exists(target):
+            with open(self.model_path, 'rb') as f:
+                _write_atomically(target, f.read())
 
 
 def _trained_on(sp: spm.SentencePieceProcessor) -> str:

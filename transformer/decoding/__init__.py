@@ -19,14 +19,20 @@ Conventions shared by the searches:
   width S: T = S + extra_length, or ``max_decode_len`` when given; an example stops at
   min(limit, T) by allowing only EOS at its last position. Output arrays are [.., T] and only
   the number of real tokens depends on the data, so equal shapes never recompile.
-* EOS is kept in the output and everything after it is 0. The pad/start token 0 is never
-  generated: a 0 inside a hypothesis would read as padding to the teacher-forced model.
+* Special ids are the vocabulary's (`tokens.SpecialIds`), which the searches read from the
+  model's config (``model.config.special``, recorded in the run's config.json). The first
+  step feeds the decoder's start token (the joint vocabulary's pad, 0; NLLB-200's eos); it is
+  never part of the output. EOS is kept in the output and everything after it is the pad id.
+  No search outputs an id of ``special.never_emit`` (the pad id always: a pad inside a
+  hypothesis would read as padding to the teacher-forced model). Forced first target tokens
+  (a target-language code) are a prefix (constraints.py): they come out first and their
+  log-probabilities count in the score like any other token's.
 * Scores are sum of log-probabilities (EOS included) / length_penalty(length), the length
   counting EOS and not the start token: GNMT's ((5 + length) / 6)^alpha or fairseq's
   length^alpha (``eval.length_penalty``, `next_token.length_penalty`). Log-probabilities
-  are the model's own (log_softmax over all of V), not renormalised after forbidding 0 or
-  forcing EOS, so a score is always the model's log-probability of exactly that sequence
-  over its penalty.
+  are the model's own (log_softmax over all of V), not renormalised after forbidding
+  ``never_emit`` or forcing EOS or a prefix, so a score is always the model's
+  log-probability of exactly that sequence over its penalty.
 * Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
   (`ensemble_params`): the next-token distribution is then the mean of the members'
   probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of

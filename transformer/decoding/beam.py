@@ -35,8 +35,6 @@ from transformer.decoding.next_token import (
 )
 from transformer.decoding.next_token import length_penalty as penalty
 from transformer.model import (
-    EOS_ID,
-    PAD_ID,
     Transformer,
     beam_mask,
     padded_length,
@@ -103,7 +101,8 @@ def _beam_search(
     batch, width = inputs.shape
     rows = batch * beam_size
     loop_length = decode_length(width, max_decode_len, extra_length)
-    limits = output_limits(inputs, loop_length, extra_length)
+    special = model.config.special
+    limits = output_limits(inputs, loop_length, extra_length, special.pad)
     cache_length = padded_length(loop_length)
     encoded, cache = encode_and_cache(model, params, inputs, cache_length)
 
@@ -128,7 +127,7 @@ def _beam_search(
             jax.lax.dynamic_index_in_dim(
                 state.alive_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False
             ),
-            PAD_ID,
+            special.decoder_start,
         )
         # Each row writes position `step` into its own slot and reads its hypothesis' slots.
         own_slots = jnp.arange(rows, dtype=jnp.int32) % beam_size
@@ -142,15 +141,15 @@ def _beam_search(
         )
         at_limit = step + 1 >= state.limits
         log_probs = constrain(
-            forbid(log_probs, at_limit), state.controls, step, state.alive_seqs.reshape(rows, -1),
-            at_limit,
+            forbid(log_probs, at_limit, special), state.controls, step,
+            state.alive_seqs.reshape(rows, -1), at_limit, special,
         )  # fmt: skip
         vocab = log_probs.shape[-1]
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
-        finished_seqs, finished_scores = _offer_finished(state, log_probs, alpha, rule)
+        finished_seqs, finished_scores = _offer_finished(state, log_probs, alpha, rule, special.eos)
 
         # The K best continuations that do not end here stay alive.
-        continuing = log_probs.at[:, :, EOS_ID].set(-jnp.inf).reshape(-1, beam_size * vocab)
+        continuing = log_probs.at[:, :, special.eos].set(-jnp.inf).reshape(-1, beam_size * vocab)
         alive_log_probs, flat = top_k(continuing, beam_size)
         parents, tokens = flat // vocab, flat % vocab
         parent_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
@@ -176,11 +175,11 @@ def _beam_search(
 
     state = _BeamState(
         step=jnp.array(0, jnp.int32),
-        alive_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
+        alive_seqs=jnp.full((batch, beam_size, loop_length), special.pad, jnp.int32),
         # All K beams start identical; only the first may expand, or the K copies would fill
         # the beam with the same hypothesis.
         alive_log_probs=jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0),
-        finished_seqs=jnp.zeros((batch, beam_size, loop_length), jnp.int32),
+        finished_seqs=jnp.full((batch, beam_size, loop_length), special.pad, jnp.int32),
         finished_scores=jnp.full((batch, beam_size), -jnp.inf),
         history=jnp.zeros((rows, cache_length), jnp.int32),
         cache=map_cache(lambda c: share_across_beams(c, beam_size), cache, params),
@@ -198,7 +197,7 @@ def _beam_search(
         outputs=lambda state: (state.finished_seqs, state.finished_scores),
     )
     # Slots no hypothesis reached (tiny vocabularies) hold no sequence.
-    sequences = jnp.where(jnp.isfinite(scores)[:, :, None], sequences, PAD_ID)
+    sequences = jnp.where(jnp.isfinite(scores)[:, :, None], sequences, special.pad)
     return sequences, scores, state.step
 
 
@@ -207,14 +206,14 @@ def _repeat(prefixes: Array | None, beam_size: int) -> Array | None:
 
 
 def _offer_finished(
-    state: _BeamState, log_probs: Array, alpha: Array, rule: Array
+    state: _BeamState, log_probs: Array, alpha: Array, rule: Array, eos: int
 ) -> tuple[Array, Array]:
     """The K best of the finished set and every alive hypothesis + EOS (``log_probs``
     [B, K, V] being each extension's log-prob): every hypothesis + EOS is a candidate, not
     just those among the top candidates, so no short hypothesis is lost to a crowded beam."""
     beam_size = log_probs.shape[1]
-    eos_seqs = state.alive_seqs.at[:, :, state.step].set(EOS_ID)
-    eos_scores = log_probs[:, :, EOS_ID] / penalty(state.step + 1, alpha, rule)
+    eos_seqs = state.alive_seqs.at[:, :, state.step].set(eos)
+    eos_scores = log_probs[:, :, eos] / penalty(state.step + 1, alpha, rule)
     finished_scores, order = jax.lax.top_k(
         jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
     )
@@ -266,8 +265,8 @@ def beam_search(
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
-      EOS and are 0 after it. A slot with score -inf holds no hypothesis (only possible when
-      fewer than K sequences exist).
+      EOS and are the pad id after it. A slot with score -inf holds no hypothesis (only
+      possible when fewer than K sequences exist).
     """
     sequences, scores, _ = _beam_search(
         model,

@@ -6,10 +6,14 @@ and a forced target prefix, the same for beam search, greedy search and sampling
   (`next_token.output_limits`) wins and EOS is the only token left.
 * ``no_repeat_ngram`` N: a token that would complete an N-gram already in the output is
   forbidden (fairseq's ``--no-repeat-ngram-size``, Paulus et al., 2018); 0 turns it off.
-* A prefix [B, P] (right-padded with 0): output position t < the row's prefix length takes
-  the prefix's token, whatever the model prefers; its score is the model's log-probability
-  of that token, so a score is still the model's log-probability of the whole output. The
-  caller makes sure a prefix leaves room for EOS (`translation.check_prefixes`).
+* A prefix [B, P] (right-padded with the pad id): output position t < the row's prefix length
+  takes the prefix's token, whatever the model prefers; its score is the model's
+  log-probability of that token, so a score is still the model's log-probability of the
+  whole output. This is also how a vocabulary's forced first target tokens (a target-language
+  code, NLLB-200's) are given: they come out first in the output, after the decoder's start
+  token (`SpecialIds.decoder_start`, which is never part of the output), and count in its
+  score and length like any other token. The caller makes sure a prefix leaves room for EOS
+  (`translation.check_prefixes`).
 
 Both settings are traced values (one compiled search serves every L and N); a prefix is an
 array, so its contents are too. N-gram blocking keeps, for every row, the length of the
@@ -26,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from transformer.model import EOS_ID
+from transformer.tokens import SpecialIds
 
 Array = jax.Array
 
@@ -60,7 +64,7 @@ class Controls(NamedTuple):
     min_length: Array | None  # scalar int32
     ngram: Array | None  # scalar int32
     matches: Array | None  # [R, T] common suffix lengths (see the module docstring)
-    prefix: Array | None  # [R, P] forced tokens, 0 past each row's prefix
+    prefix: Array | None  # [R, P] forced tokens, the pad id past each row's prefix
 
 
 def init_controls(
@@ -80,11 +84,11 @@ def init_controls(
     )
 
 
-def forced_tokens(prefix: Array, step: Array) -> Array:
-    """[R] the prefix token of output position ``step`` (0: not forced)."""
+def forced_tokens(prefix: Array, step: Array, pad: int) -> Array:
+    """[R] the prefix token of output position ``step`` (``pad``: not forced)."""
     width = prefix.shape[1]
     token = jax.lax.dynamic_index_in_dim(prefix, jnp.minimum(step, width - 1), 1, keepdims=False)
-    return jnp.where(step < width, token, 0)
+    return jnp.where(step < width, token, pad)
 
 
 def _repeated(controls: Controls, step: Array, tokens: Array, vocab: int) -> Array:
@@ -97,7 +101,12 @@ def _repeated(controls: Controls, step: Array, tokens: Array, vocab: int) -> Arr
 
 
 def constrain(
-    scores: Array, controls: Controls | None, step: Array, tokens: Array, at_limit: Array
+    scores: Array,
+    controls: Controls | None,
+    step: Array,
+    tokens: Array,
+    at_limit: Array,
+    special: SpecialIds,
 ) -> Array:
     """``scores`` [R, V] (already through `next_token.forbid`) with what the constraints
     forbid at -inf, and forced positions holding only their prefix token.
@@ -108,6 +117,7 @@ def constrain(
       step: the output position about to be chosen.
       tokens: [R, T] each row's output so far (positions >= ``step`` are ignored).
       at_limit: [R] rows whose next token is their last allowed one (only EOS is left).
+      special: the vocabulary's ids (its eos; its pad pads a prefix).
     """
     if controls is None:
         return scores
@@ -115,12 +125,12 @@ def constrain(
     out = scores
     if controls.min_length is not None:
         early = (step < controls.min_length) & ~at_limit
-        out = jnp.where(early[:, None] & (vocab == EOS_ID), -jnp.inf, out)
+        out = jnp.where(early[:, None] & (vocab == special.eos), -jnp.inf, out)
         out = jnp.where(_repeated(controls, step, tokens, scores.shape[-1]), -jnp.inf, out)
     if controls.prefix is not None:
-        forced = forced_tokens(controls.prefix, step)[:, None]
+        forced = forced_tokens(controls.prefix, step, special.pad)[:, None]
         only = jnp.where(vocab == forced, scores, -jnp.inf)
-        out = jnp.where(forced != 0, only, out)
+        out = jnp.where(forced != special.pad, only, out)
     return out
 
 

@@ -9,7 +9,8 @@ Every step feeds one token per sequence to ``Transformer.decode(..., decode=True
 appends that position's keys and values to the cache, so the prefix is never recomputed. The
 encoder output's keys and values for encoder-decoder attention are projected once, by
 `init_cache` before the loop, and only read by the steps. The first step feeds the start
-token 0, later steps the previous token.
+token (the model's ``config.special.decoder_start``: 0 for the joint vocabulary), later steps
+the previous token.
 
 The conventions both searches share (output length, EOS, scores, ensembles) are written in
 the package's public API, transformer/decoding/__init__.py.
@@ -40,7 +41,7 @@ from transformer.decoding.next_token import (
     shrinking_loop,
     stage_sizes,
 )
-from transformer.model import EOS_ID, PAD_ID, Transformer
+from transformer.model import Transformer
 
 Array = jax.Array
 Params = Any
@@ -50,7 +51,7 @@ class TokenState(NamedTuple):
     """The state of a search that picks one token per row and step (greedy, sampling)."""
 
     step: Array  # tokens decoded so far
-    tokens: Array  # [R, T] output, 0 from `step` on and after EOS
+    tokens: Array  # [R, T] output, the pad id from `step` on and after EOS
     last_tokens: Array  # [R] the token fed at this step
     done: Array  # [R] produced EOS
     cache: Any
@@ -77,7 +78,7 @@ def token_search(
     """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token
     logits (log-probabilities with ``normalized``), impossible and forbidden tokens at -inf.
     Returns each row's tokens [R, T] and ``draws.log_probs`` [R] (None without draws)."""
-    rows, _ = inputs.shape
+    (rows, _), special = inputs.shape, model.config.special
     encoded, cache = encode_and_cache(model, params, inputs, loop_length)
 
     def decode_step(state: TokenState) -> TokenState:
@@ -86,15 +87,15 @@ def token_search(
             normalized=normalized,
         )
         at_limit = state.step + 1 >= state.limits
-        scores = forbid(scores, at_limit)
-        scores = constrain(scores, state.controls, state.step, state.tokens, at_limit)
+        scores = forbid(scores, at_limit, special)
+        scores = constrain(scores, state.controls, state.step, state.tokens, at_limit, special)
         chosen, draws = choose(scores, state)
-        next_tokens = jnp.where(state.done, PAD_ID, chosen)
+        next_tokens = jnp.where(state.done, special.pad, chosen)
         return state._replace(
             step=state.step + 1,
             tokens=state.tokens.at[:, state.step].set(next_tokens),
             last_tokens=next_tokens,
-            done=state.done | (next_tokens == EOS_ID),
+            done=state.done | (next_tokens == special.eos),
             cache=cache,
             controls=advance(state.controls, state.tokens, next_tokens),
             draws=draws,
@@ -102,12 +103,12 @@ def token_search(
 
     state = TokenState(
         step=jnp.array(0, jnp.int32),
-        tokens=jnp.zeros((rows, loop_length), jnp.int32),
-        last_tokens=jnp.full((rows,), PAD_ID, jnp.int32),
+        tokens=jnp.full((rows, loop_length), special.pad, jnp.int32),
+        last_tokens=jnp.full((rows,), special.decoder_start, jnp.int32),
         done=jnp.zeros((rows,), bool),
         cache=cache,
         inputs=inputs,
-        limits=output_limits(inputs, loop_length, extra_length),
+        limits=output_limits(inputs, loop_length, extra_length, special.pad),
         encoded=encoded,
         controls=controls,
         draws=draws,
@@ -157,11 +158,12 @@ def greedy_search(
       min_stage_batch: the batch shrinks as its examples produce EOS, down to this many rows
         (`next_token.shrinking_loop`).
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
-      prefixes: [B, P] int32 target prefixes the outputs start with, right-padded with 0.
+      prefixes: [B, P] int32 target prefixes the outputs start with (forced first tokens, a
+        target-language code), right-padded with the pad id (`constraints`).
 
     Returns:
-      [B, T] int32 tokens, EOS included where produced, 0 after it. The loop ends as soon as
-      every example has produced EOS.
+      [B, T] int32 tokens, EOS included where produced, the pad id after it. The loop ends as
+      soon as every example has produced EOS.
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)

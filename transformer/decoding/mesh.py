@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from transformer.backends import fetch
 from transformer.decoding.next_token import Ensemble
 from transformer.model import Transformer
-from transformer.tokens import EOS_ID
+from transformer.tokens import JOINT, SpecialIds
 
 PyTree = Any
 
@@ -98,24 +98,34 @@ class DecodeLayout:
         return range(group * block, (group + 1) * block)
 
 
-def filler_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+# The arrays of token ids a batch may hold: their filler rows are the vocabulary's padding.
+_TOKEN_KEYS = ('inputs', 'targets', 'prefixes')
+
+
+def filler_rows(
+    batch: Mapping[str, np.ndarray], rows: int, special: SpecialIds = JOINT
+) -> dict[str, np.ndarray]:
     """``batch`` with filler rows appended up to ``rows``: 'inputs' ``[EOS]`` (as the
-    evaluation batches' filler, so no source is fully masked), every other array 0 (a filler
-    target weighs nothing in a loss)."""
+    evaluation batches' filler, so no source is fully masked), 'targets' and 'prefixes'
+    padding (``special.pad``: a filler target weighs nothing in a loss), every other array 0."""
     out = {}
     for key, value in batch.items():
-        pad = np.zeros((rows - value.shape[0], *value.shape[1:]), value.dtype)
+        fill = special.pad if key in _TOKEN_KEYS else 0
+        pad = np.full((rows - value.shape[0], *value.shape[1:]), fill, value.dtype)
         if key == 'inputs' and pad.size:
-            pad[:, 0] = EOS_ID
+            pad[:, 0] = special.eos
         out[key] = np.concatenate([value, pad])
     return out
 
 
-def place_rows(batch: Mapping[str, np.ndarray], layout: DecodeLayout) -> dict[str, jax.Array]:
+def place_rows(
+    batch: Mapping[str, np.ndarray], layout: DecodeLayout, special: SpecialIds = JOINT
+) -> dict[str, jax.Array]:
     """A whole batch (the same on every process) as global arrays split over ``data``: padded
-    to a multiple of the ``data`` axis (`filler_rows`), each process placing only its rows."""
+    to a multiple of the ``data`` axis (`filler_rows`, with the vocabulary's ``special``
+    ids), each process placing only its rows."""
     rows = layout.padded_rows(next(iter(batch.values())).shape[0])
-    padded = filler_rows(batch, rows)
+    padded = filler_rows(batch, rows, special)
     own = layout.rows_of(jax.process_index(), rows)
     return {
         key: jax.make_array_from_process_local_data(
@@ -149,8 +159,8 @@ def decode(
     The search is any of the package's (`translate_batch`, `beam_search`, ...) or one with
     the same form: its outputs' leading axis is the batch's rows. ``row_options`` are per-row
     arrays [B, ...] (a sentence's line index, its forced prefix), split over the mesh with the
-    inputs (filler rows 0); ``options`` go to the search as they are. ``params`` must be in
-    ``layout.shardings()`` (`DecodeLayout.place`).
+    inputs (filler rows: `filler_rows`); ``options`` go to the search as they are.
+    ``params`` must be in ``layout.shardings()`` (`DecodeLayout.place`).
     """
     rows = inputs.shape[0]
     per_row = {key: np.asarray(value) for key, value in (row_options or {}).items()}
@@ -158,7 +168,7 @@ def decode(
         per_row = {key: jnp.asarray(value) for key, value in per_row.items()}
         outputs = search(model, params, jnp.asarray(inputs), **per_row, **options)
         return jax.tree.map(np.asarray, fetch(outputs))
-    placed = place_rows({'inputs': np.asarray(inputs), **per_row}, layout)
+    placed = place_rows({'inputs': np.asarray(inputs), **per_row}, layout, model.config.special)
     with jax.set_mesh(layout.mesh):  # the searches read the data axis (`stage_sizes`)
         outputs = search(model, params, placed.pop('inputs'), **placed, **options)
     return jax.tree.map(lambda x: x[:rows], gather(outputs))

@@ -17,8 +17,6 @@ from flax import struct
 
 from transformer import backends
 from transformer.model import (
-    EOS_ID,
-    PAD_ID,
     STACKED_KEYS,
     Transformer,
     decode_step,
@@ -26,6 +24,7 @@ from transformer.model import (
     init_cache,
 )
 from transformer.schema import LENGTH_PENALTIES
+from transformer.tokens import SpecialIds
 
 Array = jax.Array
 Params = Any
@@ -100,9 +99,10 @@ def decode_length(width: int, max_decode_len: int | None, extra_length: int) -> 
     return max_decode_len if max_decode_len is not None else width + extra_length
 
 
-def output_limits(inputs: Array, loop_length: int, extra_length: int) -> Array:
-    """[B] most output tokens (EOS included) each example may produce."""
-    input_lengths = jnp.sum(inputs != PAD_ID, axis=-1, dtype=jnp.int32)
+def output_limits(inputs: Array, loop_length: int, extra_length: int, pad: int) -> Array:
+    """[B] most output tokens (EOS included) each example may produce (its source's tokens
+    that are not ``pad``, plus ``extra_length``)."""
+    input_lengths = jnp.sum(inputs != pad, axis=-1, dtype=jnp.int32)
     return jnp.minimum(input_lengths + extra_length, loop_length)
 
 
@@ -209,14 +209,16 @@ def top_k(x: Array, k: int, block: int = 128) -> tuple[Array, Array]:
     return values, indices
 
 
-def forbid(scores: Array, at_limit: Array) -> Array:
+def forbid(scores: Array, at_limit: Array, special: SpecialIds) -> Array:
     """``scores`` [B', V] with impossible tokens at -inf.
 
     ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
-    stays possible there. Pad/start (0) is never possible.
+    (``special.eos``) stays possible there. ``special.never_emit`` (padding, always) is never
+    possible.
     """
     vocab = jnp.arange(scores.shape[-1])
-    forbidden = (vocab == PAD_ID) | (at_limit[:, None] & (vocab != EOS_ID))
+    never = jnp.isin(vocab, jnp.asarray(special.never_emit, jnp.int32))
+    forbidden = never | (at_limit[:, None] & (vocab != special.eos))
     return jnp.where(forbidden, -jnp.inf, scores)
 
 

@@ -202,11 +202,12 @@ def sample_search(
       extra_length: output limit = input length + this, EOS included (Sec. 6.1).
       min_stage_batch: the batch shrinks as its rows produce EOS, down to this many rows.
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
-      prefixes: [B, P] int32 target prefixes the outputs start with, right-padded with 0.
+      prefixes: [B, P] int32 target prefixes the outputs start with, right-padded with the
+        pad id (`greedy_search`'s).
 
     Returns:
       (sequences [B, N, T] int32, log_probs [B, N] float32): the samples of each input in
-      sample order, EOS included and 0 after it, and the model's log P(y|x) of each (the
+      sample order, EOS included and the pad id after it, and the model's log P(y|x) of each (the
       untempered, unfiltered distribution's, EOS included).
     """
     batch, width = inputs.shape

@@ -23,8 +23,7 @@ import numpy as np
 from transformer import data as data_lib
 from transformer.decoding.mesh import DecodeLayout, decode
 from transformer.decoding.next_token import Ensemble, length_penalty, penalty_alpha, penalty_rule
-from transformer.model import PAD_ID, Transformer, teacher_forced_logits
-from transformer.tokens import EOS_ID
+from transformer.model import Transformer, teacher_forced_logits
 
 Array = jax.Array
 
@@ -41,7 +40,8 @@ class PairScore(NamedTuple):
 @functools.partial(jax.jit, static_argnames=('model',))
 def token_log_probs(model: Transformer, params: Any, inputs: Array, targets: Array) -> Array:
     """[B, T] each target token's log-probability given the source and the tokens before it
-    (0 at padding); for an `Ensemble`, the log of the members' mean probability."""
+    (the first given the decoder's start token; 0 at padding); for an `Ensemble`, the log of
+    the members' mean probability."""
     members = params.members if isinstance(params, Ensemble) else (params,)
     log_probs = [
         jax.nn.log_softmax(teacher_forced_logits(model, p, inputs, targets).astype(jnp.float32))
@@ -49,12 +49,12 @@ def token_log_probs(model: Transformer, params: Any, inputs: Array, targets: Arr
     ]
     mixed = jax.nn.logsumexp(jnp.stack(log_probs), axis=0) - jnp.log(len(members))
     picked = jnp.take_along_axis(mixed, targets[..., None], axis=-1)[..., 0]
-    return jnp.where(targets != PAD_ID, picked, 0.0)
+    return jnp.where(targets != model.config.special.pad, picked, 0.0)
 
 
 def _encode(tokenizer: data_lib.Tokenizer, texts: Sequence[str], side: str) -> list[np.ndarray]:
     ids = tokenizer.encode_batch(list(texts), side) if texts else []
-    return [np.array([*row, EOS_ID], np.int32) for row in ids]
+    return [np.array([*row, tokenizer.special.eos], np.int32) for row in ids]
 
 
 def score_pairs(
@@ -92,9 +92,8 @@ def score_pairs(
     penalty_alpha(alpha), penalty_rule(rule)  # bad ones: one line before anything runs
     if not sources:
         return []
-    batches = data_lib.batch_examples(
-        _encode(tokenizer, sources, 'source'), _encode(tokenizer, targets, 'target'), batch_size
-    )
+    pairs = _encode(tokenizer, sources, 'source'), _encode(tokenizer, targets, 'target')
+    batches = data_lib.batch_examples(*pairs, batch_size, tokenizer.special)
     outputs = []
     for batch in batches:
         found = decode(
@@ -105,7 +104,7 @@ def score_pairs(
             layout,
             row_options={'targets': batch['targets']},
         )
-        counts = (batch['targets'] != PAD_ID).sum(-1)
+        counts = (batch['targets'] != tokenizer.special.pad).sum(-1)
         sums = found.sum(-1, dtype=np.float64)
         penalties = np.asarray(length_penalty(np.maximum(counts, 1), alpha, rule))
         outputs.append(

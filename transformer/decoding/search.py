@@ -15,7 +15,8 @@ from transformer.decoding.greedy import greedy_search
 from transformer.decoding.mesh import DecodeLayout, decode
 from transformer.decoding.next_token import length_penalty as penalty
 from transformer.decoding.sampling import Sampling, sample_search
-from transformer.model import EOS_ID, Transformer
+from transformer.model import Transformer
+from transformer.tokens import JOINT
 
 Array = jax.Array
 Params = Any
@@ -68,12 +69,16 @@ def translate_batch(
 
 
 def sequence_log_probs(
-    sequences: np.ndarray, scores: np.ndarray, alpha: float, rule: str = 'gnmt'
+    sequences: np.ndarray,
+    scores: np.ndarray,
+    alpha: float,
+    rule: str = 'gnmt',
+    eos: int = JOINT.eos,
 ) -> np.ndarray:
     """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
-    times the length penalty (``rule``, `length_penalty`) of |y| (EOS included); -inf where
-    the score is -inf."""
-    lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
+    times the length penalty (``rule``, `length_penalty`) of |y| (up to ``eos``, the
+    vocabulary's, included); -inf where the score is -inf."""
+    lengths = np.argmax(sequences == eos, axis=-1) + 1
     scale = np.asarray(penalty(lengths, alpha, rule))
     with np.errstate(invalid='ignore'):
         return np.where(np.isfinite(scores), scores * scale, -np.inf)
@@ -149,7 +154,8 @@ def hypotheses_batch(
         sampling=sampling,
         constraints=constraints,
     )
+    eos = model.config.special.eos
     if sampling is not None:
-        lengths = np.argmax(sequences == EOS_ID, axis=-1) + 1
+        lengths = np.argmax(sequences == eos, axis=-1) + 1
         return sequences, values / np.asarray(penalty(lengths, alpha, length_penalty)), values
-    return sequences, values, sequence_log_probs(sequences, values, alpha, length_penalty)
+    return sequences, values, sequence_log_probs(sequences, values, alpha, length_penalty, eos)

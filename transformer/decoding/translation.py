@@ -35,7 +35,6 @@ from transformer.decoding.next_token import decode_length, penalty_alpha
 from transformer.decoding.sampling import Sampling
 from transformer.decoding.search import hypotheses_batch, sequence_log_probs, translate_batch
 from transformer.model import Transformer
-from transformer.tokens import EOS_ID, PAD_ID
 
 __all__ = ['sequence_log_probs']  # n-best's log P(y|x), here for its callers
 
@@ -45,16 +44,17 @@ def _batch_arguments(
     prefixes: Sequence[np.ndarray] | None,
     line_indices: Sequence[int] | None,
     extra_length: int,
+    pad: int,
 ) -> dict[str, Any]:
     """A batch's per-row search arguments: ``line_indices`` [B] (filler rows 0; the example's
-    own index when none are given) and ``prefixes`` [B, T] padded to the loop length T, so
-    that every prefix of a batch shape runs one compiled search."""
+    own index when none are given) and ``prefixes`` [B, T] padded with ``pad`` to the loop
+    length T, so that every prefix of a batch shape runs one compiled search."""
     index = batch['index']
     lines = index if line_indices is None else np.asarray(line_indices)[np.maximum(index, 0)]
     out: dict[str, Any] = {'line_indices': np.where(index >= 0, lines, 0).astype(np.int32)}
     if prefixes is not None:
         rows, width = batch['inputs'].shape
-        forced = np.full((rows, decode_length(width, None, extra_length)), PAD_ID, np.int32)
+        forced = np.full((rows, decode_length(width, None, extra_length)), pad, np.int32)
         for row, i in enumerate(index):
             if i >= 0:
                 forced[row, : len(prefixes[i])] = prefixes[i]
@@ -94,7 +94,9 @@ def translate_batches(
             params,
             batch['inputs'],
             layout,
-            row_options=_batch_arguments(batch, prefixes, line_indices, extra_length),
+            row_options=_batch_arguments(
+                batch, prefixes, line_indices, extra_length, model.config.special.pad
+            ),
             beam_size=beam_size,
             alpha=alpha,
             length_penalty=length_penalty,
@@ -150,7 +152,9 @@ def nbest_batches(
             extra_length=extra_length,
             sampling=sampling,
             constraints=constraints,
-            **_batch_arguments(batch, prefixes, line_indices, extra_length),
+            **_batch_arguments(
+                batch, prefixes, line_indices, extra_length, model.config.special.pad
+            ),
         )
         outputs.append(
             [
@@ -198,7 +202,7 @@ def _encode_lines(
             )
             ids = ids[: max_input_tokens - 1]
         todo.append(number)
-        sources.append(np.array([*ids, EOS_ID], np.int32))
+        sources.append(np.array([*ids, tokenizer.special.eos], np.int32))
     return todo, sources
 
 
@@ -297,7 +301,7 @@ def translate_lines(
     search.update(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
     if prefixes is not None:
         search['prefixes'] = encode_prefixes(prefixes, todo, sources, tokenizer, extra_length)
-    batches = data_lib.batch_examples(sources, None, batch_size)
+    batches = data_lib.batch_examples(sources, None, batch_size, tokenizer.special)
     if many:
         hypotheses = nbest_batches(
             model, params, tokenizer, batches, nbest=nbest, beam_size=beam_size, **search

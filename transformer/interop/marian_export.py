@@ -39,7 +39,7 @@ from transformer.formats import ExportError, Format, Writes, max_length
 from transformer.interop.marian_params import marian_channel_order
 from transformer.interop.marian_vocab import MarianVocabulary
 from transformer.model import TransformerConfig, export_refusal
-from transformer.tokens import EOS_ID, PAD_ID
+from transformer.tokens import JOINT
 
 SPM_FILES = ('source.spm', 'target.spm')
 # The config.json values an export derives from the model, its vocabulary and its weights
@@ -99,12 +99,18 @@ WRITES = Format(
 )
 
 
-def special_ids(tokenizer: Any) -> dict[str, int]:
-    """The export's pad (= decoder start) and eos ids: ours, or, for a run that reads a
-    MarianMT vocabulary, Marian's as its vocab.json has them (the export moves its rows back)."""
-    if isinstance(tokenizer, MarianVocabulary):
-        return {'pad': tokenizer.marian_id(PAD_ID), 'eos': tokenizer.marian_id(EOS_ID)}
-    return {'pad': PAD_ID, 'eos': EOS_ID}
+def special_ids(tokenizer: Any) -> dict[str, Any]:
+    """The export's pad, eos, decoder start and never-emitted ids: the vocabulary's
+    (``tokenizer.special``), or, for a run that reads a MarianMT vocabulary, Marian's as its
+    vocab.json has them (the export moves its rows back)."""
+    special = tokenizer.special
+    native = tokenizer.marian_id if isinstance(tokenizer, MarianVocabulary) else int
+    return {
+        'pad': native(special.pad),
+        'eos': native(special.eos),
+        'start': native(special.decoder_start),
+        'never': [native(i) for i in special.never_emit],
+    }
 
 
 def marian_state_dict(
@@ -168,9 +174,11 @@ def marian_configs(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
     ``max_len`` its longest training row (data.max_len), ``length_exponent`` the exponent of
-    its length penalty (``decoding.length_power``), ``ids`` its pad and eos ids (`special_ids`;
-    default ours)."""
-    pad, eos = (ids or {'pad': PAD_ID, 'eos': EOS_ID}).values()
+    its length penalty (``decoding.length_power``), ``ids`` its pad, eos, start and
+    never-emitted ids (`special_ids`; default the joint vocabulary's)."""
+    joint = {'pad': JOINT.pad, 'eos': JOINT.eos, 'start': JOINT.decoder_start}
+    joint['never'] = list(JOINT.never_emit)
+    pad, eos, start, never = (ids or joint).values()
     longest = max_length(ev, max_len)
     config = {
         'architectures': ['MarianMTModel'],
@@ -198,15 +206,15 @@ def marian_configs(
         'activation_dropout': cfg.relu_dropout_rate,
         'pad_token_id': pad,
         'eos_token_id': eos,
-        'decoder_start_token_id': pad,
+        'decoder_start_token_id': start,
         'dtype': 'float32',
     }
     generation = {
-        'decoder_start_token_id': pad,
+        'decoder_start_token_id': start,
         'pad_token_id': pad,
         'eos_token_id': eos,
         'forced_eos_token_id': eos,  # EOS at the length limit, as our decoder forces it
-        'bad_words_ids': [[pad]],  # pad is never generated (transformer/decoding/greedy.py)
+        'bad_words_ids': [[i] for i in never],  # never generated (decoding/next_token.py)
         'num_beams': int(ev.beam_size),
         # Hugging Face divides by length^x: exact for 'fairseq', said in a warning for 'gnmt'.
         'length_penalty': length_exponent,
@@ -236,9 +244,9 @@ def write_tokenizer(tokenizer: Tokenizer, directory: str, data: Any) -> None:
             'target_lang': data.target_lang,
             'separate_vocabs': False,
             'model_max_length': int(data.max_len),
-            'unk_token': tokenizer.id_to_piece(2),
-            'eos_token': tokenizer.id_to_piece(EOS_ID),
-            'pad_token': tokenizer.id_to_piece(PAD_ID),
+            'unk_token': tokenizer.id_to_piece(tokenizer.special.unk),
+            'eos_token': tokenizer.id_to_piece(tokenizer.special.eos),
+            'pad_token': tokenizer.id_to_piece(tokenizer.special.pad),
         },
     )
 

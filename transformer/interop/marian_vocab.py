@@ -11,8 +11,8 @@ handling of a leading language code (``>>fra<< text``) and of special-token stri
 Ids: a Marian vocabulary puts ``</s>``, ``<unk>`` and ``<pad>`` (also the decoder's start)
 wherever its build left them: OPUS-MT's first generation at 0, 1 and V-1, the Tatoeba-Challenge
 generation (``opus-mt-tc-*``) anywhere (eos 43311 and pad 53016 of 53017, say). Ours
-(transformer/tokens.py) are pad 0, eos 1, unk 2, which the model, the loss and every search
-assume. One permutation of the ids, read from vocab.json, maps Marian's onto ours: our 0, 1, 2
+(transformer/tokens.py, `JOINT`) are the joint vocabulary's: pad 0, eos 1, unk 2 (pretrained.md).
+One permutation of the ids, read from vocab.json, maps Marian's onto ours: our 0, 1, 2
 are Marian's pad, eos and unk, and our 3.. are every other Marian id in increasing order. For
 the first generation that is Marian's ids turned by one, ``ours = (marian + 1) % V``. The rows
 of an embedding or of ``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`,
@@ -43,7 +43,7 @@ import sentencepiece as spm
 
 from transformer.data import SIDES, DataError, Pretokenizer, Side
 from transformer.interop.marian_added import registered
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
 TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
@@ -71,9 +71,12 @@ class MarianVocabulary:
       source_lang, target_lang: tokenizer_config.json's, or None.
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
+      special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`),
+        which the permutation (module docstring) makes them.
     """
 
     pretokenize = 'none'
+    special = JOINT
 
     def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
         """``key``: the setting that named the directory, for the error messages.

@@ -26,7 +26,13 @@ CPU compiler's options for it), functional.py (the functions above).
 from transformer.model.attention_maps import KINDS as ATTENTION_MAP_KINDS
 from transformer.model.attention_maps import attention_maps
 from transformer.model.cache import beam_mask, padded_length, share_across_beams
-from transformer.model.config import DTYPE_FIELDS, HOW_FIELDS, TransformerConfig, config_from_dict
+from transformer.model.config import (
+    DTYPE_FIELDS,
+    HOW_FIELDS,
+    VOCABULARY_FIELDS,
+    TransformerConfig,
+    config_from_dict,
+)
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.embedding import lookup as embedding_lookup
 from transformer.model.feed_forward import FeedForward
@@ -65,7 +71,7 @@ from transformer.model.variants import (
     param_count,
     param_shapes,
 )
-from transformer.tokens import EOS_ID, PAD_ID
+from transformer.tokens import EOS_ID, PAD_ID  # the joint vocabulary's (tokens.JOINT)
 
 __all__ = [
     'ATTENTION_MAP_KINDS',
@@ -74,6 +80,7 @@ __all__ = [
     'EOS_ID',
     'FeedForward',
     'HOW_FIELDS',
+    'VOCABULARY_FIELDS',
     'PAD_ID',
     'Packing',
     'STACKED_KEYS',

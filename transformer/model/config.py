@@ -24,12 +24,16 @@ from transformer.model import settings, variants
 from transformer.model.attention import ATTENTION_IMPLS
 from transformer.model.embedding import EMBEDDING_GRADS
 from transformer.model.remat import REMAT_POLICIES
+from transformer.tokens import JOINT, SpecialIds
 
 # The fields that choose how, not what, the model computes (the same function either way): a
 # resume may change them (run_changes.RESUME_FREE), and the config of a conversion
 # (transformer/commands/convert.py) or of a fine-tuning (transformer/training/init_from.py)
 # may set them.
 HOW_FIELDS = ('attention_impl', 'embedding_grad', 'remat', 'scan_layers')
+# The fields the vocabulary sets, not the model section: its size and its special ids, which
+# config.json records in the data section (data.vocab_size, data.pad_id ... data.never_emit).
+VOCABULARY_FIELDS = ('vocab_size', 'special')
 # The dtypes: a new run from a given model (a conversion, a fine-tuning) may choose them; a
 # resume may not (its checkpoints hold the parameters in param_dtype, its numbers followed dtype).
 DTYPE_FIELDS = ('dtype', 'param_dtype')
@@ -136,6 +140,11 @@ class TransformerConfig(Section):
         jnp.float32, "computation dtype; 'bfloat16' on GPU/TPU and AVX512-BF16 CPUs"
     )
     param_dtype: Any = _field(jnp.float32, 'dtype the parameters are stored and updated in')
+    # Padding (masked), the decoder's start (the shifted-right target's first input, Sec. 3.1)
+    # and the ids the searches end on and never emit: the vocabulary's (transformer/tokens.py).
+    special: SpecialIds = dataclasses.field(
+        default=JOINT, metadata={'doc': "the vocabulary's special ids", 'optional': True}
+    )
 
     def __post_init__(self, max_len: int | None):
         del max_len
@@ -160,18 +169,23 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float
 
 
 def config_from_dict(
-    model: Mapping[str, Any] | TransformerConfig, vocab_size: int
+    model: Mapping[str, Any] | TransformerConfig,
+    vocab_size: int,
+    special: SpecialIds | None = None,
 ) -> TransformerConfig:
     """A TransformerConfig from a config file's ``model`` section (one key per field), or a
-    TransformerConfig (the typed section, transformer/schema/) with this vocabulary.
+    TransformerConfig (the typed section, transformer/schema/) with this vocabulary: its size
+    and its special ids (None: a TransformerConfig's own, a section's `JOINT`).
 
     ``dtype`` / ``param_dtype`` may be given by name ('float32', 'bfloat16'); unknown keys fail
     with the nearest valid one.
     """
     if isinstance(model, TransformerConfig):
-        return dataclasses.replace(model, vocab_size=vocab_size)
+        return dataclasses.replace(model, vocab_size=vocab_size, special=special or model.special)
     kwargs = dict(model)
-    fields = [f.name for f in dataclasses.fields(TransformerConfig) if f.name != 'vocab_size']
+    fields = [
+        f.name for f in dataclasses.fields(TransformerConfig) if f.name not in VOCABULARY_FIELDS
+    ]
     check_keys('model', kwargs, fields)
     for key in ('dtype', 'param_dtype'):
         if isinstance(kwargs.get(key), str):
@@ -180,4 +194,4 @@ def config_from_dict(
                     f'model.{key}={kwargs[key]!r} must be one of ' + ', '.join(map(repr, DTYPES))
                 )
             kwargs[key] = DTYPES[kwargs[key]]
-    return TransformerConfig(vocab_size=vocab_size, **kwargs)
+    return TransformerConfig(vocab_size=vocab_size, special=special or JOINT, **kwargs)

@@ -192,7 +192,8 @@ def decode_step(
     cache_mask: Array | None = None,
 ) -> tuple[Array, PyTree]:
     """One cached decoder step: float32 logits [B, V] of the next token after ``last_tokens``
-    [B] (0, the start token, at the first step), and the cache advanced by one position.
+    [B] (the start token, ``model.config.special.decoder_start``, at the first step), and the
+    cache advanced by one position.
 
     Args:
       cache: from `init_cache` or the previous step.

@@ -24,7 +24,6 @@ from transformer.model.config import TransformerConfig
 from transformer.model.constraints import BETWEEN_LAYERS, constrain
 from transformer.model.dropout import Dropout
 from transformer.model.masks import AttentionInputs, AttentionMask
-from transformer.tokens import PAD_ID
 
 Array = jax.Array
 
@@ -39,16 +38,17 @@ def norm(cfg: TransformerConfig, name: str) -> nn.Module:
     return variants.chosen(cfg, 'norm').module(cfg, name=name)
 
 
-def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
-    """Decoder inputs: targets shifted one place right, starting with the start token 0.
+def shift_right(targets: Array, segmentation: Array | None = None, *, start: int) -> Array:
+    """Decoder inputs: targets shifted one place right, starting with the vocabulary's start
+    token ``start`` (`SpecialIds.decoder_start`: 0, the padding id, for the joint vocabulary).
 
     With packing, every example in the row starts with its own start token: the first
-    token of each segment is zeroed instead of carrying the previous example's last token.
+    token of each segment is ``start`` instead of the previous example's last token.
     """
-    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=start)[:, :-1]
     if segmentation is not None:
         prev_segment = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
-        shifted = jnp.where(segmentation == prev_segment, shifted, PAD_ID)
+        shifted = jnp.where(segmentation == prev_segment, shifted, start)
     return shifted
 
 

@@ -5,9 +5,10 @@ Shape legend (see also transformer/model/attention.py):
     B batch · T target (query) positions · S source (key/value) positions · D d_model
     N heads · H head dim (d_k) · F d_ff · V vocabulary
 
-Token ids (transformer/tokens.py): 0 = padding and the decoder start token, 1 = end of
-sentence. Every parameter declares logical axis names where it is created ('embed', 'heads',
-'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
+Token ids: the vocabulary's special ids, ``config.special`` (transformer/tokens.py `SpecialIds`):
+its pad is masked and its decoder start begins the shifted-right target (the joint vocabulary's 0
+for both). Every parameter declares logical axis names where it is created ('embed', 'heads', 'kv',
+'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
 The rest of the package calls the network through transformer/model/functional.py, which hands
 out plain arrays and the specs.
 """
@@ -36,7 +37,6 @@ from transformer.model.masks import AttentionInputs
 from transformer.model.output_head import OutputHead
 from transformer.model.packing import Packing
 from transformer.model.remat import rematerialized
-from transformer.tokens import PAD_ID
 
 Array = jax.Array
 
@@ -128,7 +128,7 @@ class Transformer(nn.Module):
             segments = None
         else:
             positions, segments = packing.inputs_positions, packing.inputs_segmentation
-        valid = inputs != PAD_ID
+        valid = inputs != self.config.special.pad
         mask = attention_mask(valid, valid, segments, segments)
         x = self._embed(self.source_embedding, inputs, positions, deterministic)
         flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
@@ -160,7 +160,8 @@ class Transformer(nn.Module):
             from the cache.
           inputs: source tokens [B, S] (for the padding mask of cross-attention).
           targets: target tokens [B, T]; shifted right here. With ``decode=True`` it is
-            instead the single previous token [B, 1] (0 at the first step), not shifted.
+            instead the single previous token [B, 1] (the decoder's start token at the first
+            step, `SpecialIds.decoder_start`), not shifted.
           packing: several examples a row (`Packing`), None: one.
           deterministic: False enables dropout.
           decode: one step of autoregressive decoding with the key/value cache.
@@ -177,11 +178,12 @@ class Transformer(nn.Module):
             positions = jnp.full(targets.shape, self.decode_position())
             decoder_inputs = targets
             self_mask = cache_mask  # the cache itself masks the positions not yet written
-            cross_mask = attention_mask(jnp.ones(targets.shape, bool), inputs != PAD_ID)
+            source_valid = inputs != self.config.special.pad
+            cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
         else:
             positions, self_mask, cross_mask = self._teacher_forcing_masks(inputs, targets, packing)
             segments = None if packing is None else packing.targets_segmentation
-            decoder_inputs = shift_right(targets, segments)
+            decoder_inputs = shift_right(targets, segments, start=self.config.special.decoder_start)
         y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
         flags = LayerFlags(deterministic, decode)
         self_inputs = AttentionInputs(self_mask, positions)
@@ -229,14 +231,13 @@ class Transformer(nn.Module):
             source_segments = packing.inputs_segmentation
             target_segments = packing.targets_segmentation
         # Validity comes from the targets being predicted: the shifted input's leading start
-        # token is id 0 but is a real position.
-        target_valid = targets != PAD_ID
+        # token may be the padding id (the joint vocabulary's 0) but is a real position.
+        pad = self.config.special.pad
+        target_valid = targets != pad
         self_mask = attention_mask(
             target_valid, target_valid, target_segments, target_segments, causal=True
         )
-        cross_mask = attention_mask(
-            target_valid, inputs != PAD_ID, target_segments, source_segments
-        )
+        cross_mask = attention_mask(target_valid, inputs != pad, target_segments, source_segments)
         return positions, self_mask, cross_mask
 
     def output_projection(self) -> tuple[Array, Array | None]:

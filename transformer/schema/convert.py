@@ -18,7 +18,7 @@ from ml_collections import config_dict
 
 from transformer.data import sources as data_sources
 from transformer.fields import ConfigError, check_keys
-from transformer.model import TransformerConfig, config_from_dict
+from transformer.model import VOCABULARY_FIELDS, TransformerConfig, config_from_dict
 from transformer.schema.sections import (
     REMOVED_KEYS,
     REMOVED_VALUES,
@@ -75,7 +75,7 @@ def to_dict(experiment: Experiment) -> dict[str, Any]:
     model = {
         f.name: getattr(experiment.model, f.name)
         for f in dataclasses.fields(experiment.model)
-        if f.name != 'vocab_size'
+        if f.name not in VOCABULARY_FIELDS
     }
     for key in ('dtype', 'param_dtype'):
         model[key] = jnp.dtype(model[key]).name
@@ -99,7 +99,8 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Experiment:
     model = plain(values['model'], 'model')
     model = {k: v for k, v in model.items() if f'model.{k}' not in REMOVED_KEYS}
     try:
-        model_config = config_from_dict(model, sections['data'].vocab_size)
+        data = sections['data']
+        model_config = config_from_dict(model, data.vocab_size, data.special)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     return Experiment(model=model_config, **sections)
@@ -142,7 +143,7 @@ def _replace_removed_values(values: dict) -> None:
 
 def _model_fields() -> list[dataclasses.Field]:
     """The model section's fields: TransformerConfig's, but the vocabulary (data's)."""
-    return [f for f in dataclasses.fields(TransformerConfig) if f.name != 'vocab_size']
+    return [f for f in dataclasses.fields(TransformerConfig) if f.name not in VOCABULARY_FIELDS]
 
 
 def _defaults(cls: type, fields: list[dataclasses.Field]) -> ml_collections.ConfigDict:

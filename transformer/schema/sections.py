@@ -31,6 +31,7 @@ from transformer.fields import (
     field,
 )
 from transformer.model import TransformerConfig
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID, SpecialIds
 
 # The paper's warm-up + inverse square root; a constant; fairseq's inverse_sqrt.
 Schedule = Literal['rsqrt', 'constant', 'inverse_sqrt']
@@ -106,6 +107,12 @@ class DataSection(Section):
         1_000_000, POSITIVE, doc='sentences (both languages) sampled to train SentencePiece'
     )
     vocab_path: str | None = field(None, optional=True, doc='None = WORKDIR/vocab')
+    # The vocabulary's special ids (tokens.SpecialIds), recorded as a run is created or converted.
+    pad_id: int = field(PAD_ID, NON_NEGATIVE, optional=True, doc="the vocabulary's padding id")
+    eos_id: int = field(EOS_ID, NON_NEGATIVE, optional=True, doc='its end-of-sentence id')
+    unk_id: int = field(UNK_ID, NON_NEGATIVE, optional=True, doc='its unknown-piece id')
+    decoder_start_id: int = field(PAD_ID, NON_NEGATIVE, optional=True, doc='its decoder start')
+    never_emit: str = field(str(PAD_ID), optional=True, doc='ids never output, comma-separated')
     max_len: int = field(64, AT_LEAST_2, doc='tokens per packed training row (both sides)')
     long_examples: LongExamples = field(
         'drop', optional=True, doc="training pairs over max_len: 'drop' or 'truncate' (keeps EOS)"
@@ -127,8 +134,14 @@ class DataSection(Section):
             data_sources.check(self)
             if self.mix:
                 data_mix.parse(self.mix)
+            data_lib.special_of(self)
         except DataError as e:
             raise ConfigError(str(e)) from None
+
+    @property
+    def special(self) -> SpecialIds:
+        """The vocabulary's special ids this section records."""
+        return data_lib.special_of(self)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not fields: a source's own key.

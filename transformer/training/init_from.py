@@ -155,6 +155,7 @@ def apply(
     free = {k: v for k, v in values['model'].items() if k in FREE_MODEL_FIELDS}
     values['model'] = {**model, **free}
     values['data']['vocab_size'] = start.tokenizer.vocab_size + len(start.added)
+    values['data'].update(data_lib.special_fields(start.tokenizer.special))
     try:
         return schema.parse(schema.complete(values)), start
     except schema.ConfigError as e:

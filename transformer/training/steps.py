@@ -28,7 +28,6 @@ from transformer.model import (
     teacher_forced_logits,
 )
 from transformer.schema import DROPOUT_PRNGS
-from transformer.tokens import PAD_ID
 from transformer.training import rdrop
 from transformer.training.loss import fused_cross_entropy, position_losses
 
@@ -155,7 +154,7 @@ def _pass_sums(
     objective is 'loss' plus the z-loss (`objective`)."""
     args = (model, params, batch['inputs'], batch['targets'])
     kwargs = {'rng': rng, 'packing': Packing.of(batch)}
-    weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
+    weights = (batch['targets'] != model.config.special.pad).astype(jnp.float32)
     logits = None
     if loss_chunk_tokens:
         hidden, (weight, bias) = hidden_and_projection(*args, **kwargs)
@@ -219,7 +218,7 @@ def loss_sums(
     if not rdrop_on:
         return objective(sums), sums
     second, logits_2 = _pass_sums(*args, rdrop.second_pass_key(rng), 0, z_loss)
-    weights = (batch['targets'] != PAD_ID).astype(jnp.float32)
+    weights = (batch['targets'] != model.config.special.pad).astype(jnp.float32)
     kl_sum = (rdrop.symmetric_kl(logits, logits_2) * weights).sum()
     return rdrop.combine(sums, second, kl_sum, rdrop_alpha)
 
@@ -339,7 +338,7 @@ def train_step(
         sums = jax.tree.map(lambda x: x * jax.lax.psum(1, axis_name), sums)
     sums['grad_norm'] = optax.tree.norm(grads)
     sums['learning_rate'] = schedule(state.step)
-    source_tokens = (batch['inputs'] != PAD_ID).sum().astype(jnp.float32)
+    source_tokens = (batch['inputs'] != model.config.special.pad).sum().astype(jnp.float32)
     sums['source_tokens'] = (
         jax.lax.psum(source_tokens, axis_name) if axis_name is not None else source_tokens
     )

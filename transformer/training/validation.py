@@ -72,7 +72,7 @@ class Validation:
         totals: dict[str, float] = {}
         for batch in self.loss_set.batches:
             rows = {'inputs': batch['inputs'], 'targets': batch['targets']}
-            placed = decoding.place_rows(rows, self.layout)
+            placed = decoding.place_rows(rows, self.layout, self.tokenizer.special)
             for key, value in fetch(self.parallel.eval_step(params, placed)).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         smoothing = self.config.train.label_smoothing

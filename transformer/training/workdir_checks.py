@@ -53,6 +53,9 @@ def before_writing(
     vocabulary = held_vocabulary(config, workdir, start)
     if vocabulary is not None:  # (a new one gets every tag of the mix)
         data_lib.check_mix_tags(config.data, vocabulary)
+    # The special ids the run records are its vocabulary's (a new one: a joint SentencePiece).
+    theirs = vocabulary.special if vocabulary is not None else data_lib.JOINT
+    data_lib.check_special(theirs, config.data.special, 'The vocabulary of the run')
     return Checked(config, start, changes)
 
 
