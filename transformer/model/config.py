@@ -105,6 +105,9 @@ class TransformerConfig(Section):
     # How positions enter (transformer/model/positions.py): the paper's sinusoids added to the
     # embeddings, or rotary positions in self-attention.
     positions: str = variants.config_field('positions')
+    # The padding id the masks and padding-aware positions read (transformer/tokens.py's by
+    # default; 1 in fairseq's dictionaries).
+    pad_id: int = settings.config_field('pad_id')
     layer_norm_epsilon: float = _field(
         1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
     )
@@ -149,6 +152,11 @@ class TransformerConfig(Section):
             raise ConfigError(
                 f'model.num_kv_heads={self.num_kv_heads} must divide model.num_heads='
                 f'{self.num_heads}: each key/value head serves N / K query heads.'
+            )
+        if self.pad_id >= self.vocab_size:
+            raise ConfigError(
+                f'model.pad_id={self.pad_id} must be an id of the vocabulary of '
+                f'{self.vocab_size}: set it below the vocabulary size.'
             )
         problem = variants.check(self)  # what a chosen entry needs of the other fields
         if problem:

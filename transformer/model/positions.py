@@ -5,8 +5,10 @@ H head dim.
 
 An entry's module is a `PositionEncoding`, which acts at two places:
 
-* ``embed``: on the scaled embeddings [B, T, D] before their dropout. The paper's sinusoids
-  (Sec. 3.5) are added there.
+* on the scaled embeddings [B, T, D] before their dropout, either by ``embed`` (the paper's
+  sinusoids, Sec. 3.5, added there) or by its ``stack_module``, one Flax module per stack,
+  for encodings that read the config or hold parameters: fairseq's sinusoids, whose positions
+  start past the padding id (model.pad_id) and leave padding at zero.
 * ``rotate``: on self-attention's queries [B, T, N, H] and keys [B, T, K, H] after their
   projections (and QK-norm), before their product. Rotary positions (Su et al., 2021,
   "RoFormer") turn each pair of channels (j, j + H/2) of a head by the angle
@@ -20,10 +22,14 @@ decoding. Cross-attention's queries and keys are never rotated: its keys are the
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from transformer.model import variants
 
@@ -50,6 +56,39 @@ def sinusoidal_positions(positions: Array, d_model: int) -> Array:
     return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
+def fairseq_sinusoids(ids: Array, d_model: int) -> Array:
+    """Rows ``ids`` of fairseq's sinusoid table (its SinusoidalPositionalEmbedding, Hugging
+    Face's M2M100SinusoidalPositionalEmbedding): half = D // 2 frequencies
+    exp(-i ln(10000) / (half - 1)), the row laid out [sin | cos] (concatenated, not
+    interleaved as Sec. 3.5's), a zero channel last where D is odd.
+
+    Args:
+      ids: integer row ids, any shape [...] (the position past the padding id).
+      d_model: D (>= 4).
+
+    Returns:
+      [..., D] float32.
+    """
+    half = d_model // 2
+    inv_freq = np.exp(np.arange(half) * -(math.log(BASE) / (half - 1))).astype(np.float32)
+    angles = ids[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    rows = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return jnp.pad(rows, [(0, 0)] * ids.ndim + [(0, d_model % 2)])
+
+
+class FairseqSinusoids(nn.Module):
+    """fairseq's sinusoids added to one stack's embeddings: a real token at position p (0, 1,
+    ... from the start of its example) takes row p + pad + 1 of `fairseq_sinusoids`, as fairseq
+    numbers positions past the padding id (`cumsum(ids != pad) * mask + pad`, Hugging Face's
+    create_position_ids_from_input_ids); padding takes the padding id's row, zero."""
+
+    config: Any
+
+    def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
+        rows = fairseq_sinusoids(positions + self.config.pad_id + 1, x.shape[-1])
+        return x + jnp.where(valid[..., None], rows, 0.0).astype(x.dtype)
+
+
 def rotate_half_pairs(x: Array, positions: Array) -> Array:
     """x [B, T, N, H] with channels j and j + H/2 of each head turned by position * theta_j,
     theta_j = 10000^(-2j/H) (the half-split layout, CTranslate2's rotary_interleave=False):
@@ -70,10 +109,16 @@ class PositionEncoding:
     Attributes:
       added: the sinusoids are added to the embeddings.
       rotary: self-attention's queries and keys are rotated.
+      stack_module: None, or what adds positions to one stack's embeddings instead of
+        ``embed``: ``stack_module(config, name=...)``, a Flax module called as
+        ``(x [B, T, D], positions [B, T], valid [B, T]) -> [B, T, D]``, ``valid`` false at
+        padding; its parameters, if any, under its name ('encoder_positions',
+        'decoder_positions').
     """
 
     added: bool
     rotary: bool
+    stack_module: Callable[..., nn.Module] | None = None
 
     def embed(self, x: Array, positions: Array) -> Array:
         """The scaled embeddings x [B, T, D] with the positions [B, T] added, or as they are."""
@@ -105,6 +150,15 @@ def _even_d_model(cfg: variants.TransformerConfig) -> str | None:
     return f'model.d_model={cfg.d_model} must be even for sinusoidal positions (sin, cos pairs).'
 
 
+def _half_above_one(cfg: variants.TransformerConfig) -> str | None:
+    if cfg.d_model >= 4:
+        return None
+    return (
+        f"model.d_model={cfg.d_model} is too narrow for model.positions='fairseq_sinusoidal', "
+        'whose D // 2 frequencies divide by D // 2 - 1: set d_model to 4 or more.'
+    )
+
+
 SINUSOIDAL = variants.register(
     variants.Variant(
         'positions',
@@ -123,5 +177,16 @@ ROPE = variants.register(
         'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
         module=PositionEncoding(added=False, rotary=True),
         check=_even_head_dim,
+    )
+)
+FAIRSEQ_SINUSOIDAL = variants.register(
+    variants.Variant(
+        'positions',
+        'fairseq_sinusoidal',
+        variants.nothing,
+        "fairseq's SinusoidalPositionalEmbedding (M2M100, NLLB-200): [sin | cos] rows from "
+        'the padding id + 1, padding zero',
+        module=PositionEncoding(added=False, rotary=False, stack_module=FairseqSinusoids),
+        check=_half_above_one,
     )
 )

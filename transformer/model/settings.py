@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transformer import fields
+from transformer.tokens import PAD_ID
 
 TransformerConfig = Any  # transformer/model/config.py's, which reads this module
 Shapes = dict[str, tuple[int, ...]]
@@ -223,5 +224,19 @@ declare(
         fields.ABOVE_ZERO,
         lambda cfg: {},
         unbuilt=_peer_scale,
+    )
+)
+
+
+# The padding id the network reads: its attention masks leave such tokens out, and positions
+# that skip padding (model.positions='fairseq_sinusoidal') count from it. The joint vocabulary
+# of this package puts it at tokens.PAD_ID; fairseq's dictionaries (M2M100, NLLB, mBART) at 1.
+declare(
+    Setting(
+        'pad_id',
+        PAD_ID,
+        'the padding id the attention masks and padding-aware positions read',
+        fields.NON_NEGATIVE,
+        lambda cfg: {},
     )
 )

@@ -6,7 +6,8 @@ Shape legend (see also transformer/model/attention.py):
     N heads · H head dim (d_k) · F d_ff · V vocabulary
 
 Token ids (transformer/tokens.py): 0 = padding and the decoder start token, 1 = end of
-sentence. Every parameter declares logical axis names where it is created ('embed', 'heads',
+sentence; the network reads the padding id from ``model.pad_id`` (that 0 by default).
+Every parameter declares logical axis names where it is created ('embed', 'heads',
 'kv', 'mlp', 'vocab'); ``model.init`` returns them boxed (``nn.LogicallyPartitioned``).
 The rest of the package calls the network through transformer/model/functional.py, which hands
 out plain arrays and the specs.
@@ -36,7 +37,6 @@ from transformer.model.masks import AttentionInputs
 from transformer.model.output_head import OutputHead
 from transformer.model.packing import Packing
 from transformer.model.remat import rematerialized
-from transformer.tokens import PAD_ID
 
 Array = jax.Array
 
@@ -100,11 +100,25 @@ class Transformer(nn.Module):
         self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
         # model.positions (transformer/model/positions.py): added here or rotated in attention.
-        self.position_encoding = variants.chosen(cfg, 'positions').module
+        self.position_encoding = encoding = variants.chosen(cfg, 'positions').module
+        if encoding.stack_module is None:
+            self.encoder_positions = self.decoder_positions = None
+        else:  # one per stack: it may hold a table
+            self.encoder_positions = encoding.stack_module(cfg, name='encoder_positions')
+            self.decoder_positions = encoding.stack_module(cfg, name='decoder_positions')
 
     def _embed(
-        self, embedding: nn.Embed, tokens: Array, positions: Array, deterministic: bool
+        self,
+        embedding: nn.Embed,
+        added_positions: nn.Module | None,
+        tokens: Array,
+        positions: Array,
+        valid: Array,
+        deterministic: bool,
     ) -> Array:
+        """One stack's input [B, T, D]: ``tokens`` [B, T] embedded at ``positions`` [B, T];
+        ``valid`` [B, T] false at padding; ``added_positions``: the stack's module of
+        `positions.PositionEncoding.stack_module`, None: the encoding's ``embed``."""
         cfg = self.config
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added (by
         # the sinusoidal encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
@@ -115,7 +129,10 @@ class Transformer(nn.Module):
             keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
             rows = (rows * keep).astype(cfg.dtype)
         x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
-        x = self.position_encoding.embed(x, positions)
+        if added_positions is None:
+            x = self.position_encoding.embed(x, positions)
+        else:
+            x = added_positions(x, positions, valid)
         return self.embed_dropout(x, deterministic=deterministic)
 
     def encode(
@@ -128,9 +145,11 @@ class Transformer(nn.Module):
             segments = None
         else:
             positions, segments = packing.inputs_positions, packing.inputs_segmentation
-        valid = inputs != PAD_ID
+        valid = inputs != self.config.pad_id
         mask = attention_mask(valid, valid, segments, segments)
-        x = self._embed(self.source_embedding, inputs, positions, deterministic)
+        x = self._embed(
+            self.source_embedding, self.encoder_positions, inputs, positions, valid, deterministic
+        )
         flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
         x = self._layers(
             self.encoder_layers, self.config.num_encoder_layers, flags, x, attention_inputs
@@ -176,13 +195,22 @@ class Transformer(nn.Module):
         if decode:
             positions = jnp.full(targets.shape, self.decode_position())
             decoder_inputs = targets
+            valid = jnp.ones(targets.shape, bool)  # the step's token is a real one
             self_mask = cache_mask  # the cache itself masks the positions not yet written
-            cross_mask = attention_mask(jnp.ones(targets.shape, bool), inputs != PAD_ID)
+            cross_mask = attention_mask(valid, inputs != self.config.pad_id)
         else:
             positions, self_mask, cross_mask = self._teacher_forcing_masks(inputs, targets, packing)
             segments = None if packing is None else packing.targets_segmentation
             decoder_inputs = shift_right(targets, segments)
-        y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
+            valid = self_mask.query_valid  # the targets': the leading start token is real
+        y = self._embed(
+            self.target_embedding,
+            self.decoder_positions,
+            decoder_inputs,
+            positions,
+            valid,
+            deterministic,
+        )
         flags = LayerFlags(deterministic, decode)
         self_inputs = AttentionInputs(self_mask, positions)
         cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's
@@ -230,12 +258,13 @@ class Transformer(nn.Module):
             target_segments = packing.targets_segmentation
         # Validity comes from the targets being predicted: the shifted input's leading start
         # token is id 0 but is a real position.
-        target_valid = targets != PAD_ID
+        pad_id = self.config.pad_id
+        target_valid = targets != pad_id
         self_mask = attention_mask(
             target_valid, target_valid, target_segments, target_segments, causal=True
         )
         cross_mask = attention_mask(
-            target_valid, inputs != PAD_ID, target_segments, source_segments
+            target_valid, inputs != pad_id, target_segments, source_segments
         )
         return positions, self_mask, cross_mask
 

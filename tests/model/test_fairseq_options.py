@@ -1,0 +1,192 @@
+"""The options of fairseq's translation models (M2M100, NLLB-200, mBART-50), each a registered
+entry or a declared setting: fairseq's sinusoids (model.positions='fairseq_sinusoidal') read
+from the padding id (model.pad_id). Each against Hugging Face's module where one exists,
+through cached decoding, and refused by every export and the PyTorch peer, which declare no
+writer for it. The whole models against Hugging Face's: tests/model/test_fairseq_families.py."""
+
+import functools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.model.test_model import random_params, tiny_config
+from tests.tiny_run import run_dir_with
+from transformer.fields import ConfigError
+from transformer.model import Packing, Transformer, init_cache, param_count, variants
+from transformer.model import positions as positions_lib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
+import torch_peer  # noqa: E402
+
+PAD = 1  # fairseq's dictionaries' padding id
+V = 48
+FAIRSEQ = {'positions': 'fairseq_sinusoidal', 'pad_id': PAD}
+
+
+def padded_tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:
+    """Ids in [2, V) (neither 0, the decoder's start, nor the padding id), row b padded with
+    ``PAD`` after lengths[b] (right padding, as this package pads)."""
+    tokens = np.random.default_rng(seed).integers(2, V, shape).astype(np.int32)
+    tokens[np.arange(shape[1])[None, :] >= np.asarray(lengths)[:, None]] = PAD
+    return tokens
+
+
+def _added(cfg, positions, valid, d_model: int) -> np.ndarray:
+    """What the positions entry of ``cfg`` adds to zero embeddings [B, T, D]."""
+    module = variants.chosen(cfg, 'positions').module.stack_module(cfg)
+    zeros = jnp.zeros((*positions.shape, d_model), jnp.float32)
+    return np.asarray(module.apply({}, zeros, jnp.asarray(positions), jnp.asarray(valid)))
+
+
+@pytest.mark.slow  # importing transformers' M2M100
+@pytest.mark.parametrize('d_model', [16, 15])
+def test_fairseq_sinusoids_are_hugging_faces_on_padded_rows(d_model):
+    """M2M100SinusoidalPositionalEmbedding on right-padded rows (padding id 1): ours, from
+    the row positions 0, 1, ... and the tokens' validity, are its vectors, the padding's zero,
+    an odd D's last channel zero; not the paper's interleaved sinusoids."""
+    pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
+    m2m = pytest.importorskip('transformers.models.m2m_100.modeling_m2m_100')
+    import torch
+
+    tokens = padded_tokens(0, (3, 9), lengths=[9, 4, 1])
+    hf = m2m.M2M100SinusoidalPositionalEmbedding(8, d_model, padding_idx=PAD)
+    want = hf(torch.from_numpy(tokens).long()).numpy()
+    cfg = tiny_config(d_model=d_model, num_heads=1, **FAIRSEQ)
+    positions = np.broadcast_to(np.arange(9), tokens.shape)
+    ours = _added(cfg, positions, tokens != PAD, d_model)
+    np.testing.assert_allclose(ours, want, atol=2e-6)
+    assert not ours[tokens == PAD].any() and np.abs(ours[tokens != PAD]).max() > 0.5
+    if d_model == 16:
+        paper = np.asarray(positions_lib.sinusoidal_positions(jnp.asarray(positions), 16))
+        assert np.abs(ours[0] - paper[0]).max() > 0.5
+
+
+def test_packed_examples_take_their_own_positions():
+    """Two examples packed in a row (positions restarting at 0) take the rows each takes
+    alone."""
+    cfg = tiny_config(**FAIRSEQ)
+    packed = _added(cfg, np.array([[0, 1, 2, 0, 1, 0]]), np.array([[1, 1, 1, 1, 1, 0]]), 32)
+    alone = _added(cfg, np.array([[0, 1, 2], [0, 1, 2]]), np.array([[1, 1, 1], [1, 1, 0]]), 32)
+    np.testing.assert_array_equal(packed[0, :3], alone[0])
+    np.testing.assert_array_equal(packed[0, 3:], alone[1])
+
+
+def _forward(cfg, params, inputs, targets, packing=None):
+    packing = None if packing is None else Packing(**packing)
+    return Transformer(cfg).apply({'params': params}, inputs, targets, packing=packing)
+
+
+def test_padding_id_is_the_models_in_masks_and_positions():
+    """With model.pad_id=1, padding (id 1) appended to the source changes no real position's
+    logits, while id 0 is a real token: read as padding, it would change none either."""
+    cfg = tiny_config(**FAIRSEQ)
+    params = random_params(cfg)
+    forward = jax.jit(functools.partial(_forward, cfg))
+    inputs = padded_tokens(1, (2, 5), lengths=[5, 3])
+    targets = padded_tokens(2, (2, 4), lengths=[4, 2])
+    logits = np.asarray(forward(params, inputs, targets))
+    more = np.asarray(
+        forward(params, np.pad(inputs, ((0, 0), (0, 3)), constant_values=PAD), targets)
+    )
+    real = targets != PAD
+    np.testing.assert_allclose(more[real], logits[real], atol=1e-5)
+    zeros = np.asarray(forward(params, np.pad(inputs, ((0, 0), (0, 3))), targets))
+    assert np.abs(zeros[real] - logits[real]).max() > 1e-3
+
+
+def cached_equals_teacher_forced(cfg, atol: float = 1e-5) -> None:
+    """Greedy steps with the key/value cache, fed 0 (the decoder's start) then each target,
+    give the teacher-forced logits at every real target position."""
+    model = Transformer(cfg)
+    params = random_params(cfg)
+    b, t = 2, 6
+    inputs = padded_tokens(3, (b, 5), lengths=[5, 3])
+    targets = padded_tokens(4, (b, t), lengths=[6, 4])
+    full = np.asarray(jax.jit(functools.partial(_forward, cfg))(params, inputs, targets))
+    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+
+    @jax.jit
+    def step(cache, token):
+        return model.apply(
+            {'params': params, 'cache': cache},
+            encoded,
+            inputs,
+            token,
+            decode=True,
+            method=Transformer.decode,
+            mutable=['cache'],
+        )
+
+    cache = jax.jit(init_cache, static_argnums=(0, 4))(model, params, encoded, inputs, t)
+    previous, stepwise = np.zeros((b, 1), np.int32), []
+    for pos in range(t):
+        logits, state = step(cache, previous)
+        cache = state['cache']
+        stepwise.append(np.asarray(logits[:, 0]))
+        previous = targets[:, pos : pos + 1]
+    real = targets != cfg.pad_id
+    np.testing.assert_allclose(np.stack(stepwise, axis=1)[real], full[real], atol=atol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('overrides', [FAIRSEQ], ids=['fairseq_sinusoidal'])
+def test_cached_decoding_equals_teacher_forcing(overrides):
+    cached_equals_teacher_forced(
+        tiny_config(num_decoder_layers=2, pre_layer_norm=True, **overrides)
+    )
+
+
+def test_the_options_add_no_parameters_and_bad_values_are_one_line():
+    assert param_count(tiny_config(**FAIRSEQ)) == param_count(tiny_config())
+    with pytest.raises(ConfigError, match=r'^model.pad_id=48 must be an id of the vocabulary'):
+        tiny_config(pad_id=V)
+    with pytest.raises(ConfigError, match=r'^model.d_model=2 is too narrow for model.positions'):
+        tiny_config(d_model=2, num_heads=1, positions='fairseq_sinusoidal')
+
+
+# What each export format and the PyTorch peer say of each option: none writes it.
+REFUSED = {
+    'positions': (
+        'fairseq_sinusoidal',
+        {
+            'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
+            'exports to it.',
+            'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+        },
+    ),
+    'pad_id': (
+        PAD,
+        {
+            'hf': 'MarianMT writes pad_id=0 only.',
+            'ctranslate2': 'CTranslate2 writes pad_id=0 only.',
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize('field', REFUSED)
+def test_every_export_refuses_the_option_before_writing(field, tmp_path, monkeypatch):
+    import importlib.util
+
+    from transformer.commands import export
+
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
+    value, reasons = REFUSED[field]
+    workdir, _ = run_dir_with(tmp_path, **{field: value})
+    for format in export.FORMATS:
+        with pytest.raises(export.ExportError) as info:
+            export.export(str(workdir), str(tmp_path / 'out'), format=format)
+        assert str(info.value) == (
+            f'model.{field}={value!r} cannot be exported as --format={format}: {reasons[format]}'
+        )
+        assert not (tmp_path / 'out').exists()
+
+
+def test_the_pytorch_peer_refuses_fairseq_positions(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
+    with pytest.raises(torch_peer.Refused, match="model.positions='fairseq_sinusoidal' is not"):
+        torch_peer.main(['--config=tiny', '--set=model.positions=fairseq_sinusoidal'])
