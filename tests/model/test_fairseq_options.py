@@ -1,6 +1,7 @@
 """The options of fairseq's translation models (M2M100, NLLB-200, mBART-50), each a registered
 entry or a declared setting: fairseq's sinusoids (model.positions='fairseq_sinusoidal') read
-from the padding id (model.pad_id). Each against Hugging Face's module where one exists,
+from the padding id (model.pad_id), the embeddings' scale as a switch (model.scale_embedding).
+Each against Hugging Face's module where one exists,
 through cached decoding, and refused by every export and the PyTorch peer, which declare no
 writer for it. The whole models against Hugging Face's: tests/model/test_fairseq_families.py."""
 
@@ -23,8 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import torch_peer  # noqa: E402
 
 PAD = 1  # fairseq's dictionaries' padding id
-V = 48
+V, D = 48, 32  # tests/model/test_model.py's tiny_config
 FAIRSEQ = {'positions': 'fairseq_sinusoidal', 'pad_id': PAD}
+# An M2M100's options: pre-LN with final norms, biased attention projections, fairseq's
+# sinusoids; scale_embedding, True in NLLB-200 and M2M100, False here to exercise the switch.
+M2M100 = FAIRSEQ | {'pre_layer_norm': True, 'attention_bias': True, 'scale_embedding': False}
 
 
 def padded_tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:
@@ -69,8 +73,8 @@ def test_packed_examples_take_their_own_positions():
     """Two examples packed in a row (positions restarting at 0) take the rows each takes
     alone."""
     cfg = tiny_config(**FAIRSEQ)
-    packed = _added(cfg, np.array([[0, 1, 2, 0, 1, 0]]), np.array([[1, 1, 1, 1, 1, 0]]), 32)
-    alone = _added(cfg, np.array([[0, 1, 2], [0, 1, 2]]), np.array([[1, 1, 1], [1, 1, 0]]), 32)
+    packed = _added(cfg, np.array([[0, 1, 2, 0, 1, 0]]), np.array([[1, 1, 1, 1, 1, 0]]), D)
+    alone = _added(cfg, np.array([[0, 1, 2], [0, 1, 2]]), np.array([[1, 1, 1], [1, 1, 0]]), D)
     np.testing.assert_array_equal(packed[0, :3], alone[0])
     np.testing.assert_array_equal(packed[0, 3:], alone[1])
 
@@ -132,12 +136,30 @@ def cached_equals_teacher_forced(cfg, atol: float = 1e-5) -> None:
     np.testing.assert_allclose(np.stack(stepwise, axis=1)[real], full[real], atol=atol)
 
 
+@pytest.mark.parametrize('scale_embedding', [True, False])
+def test_embeddings_are_scaled_by_sqrt_d_model_only_with_scale_embedding(scale_embedding):
+    """The encoder's input before dropout: the embedding rows times sqrt(D) (Sec. 3.4), or the
+    rows as they are, plus the positions (fairseq's here)."""
+    cfg = tiny_config(scale_embedding=scale_embedding, **FAIRSEQ)
+    params = random_params(cfg)
+    tokens = padded_tokens(5, (2, 4), lengths=[4, 2])
+    positions, valid = np.broadcast_to(np.arange(4), tokens.shape), tokens != PAD
+
+    def embed(model, tokens):
+        return model._embed(
+            model.source_embedding, model.encoder_positions, tokens, positions, valid, True
+        )
+
+    ours = np.asarray(Transformer(cfg).apply({'params': params}, tokens, method=embed))
+    rows = np.asarray(params['shared_embedding']['embedding'])[tokens]
+    scaled = rows * np.sqrt(cfg.d_model) if scale_embedding else rows
+    np.testing.assert_allclose(ours, scaled + _added(cfg, positions, valid, D), atol=1e-6)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('overrides', [FAIRSEQ], ids=['fairseq_sinusoidal'])
+@pytest.mark.parametrize('overrides', [M2M100], ids=['m2m100'])
 def test_cached_decoding_equals_teacher_forcing(overrides):
-    cached_equals_teacher_forced(
-        tiny_config(num_decoder_layers=2, pre_layer_norm=True, **overrides)
-    )
+    cached_equals_teacher_forced(tiny_config(num_decoder_layers=2, **overrides))
 
 
 def test_the_options_add_no_parameters_and_bad_values_are_one_line():
@@ -156,6 +178,13 @@ REFUSED = {
             'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
             'exports to it.',
             'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+        },
+    ),
+    'scale_embedding': (
+        False,
+        {
+            'hf': 'MarianMT writes scale_embedding=True only.',
+            'ctranslate2': 'CTranslate2 writes scale_embedding=True only.',
         },
     ),
     'pad_id': (
@@ -186,7 +215,9 @@ def test_every_export_refuses_the_option_before_writing(field, tmp_path, monkeyp
         assert not (tmp_path / 'out').exists()
 
 
-def test_the_pytorch_peer_refuses_fairseq_positions(monkeypatch):
+@pytest.mark.parametrize('field', ['positions', 'scale_embedding'])
+def test_the_pytorch_peer_refuses_the_option(field, monkeypatch):
     monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
-    with pytest.raises(torch_peer.Refused, match="model.positions='fairseq_sinusoidal' is not"):
-        torch_peer.main(['--config=tiny', '--set=model.positions=fairseq_sinusoidal'])
+    value = REFUSED[field][0]
+    with pytest.raises(torch_peer.Refused, match=f'^model.{field}={value!r} is not built'):
+        torch_peer.main(['--config=tiny', f'--set=model.{field}={value}'])

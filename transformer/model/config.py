@@ -108,6 +108,8 @@ class TransformerConfig(Section):
     # The padding id the masks and padding-aware positions read (transformer/tokens.py's by
     # default; 1 in fairseq's dictionaries).
     pad_id: int = settings.config_field('pad_id')
+    # Embeddings multiplied by sqrt(d_model) (Sec. 3.4), or not (fairseq's scale_embedding).
+    scale_embedding: bool = settings.config_field('scale_embedding')
     layer_norm_epsilon: float = _field(
         1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
     )

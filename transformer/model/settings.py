@@ -240,3 +240,21 @@ declare(
         lambda cfg: {},
     )
 )
+
+
+# Sec. 3.4 multiplies the embeddings by sqrt(d_model); fairseq's models make it a switch
+# (``scale_embedding`` of Hugging Face's M2M100Config and MBartConfig), off in some of them.
+def _peer_scale_embedding(cfg: TransformerConfig) -> str | None:
+    return None if cfg.scale_embedding else 'the peer scales the embeddings by sqrt(d_model).'
+
+
+declare(
+    Setting(
+        'scale_embedding',
+        True,
+        'embeddings multiplied by sqrt(d_model) (Sec. 3.4); False: as they are',
+        fields.BOOL,
+        lambda cfg: {},
+        unbuilt=_peer_scale_embedding,
+    )
+)

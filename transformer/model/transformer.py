@@ -120,15 +120,16 @@ class Transformer(nn.Module):
         ``valid`` [B, T] false at padding; ``added_positions``: the stack's module of
         `positions.PositionEncoding.stack_module`, None: the encoding's ``embed``."""
         cfg = self.config
-        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added (by
-        # the sinusoidal encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
+        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4; as they are where
+        # model.scale_embedding is False), then positions are added (by the sinusoidal
+        # encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
         if not deterministic and cfg.token_dropout_rate:
             # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
             # a dropped token is its position alone.
             keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
             rows = (rows * keep).astype(cfg.dtype)
-        x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+        x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype) if cfg.scale_embedding else rows
         if added_positions is None:
             x = self.position_encoding.embed(x, positions)
         else:
