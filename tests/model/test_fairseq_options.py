@@ -1,9 +1,11 @@
 """The options of fairseq's translation models (M2M100, NLLB-200, mBART-50), each a registered
 entry or a declared setting: fairseq's sinusoids (model.positions='fairseq_sinusoidal') read
-from the padding id (model.pad_id), the embeddings' scale as a switch (model.scale_embedding).
-Each against Hugging Face's module where one exists,
-through cached decoding, and refused by every export and the PyTorch peer, which declare no
-writer for it. The whole models against Hugging Face's: tests/model/test_fairseq_families.py."""
+from the padding id (model.pad_id), the embeddings' scale as a switch (model.scale_embedding),
+BART's and mBART's learned positions (model.positions='bart_learned', model.max_positions) and
+a norm on the embedding sums (model.layernorm_embedding). Each against Hugging Face's module
+where one exists, through cached decoding, and refused by every export and the PyTorch peer,
+which declare no writer for it. The whole models against Hugging Face's:
+tests/model/test_fairseq_families.py."""
 
 import functools
 import sys
@@ -15,7 +17,8 @@ import numpy as np
 import pytest
 
 from tests.model.test_model import random_params, tiny_config
-from tests.tiny_run import run_dir_with
+from tests.tiny_run import run_dir_with, tiny_run_config
+from transformer import schema
 from transformer.fields import ConfigError
 from transformer.model import Packing, Transformer, init_cache, param_count, variants
 from transformer.model import positions as positions_lib
@@ -29,6 +32,10 @@ FAIRSEQ = {'positions': 'fairseq_sinusoidal', 'pad_id': PAD}
 # An M2M100's options: pre-LN with final norms, biased attention projections, fairseq's
 # sinusoids; scale_embedding, True in NLLB-200 and M2M100, False here to exercise the switch.
 M2M100 = FAIRSEQ | {'pre_layer_norm': True, 'attention_bias': True, 'scale_embedding': False}
+# An mBART's: its learned positions, its norm on the embedding sums, its final_logits_bias.
+LEARNED = {'positions': 'bart_learned', 'max_positions': 12}
+MBART = LEARNED | {'pad_id': PAD, 'pre_layer_norm': True, 'layernorm_embedding': True}
+MBART |= {'attention_bias': True, 'logits_bias': True, 'ffn': 'gelu'}
 
 
 def padded_tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:
@@ -67,6 +74,35 @@ def test_fairseq_sinusoids_are_hugging_faces_on_padded_rows(d_model):
     if d_model == 16:
         paper = np.asarray(positions_lib.sinusoidal_positions(jnp.asarray(positions), 16))
         assert np.abs(ours[0] - paper[0]).max() > 0.5
+
+
+@pytest.mark.slow  # importing transformers' mBART
+def test_learned_positions_are_hugging_faces_rows_from_two_padding_included():
+    """MBartLearnedPositionalEmbedding's table in ours: position p reads row p + 2, whether
+    its token is padding or not; rows 0 and 1 are never read; past the table, NaN."""
+    pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
+    mbart = pytest.importorskip('transformers.models.mbart.modeling_mbart')
+    import torch
+
+    torch.manual_seed(0)
+    hf = mbart.MBartLearnedPositionalEmbedding(12, D)
+    tokens = padded_tokens(0, (2, 7), lengths=[7, 3])
+    want = hf(torch.from_numpy(tokens).long()).detach().numpy()
+    cfg = tiny_config(**LEARNED)
+    module = variants.chosen(cfg, 'positions').module.stack_module(cfg)
+    table = hf.weight.detach().numpy()
+    assert table.shape == (14, D)
+
+    def add(positions, valid):
+        zeros = jnp.zeros((*positions.shape, D), jnp.float32)
+        return np.asarray(module.apply({'params': {'embedding': table}}, zeros, positions, valid))
+
+    positions = jnp.broadcast_to(jnp.arange(7), tokens.shape)
+    np.testing.assert_array_equal(add(positions, tokens != PAD), np.broadcast_to(want, (2, 7, D)))
+    np.testing.assert_array_equal(
+        add(positions, np.ones(tokens.shape, bool)), add(positions, tokens != PAD)
+    )
+    assert np.isnan(add(jnp.array([[12]]), np.ones((1, 1), bool))).all()
 
 
 def test_packed_examples_take_their_own_positions():
@@ -146,9 +182,7 @@ def test_embeddings_are_scaled_by_sqrt_d_model_only_with_scale_embedding(scale_e
     positions, valid = np.broadcast_to(np.arange(4), tokens.shape), tokens != PAD
 
     def embed(model, tokens):
-        return model._embed(
-            model.source_embedding, model.encoder_positions, tokens, positions, valid, True
-        )
+        return model._embed('encoder', tokens, positions, valid, True)
 
     ours = np.asarray(Transformer(cfg).apply({'params': params}, tokens, method=embed))
     rows = np.asarray(params['shared_embedding']['embedding'])[tokens]
@@ -156,8 +190,60 @@ def test_embeddings_are_scaled_by_sqrt_d_model_only_with_scale_embedding(scale_e
     np.testing.assert_allclose(ours, scaled + _added(cfg, positions, valid, D), atol=1e-6)
 
 
+@pytest.mark.parametrize('stack', ['encoder', 'decoder'])
+def test_layernorm_embedding_norms_each_stacks_embedding_sum(stack):
+    """model.layernorm_embedding: LayerNorm(rows x sqrt(D) + positions) with the stack's own
+    scale and bias, before the dropout; the learned positions from the stack's own table."""
+    cfg = tiny_config(**MBART, layer_norm_epsilon=1e-5)
+    params = random_params(cfg)
+    tokens = padded_tokens(6, (2, 4), lengths=[4, 2])
+    positions, valid = np.broadcast_to(np.arange(4), tokens.shape), tokens != PAD
+
+    def embed(model, tokens):
+        return model._embed(stack, tokens, positions, valid, True)
+
+    ours = np.asarray(Transformer(cfg).apply({'params': params}, tokens, method=embed))
+    x = np.asarray(params['shared_embedding']['embedding'], np.float64)[tokens] * np.sqrt(D)
+    x = x + np.asarray(params[f'{stack}_positions']['embedding'])[positions + 2]
+    norm = params[f'{stack}_embedding_norm']
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    want = (x - mean) / np.sqrt(var + 1e-5) * norm['scale'] + norm['bias']
+    np.testing.assert_allclose(ours, want, atol=2e-5)
+
+
+def test_the_learned_tables_and_norms_are_declared_counted_and_replicated():
+    """The parameter tree is the declared one (two [max_positions + 2, D] tables, two norms),
+    the count holds them, and the tables' rows are the logical axis 'positions', which the
+    sharding rules replicate."""
+    from jax.sharding import PartitionSpec
+
+    from transformer.model import abstract_params, logical_partition_specs, param_shapes
+    from transformer.training import parallel
+
+    cfg = tiny_config(**MBART)
+    tree = {
+        '/'.join(k.key for k in path): leaf.shape
+        for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(Transformer(cfg)))
+    }
+    assert param_shapes(cfg) == tree
+    new = ('_positions', '_embedding_norm')
+    norms = {
+        f'{s}_embedding_norm/{n}': (D,) for s in ('encoder', 'decoder') for n in ('scale', 'bias')
+    }
+    assert {k: v for k, v in tree.items() if k.split('/')[0].endswith(new)} == {
+        'encoder_positions/embedding': (14, D),
+        'decoder_positions/embedding': (14, D),
+        **norms,
+    }
+    without = tiny_config(**MBART | FAIRSEQ | {'max_positions': None, 'layernorm_embedding': False})
+    assert param_count(cfg) - param_count(without) == 2 * 14 * D + 4 * D
+    specs = logical_partition_specs(Transformer(cfg))
+    assert specs['encoder_positions']['embedding'] == PartitionSpec('positions', 'embed')
+    assert dict(parallel.rules(fsdp=False))['positions'] is None
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('overrides', [M2M100], ids=['m2m100'])
+@pytest.mark.parametrize('overrides', [M2M100, MBART], ids=['m2m100', 'mbart'])
 def test_cached_decoding_equals_teacher_forcing(overrides):
     cached_equals_teacher_forced(tiny_config(num_decoder_layers=2, **overrides))
 
@@ -168,6 +254,16 @@ def test_the_options_add_no_parameters_and_bad_values_are_one_line():
         tiny_config(pad_id=V)
     with pytest.raises(ConfigError, match=r'^model.d_model=2 is too narrow for model.positions'):
         tiny_config(d_model=2, num_heads=1, positions='fairseq_sinusoidal')
+    with pytest.raises(ConfigError, match=r"^model.positions='bart_learned' learns a table of "):
+        tiny_config(positions='bart_learned')
+    with pytest.raises(ConfigError, match=r'^model.max_positions=12 sizes a learned position '):
+        tiny_config(max_positions=12)
+    config = tiny_run_config(1)  # data.max_len=32
+    config.model.update(LEARNED | {'max_positions': 31})
+    with pytest.raises(ConfigError, match=r'^data.max_len=32 exceeds model.max_positions=31: '):
+        schema.parse(config)
+    config.model.max_positions = 32
+    assert schema.parse(config).model.max_positions == 32
 
 
 # What each export format and the PyTorch peer say of each option: none writes it.
@@ -178,6 +274,21 @@ REFUSED = {
             'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
             'exports to it.',
             'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+        },
+    ),
+    'positions_learned': (
+        'bart_learned',
+        {
+            'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
+            'exports to it.',
+            'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+        },
+    ),
+    'layernorm_embedding': (
+        True,
+        {
+            'hf': 'MarianMT writes layernorm_embedding=False only.',
+            'ctranslate2': 'CTranslate2 writes layernorm_embedding=False only.',
         },
     ),
     'scale_embedding': (
@@ -205,7 +316,9 @@ def test_every_export_refuses_the_option_before_writing(field, tmp_path, monkeyp
 
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
     value, reasons = REFUSED[field]
-    workdir, _ = run_dir_with(tmp_path, **{field: value})
+    field = field.removesuffix('_learned')
+    table = {'max_positions': 64} if value == 'bart_learned' else {}
+    workdir, _ = run_dir_with(tmp_path, **{field: value}, **table)
     for format in export.FORMATS:
         with pytest.raises(export.ExportError) as info:
             export.export(str(workdir), str(tmp_path / 'out'), format=format)
@@ -215,7 +328,7 @@ def test_every_export_refuses_the_option_before_writing(field, tmp_path, monkeyp
         assert not (tmp_path / 'out').exists()
 
 
-@pytest.mark.parametrize('field', ['positions', 'scale_embedding'])
+@pytest.mark.parametrize('field', ['positions', 'layernorm_embedding', 'scale_embedding'])
 def test_the_pytorch_peer_refuses_the_option(field, monkeypatch):
     monkeypatch.setitem(sys.modules, 'torch', None)  # refused before torch is asked for
     value = REFUSED[field][0]

@@ -102,12 +102,16 @@ class TransformerConfig(Section):
     # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
     norm: str = variants.config_field('norm')
     pre_layer_norm: bool = variants.config_field('norm_placement')
+    # A norm of model.norm's kind on each stack's embedding sum, before its dropout (mBART's).
+    layernorm_embedding: bool = variants.config_field('embedding_norm')
     # How positions enter (transformer/model/positions.py): the paper's sinusoids added to the
     # embeddings, or rotary positions in self-attention.
     positions: str = variants.config_field('positions')
     # The padding id the masks and padding-aware positions read (transformer/tokens.py's by
     # default; 1 in fairseq's dictionaries).
     pad_id: int = settings.config_field('pad_id')
+    # The rows of a learned position table (model.positions='bart_learned'); None: no table.
+    max_positions: int | None = settings.config_field('max_positions')
     # Embeddings multiplied by sqrt(d_model) (Sec. 3.4), or not (fairseq's scale_embedding).
     scale_embedding: bool = settings.config_field('scale_embedding')
     layer_norm_epsilon: float = _field(

@@ -8,7 +8,8 @@ An entry's module is a `PositionEncoding`, which acts at two places:
 * on the scaled embeddings [B, T, D] before their dropout, either by ``embed`` (the paper's
   sinusoids, Sec. 3.5, added there) or by its ``stack_module``, one Flax module per stack,
   for encodings that read the config or hold parameters: fairseq's sinusoids, whose positions
-  start past the padding id (model.pad_id) and leave padding at zero.
+  start past the padding id (model.pad_id) and leave padding at zero; BART's and mBART's
+  learned table, whose rows are parameters.
 * ``rotate``: on self-attention's queries [B, T, N, H] and keys [B, T, K, H] after their
   projections (and QK-norm), before their product. Rotary positions (Su et al., 2021,
   "RoFormer") turn each pair of channels (j, j + H/2) of a head by the angle
@@ -36,6 +37,9 @@ from transformer.model import variants
 Array = jax.Array
 # The base of the frequencies of both encodings (Sec. 3.5; RoFormer keeps it).
 BASE = 10000.0
+# The rows before position 0 in BART's and mBART's learned tables (Hugging Face's
+# MBartLearnedPositionalEmbedding.offset): fairseq's padding id + 1, kept though unread.
+LEARNED_OFFSET = 2
 
 
 def sinusoidal_positions(positions: Array, d_model: int) -> Array:
@@ -87,6 +91,29 @@ class FairseqSinusoids(nn.Module):
     def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
         rows = fairseq_sinusoids(positions + self.config.pad_id + 1, x.shape[-1])
         return x + jnp.where(valid[..., None], rows, 0.0).astype(x.dtype)
+
+
+class OffsetLearnedPositions(nn.Module):
+    """A learned table [max_positions + 2, D] added to one stack's embeddings (BART's and
+    mBART's, Hugging Face's MBartLearnedPositionalEmbedding): position p (0, 1, ... from its
+    example's start, the step's in cached decoding) takes row p + 2, padding included; rows 0
+    and 1 are never read. A position past the table reads NaN (jnp.take's fill), which the
+    loss shows at once."""
+
+    config: Any
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
+        del valid  # the positions count padding as tokens
+        cfg = self.config
+        table = self.param(
+            'embedding',
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), ('positions', 'embed')),
+            (cfg.max_positions + LEARNED_OFFSET, cfg.d_model),
+            cfg.param_dtype,
+        )
+        rows = jnp.take(table, positions + LEARNED_OFFSET, axis=0, mode='fill', fill_value=jnp.nan)
+        return x + rows.astype(x.dtype)
 
 
 def rotate_half_pairs(x: Array, positions: Array) -> Array:
@@ -150,6 +177,20 @@ def _even_d_model(cfg: variants.TransformerConfig) -> str | None:
     return f'model.d_model={cfg.d_model} must be even for sinusoidal positions (sin, cos pairs).'
 
 
+def _no_table(check):
+    """``check`` of an encoding without a table, which refuses model.max_positions first."""
+
+    def checked(cfg: variants.TransformerConfig) -> str | None:
+        if cfg.max_positions is not None:
+            return (
+                f'model.max_positions={cfg.max_positions} sizes a learned position table, and '
+                f'model.positions={cfg.positions!r} has none: leave max_positions None.'
+            )
+        return check(cfg)
+
+    return checked
+
+
 def _half_above_one(cfg: variants.TransformerConfig) -> str | None:
     if cfg.d_model >= 4:
         return None
@@ -166,7 +207,7 @@ SINUSOIDAL = variants.register(
         variants.nothing,
         'Sec. 3.5: sinusoids added to the scaled embeddings',
         module=PositionEncoding(added=True, rotary=False),
-        check=_even_d_model,
+        check=_no_table(_even_d_model),
     )
 )
 ROPE = variants.register(
@@ -176,7 +217,7 @@ ROPE = variants.register(
         variants.nothing,
         'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
         module=PositionEncoding(added=False, rotary=True),
-        check=_even_head_dim,
+        check=_no_table(_even_head_dim),
     )
 )
 FAIRSEQ_SINUSOIDAL = variants.register(
@@ -187,6 +228,32 @@ FAIRSEQ_SINUSOIDAL = variants.register(
         "fairseq's SinusoidalPositionalEmbedding (M2M100, NLLB-200): [sin | cos] rows from "
         'the padding id + 1, padding zero',
         module=PositionEncoding(added=False, rotary=False, stack_module=FairseqSinusoids),
-        check=_half_above_one,
+        check=_no_table(_half_above_one),
+    )
+)
+
+
+def _table_size(cfg: variants.TransformerConfig) -> str | None:
+    if cfg.max_positions is not None:
+        return None
+    return (
+        "model.positions='bart_learned' learns a table of model.max_positions rows: set it "
+        "(mBART's max_position_embeddings, 1024)."
+    )
+
+
+BART_LEARNED = variants.register(
+    variants.Variant(
+        'positions',
+        'bart_learned',
+        variants.nothing,
+        "BART's and mBART's learned table (MBartLearnedPositionalEmbedding): row position + 2",
+        module=PositionEncoding(added=False, rotary=False, stack_module=OffsetLearnedPositions),
+        # One table per stack, [max_positions + 2, D].
+        outer=lambda cfg: {
+            f'{stack}_positions/embedding': (cfg.max_positions + LEARNED_OFFSET, cfg.d_model)
+            for stack in variants.SUBLAYERS
+        },
+        check=_table_size,
     )
 )

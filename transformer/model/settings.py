@@ -258,3 +258,16 @@ declare(
         unbuilt=_peer_scale_embedding,
     )
 )
+
+
+# The rows of a learned position table (model.positions='bart_learned', transformer/model/
+# positions.py), Hugging Face's max_position_embeddings; the sinusoids need none.
+declare(
+    Setting(
+        'max_positions',
+        None,
+        "positions a learned table holds (model.positions='bart_learned'); None: no table",
+        fields.POSITIVE_OR_NONE,
+        lambda cfg: {},
+    )
+)

@@ -48,10 +48,12 @@ class Transformer(nn.Module):
     ``encoder_layer_{i}/...``, ``decoder_layer_{i}/...`` (with ``model.scan_layers``:
     ``encoder_layers/...``, ``decoder_layers/...``, each leaf stacked [L, ...]); with
     ``model.logits_bias``, ``logits_bias [V]``; with pre-LN, ``encoder_norm``,
-    ``decoder_norm``. The same [V, D] matrix embeds the source and target tokens and,
-    transposed, is the pre-softmax projection (Sec. 3.4; the output head,
-    transformer/model/output_head.py); transformer/model/variants.py `param_shapes` lists
-    every path.
+    ``decoder_norm``; with ``model.layernorm_embedding``, ``encoder_embedding_norm``,
+    ``decoder_embedding_norm``; with a learned position table, ``encoder_positions`` and
+    ``decoder_positions`` (``embedding``, [max_positions + 2, D]). The same [V, D] matrix
+    embeds the source and target tokens and, transposed, is the pre-softmax projection
+    (Sec. 3.4; the output head, transformer/model/output_head.py);
+    transformer/model/variants.py `param_shapes` lists every path.
     """
 
     config: TransformerConfig
@@ -106,23 +108,24 @@ class Transformer(nn.Module):
         else:  # one per stack: it may hold a table
             self.encoder_positions = encoding.stack_module(cfg, name='encoder_positions')
             self.decoder_positions = encoding.stack_module(cfg, name='decoder_positions')
+        if cfg.layernorm_embedding:  # mBART's norm of each stack's embedding sum
+            self.encoder_embedding_norm = norm(cfg, 'encoder_embedding_norm')
+            self.decoder_embedding_norm = norm(cfg, 'decoder_embedding_norm')
 
     def _embed(
-        self,
-        embedding: nn.Embed,
-        added_positions: nn.Module | None,
-        tokens: Array,
-        positions: Array,
-        valid: Array,
-        deterministic: bool,
+        self, stack: str, tokens: Array, positions: Array, valid: Array, deterministic: bool
     ) -> Array:
-        """One stack's input [B, T, D]: ``tokens`` [B, T] embedded at ``positions`` [B, T];
-        ``valid`` [B, T] false at padding; ``added_positions``: the stack's module of
-        `positions.PositionEncoding.stack_module`, None: the encoding's ``embed``."""
+        """The input [B, T, D] of ``stack`` ('encoder', 'decoder'): ``tokens`` [B, T]
+        embedded at ``positions`` [B, T]; ``valid`` [B, T] is false at padding."""
         cfg = self.config
+        encoder = stack == 'encoder'
+        embedding = self.source_embedding if encoder else self.target_embedding
+        # positions.PositionEncoding.stack_module's, or None: the encoding's ``embed``.
+        added_positions = self.encoder_positions if encoder else self.decoder_positions
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4; as they are where
         # model.scale_embedding is False), then positions are added (by the sinusoidal
-        # encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
+        # encoding, Sec. 3.5), the sum normed where model.layernorm_embedding (mBART) and
+        # dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
         if not deterministic and cfg.token_dropout_rate:
             # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
@@ -134,6 +137,8 @@ class Transformer(nn.Module):
             x = self.position_encoding.embed(x, positions)
         else:
             x = added_positions(x, positions, valid)
+        if cfg.layernorm_embedding:
+            x = (self.encoder_embedding_norm if encoder else self.decoder_embedding_norm)(x)
         return self.embed_dropout(x, deterministic=deterministic)
 
     def encode(
@@ -148,9 +153,7 @@ class Transformer(nn.Module):
             positions, segments = packing.inputs_positions, packing.inputs_segmentation
         valid = inputs != self.config.pad_id
         mask = attention_mask(valid, valid, segments, segments)
-        x = self._embed(
-            self.source_embedding, self.encoder_positions, inputs, positions, valid, deterministic
-        )
+        x = self._embed('encoder', inputs, positions, valid, deterministic)
         flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
         x = self._layers(
             self.encoder_layers, self.config.num_encoder_layers, flags, x, attention_inputs
@@ -204,14 +207,7 @@ class Transformer(nn.Module):
             segments = None if packing is None else packing.targets_segmentation
             decoder_inputs = shift_right(targets, segments)
             valid = self_mask.query_valid  # the targets': the leading start token is real
-        y = self._embed(
-            self.target_embedding,
-            self.decoder_positions,
-            decoder_inputs,
-            positions,
-            valid,
-            deterministic,
-        )
+        y = self._embed('decoder', decoder_inputs, positions, valid, deterministic)
         flags = LayerFlags(deterministic, decode)
         self_inputs = AttentionInputs(self_mask, positions)
         cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's

@@ -381,6 +381,12 @@ class Experiment:
                 f'{self.data.vocab_size}: a beam cannot hold more hypotheses than the first '
                 'step has words.'
             )
+        table = self.model.max_positions  # a learned position table's rows, or None
+        if table is not None and self.data.max_len > table:
+            raise ConfigError(
+                f'data.max_len={self.data.max_len} exceeds model.max_positions={table}: the '
+                'learned position table has no row past it; lower data.max_len.'
+            )
 
 
 SECTIONS = {'data': DataSection, 'opt': OptSection, 'train': TrainSection, 'eval': EvalSection}
