@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformer.model import variants
+from transformer.model.config import TransformerConfig
 
 Array = jax.Array
 # The base of the frequencies of both encodings (Sec. 3.5; RoFormer keeps it).
@@ -86,7 +86,7 @@ class FairseqSinusoids(nn.Module):
     numbers positions past the padding id (`cumsum(ids != pad) * mask + pad`, Hugging Face's
     create_position_ids_from_input_ids); padding takes the padding id's row, zero."""
 
-    config: Any
+    config: TransformerConfig
 
     def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
         rows = fairseq_sinusoids(positions + self.config.pad_id + 1, x.shape[-1])
@@ -100,7 +100,7 @@ class OffsetLearnedPositions(nn.Module):
     and 1 are never read. A position past the table reads NaN (jnp.take's fill), which the
     loss shows at once."""
 
-    config: Any
+    config: TransformerConfig
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
