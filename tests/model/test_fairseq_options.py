@@ -334,3 +334,16 @@ def test_the_pytorch_peer_refuses_the_option(field, monkeypatch):
     value = REFUSED[field][0]
     with pytest.raises(torch_peer.Refused, match=f'^model.{field}={value!r} is not built'):
         torch_peer.main(['--config=tiny', f'--set=model.{field}={value}'])
+
+
+@pytest.mark.parametrize(
+    'field, value', [('pad_id', PAD), ('scale_embedding', False), ('layernorm_embedding', True)]
+)
+def test_a_resume_that_changes_the_option_is_refused(field, value, tmp_path):
+    from transformer import run_changes, rundir
+
+    workdir, config = run_dir_with(tmp_path)
+    default = getattr(schema.parse(config).model, field)  # what the run directory holds
+    config.model[field] = value
+    with pytest.raises(rundir.WorkdirError, match=f'model.{field}={default!r}, not {value!r}'):
+        run_changes.resume_changes(str(workdir), schema.parse(config))
