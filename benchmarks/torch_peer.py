@@ -55,6 +55,7 @@ BUILDS = {
     'ffn': ('relu', 'swish', 'gelu'),
     'norm': ('layer_norm',),
     'pre_layer_norm': (False, True),
+    'layernorm_embedding': (False,),
     'share_embeddings': ('all',),
     'logits_bias': (False, True),
     'positions': ('sinusoidal',),

@@ -91,7 +91,7 @@ def test_token_dropout_drops_whole_tokens_in_training_only():
     positions = jnp.broadcast_to(jnp.arange(64), tokens.shape)
 
     def embed(m, deterministic):
-        return m._embed(m.source_embedding, tokens, positions, deterministic)
+        return m._embed('encoder', tokens, positions, tokens != 0, deterministic)
 
     variables = model.init(jax.random.key(1), tokens[:1, :4], tokens[:1, :4])
     table = nn.unbox(variables['params']['shared_embedding']['embedding'])

@@ -8,11 +8,12 @@ Modules: attention.py (multi-head attention, an einsum over an explicit head axi
 projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `per_head` and
 `fused`), dot_product.py (scaled dot-product attention, the one `attend` of every path: its
 scale and logits bias), decode_attention.py (a decoding step's attention over the cache),
-positions.py (how positions enter: the sinusoids, rotary positions), layers.py (the encoder and
-decoder layers, the shifted decoder inputs, the masks' making), layer_stack.py (the layers' two
-layouts, unrolled and scanned, and the conversion between them), transformer.py (the
-Transformer), output_head.py (its pre-softmax projection, the one rule of the logits from the
-hidden states, which the forward pass and the chunked loss both follow: `output_logits`),
+positions.py (how positions enter: the sinusoids, rotary positions, learned tables),
+layers.py (the encoder and decoder layers, the shifted decoder inputs, the masks' making),
+layer_stack.py (the layers' two layouts, unrolled and scanned, and the conversion between
+them), transformer.py (the Transformer), output_head.py (its pre-softmax projection, the one
+rule of the logits from the hidden states, which the forward pass and the chunked loss both
+follow: `output_logits`),
 config.py (its config), cache.py (the decoder's key/value cache layout, shared across beams),
 masks.py (attention masks, packed rows' included, kept as their parts), dropout.py (16-bit
 dropout masks), embedding.py (the embedding lookup and its gradient variants), attention_maps.py

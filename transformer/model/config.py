@@ -106,9 +106,15 @@ class TransformerConfig(Section):
     # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
     norm: str = variants.config_field('norm')
     pre_layer_norm: bool = variants.config_field('norm_placement')
+    # A norm of model.norm's kind on each stack's embedding sum, before its dropout (mBART's).
+    layernorm_embedding: bool = variants.config_field('embedding_norm')
     # How positions enter (transformer/model/positions.py): the paper's sinusoids added to the
     # embeddings, or rotary positions in self-attention.
     positions: str = variants.config_field('positions')
+    # The rows of a learned position table (model.positions='bart_learned'); None: no table.
+    max_positions: int | None = settings.config_field('max_positions')
+    # Embeddings multiplied by sqrt(d_model) (Sec. 3.4), or not (fairseq's scale_embedding).
+    scale_embedding: bool = settings.config_field('scale_embedding')
     layer_norm_epsilon: float = _field(
         1e-6, 'added to the variance in layer normalization', ABOVE_ZERO
     )
@@ -158,6 +164,11 @@ class TransformerConfig(Section):
             raise ConfigError(
                 f'model.num_kv_heads={self.num_kv_heads} must divide model.num_heads='
                 f'{self.num_heads}: each key/value head serves N / K query heads.'
+            )
+        if self.special.largest() >= self.vocab_size:
+            raise ConfigError(
+                f'The special ids {self.special} must be ids of the vocabulary of '
+                f'{self.vocab_size}: set data.pad_id ... data.never_emit below its size.'
             )
         problem = variants.check(self)  # what a chosen entry needs of the other fields
         if problem:

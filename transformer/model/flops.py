@@ -62,6 +62,7 @@ def forward_flops(cfg: TransformerConfig, batch: int, source_len: int, target_le
     decoder_cross = t * on_queries + s * on_keys + pairs(target_len, source_len)
     decoder_layer = decoder_self + decoder_cross + t * (ffn + 3 * norm)
     final_norms = (s + t) * norm if cfg.pre_layer_norm else 0
+    final_norms += (s + t) * norm if cfg.layernorm_embedding else 0  # on the embedding sums
     return (
         cfg.num_encoder_layers * encoder_layer
         + cfg.num_decoder_layers * decoder_layer

@@ -5,8 +5,11 @@ H head dim.
 
 An entry's module is a `PositionEncoding`, which acts at two places:
 
-* ``embed``: on the scaled embeddings [B, T, D] before their dropout. The paper's sinusoids
-  (Sec. 3.5) are added there.
+* on the scaled embeddings [B, T, D] before their dropout, either by ``embed`` (the paper's
+  sinusoids, Sec. 3.5, added there) or by its ``stack_module``, one Flax module per stack,
+  for encodings that read the config or hold parameters: fairseq's sinusoids, whose positions
+  start past the padding id (the vocabulary's, ``config.special.pad``) and leave padding at
+  zero; BART's and mBART's learned table, whose rows are parameters.
 * ``rotate``: on self-attention's queries [B, T, N, H] and keys [B, T, K, H] after their
   projections (and QK-norm), before their product. Rotary positions (Su et al., 2021,
   "RoFormer") turn each pair of channels (j, j + H/2) of a head by the angle
@@ -20,16 +23,23 @@ decoding. Cross-attention's queries and keys are never rotated: its keys are the
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from transformer.model import variants
+from transformer.model.config import TransformerConfig
 
 Array = jax.Array
 # The base of the frequencies of both encodings (Sec. 3.5; RoFormer keeps it).
 BASE = 10000.0
+# The rows before position 0 in BART's and mBART's learned tables (Hugging Face's
+# MBartLearnedPositionalEmbedding.offset): fairseq's padding id + 1, kept though unread.
+LEARNED_OFFSET = 2
 
 
 def sinusoidal_positions(positions: Array, d_model: int) -> Array:
@@ -48,6 +58,62 @@ def sinusoidal_positions(positions: Array, d_model: int) -> Array:
     inv_freq = 1.0 / (BASE ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model))
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
     return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def fairseq_sinusoids(ids: Array, d_model: int) -> Array:
+    """Rows ``ids`` of fairseq's sinusoid table (its SinusoidalPositionalEmbedding, Hugging
+    Face's M2M100SinusoidalPositionalEmbedding): half = D // 2 frequencies
+    exp(-i ln(10000) / (half - 1)), the row laid out [sin | cos] (concatenated, not
+    interleaved as Sec. 3.5's), a zero channel last where D is odd.
+
+    Args:
+      ids: integer row ids, any shape [...] (the position past the padding id).
+      d_model: D (>= 4).
+
+    Returns:
+      [..., D] float32.
+    """
+    half = d_model // 2
+    inv_freq = np.exp(np.arange(half) * -(math.log(BASE) / (half - 1))).astype(np.float32)
+    angles = ids[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    rows = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return jnp.pad(rows, [(0, 0)] * ids.ndim + [(0, d_model % 2)])
+
+
+class FairseqSinusoids(nn.Module):
+    """fairseq's sinusoids added to one stack's embeddings: a real token at position p (0, 1,
+    ... from the start of its example) takes row p + pad + 1 of `fairseq_sinusoids`, as fairseq
+    numbers positions past the padding id (`cumsum(ids != pad) * mask + pad`, Hugging Face's
+    create_position_ids_from_input_ids); padding takes the padding id's row, zero."""
+
+    config: TransformerConfig
+
+    def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
+        rows = fairseq_sinusoids(positions + self.config.special.pad + 1, x.shape[-1])
+        return x + jnp.where(valid[..., None], rows, 0.0).astype(x.dtype)
+
+
+class OffsetLearnedPositions(nn.Module):
+    """A learned table [max_positions + 2, D] added to one stack's embeddings (BART's and
+    mBART's, Hugging Face's MBartLearnedPositionalEmbedding): position p (0, 1, ... from its
+    example's start, the step's in cached decoding) takes row p + 2, padding included; rows 0
+    and 1 are never read. A position past the table reads NaN (jnp.take's fill), which the
+    loss shows at once."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, valid: Array) -> Array:
+        del valid  # the positions count padding as tokens
+        cfg = self.config
+        table = self.param(
+            'embedding',
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), ('positions', 'embed')),
+            (cfg.max_positions + LEARNED_OFFSET, cfg.d_model),
+            cfg.param_dtype,
+        )
+        rows = jnp.take(table, positions + LEARNED_OFFSET, axis=0, mode='fill', fill_value=jnp.nan)
+        return x + rows.astype(x.dtype)
 
 
 def rotate_half_pairs(x: Array, positions: Array) -> Array:
@@ -70,10 +136,16 @@ class PositionEncoding:
     Attributes:
       added: the sinusoids are added to the embeddings.
       rotary: self-attention's queries and keys are rotated.
+      stack_module: None, or what adds positions to one stack's embeddings instead of
+        ``embed``: ``stack_module(config, name=...)``, a Flax module called as
+        ``(x [B, T, D], positions [B, T], valid [B, T]) -> [B, T, D]``, ``valid`` false at
+        padding; its parameters, if any, under its name ('encoder_positions',
+        'decoder_positions').
     """
 
     added: bool
     rotary: bool
+    stack_module: Callable[..., nn.Module] | None = None
 
     def embed(self, x: Array, positions: Array) -> Array:
         """The scaled embeddings x [B, T, D] with the positions [B, T] added, or as they are."""
@@ -105,6 +177,29 @@ def _even_d_model(cfg: variants.TransformerConfig) -> str | None:
     return f'model.d_model={cfg.d_model} must be even for sinusoidal positions (sin, cos pairs).'
 
 
+def _no_table(check):
+    """``check`` of an encoding without a table, which refuses model.max_positions first."""
+
+    def checked(cfg: variants.TransformerConfig) -> str | None:
+        if cfg.max_positions is not None:
+            return (
+                f'model.max_positions={cfg.max_positions} sizes a learned position table, and '
+                f'model.positions={cfg.positions!r} has none: leave max_positions None.'
+            )
+        return check(cfg)
+
+    return checked
+
+
+def _half_above_one(cfg: variants.TransformerConfig) -> str | None:
+    if cfg.d_model >= 4:
+        return None
+    return (
+        f"model.d_model={cfg.d_model} is too narrow for model.positions='fairseq_sinusoidal', "
+        'whose D // 2 frequencies divide by D // 2 - 1: set d_model to 4 or more.'
+    )
+
+
 SINUSOIDAL = variants.register(
     variants.Variant(
         'positions',
@@ -112,7 +207,7 @@ SINUSOIDAL = variants.register(
         variants.nothing,
         'Sec. 3.5: sinusoids added to the scaled embeddings',
         module=PositionEncoding(added=True, rotary=False),
-        check=_even_d_model,
+        check=_no_table(_even_d_model),
     )
 )
 ROPE = variants.register(
@@ -122,6 +217,43 @@ ROPE = variants.register(
         variants.nothing,
         'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
         module=PositionEncoding(added=False, rotary=True),
-        check=_even_head_dim,
+        check=_no_table(_even_head_dim),
+    )
+)
+FAIRSEQ_SINUSOIDAL = variants.register(
+    variants.Variant(
+        'positions',
+        'fairseq_sinusoidal',
+        variants.nothing,
+        "fairseq's SinusoidalPositionalEmbedding (M2M100, NLLB-200): [sin | cos] rows from "
+        'the padding id + 1, padding zero',
+        module=PositionEncoding(added=False, rotary=False, stack_module=FairseqSinusoids),
+        check=_no_table(_half_above_one),
+    )
+)
+
+
+def _table_size(cfg: variants.TransformerConfig) -> str | None:
+    if cfg.max_positions is not None:
+        return None
+    return (
+        "model.positions='bart_learned' learns a table of model.max_positions rows: set it "
+        "(mBART's max_position_embeddings, 1024)."
+    )
+
+
+BART_LEARNED = variants.register(
+    variants.Variant(
+        'positions',
+        'bart_learned',
+        variants.nothing,
+        "BART's and mBART's learned table (MBartLearnedPositionalEmbedding): row position + 2",
+        module=PositionEncoding(added=False, rotary=False, stack_module=OffsetLearnedPositions),
+        # One table per stack, [max_positions + 2, D].
+        outer=lambda cfg: {
+            f'{stack}_positions/embedding': (cfg.max_positions + LEARNED_OFFSET, cfg.d_model)
+            for stack in variants.SUBLAYERS
+        },
+        check=_table_size,
     )
 )

@@ -225,3 +225,34 @@ declare(
         unbuilt=_peer_scale,
     )
 )
+
+
+# Sec. 3.4 multiplies the embeddings by sqrt(d_model); fairseq's models make it a switch
+# (``scale_embedding`` of Hugging Face's M2M100Config and MBartConfig), off in some of them.
+def _peer_scale_embedding(cfg: TransformerConfig) -> str | None:
+    return None if cfg.scale_embedding else 'the peer scales the embeddings by sqrt(d_model).'
+
+
+declare(
+    Setting(
+        'scale_embedding',
+        True,
+        'embeddings multiplied by sqrt(d_model) (Sec. 3.4); False: as they are',
+        fields.BOOL,
+        lambda cfg: {},
+        unbuilt=_peer_scale_embedding,
+    )
+)
+
+
+# The rows of a learned position table (model.positions='bart_learned', transformer/model/
+# positions.py), Hugging Face's max_position_embeddings; the sinusoids need none.
+declare(
+    Setting(
+        'max_positions',
+        None,
+        "positions a learned table holds (model.positions='bart_learned'); None: no table",
+        fields.POSITIVE_OR_NONE,
+        lambda cfg: {},
+    )
+)

@@ -48,10 +48,12 @@ class Transformer(nn.Module):
     ``encoder_layer_{i}/...``, ``decoder_layer_{i}/...`` (with ``model.scan_layers``:
     ``encoder_layers/...``, ``decoder_layers/...``, each leaf stacked [L, ...]); with
     ``model.logits_bias``, ``logits_bias [V]``; with pre-LN, ``encoder_norm``,
-    ``decoder_norm``. The same [V, D] matrix embeds the source and target tokens and,
-    transposed, is the pre-softmax projection (Sec. 3.4; the output head,
-    transformer/model/output_head.py); transformer/model/variants.py `param_shapes` lists
-    every path.
+    ``decoder_norm``; with ``model.layernorm_embedding``, ``encoder_embedding_norm``,
+    ``decoder_embedding_norm``; with a learned position table, ``encoder_positions`` and
+    ``decoder_positions`` (``embedding``, [max_positions + 2, D]). The same [V, D] matrix
+    embeds the source and target tokens and, transposed, is the pre-softmax projection
+    (Sec. 3.4; the output head, transformer/model/output_head.py);
+    transformer/model/variants.py `param_shapes` lists every path.
     """
 
     config: TransformerConfig
@@ -100,22 +102,43 @@ class Transformer(nn.Module):
         self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
         # model.positions (transformer/model/positions.py): added here or rotated in attention.
-        self.position_encoding = variants.chosen(cfg, 'positions').module
+        self.position_encoding = encoding = variants.chosen(cfg, 'positions').module
+        if encoding.stack_module is None:
+            self.encoder_positions = self.decoder_positions = None
+        else:  # one per stack: it may hold a table
+            self.encoder_positions = encoding.stack_module(cfg, name='encoder_positions')
+            self.decoder_positions = encoding.stack_module(cfg, name='decoder_positions')
+        if cfg.layernorm_embedding:  # mBART's norm of each stack's embedding sum
+            self.encoder_embedding_norm = norm(cfg, 'encoder_embedding_norm')
+            self.decoder_embedding_norm = norm(cfg, 'decoder_embedding_norm')
 
     def _embed(
-        self, embedding: nn.Embed, tokens: Array, positions: Array, deterministic: bool
+        self, stack: str, tokens: Array, positions: Array, valid: Array, deterministic: bool
     ) -> Array:
+        """The input [B, T, D] of ``stack`` ('encoder', 'decoder'): ``tokens`` [B, T]
+        embedded at ``positions`` [B, T]; ``valid`` [B, T] is false at padding."""
         cfg = self.config
-        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4), then positions are added (by
-        # the sinusoidal encoding, Sec. 3.5) and the sum is dropped out (Sec. 5.4).
+        encoder = stack == 'encoder'
+        embedding = self.source_embedding if encoder else self.target_embedding
+        # positions.PositionEncoding.stack_module's, or None: the encoding's ``embed``.
+        added_positions = self.encoder_positions if encoder else self.decoder_positions
+        # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4; as they are where
+        # model.scale_embedding is False), then positions are added (by the sinusoidal
+        # encoding, Sec. 3.5), the sum normed where model.layernorm_embedding (mBART) and
+        # dropped out (Sec. 5.4).
         rows = embedding_lib.lookup(embedding.embedding, tokens, cfg.dtype, cfg.embedding_grad)
         if not deterministic and cfg.token_dropout_rate:
             # Word dropout: one keep decision per token, scaled (in float32) as dropout is, so
             # a dropped token is its position alone.
             keep = self.token_dropout(jnp.ones((*tokens.shape, 1), jnp.float32), False)
             rows = (rows * keep).astype(cfg.dtype)
-        x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
-        x = self.position_encoding.embed(x, positions)
+        x = rows * jnp.sqrt(cfg.d_model).astype(cfg.dtype) if cfg.scale_embedding else rows
+        if added_positions is None:
+            x = self.position_encoding.embed(x, positions)
+        else:
+            x = added_positions(x, positions, valid)
+        if cfg.layernorm_embedding:
+            x = (self.encoder_embedding_norm if encoder else self.decoder_embedding_norm)(x)
         return self.embed_dropout(x, deterministic=deterministic)
 
     def encode(
@@ -130,7 +153,7 @@ class Transformer(nn.Module):
             positions, segments = packing.inputs_positions, packing.inputs_segmentation
         valid = inputs != self.config.special.pad
         mask = attention_mask(valid, valid, segments, segments)
-        x = self._embed(self.source_embedding, inputs, positions, deterministic)
+        x = self._embed('encoder', inputs, positions, valid, deterministic)
         flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
         x = self._layers(
             self.encoder_layers, self.config.num_encoder_layers, flags, x, attention_inputs
@@ -177,14 +200,16 @@ class Transformer(nn.Module):
         if decode:
             positions = jnp.full(targets.shape, self.decode_position())
             decoder_inputs = targets
+            valid = jnp.ones(targets.shape, bool)  # the step's token is a real one
             self_mask = cache_mask  # the cache itself masks the positions not yet written
             source_valid = inputs != self.config.special.pad
-            cross_mask = attention_mask(jnp.ones(targets.shape, bool), source_valid)
+            cross_mask = attention_mask(valid, source_valid)
         else:
             positions, self_mask, cross_mask = self._teacher_forcing_masks(inputs, targets, packing)
             segments = None if packing is None else packing.targets_segmentation
             decoder_inputs = shift_right(targets, segments, start=self.config.special.decoder_start)
-        y = self._embed(self.target_embedding, decoder_inputs, positions, deterministic)
+            valid = self_mask.query_valid  # the targets': the leading start token is real
+        y = self._embed('decoder', decoder_inputs, positions, valid, deterministic)
         flags = LayerFlags(deterministic, decode)
         self_inputs = AttentionInputs(self_mask, positions)
         cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's

@@ -1,16 +1,16 @@
 """The model's variants, one entry each: every choice of what the network computes.
 
 A `Variant` is one value of one part of the network (its attention, feed-forward, kind of
-normalization, where the norms sit, embedding sharing, a bias on the logits, how positions
-enter) and declares, in
-one place, what the rest of the package reads:
+normalization, where the norms sit, a norm on the embeddings, embedding sharing, a bias on
+the logits, how positions enter) and declares, in one place, what the rest of the package
+reads:
 
 * ``weights``: the shapes of one instance's parameters, by their path below it
   ('wi/kernel' -> (D, F)); ``outer``: the parameters it adds outside the layers (pre-LN's
-  final norms, the embeddings). `param_shapes` places them in the model's tree, and from it
-  follow the parameter count (`param_count`), the layers' weight memory
-  (transformer/training/footprint.py, `layer_param_count`) and the matmul FLOPs per token
-  (transformer/model/flops.py, `matmul_flops_per_token`).
+  final norms, the embeddings, a learned position table). `param_shapes` places them in the
+  model's tree, and from it follow the parameter count (`param_count`), the layers' weight
+  memory (transformer/training/footprint.py, `layer_param_count`) and the matmul FLOPs per
+  token (transformer/model/flops.py, `matmul_flops_per_token`).
 * ``module``: the Flax module that computes it, where the part has one per entry (the
   feed-forward, the norm: ``module(config, name=...)``), or the object the network calls (the
   positions: transformer/model/positions.py); None where the Transformer reads the field
@@ -79,6 +79,9 @@ PARTS = {
     'ffn': Part('ffn', 'relu', "the feed-forward; 'relu': Sec. 3.3"),
     'norm': Part('norm', 'layer_norm', "the sub-layers' norm; 'layer_norm': Sec. 3.1"),
     'norm_placement': Part('pre_layer_norm', False, 'False: post-LN (Sec. 3.1); True: pre-LN'),
+    'embedding_norm': Part(
+        'layernorm_embedding', False, "a norm on each stack's embedding sum (mBART's)"
+    ),
     'embeddings': Part(
         'share_embeddings', 'all', "'all': source, target, pre-softmax share one (Sec. 3.4)"
     ),
@@ -87,7 +90,8 @@ PARTS = {
         False,
         "a [V] bias on the logits (MarianMT's final_logits_bias); not Sec. 3.4's",
     ),
-    'positions': Part('positions', 'sinusoidal', "how positions enter; 'sinusoidal': Sec. 3.5"),
+    # Short: the registered values follow it on the one --help line.
+    'positions': Part('positions', 'sinusoidal', "'sinusoidal': Sec. 3.5"),
 }
 # The config field that chooses each part.
 FIELDS: dict[str, str | None] = {part: p.field for part, p in PARTS.items()}
@@ -316,6 +320,18 @@ register(
         "pre-LN, tensor2tensor's later default: x + Sublayer(Norm(x)), final norms",
         outer=lambda cfg: {
             f'{stack}_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
+        },
+    )
+)
+register(Variant('embedding_norm', False, nothing, 'Sec. 3.4: the embedding sum is dropped out'))
+register(
+    Variant(
+        'embedding_norm',
+        True,
+        nothing,
+        "fairseq's layernorm_embedding (mBART): Norm(embeddings + positions), then dropout",
+        outer=lambda cfg: {
+            f'{stack}_embedding_norm/{k}': s for stack in SUBLAYERS for k, s in _NORM(cfg).items()
         },
     )
 )

@@ -224,8 +224,7 @@ class TrainSection(Section):
         optional=True,
         doc='fine-tune: a MarianMT or run directory (RUN@STEP: that step); None = random init',
     )
-    # A recipe for a pretrained model (configs/multi30k.py:finetune): without a start it would
-    # train its schedule from scratch.
+    # A pretrained model's recipe (multi30k.py:finetune): without a start it trains from scratch.
     init_from_required: bool = field(
         False, optional=True, doc='refuse to train without train.init_from (a fine-tuning recipe)'
     )
@@ -383,17 +382,19 @@ class Experiment:
     eval: EvalSection
 
     def __post_init__(self):
-        if self.opt.cooldown_steps > self.train.num_steps:
-            raise ConfigError(
-                f'opt.cooldown_steps={self.opt.cooldown_steps} exceeds train.num_steps='
-                f'{self.train.num_steps}.'
-            )
-        if self.eval.beam_size > self.data.vocab_size:
-            raise ConfigError(
-                f'eval.beam_size={self.eval.beam_size} exceeds data.vocab_size='
-                f'{self.data.vocab_size}: a beam cannot hold more hypotheses than the first '
-                'step has words.'
-            )
+        o, t, e, d, m = self.opt, self.train, self.eval, self.data, self.model
+        for wrong, problem in (
+            (o.cooldown_steps > t.num_steps,
+             f'opt.cooldown_steps={o.cooldown_steps} exceeds train.num_steps={t.num_steps}.'),
+            (e.beam_size > d.vocab_size,
+             f'eval.beam_size={e.beam_size} exceeds data.vocab_size={d.vocab_size}: a beam '
+             'cannot hold more hypotheses than the first step has words.'),
+            (m.max_positions is not None and d.max_len > m.max_positions,  # a learned table
+             f'data.max_len={d.max_len} exceeds model.max_positions={m.max_positions}: the '
+             'learned position table has no row past it; lower data.max_len.'),
+        ):  # fmt: skip
+            if wrong:
+                raise ConfigError(problem)
 
 
 SECTIONS = {'data': DataSection, 'opt': OptSection, 'train': TrainSection, 'eval': EvalSection}

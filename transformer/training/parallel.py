@@ -69,6 +69,7 @@ def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
         ('embed', 'data' if fsdp else None),  # D: every parameter has it but biases of wi
         ('kv', None),  # H
         ('vocab', None),  # V
+        ('positions', None),  # a learned position table's rows (model.positions='bart_learned')
         ('layers', None),  # L, the stacked layers' axis (model.scan_layers): every layer here
     )
 
