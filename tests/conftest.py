@@ -75,14 +75,20 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope='session')
 def run_dir(tmp_path_factory):
-    """A tiny synthetic training run with checkpoints at steps 2 and 4."""
+    """A tiny synthetic training run with checkpoints at steps 2 and 4: trained once for all
+    pytest-xdist workers (tests/shared_dirs.py), and each test process given its own copy,
+    which its tests may write into (evaluate's outputs, eval_sweep's table)."""
+    from tests.shared_dirs import built_once
     from tests.tiny_run import tiny_run_config
     from transformer.commands import train as trainer
 
-    config = tiny_run_config(4)
-    config.train.checkpoint_every = 2
+    def train(workdir):
+        config = tiny_run_config(4)
+        config.train.checkpoint_every = 2
+        trainer.train_and_evaluate(config, str(workdir))
+
     workdir = tmp_path_factory.mktemp('run')
-    trainer.train_and_evaluate(config, str(workdir))
+    shutil.copytree(built_once(tmp_path_factory, 'tiny_run', train), workdir, dirs_exist_ok=True)
     return workdir
 
 

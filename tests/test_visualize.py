@@ -36,15 +36,22 @@ def test_the_command_names_special_tokens_and_warns_on_empty_or_unknown_text(
     run_dir, tmp_path, caplog
 ):
     """visualize --text '' and a text of unknown characters draw a figure with a one-line
-    warning each; EOS is labelled </s> (it was drawn as <1>) and unknown pieces <unk>."""
+    warning each; EOS is labelled </s> (it was drawn as <1>) and unknown pieces <unk>.
+    The empty text is drawn against its greedy translation (the default target); the other
+    against a given --target, as the warning comes from the source alone: a second greedy
+    search of the 4-step run (its translations run to the length limit) costs ~10 s."""
     _, tokenizer, _, _, _ = load_model(str(run_dir))
     assert visualize.token_labels(tokenizer, [EOS_ID, 2, 0]) == ['</s>', '<unk>', '<pad>']
-    cases = [('', '--text is empty'), ('ζζζ ж', 'not in the vocabulary (<unk>)')]
-    for text, warning in cases:
+    cases = [
+        ('', [], '--text is empty'),
+        ('ζζζ ж', ['--target=lo bix pud .'], 'not in the vocabulary (<unk>)'),
+    ]
+    for text, target, warning in cases:
         out = tmp_path / 'attention.png'
         caplog.clear()
+        argv = ['visualize', f'--workdir={run_dir}', f'--text={text}', f'--out={out}', *target]
         with pytest.raises(SystemExit) as info:
-            visualize.cli(['visualize', f'--workdir={run_dir}', f'--text={text}', f'--out={out}'])
+            visualize.cli(argv)
         assert not info.value.code and out.stat().st_size > 1000
         warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
         assert [w for w in warnings if warning in w], warnings

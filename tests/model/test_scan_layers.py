@@ -46,9 +46,21 @@ def test_stack_and_unstack_are_inverse_and_init_is_the_unrolled_models():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    'overrides', [{}, {'positions': 'rope', 'norm': 'rms_norm', 'qk_norm': True, 'num_kv_heads': 2}]
+    'overrides',
+    [
+        pytest.param({}, marks=pytest.mark.long),
+        {'positions': 'rope', 'norm': 'rms_norm', 'qk_norm': True, 'num_kv_heads': 2},
+    ],
 )
 def test_logits_and_decoding_equal_the_unrolled_models(overrides):
+    """Teacher-forced logits, greedy and beam outputs (the batch shrinking as examples
+    finish, so the scanned cache's rows are gathered) equal the unrolled model's.
+
+    The paper's parts (no overrides) are in the long tier: the scanned model's forward pass is
+    checked by test_attention_maps_of_a_scanned_model_are_the_unrolled_ones and
+    test_gradients_equal_the_unrolled_models, its greedy search by
+    test_checkpoints_of_either_layout_resume_decode_average_and_export, and the shrinking
+    searches by the later parts' case, which runs the same scan and cache code."""
     unrolled, scanned = _pair(**overrides)
     params = init_params(unrolled, jax.random.key(1))
     stacked = stack_layers(params)

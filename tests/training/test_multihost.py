@@ -122,10 +122,14 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     counts: the 2-process checkpoint of step 2 resumes in one process on 2 devices to the
     2-process run's step 4; in sharding mode (dropout on) the 8-device run goes on to step 6,
     and the resumed run, from step 4 on 1 device, arrives at its step-6 parameters."""
+    # Without validation BLEU: its searches across processes are test_multihost_decoding's,
+    # and here each of the six runs would compile and run one to the length limit.
     config = _config(mode, 4)
+    config.eval.bleu_every = 0
     _train_two_processes(config, tmp_path / 'two')
     others = ['one']
     eight = _config(mode, 6)  # the same first 4 steps: the schedule ignores num_steps
+    eight.eval.bleu_every = 0
     if mode == 'sharding':
         trainer.train_and_evaluate(eight, str(tmp_path / 'eight'), devices=jax.devices('cpu'))
         others.append('eight')
@@ -232,6 +236,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
 
     alone = _config('sharding', 6)
     alone.train.model_parallelism = 2
+    alone.eval.bleu_every = 0  # its losses are compared; a real BLEU would decode for nothing
     trainer.train_and_evaluate(alone, str(tmp_path / 'alone'), devices=jax.devices('cpu')[:2])
     got, want = _losses(tmp_path / 'alone'), _losses(run)
     np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
