@@ -6,7 +6,8 @@ OPUS-MT's are), a joint ``vocab.json`` in the layout of OPUS-MT's first generati
 (``layout='classic'``: ``'</s>'`` 0, ``'<unk>'`` 1, ``'<pad>'`` V-1) or of its
 Tatoeba-Challenge generation (``layout='tc'``, ``opus-mt-tc-*``: ``'</s>'`` in the middle,
 ``'<unk>'`` three quarters in, ``'<pad>'`` last, and config.json's special ids saying so),
-``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
+(``separate_vocabs=True``: a ``target_vocab.json`` of its own size beside it, unshared
+embeddings), ``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
 the weights and ``generation_config.json`` written by transformers itself. The text is the
 synthetic language pair (transformer/data/synthetic.py), so nothing is read from disk or the
 network.
