@@ -6,7 +6,8 @@ OPUS-MT's are), a joint ``vocab.json`` in the layout of OPUS-MT's first generati
 (``layout='classic'``: ``'</s>'`` 0, ``'<unk>'`` 1, ``'<pad>'`` V-1) or of its
 Tatoeba-Challenge generation (``layout='tc'``, ``opus-mt-tc-*``: ``'</s>'`` in the middle,
 ``'<unk>'`` three quarters in, ``'<pad>'`` last, and config.json's special ids saying so),
-``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
+(``separate_vocabs=True``: a ``target_vocab.json`` of its own size beside it, unshared
+embeddings), ``tokenizer_config.json``, ``special_tokens_map.json``, and ``config.json``,
 the weights and ``generation_config.json`` written by transformers itself. The text is the
 synthetic language pair (transformer/data/synthetic.py), so nothing is read from disk or the
 network.
@@ -103,6 +104,7 @@ def build_marian_dir(
     length_penalty: float = 1.0,
     layout: str = 'classic',
     max_positions: int = 512,
+    separate_vocabs: bool = False,
 ) -> str:
     """Writes a MarianMT directory into ``directory`` (new or empty) and returns its path.
 
@@ -120,6 +122,13 @@ def build_marian_dir(
       length_penalty: generation_config.json's.
       layout: where vocab.json puts its special pieces (`LAYOUTS`, module docstring).
       max_positions: config.json's max_position_embeddings (and generation's max_length).
+      separate_vocabs: Marian's two vocabularies: vocab.json holds source.spm's pieces,
+        target_vocab.json target.spm's (each with '</s>', '<unk>' and '<pad>' in ``layout``),
+        tokenizer_config.json says separate_vocabs, and the model's embeddings are unshared
+        (decoder_vocab_size is the target's size, 20 pieces fewer, the output tied to the
+        decoder's embedding). Its pad ids differ by side, which one MarianConfig cannot say, so the
+        model stays random (``train_steps`` is ignored): conversions refuse it (the model
+        here has one vocabulary).
     """
     import torch
     import transformers
@@ -130,11 +139,13 @@ def build_marian_dir(
     if multilingual:
         pairs = [(f'{LANGUAGE_TOKENS[i % 3]} {s}', t) for i, (s, t) in enumerate(pairs)]
     codes = LANGUAGE_TOKENS if multilingual else ()
-    vocab = _write_tokenizer(directory, pairs, vocab_size, codes, layout)
-    size, pad, eos = len(vocab), vocab['<pad>'], vocab['</s>']
+    vocab, target_vocab = _write_tokenizer(
+        directory, pairs, vocab_size, codes, layout, separate_vocabs
+    )
+    size, pad, eos = len(vocab), target_vocab['<pad>'], target_vocab['</s>']
     config = transformers.MarianConfig(
         vocab_size=size,
-        decoder_vocab_size=size,
+        decoder_vocab_size=len(target_vocab),
         d_model=d_model,
         encoder_layers=layers,
         decoder_layers=layers,
@@ -149,7 +160,7 @@ def build_marian_dir(
         forced_eos_token_id=eos,
         max_position_embeddings=max_positions,
         scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
+        share_encoder_decoder_embeddings=not separate_vocabs,
         tie_word_embeddings=True,
         dropout=0.1,
         attention_dropout=0.0,
@@ -159,7 +170,7 @@ def build_marian_dir(
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(config)
     _perturb(model, torch)
-    if train_steps:
+    if train_steps and not separate_vocabs:
         tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
         _train(model, tokenizer, pairs, train_steps, torch)
     model.eval()
@@ -221,15 +232,23 @@ def left_out_pieces(directory: str | os.PathLike) -> set[str]:
 
 
 def _write_tokenizer(
-    directory: str, pairs, vocab_size: int, language_tokens: Sequence[str], layout: str
-) -> dict[str, int]:
-    """source.spm, target.spm, vocab.json and the tokenizer's configs; vocab.json's map."""
+    directory: str,
+    pairs,
+    vocab_size: int,
+    language_tokens: Sequence[str],
+    layout: str,
+    separate_vocabs: bool = False,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """source.spm, target.spm, vocab.json (and target_vocab.json) and the tokenizer's
+    configs; the source's and the target's vocabulary maps (one map, twice, when joint)."""
     import sentencepiece as spm
 
     texts = {'source': [_strip_code(s) for s, _ in pairs], 'target': [t for _, t in pairs]}
-    pieces, gone = [], set()
+    pieces, gone, sides = [], set(), {}
     for side in ('source', 'target'):
-        proto = _train_spm(spm, texts[side], vocab_size)
+        # Separate vocabularies of different sizes: decoder_vocab_size != vocab_size.
+        smaller = separate_vocabs and side == 'target'
+        proto = _train_spm(spm, texts[side], vocab_size - 20 if smaller else vocab_size)
         with open(os.path.join(directory, f'{side}.spm'), 'wb') as f:
             f.write(proto)
         sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -239,7 +258,14 @@ def _write_tokenizer(
         # not single letters, which would leave too little for the model to learn.
         longer = [p for p in real if len(p.lstrip('▁')) > 1]
         gone |= set(longer[4 : 4 + 4 * LEFT_OUT_PER_MODEL : 4])
-    vocab = _joint_vocab([p for p in pieces if p not in gone], language_tokens, layout)
+        sides[side] = real
+    if separate_vocabs:
+        vocab = _joint_vocab([p for p in sides['source'] if p not in gone], language_tokens, layout)
+        target_vocab = _joint_vocab([p for p in sides['target'] if p not in gone], (), layout)
+        _write_json(directory, 'target_vocab.json', target_vocab)
+    else:
+        vocab = _joint_vocab([p for p in pieces if p not in gone], language_tokens, layout)
+        target_vocab = vocab
     _write_json(directory, 'vocab.json', vocab)
     special = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
     _write_json(directory, 'special_tokens_map.json', special)
@@ -249,14 +275,14 @@ def _write_tokenizer(
         {
             'source_lang': SOURCE_LANG,
             'target_lang': 'mul' if language_tokens else TARGET_LANG,
-            'separate_vocabs': False,
+            'separate_vocabs': separate_vocabs,
             'model_max_length': 512,
             'sp_model_kwargs': {},
             'tokenizer_class': 'MarianTokenizer',
             **special,
         },
     )
-    return vocab
+    return vocab, target_vocab
 
 
 def _strip_code(text: str) -> str:

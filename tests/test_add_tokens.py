@@ -11,7 +11,7 @@ import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
 from tests.tiny_run import tiny_run_config
-from transformer import convert, export, rundir
+from transformer import api, convert, export, rundir
 from transformer.checkpoint import load_model
 from transformer.training import TrainingError, train_and_evaluate
 
@@ -34,12 +34,18 @@ def hf_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def runs(hf_dir, tmp_path_factory):
-    """(loaded without, loaded with the two tokens) of one MarianMT."""
+def converted(hf_dir, tmp_path_factory):
+    """The run directories of one MarianMT converted without and with the two tokens."""
     out = tmp_path_factory.mktemp('added')
     assert _cli(f'--from_hf={hf_dir}', f'--workdir={out / "plain"}') is None
     assert _cli(f'--from_hf={hf_dir}', f'--workdir={out / "tags"}', f'--add_tokens={TAGS}') is None
-    return load_model(str(out / 'plain')), load_model(str(out / 'tags'))
+    return out / 'plain', out / 'tags'
+
+
+@pytest.fixture(scope='module')
+def runs(converted):
+    """(loaded without, loaded with the two tokens) of one MarianMT."""
+    return tuple(load_model(str(run)) for run in converted)
 
 
 def test_new_rows_are_the_mean_or_the_named_row_and_old_rows_stay(runs):
@@ -174,6 +180,36 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
     changed = _config(folder, 5, init_from=hf_dir, add_tokens='<ft>,<bt>=<unk>')
     with pytest.raises(TrainingError, match=r'train.add_tokens=.*a run keeps its vocabulary'):
         train_and_evaluate(changed, workdir)
+
+
+@pytest.mark.slow
+def test_ctranslate2_export_with_the_tokens_translates_as_ours(converted, runs, tmp_path):
+    """--format ctranslate2 of the run converted with the two tokens: its vocabulary holds
+    them at our ids, and CTranslate2's greedy outputs of tagged sources equal ours (each tag
+    a token of its own, as our vocabulary cuts its string out of the text)."""
+    pytest.importorskip('ctranslate2', reason=_SKIP.format('ctranslate2'))
+    import sentencepiece as spm
+
+    from tests import ctranslate2_child
+
+    run_dir, out = converted[1], tmp_path / 'ct2'
+    export.export(str(run_dir), str(out), format='ctranslate2')
+    lines = [s for s, _ in synthetic_lines()[:TRAINED_LINES]]
+    source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
+    target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
+    run = api.load(str(run_dir))
+    pieces = json.loads((out / 'shared_vocabulary.json').read_text(encoding='utf-8'))
+    vocab = runs[1][1]
+    assert [pieces.index(t) for t in ('<bt>', '<ft>')] == [
+        vocab.token_id(t) for t in ('<bt>', '<ft>')
+    ]
+    for tag in ('<bt>', '<ft>'):
+        batch = [[tag, *source.encode(line, out_type=str), '</s>'] for line in lines]
+        hypotheses = ctranslate2_child.translate(out, batch, beam_size=1)
+        theirs = [target.decode([p for p in h if p != '<unk>']) for h in hypotheses]
+        ours = run.translate([f'{tag} {line}' for line in lines], beam_size=1)
+        assert ours == theirs, tag
+    assert any(a != b for a, b in zip(ours, run.translate(lines, beam_size=1), strict=True))
 
 
 def _marian_channels(row: np.ndarray) -> np.ndarray:

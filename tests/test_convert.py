@@ -294,6 +294,12 @@ def _edit_copy(hf_dir, tmp_path, edit_config=None, remove=None):
         ({'decoder_vocab_size': 7}, None, 'decoder_vocab_size=7'),
         ({'activation_function': 'tanh'}, None, "activation_function='tanh'"),
         ({'decoder_attention_heads': 2}, None, 'decoder_attention_heads=2'),
+        # Every config.json key the reader checks (docs/pretrained.md lists them).
+        ({'decoder_ffn_dim': 32}, None, 'decoder_ffn_dim=32'),
+        ({'activation_function': 'gelu_new'}, None, "activation_function='gelu_new'"),
+        ({'scale_embedding': False}, None, 'scale_embedding=False'),
+        ({'tie_word_embeddings': False}, None, 'tie_word_embeddings=False'),
+        ({'d_model': 34}, None, 'd_model=34'),
     ],
 )
 def test_bad_input_stops_in_one_line_and_writes_nothing(hf_dir, tmp_path, edit, remove, message):

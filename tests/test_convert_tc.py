@@ -137,6 +137,31 @@ def test_greedy_outputs_equal_generates(run_dir, hf):
 
 
 @pytest.mark.slow
+def test_beam_outputs_and_scores_equal_generates(run_dir, hf):
+    """Beam 4 with the directory's generation config (num_beams 4, length_penalty 1.0,
+    max_length 64, eos mid-vocabulary, pad never generated): the run's own settings give
+    generate's outputs, and each best hypothesis' score (log P / length^1.0, EOS counted)
+    equals generate's sequences_scores, on the learned lines of one language code.
+
+    As for the first generation's layout (tests/test_convert_decoding.py), the searches can
+    part elsewhere in ways no setting records: generate's stopping heuristic and its rule
+    that a hypothesis + EOS finishes only among the 2K best continuations. On these lines
+    they do not: the assertions below pin equal texts and scores, no difference left."""
+    hf_model, theirs = hf
+    code = LANGUAGE_TOKENS[2]
+    lines = [s for s, _ in PAIRS[:TRAINED_LINES]][2::3]
+    batch = theirs([f'{code} {line}' for line in lines], padding=True, return_tensors='pt')
+    with torch.no_grad():
+        out = hf_model.generate(**batch, output_scores=True, return_dict_in_generate=True)
+    assert hf_model.generation_config.num_beams == 4
+    expected = theirs.batch_decode(out.sequences, skip_special_tokens=True)
+    best = [h[0] for h in api.load(run_dir).translate(lines, nbest=1, source_tag=code)]
+    assert [h.text for h in best] == expected
+    ours = np.array([h.score for h in best])
+    np.testing.assert_allclose(ours, out.sequences_scores.numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
 def test_export_gives_back_the_directory(run_dir, hf_dir, tmp_path):
     """Round trip: every tensor equal, the tokenizer files byte for byte, config.json's and
     generation_config.json's values (the special ids and max_position_embeddings 64)."""

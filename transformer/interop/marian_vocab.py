@@ -42,7 +42,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.data import SIDES, DataError, Pretokenizer, Side
-from transformer.interop.marian_added import registered
+from transformer.interop.marian_added import ADDED_KEY, registered
 from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
@@ -112,6 +112,7 @@ class MarianVocabulary:
         self._ids = {piece: self.our_id(i) for i, piece in enumerate(self._pieces)}
         self._added_ids = {self._ids[t] for t in self.added}
         self.source_lang, self.target_lang = _languages(config, self.directory)
+        _check_registered(config, self._pieces, self.directory)
         if data_config is not None and data_config.pretokenize != 'none':
             raise DataError(
                 f'{where} is a MarianMT vocabulary, which reads raw text: set '
@@ -291,30 +292,63 @@ def _read_vocab(path: str, content: bytes) -> list[str]:
 def _tokenizer_config(directory: str) -> dict[str, Any]:
     """tokenizer_config.json ({} without one)."""
     path = os.path.join(directory, TOKENIZER_CONFIG)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding='utf-8') as f:
-            config = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(config, dict):
-        raise DataError(f'{path} must be a JSON object.')
-    return config
+    return _read_object(path) if os.path.isfile(path) else {}
 
 
 def _languages(config: dict[str, Any], directory: str) -> tuple[str | None, str | None]:
-    """tokenizer_config.json's (``config``) source_lang and target_lang."""
+    """tokenizer_config.json's (``config``) source_lang and target_lang, once its special
+    tokens and special_tokens_map.json's are Marian's (`_check_special_names`)."""
     path = os.path.join(directory, TOKENIZER_CONFIG)
     if config.get('separate_vocabs'):
         raise DataError(
             f'{path} has separate_vocabs=true (a target_vocab.json): only one joint '
             'vocabulary is supported.'
         )
+    _check_special_names(config, path)
+    special_map = os.path.join(directory, SPECIAL_TOKENS_MAP)
+    if os.path.isfile(special_map):
+        _check_special_names(_read_object(special_map), special_map)
+    return config.get('source_lang'), config.get('target_lang')
+
+
+def _check_special_names(config: dict[str, Any], path: str) -> None:
+    """A `DataError` unless ``config``'s (read from ``path``) eos, unk and pad tokens, where
+    it names them, are Marian's pieces: as a string, or as the dict of a saved AddedToken
+    (transformers 4.2x-4.3x write ``{"__type": "AddedToken", "content": "</s>", ...}``)."""
     for name, want in (('eos_token', EOS), ('unk_token', UNK), ('pad_token', PAD)):
         value = config.get(name, want)
-        if isinstance(value, dict):  # a saved AddedToken
+        if isinstance(value, dict):
             value = value.get('content')
         if value != want:
             raise DataError(f"{path} has {name}={value!r}; only Marian's {want!r} is supported.")
-    return config.get('source_lang'), config.get('target_lang')
+
+
+def _check_registered(config: dict[str, Any], pieces: list[str], directory: str) -> None:
+    """A `DataError` unless every token tokenizer_config.json's ``added_tokens_decoder``
+    (``config``'s; transformers 4.3x-5 register the special pieces there too) holds at an id
+    is vocab.json's piece of that id (``pieces``: Marian's id -> piece): Hugging Face's
+    tokenizer maps the token to the registered id, ours to vocab.json's."""
+    entries = config.get(ADDED_KEY) or {}
+    if not isinstance(entries, dict):
+        return
+    path = os.path.join(directory, TOKENIZER_CONFIG)
+    for key, entry in entries.items():
+        content = entry.get('content') if isinstance(entry, dict) else entry
+        at = int(key) if str(key).isdigit() else -1
+        if not 0 <= at < len(pieces) or pieces[at] != content:
+            held = pieces[at] if 0 <= at < len(pieces) else 'nothing'
+            raise DataError(
+                f'{path}: {ADDED_KEY} puts {content!r} at id {key}, where vocab.json holds '
+                f'{held!r}: make the two files agree.'
+            )
+
+
+def _read_object(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding='utf-8') as f:
+            value = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path} is not JSON ({e}).') from None
+    if not isinstance(value, dict):
+        raise DataError(f'{path} must be a JSON object.')
+    return value
