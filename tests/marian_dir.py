@@ -126,9 +126,9 @@ def build_marian_dir(
         target_vocab.json target.spm's (each with '</s>', '<unk>' and '<pad>' in ``layout``),
         tokenizer_config.json says separate_vocabs, and the model's embeddings are unshared
         (decoder_vocab_size is the target's size, 20 pieces fewer, the output tied to the
-        decoder's embedding). Its pad ids differ by side, which one MarianConfig cannot say, so the
-        model stays random (``train_steps`` is ignored): conversions refuse it (the model
-        here has one vocabulary).
+        decoder's embedding). Its pad ids differ by side (source 146, target 126): config.json
+        holds the target's, and MarianTokenizer pads labels with the source's (`_train` masks
+        them, `hf_log_probs` callers replace them).
     """
     import torch
     import transformers
@@ -170,7 +170,7 @@ def build_marian_dir(
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(config)
     _perturb(model, torch)
-    if train_steps and not separate_vocabs:
+    if train_steps:
         tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
         _train(model, tokenizer, pairs, train_steps, torch)
     model.eval()

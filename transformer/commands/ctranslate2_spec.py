@@ -251,6 +251,11 @@ def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
     config's special tokens, the vocabulary's (``tokenizer.special``): the decoder starts from
     its start token (<pad>, id 0, for the joint vocabulary), as ours does; sources get no BOS,
     which is set to <pad>."""
+    if getattr(tokenizer, 'separate', False):
+        raise ValueError(
+            'separate source and target vocabularies (separate_vocabs): this CTranslate2 '
+            'export writes one vocabulary for both sides; export with --format hf.'
+        )
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     if len(set(pieces)) != len(pieces):
         raise ValueError('the vocabulary has duplicate pieces; CTranslate2 needs unique ones.')

@@ -46,7 +46,11 @@ def parse(spec: str | None, key: str = 'train.add_tokens') -> list[tuple[str, st
 
 def check(vocab: Any, added: list[tuple[str, str | None]], key: str) -> None:
     """A one-line `DataError` for a NAME that is already a piece of ``vocab`` (its special
-    tokens and language codes included) or a LIKE that is not one."""
+    tokens and language codes included) or a LIKE that is not one, and for any token where
+    the vocabulary says why none can be added (its ``no_added_tokens``)."""
+    why = getattr(vocab, 'no_added_tokens', None)
+    if added and why:
+        raise DataError(f'{key}: {why}')
     for name, like in added:
         if vocab.token_id(name) is not None:
             raise DataError(

@@ -19,10 +19,15 @@ and layer norm epsilon 1e-5. Two layouts differ and are mapped exactly, each a p
   marian_vocab.py), and the embedding rows and the output bias move by it. config.json's and
   generation_config.json's special ids must be vocab.json's (`check_special_ids`).
 
-Values Hugging Face's Marian acts on that this model cannot express (a separate decoder
-vocabulary, different encoder and decoder head counts or widths, another ``model_type``, a
-decoder start other than pad) stop in one `MarianError` naming the key, before anything is
-written;
+* Separate vocabularies (tokenizer_config.json's ``separate_vocabs``, a target_vocab.json of
+  ``decoder_vocab_size`` pieces, unshared embeddings, the output tied to the decoder's): the
+  model's ``share_embeddings`` 'target', one permutation per side, each table padded to the
+  larger side's size (marian_vocab.py says how the padding is never read nor emitted).
+
+Values Hugging Face's Marian acts on that this model cannot express (unshared embeddings of
+one joint vocabulary, different encoder and decoder head counts or widths, another
+``model_type``, a decoder start other than pad) stop in one `MarianError` naming the key,
+before anything is written;
 keys Hugging Face's Marian ignores (``normalize_before``, ``static_position_embeddings``,
 ...) are ignored here too.
 """
@@ -90,9 +95,11 @@ def _read_json(directory: str, name: str, required: bool = True) -> dict[str, An
     return value
 
 
-def check_expressible(hf: dict[str, Any], file: str) -> None:
+def check_expressible(hf: dict[str, Any], file: str, separate: bool = False) -> None:
     """A `MarianError` naming the first key of a MarianMT config.json (``file``) whose value
-    this model cannot express."""
+    this model cannot express; ``separate``: its tokenizer has separate vocabularies
+    (tokenizer_config.json's separate_vocabs), whose embeddings are the encoder's and the
+    decoder's, the output tied to the decoder's."""
 
     def refuse(key: str, why: str) -> MarianError:
         return MarianError(f'{file}: {key}={hf.get(key)!r} {why}')
@@ -100,18 +107,32 @@ def check_expressible(hf: dict[str, Any], file: str) -> None:
     if hf.get('model_type') != 'marian':
         raise refuse('model_type', "is not a MarianMT ('marian'); only MarianMT converts.")
     vocab = hf.get('vocab_size')
-    if hf.get('decoder_vocab_size') not in (None, vocab):
+    if not separate and hf.get('decoder_vocab_size') not in (None, vocab):
         raise refuse(
             'decoder_vocab_size',
-            f'differs from vocab_size={vocab}: a separate '
-            'decoder vocabulary is not expressible (one joint vocabulary here).',
+            f'differs from vocab_size={vocab}: a separate decoder vocabulary needs '
+            "tokenizer_config.json's separate_vocabs=true and a target_vocab.json.",
         )
-    for key in ('share_encoder_decoder_embeddings', 'tie_word_embeddings', 'scale_embedding'):
+    shared = hf.get('share_encoder_decoder_embeddings', True)
+    if separate and shared is not False:
+        raise refuse(
+            'share_encoder_decoder_embeddings',
+            "is not expressible with tokenizer_config.json's separate_vocabs=true: "
+            'separate vocabularies have an embedding each (set it to false).',
+        )
+    if not separate and shared is not True:
+        raise refuse(
+            'share_encoder_decoder_embeddings',
+            'is not expressible with one joint vocabulary: its source and target embeddings '
+            "and the output projection are one matrix (Sec. 3.4); tokenizer_config.json's "
+            'separate_vocabs=true gives unshared ones.',
+        )
+    for key in ('tie_word_embeddings', 'scale_embedding'):
         if hf.get(key, True) is not True:
             raise refuse(
                 key,
-                'is not expressible: the source and target embeddings and the '
-                'output projection are one matrix, scaled by sqrt(d_model) (Sec. 3.4).',
+                'is not expressible: the output projection is the target embedding, '
+                'scaled by sqrt(d_model) (Sec. 3.4).',
             )
     for ours, encoder, decoder in (
         ('num_heads', 'encoder_attention_heads', 'decoder_attention_heads'),
@@ -152,13 +173,14 @@ def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> N
             raise MarianError(f'{file}: {key}={value!r} is not {want!r} ({what}).')
 
 
-def model_settings(hf: dict[str, Any], file: str) -> dict[str, Any]:
-    """The ``model`` section of a MarianMT config.json (``file`` names it in errors).
+def model_settings(hf: dict[str, Any], file: str, separate: bool = False) -> dict[str, Any]:
+    """The ``model`` section of a MarianMT config.json (``file`` names it in errors);
+    ``separate``: separate vocabularies (`check_expressible`).
 
     Raises:
       MarianError: a value this model cannot express, naming the key (`check_expressible`).
     """
-    check_expressible(hf, file)
+    check_expressible(hf, file, separate)
     return {
         'd_model': hf['d_model'],
         'num_heads': hf['encoder_attention_heads'],
@@ -172,7 +194,9 @@ def model_settings(hf: dict[str, Any], file: str) -> dict[str, Any]:
         'dropout_rate': float(hf.get('dropout', 0.1)),
         'attention_dropout_rate': float(hf.get('attention_dropout', 0.0)),
         'relu_dropout_rate': float(hf.get('activation_dropout', 0.0)),
-        'share_embeddings': 'all',
+        # Separate vocabularies: the encoder's and the decoder's tables, the output tied to
+        # the decoder's ('target').
+        'share_embeddings': 'target' if separate else 'all',
         'pre_layer_norm': False,
     }
 
@@ -215,6 +239,20 @@ def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dic
     return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
 
 
+def _check_sizes(hf: dict[str, Any], tokenizer: MarianVocabulary, file: str) -> None:
+    """A `MarianError` unless config.json's (``hf``, read from ``file``) vocab_size is
+    vocab.json's number of pieces and, with separate vocabularies, its decoder_vocab_size
+    target_vocab.json's."""
+    files = {'source': 'vocab.json', 'target': 'target_vocab.json'}
+    keys = {'source': 'vocab_size', 'target': 'decoder_vocab_size'}
+    for side in ('source', 'target') if tokenizer.separate else ('source',):
+        if hf.get(keys[side]) != tokenizer.sizes[side]:
+            raise MarianError(
+                f'{file}: {keys[side]}={hf.get(keys[side])!r} but {files[side]} holds '
+                f'{tokenizer.sizes[side]} pieces: make the two agree.'
+            )
+
+
 def load(directory: str, weights: bool = True) -> Pretrained:
     """Reads a MarianMT directory: its config (checked first), vocabulary and (``weights``)
     parameters. Nothing is downloaded; every problem is one `MarianError`. Its `Pretrained`'s
@@ -229,7 +267,9 @@ def load(directory: str, weights: bool = True) -> Pretrained:
         )
     file = os.path.join(directory, CONFIG_FILE)
     hf = _read_json(directory, CONFIG_FILE)
-    model = model_settings(hf, file)
+    tokenizer_config = _read_json(directory, TOKENIZER_CONFIG, required=False)
+    separate = tokenizer_config.get('separate_vocabs') is True
+    model = model_settings(hf, file, separate)
     if model['d_model'] % model['num_heads'] or model['d_model'] % 2:
         raise MarianError(
             f'{file}: d_model={model["d_model"]} must be even and a multiple of '
@@ -239,21 +279,11 @@ def load(directory: str, weights: bool = True) -> Pretrained:
     generation_file = _read_json(directory, GENERATION_FILE) if has_generation else None
     generation = generation_settings(generation_file, hf)
     settings = eval_settings(generation, directory)
-    tokenizer_config = _read_json(directory, TOKENIZER_CONFIG, required=False)
-    if tokenizer_config.get('separate_vocabs'):
-        raise MarianError(
-            f'{os.path.join(directory, TOKENIZER_CONFIG)}: separate_vocabs=True '
-            'is not expressible (one joint vocabulary here).'
-        )
     try:
         tokenizer = MarianVocabulary(directory)
     except DataError as e:
         raise MarianError(str(e)) from None
-    if tokenizer.vocab_size != hf['vocab_size']:
-        raise MarianError(
-            f'{file}: vocab_size={hf["vocab_size"]} but vocab.json holds '
-            f'{tokenizer.vocab_size} pieces.'
-        )
+    _check_sizes(hf, tokenizer, file)
     ids = tokenizer.marian_special_ids()
     check_special_ids(hf, ids, file)
     if generation_file is not None:

@@ -48,6 +48,7 @@ DERIVED_KEYS = (
     *('vocab_size', 'decoder_vocab_size', 'd_model', 'encoder_layers', 'decoder_layers'),
     *('encoder_attention_heads', 'decoder_attention_heads', 'encoder_ffn_dim'),
     *('decoder_ffn_dim', 'pad_token_id', 'eos_token_id', 'decoder_start_token_id', 'dtype'),
+    'share_encoder_decoder_embeddings',
 )
 
 
@@ -84,10 +85,10 @@ WRITES = Format(
         'pre_layer_norm': Writes(
             (False,), 'MarianMT is post-LN only (no final layer norm, no pre-LN option)'
         ),
+        # 'target': the encoder's and the decoder's tables, lm_head tied to the decoder's
+        # (share_encoder_decoder_embeddings=false, as separate_vocabs models have).
         'share_embeddings': Writes(
-            ('all',),
-            "the export writes one shared embedding matrix, as MarianMT's joint-vocabulary "
-            'models use',
+            ('all', 'target'), "MarianMT's lm_head is the decoder's embedding (tied)"
         ),
         'logits_bias': Writes((False, True)),  # final_logits_bias, zeros without
         'positions': Writes(('sinusoidal',), 'MarianMT adds sinusoids to the embeddings'),
@@ -102,15 +103,26 @@ WRITES = Format(
 def special_ids(tokenizer: Any) -> dict[str, Any]:
     """The export's pad, eos, decoder start and never-emitted ids: the vocabulary's
     (``tokenizer.special``), or, for a run that reads a MarianMT vocabulary, Marian's as its
-    vocab.json has them (the export moves its rows back)."""
+    target's vocabulary has them (the export moves its rows back; the ids past a smaller
+    target's pieces are not written: the exported model has none)."""
     special = tokenizer.special
-    native = tokenizer.marian_id if isinstance(tokenizer, MarianVocabulary) else int
+    marian = isinstance(tokenizer, MarianVocabulary)
+    native = tokenizer.marian_id if marian else int
+    target = tokenizer.sizes['target'] if marian else tokenizer.vocab_size
     return {
         'pad': native(special.pad),
         'eos': native(special.eos),
         'start': native(special.decoder_start),
-        'never': [native(i) for i in special.never_emit],
+        'never': [native(i) for i in special.never_emit if i < target],
     }
+
+
+def vocab_sizes(tokenizer: Any, cfg: TransformerConfig) -> dict[str, int]:
+    """The number of rows of each side's table in the export: a MarianMT vocabulary's sizes
+    (separate vocabularies: each its own), else the model's V for both."""
+    if isinstance(tokenizer, MarianVocabulary):
+        return dict(tokenizer.sizes)
+    return {'source': cfg.vocab_size, 'target': cfg.vocab_size}
 
 
 def marian_state_dict(
@@ -118,7 +130,8 @@ def marian_state_dict(
 ) -> dict[str, np.ndarray]:
     """Our parameter tree -> MarianMTModel's state dict (torch Linear weights are [out, in]).
     ``tokenizer``: a MarianMT vocabulary puts the vocabulary rows back in its own id order
-    (`MarianVocabulary.rows_to_marian`); any other keeps ours."""
+    (`MarianVocabulary.rows_to_marian`; separate vocabularies: each side's, the padded rows
+    dropped); any other keeps ours."""
     perm = marian_channel_order(cfg.d_model)
     marian_rows = isinstance(tokenizer, MarianVocabulary)
     rows = tokenizer.rows_to_marian if marian_rows else np.asarray
@@ -146,12 +159,20 @@ def marian_state_dict(
         state[f'{prefix}.fc2.weight'] = f32(np.asarray(p['wo']['kernel'])[:, perm].T)  # [D, F]
         state[f'{prefix}.fc2.bias'] = f32(np.asarray(p['wo']['bias'])[perm])
 
-    # One matrix: transformers ties the encoder's, the decoder's and lm_head's to it.
-    state['model.shared.weight'] = f32(rows(params['shared_embedding']['embedding'])[:, perm])
-    # model.logits_bias's [V], in the embedding's row order (the ids are the same); zeros
+    sizes = vocab_sizes(tokenizer, cfg)
+    if cfg.share_embeddings == 'all':
+        # One matrix: transformers ties the encoder's, the decoder's and lm_head's to it.
+        state['model.shared.weight'] = f32(rows(params['shared_embedding']['embedding'])[:, perm])
+    else:  # 'target': each side's table; transformers ties lm_head to the decoder's
+        for side, stack in (('source', 'encoder'), ('target', 'decoder')):
+            table = params[f'{side}_embedding']['embedding']
+            table = rows(table, side) if marian_rows else np.asarray(table)
+            state[f'model.{stack}.embed_tokens.weight'] = f32(table[: sizes[side], perm])
+    # model.logits_bias's [V], in the target table's row order (the ids are the same); zeros
     # without it, the logits our model computes.
     bias = params.get('logits_bias', np.zeros(cfg.vocab_size, np.float32))
-    state['final_logits_bias'] = f32(np.reshape(rows(bias), (1, cfg.vocab_size)))
+    bias = rows(bias, 'target') if marian_rows else np.asarray(bias)
+    state['final_logits_bias'] = f32(np.reshape(bias[: sizes['target']], (1, sizes['target'])))
     for stack, count in (('encoder', cfg.num_encoder_layers), ('decoder', cfg.num_decoder_layers)):
         for i in range(count):
             p, prefix = params[f'{stack}_layer_{i}'], f'model.{stack}.layers.{i}'
@@ -171,20 +192,23 @@ def marian_configs(
     max_len: int,
     length_exponent: float,
     ids: dict[str, int] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the export; ``ev`` is the run's eval section,
     ``max_len`` its longest training row (data.max_len), ``length_exponent`` the exponent of
     its length penalty (``decoding.length_power``), ``ids`` its pad, eos, start and
-    never-emitted ids (`special_ids`; default the joint vocabulary's)."""
+    never-emitted ids (`special_ids`; default the joint vocabulary's), ``sizes`` each side's
+    number of rows (`vocab_sizes`; default the model's V)."""
     joint = {'pad': JOINT.pad, 'eos': JOINT.eos, 'start': JOINT.decoder_start}
     joint['never'] = list(JOINT.never_emit)
     pad, eos, start, never = (ids or joint).values()
     longest = max_length(ev, max_len)
+    sizes = sizes or {'source': cfg.vocab_size, 'target': cfg.vocab_size}
     config = {
         'architectures': ['MarianMTModel'],
         'model_type': 'marian',
-        'vocab_size': cfg.vocab_size,
-        'decoder_vocab_size': cfg.vocab_size,
+        'vocab_size': sizes['source'],
+        'decoder_vocab_size': sizes['target'],
         'd_model': cfg.d_model,
         'encoder_layers': cfg.num_encoder_layers,
         'decoder_layers': cfg.num_decoder_layers,
@@ -199,7 +223,7 @@ def marian_configs(
         # as the CTranslate2 export's stored table (transformer/commands/ctranslate2_spec.py).
         'max_position_embeddings': max(longest, 1024),
         'scale_embedding': True,  # x sqrt(d_model), Sec. 3.4
-        'share_encoder_decoder_embeddings': True,
+        'share_encoder_decoder_embeddings': cfg.share_embeddings == 'all',
         'tie_word_embeddings': True,
         'dropout': cfg.dropout_rate,
         'attention_dropout': cfg.attention_dropout_rate,
@@ -296,7 +320,8 @@ def write_hf(
 
     ids = special_ids(tokenizer)
     ev, max_len = run_config.eval, run_config.data.max_len
-    model_config, generation = marian_configs(cfg, ev, max_len, length_exponent, ids)
+    sizes = vocab_sizes(tokenizer, cfg)
+    model_config, generation = marian_configs(cfg, ev, max_len, length_exponent, ids, sizes)
     if source:
         model_config, generation = with_source_files(model_config, generation, source)
     # transformers refuses safetensors files whose metadata does not name a framework.

@@ -3,8 +3,10 @@ parameter tree; marian_export.py's `marian_state_dict` is the inverse.
 
 Two layouts differ, each a permutation (marian.py says why they give the
 same function): the sinusoid channels (`marian_channel_order`) on every weight's D axis, and
-the vocabulary's rows (the embedding, ``final_logits_bias``), moved by the vocabulary's
-permutation of the ids (`MarianVocabulary.rows_to_ours`, marian_vocab.py).
+the vocabulary's rows (the embeddings, ``final_logits_bias``), moved by the vocabulary's
+permutation of the ids (`MarianVocabulary.rows_to_ours`, marian_vocab.py): one shared table, or
+with separate vocabularies the encoder's and the decoder's (the output tied to it), each by its
+side's permutation and padded to the model's one vocabulary size.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from transformer.interop.family import PretrainedError
 
 # The weights, in the order they are looked for.
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
+# The output bias of a target id past the target's pieces (separate vocabularies, target the
+# smaller side): its logit is this (its embedding row is 0), so its probability underflows to
+# exactly 0 in float32 and softmax is over the target's pieces, as Marian's is; finite, and
+# within float16's range, so that no dtype turns it into inf or nan.
+UNUSED_LOGIT = -1e4
 
 
 class MarianError(PretrainedError):
@@ -149,20 +156,28 @@ def params_from_state_dict(
     state: dict[str, np.ndarray], model: dict[str, Any], tokenizer: Any, where: str
 ) -> dict[str, Any]:
     """Our parameter tree (nested dicts of float32 arrays) from MarianMT's tensors (`_Tensors`);
-    ``where`` names the file in errors. The vocabulary rows of the embedding and the output
-    bias move to our ids (``tokenizer``'s `MarianVocabulary.rows_to_ours`)."""
-    vocab_size = tokenizer.vocab_size
+    ``where`` names the file in errors. The vocabulary rows of the embeddings and the output
+    bias move to our ids (``tokenizer``'s `MarianVocabulary.rows_to_ours`): one shared table,
+    or (``model['share_embeddings']`` 'target', separate vocabularies) the encoder's and the
+    decoder's, each by its side's ids, the output tied to the decoder's."""
     tensors = _Tensors(state, model, where)
-    embedding = tensors.residual(tensors.take('shared.weight', (vocab_size, model['d_model'])), 1)
-    bias = state.get('final_logits_bias', np.zeros((1, vocab_size), np.float32))
-    if bias.shape != (1, vocab_size):
-        raise MarianError(
-            f'{where}: final_logits_bias has shape {bias.shape}, not {(1, vocab_size)}.'
-        )
+    sizes, d_model = tokenizer.sizes, model['d_model']
+    target = sizes['target']
+    bias = state.get('final_logits_bias', np.zeros((1, target), np.float32))
+    if bias.shape != (1, target):
+        raise MarianError(f'{where}: final_logits_bias has shape {bias.shape}, not {(1, target)}.')
     params: dict[str, Any] = {
-        'shared_embedding': {'embedding': tokenizer.rows_to_ours(embedding)},
-        'logits_bias': tokenizer.rows_to_ours(bias[0]),
+        # Target ids past the target's pieces: probability 0 (exp underflows to 0 in float32).
+        'logits_bias': tokenizer.rows_to_ours(bias[0], 'target', fill=UNUSED_LOGIT),
     }
+    if model['share_embeddings'] == 'all':
+        shared = tensors.residual(tensors.take('shared.weight', (target, d_model)), 1)
+        params['shared_embedding'] = {'embedding': tokenizer.rows_to_ours(shared)}
+    else:
+        for side, stack in (('source', 'encoder'), ('target', 'decoder')):
+            table = tensors.take(f'{stack}.embed_tokens.weight', (sizes[side], d_model))
+            rows = tokenizer.rows_to_ours(tensors.residual(table, 1), side)
+            params[f'{side}_embedding'] = {'embedding': rows}
     for stack in ('encoder', 'decoder'):
         for i in range(model[f'num_{stack}_layers']):
             params[f'{stack}_layer_{i}'] = tensors.layer(stack, i)

@@ -18,6 +18,15 @@ the first generation that is Marian's ids turned by one, ``ours = (marian + 1) %
 of an embedding or of ``final_logits_bias`` move the same way (`MarianVocabulary.rows_to_ours`,
 `rows_to_marian`), and an export moves them back, so Marian's own ids come back unchanged.
 
+Separate vocabularies (tokenizer_config.json's ``separate_vocabs``: vocab.json holds the source's
+pieces, target_vocab.json the target's, each with its own ``</s>``, ``<unk>`` and ``<pad>``):
+one such permutation per side, each with the special ids first, so pad, eos, unk and the
+decoder's start are our 0, 1, 2 and 0 on both sides. The model has one vocabulary size, V, the
+larger side's: the smaller side's ids stop short of it, and its rows past its pieces are
+padding (`rows_to_ours`'s ``fill``). A source id there is never read (no piece encodes to
+it); a target id there is never emitted (``special.never_emit`` holds it, which every search
+honours) and its output bias is so low that its probability is 0 (marian_params.py).
+
 Tokens added to the vocabulary (marian_added.py: a corpus tag, ``<bt>``) are
 the last pieces of vocab.json, registered in tokenizer_config.json's ``added_tokens_decoder``;
 as MarianTokenizer does, their strings are cut out of the text wherever they stand and map to
@@ -31,7 +40,6 @@ end-of-sentence or a padding id inside a sentence would cut it short or mask it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -39,16 +47,26 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import sentencepiece as spm
 
 from transformer.data import SIDES, DataError, Pretokenizer, Side
-from transformer.interop.marian_added import ADDED_KEY, registered
-from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
+from transformer.interop.marian_added import registered
+from transformer.interop.marian_vocab_files import (
+    EOS,
+    PAD,
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    UNK,
+    check_registered,
+    id_order,
+    languages,
+    load_spm,
+    read_vocab,
+    tokenizer_config,
+)
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID, SpecialIds
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
-TOKENIZER_CONFIG = 'tokenizer_config.json'  # optional: its source_lang and target_lang
-SPECIAL_TOKENS_MAP = 'special_tokens_map.json'  # optional, copied with the vocabulary
-EOS, UNK, PAD = '</s>', '<unk>', '<pad>'  # Marian's special pieces, at any of its ids
+TARGET_VOCAB = 'target_vocab.json'  # the target's pieces, with separate_vocabs
 # MarianTokenizer cuts these out of the text before SentencePiece sees it (its special tokens),
 # and the tokens added to the vocabulary (`MarianVocabulary.added`).
 _SPECIAL = (EOS, UNK, PAD)
@@ -59,60 +77,87 @@ def _cutter(added: Sequence[str]) -> re.Pattern:
     return re.compile('(' + '|'.join(re.escape(t) for t in tokens) + ')')
 
 
+def _read(path: str) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read()
+
+
 class MarianVocabulary:
     """A MarianMT directory's vocabulary, with this project's ids.
 
     Attributes:
       directory: the directory it was loaded from.
-      vocab_size: V, the number of pieces in vocab.json (pad, eos and unk included).
-      fingerprint: a hash of source.spm, target.spm, vocab.json and the added tokens, part
-        of the token-cache keys.
+      vocab_size: V, the number of ids: vocab.json's pieces (pad, eos and unk included); with
+        separate vocabularies the larger side's (module docstring).
+      sizes: {side: the number of that side's pieces} (equal without separate vocabularies).
+      separate: whether the sides have vocabularies of their own (separate_vocabs).
+      fingerprint: a hash of source.spm, target.spm, vocab.json (target_vocab.json) and the
+        added tokens, part of the token-cache keys.
       added: the tokens added to the vocabulary (module docstring), in id order.
       source_lang, target_lang: tokenizer_config.json's, or None.
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
-      special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`),
-        which the permutation (module docstring) makes them.
+      special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`), which
+        the permutation (module docstring) makes them, with the target ids past the target's
+        pieces never emitted (separate vocabularies, target the smaller).
+      no_added_tokens: why tokens cannot be added to it, or None (data/added_tokens.py).
     """
 
     pretokenize = 'none'
-    special = JOINT
 
     def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
         """``key``: the setting that named the directory, for the error messages.
         ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'."""
         self.directory = os.fspath(directory)
         where = f'{key}={self.directory}' if key else self.directory
-        paths = [os.path.join(self.directory, name) for name in FILES]
+        config = tokenizer_config(self.directory)
+        self.separate = bool(config.get('separate_vocabs'))
+        names = (*FILES, TARGET_VOCAB) if self.separate else FILES
+        paths = [os.path.join(self.directory, name) for name in names]
         for path in paths:
             if not os.path.isfile(path):
                 raise DataError(
                     f'{path} does not exist: a MarianMT vocabulary ({where}) is the files '
-                    f'{", ".join(FILES)}.'
+                    f'{", ".join(names)}.'
                 )
-        contents = []
-        for path in paths:
-            with open(path, 'rb') as f:
-                contents.append(f.read())
-        config = _tokenizer_config(self.directory)
-        self._pieces = _read_vocab(paths[2], contents[2])  # Marian's id -> piece
-        known = set(self._pieces) - set(_SPECIAL)
+        contents = [_read(path) for path in paths]
+        source = read_vocab(paths[2], contents[2])  # Marian's id -> piece
+        pieces = {'source': source, 'target': read_vocab(paths[3], contents[3])}
+        self._pieces = pieces if self.separate else {side: source for side in SIDES}
+        self.sizes = {side: len(p) for side, p in self._pieces.items()}
+        known = set(source) - set(_SPECIAL)
         self.added = [t for t in registered(config) if t in known]
+        self.no_added_tokens = None
+        if self.separate:
+            self.no_added_tokens = (
+                f'{self.directory} has separate source and target vocabularies '
+                '(separate_vocabs); tokens are added to a joint MarianMT vocabulary only.'
+            )
+            if self.added:
+                raise DataError(f'{paths[2]}: {self.no_added_tokens}')
         contents.append('\n'.join(self.added).encode())
         self.fingerprint = hashlib.sha256(
             b''.join(len(c).to_bytes(8, 'little') + c for c in contents)
         ).hexdigest()[:16]
         self._cut = _cutter(self.added)
         self._spm = {
-            side: _load_spm(path, proto)
+            side: load_spm(path, proto)
             for side, path, proto in zip(SIDES, paths[:2], contents[:2], strict=True)
         }
-        self._marian = _order(self._pieces)  # our id -> Marian's
-        self._ours = np.argsort(self._marian)  # Marian's id -> ours
-        self._ids = {piece: self.our_id(i) for i, piece in enumerate(self._pieces)}
-        self._added_ids = {self._ids[t] for t in self.added}
-        self.source_lang, self.target_lang = _languages(config, self.directory)
-        _check_registered(config, self._pieces, self.directory)
+        self._marian = {side: id_order(p) for side, p in self._pieces.items()}  # ours -> Marian's
+        self._ours = {side: np.argsort(m) for side, m in self._marian.items()}  # Marian's -> ours
+        self._ids = {
+            side: {piece: self.our_id(i, side) for i, piece in enumerate(p)}
+            for side, p in self._pieces.items()
+        }
+        self._added_ids = {self._ids['source'][t] for t in self.added}
+        # Target ids past the target's pieces (rows padded up to V) are never output.
+        padded = range(self.sizes['target'], self.vocab_size)
+        self.special = SpecialIds(
+            pad=PAD_ID, eos=EOS_ID, unk=UNK_ID, decoder_start=PAD_ID, never_emit=(PAD_ID, *padded)
+        )
+        self.source_lang, self.target_lang = languages(config, self.directory)
+        check_registered(config, source, self.directory)
         if data_config is not None and data_config.pretokenize != 'none':
             raise DataError(
                 f'{where} is a MarianMT vocabulary, which reads raw text: set '
@@ -122,11 +167,12 @@ class MarianVocabulary:
 
     @property
     def vocab_size(self) -> int:
-        return len(self._pieces)
+        return max(self.sizes.values())
 
     def encode(self, text: str, side: Side = 'source') -> list[int]:
-        """Token ids of ``text`` (``side`` picks the SentencePiece model), without EOS:
-        MarianTokenizer's ids in our order (module docstring)."""
+        """Token ids of ``text`` (``side`` picks the SentencePiece model and, with separate
+        vocabularies, the vocabulary), without EOS: MarianTokenizer's ids in our order
+        (module docstring)."""
         return self.encode_batch([text], side)[0]
 
     def encode_batch(self, texts: Sequence[str], side: Side = 'source') -> list[list[int]]:
@@ -136,55 +182,58 @@ class MarianVocabulary:
         parts = [_split(text, self._cut) for text in texts]
         plain = [chunk for split in parts for kind, chunk in split if kind == 'text']
         pieces = iter(self._spm[side].encode(plain, out_type=str, num_threads=os.cpu_count() or 1))
+        known = self._ids[side]
         out = []
         for split in parts:
             ids = []
             for kind, chunk in split:
                 if kind == 'text':
-                    ids += [self._ids.get(p, UNK_ID) for p in next(pieces)]
+                    ids += [known.get(p, UNK_ID) for p in next(pieces)]
                 elif kind == 'code':
-                    ids.append(self._ids.get(chunk, UNK_ID))
+                    ids.append(known.get(chunk, UNK_ID))
                 elif chunk in _SPECIAL:  # a special token's string: unknown (docstring)
                     ids.append(UNK_ID)
                 else:  # an added token
-                    ids.append(self._ids[chunk])
+                    ids.append(known[chunk])
             out.append(ids)
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids`` up to the first EOS, padding, unknown and added tokens skipped: what
-        ``MarianTokenizer.decode(..., skip_special_tokens=True)`` gives, with target.spm."""
+        """Text of target ``ids`` up to the first EOS, padding, unknown and added tokens
+        skipped: what ``MarianTokenizer.decode(..., skip_special_tokens=True)`` gives, with
+        target.spm."""
         pieces = []
         for i in np.asarray(ids).reshape(-1).tolist():
             if i == EOS_ID:
                 break
-            if i not in (PAD_ID, UNK_ID) and i not in self._added_ids:
+            if i not in self.special.never_emit and i != UNK_ID and i not in self._added_ids:
                 pieces.append(self.id_to_piece(i))
         text = self._spm['target'].decode_pieces(pieces)
-        return text.replace('▁', ' ').strip()
+        return text.replace('\u2581', ' ').strip()
 
-    def id_to_piece(self, i: int) -> str:
-        """The vocab.json piece of our id ``i``."""
-        return self._pieces[self.marian_id(i)]
+    def id_to_piece(self, i: int, side: Side = 'target') -> str:
+        """The piece of our id ``i`` of ``side`` (vocab.json's, or target_vocab.json's)."""
+        return self._pieces[side][self.marian_id(i, side)]
 
     def token_id(self, piece: str) -> int | None:
-        """Our id of the vocab.json piece ``piece`` (a language token), or None."""
-        return self._ids.get(piece)
+        """Our id of the source piece ``piece`` (a language token, an added token), or None."""
+        return self._ids['source'].get(piece)
 
     def language_tokens(self) -> list[str]:
         """The target-language tokens (``>>xx<<``) of vocab.json, in id order."""
-        return [p for p in self._pieces if p.startswith('>>') and p.endswith('<<')]
+        return [p for p in self._pieces['source'] if p.startswith('>>') and p.endswith('<<')]
 
-    def marian_id(self, i: int) -> int:
-        """Marian's id of our id ``i`` (module docstring)."""
-        return int(self._marian[i])
+    def marian_id(self, i: int, side: Side = 'target') -> int:
+        """Marian's id of our id ``i`` of ``side`` (module docstring)."""
+        return int(self._marian[side][i])
 
-    def our_id(self, i: int) -> int:
-        """Our id of Marian's id ``i``."""
-        return int(self._ours[i])
+    def our_id(self, i: int, side: Side = 'target') -> int:
+        """Our id of Marian's id ``i`` of ``side``."""
+        return int(self._ours[side][i])
 
     def marian_special_ids(self) -> dict[str, int]:
-        """Marian's ids of its pad (the decoder's start), eos and unk, as vocab.json has them."""
+        """Marian's ids of the target's pad (the decoder's start), eos and unk, as its
+        vocabulary (vocab.json, or target_vocab.json) has them: config.json's."""
         return {
             'pad': self.marian_id(PAD_ID),
             'eos': self.marian_id(EOS_ID),
@@ -197,21 +246,27 @@ class MarianVocabulary:
         return os.path.isfile(os.path.join(directory, FILES[2]))
 
     def copy_to(self, directory: str | os.PathLike) -> None:
-        """Copies its files (and tokenizer_config.json and special_tokens_map.json, where
-        there are) into ``directory``, as they are; files already there are kept."""
-        for name in (*FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+        """Copies its files (and target_vocab.json, tokenizer_config.json and
+        special_tokens_map.json, where there are) into ``directory``, as they are; files
+        already there are kept."""
+        for name in (*FILES, TARGET_VOCAB, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
             source, target = (os.path.join(d, name) for d in (self.directory, directory))
             if os.path.isfile(source) and not os.path.exists(target):
                 shutil.copyfile(source, target)
 
-    def rows_to_ours(self, x: Any) -> np.ndarray:
-        """``x`` (V rows in Marian's order: an embedding, final_logits_bias) in our order:
-        row ``our_id(m)`` of the result is row ``m`` of ``x``."""
-        return np.asarray(x)[self._marian]
+    def rows_to_ours(self, x: Any, side: Side = 'target', fill: float = 0.0) -> np.ndarray:
+        """``x`` (one row per piece of ``side`` in Marian's order: an embedding,
+        final_logits_bias) as V rows in our order: row ``our_id(m)`` of the result is row ``m``
+        of ``x``; the rows past the side's pieces (separate vocabularies) are ``fill``."""
+        x = np.asarray(x)
+        out = np.full((self.vocab_size, *x.shape[1:]), fill, x.dtype)
+        out[: len(x)] = x[self._marian[side]]
+        return out
 
-    def rows_to_marian(self, x: Any) -> np.ndarray:
-        """The inverse of `rows_to_ours`: V rows in our order put in Marian's."""
-        return np.asarray(x)[self._ours]
+    def rows_to_marian(self, x: Any, side: Side = 'target') -> np.ndarray:
+        """The inverse of `rows_to_ours`: V rows in our order put in Marian's, the rows past
+        the side's pieces left out."""
+        return np.asarray(x)[self._ours[side]]
 
 
 def _split(text: str, cut: re.Pattern) -> list[tuple[str, str]]:
@@ -230,125 +285,3 @@ def _split(text: str, cut: re.Pattern) -> list[tuple[str, str]]:
             chunk = chunk[end + 2 :]
         parts.append(('text', chunk))
     return parts
-
-
-def _load_spm(path: str, proto: bytes) -> spm.SentencePieceProcessor:
-    if not proto:  # it would load as a model without pieces
-        raise DataError(f"{path} is empty: restore the MarianMT directory's file.")
-    try:
-        return spm.SentencePieceProcessor(model_proto=proto)
-    except RuntimeError as e:
-        raise DataError(f'{path} is not a SentencePiece model that loads ({e}).') from None
-
-
-def _order(pieces: list[str]) -> np.ndarray:
-    """Marian's id of each of our ids: our `PAD_ID`, `EOS_ID` and `UNK_ID` are its pad, eos and
-    unk, and our other ids, in increasing order, its other ids in increasing order."""
-    special = {PAD_ID: pieces.index(PAD), EOS_ID: pieces.index(EOS), UNK_ID: pieces.index(UNK)}
-    order = np.empty(len(pieces), np.int64)
-    mask = np.ones(len(pieces), bool)
-    mask[list(special)] = False
-    order[list(special)] = list(special.values())
-    order[mask] = np.setdiff1d(np.arange(len(pieces)), list(special.values()))
-    return order
-
-
-def _read_vocab(path: str, content: bytes) -> list[str]:
-    """vocab.json's pieces in Marian's id order, with its three special pieces."""
-
-    def unique(pairs):
-        seen = {}
-        for piece, i in pairs:
-            if piece in seen:
-                raise DataError(f'{path} has the piece {piece!r} twice.')
-            seen[piece] = i
-        return seen
-
-    try:
-        vocab = json.loads(content.decode('utf-8'), object_pairs_hook=unique)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(vocab, dict) or not all(
-        type(i) is int and isinstance(p, str) for p, i in vocab.items()
-    ):
-        raise DataError(f'{path} must be a JSON object of piece -> integer id.')
-    pieces: dict[int, str] = {}
-    for piece, i in vocab.items():
-        if i in pieces:
-            raise DataError(f'{path} gives the id {i} to both {pieces[i]!r} and {piece!r}.')
-        pieces[i] = piece
-    size = len(vocab)
-    for piece, what in ((EOS, 'end of sentence'), (UNK, 'unknown'), (PAD, 'padding')):
-        if piece not in vocab:
-            raise DataError(
-                f'{path} has no {piece!r} (the {what} token a MarianMT vocabulary holds).'
-            )
-    if set(pieces) != set(range(size)):
-        outside = sorted(i for i in pieces if not 0 <= i < size)[:3]
-        raise DataError(f'{path} has ids outside 0..{size - 1} (its size - 1): {outside}.')
-    return [pieces[i] for i in range(size)]
-
-
-def _tokenizer_config(directory: str) -> dict[str, Any]:
-    """tokenizer_config.json ({} without one)."""
-    path = os.path.join(directory, TOKENIZER_CONFIG)
-    return _read_object(path) if os.path.isfile(path) else {}
-
-
-def _languages(config: dict[str, Any], directory: str) -> tuple[str | None, str | None]:
-    """tokenizer_config.json's (``config``) source_lang and target_lang, once its special
-    tokens and special_tokens_map.json's are Marian's (`_check_special_names`)."""
-    path = os.path.join(directory, TOKENIZER_CONFIG)
-    if config.get('separate_vocabs'):
-        raise DataError(
-            f'{path} has separate_vocabs=true (a target_vocab.json): only one joint '
-            'vocabulary is supported.'
-        )
-    _check_special_names(config, path)
-    special_map = os.path.join(directory, SPECIAL_TOKENS_MAP)
-    if os.path.isfile(special_map):
-        _check_special_names(_read_object(special_map), special_map)
-    return config.get('source_lang'), config.get('target_lang')
-
-
-def _check_special_names(config: dict[str, Any], path: str) -> None:
-    """A `DataError` unless ``config``'s (read from ``path``) eos, unk and pad tokens, where
-    it names them, are Marian's pieces: as a string, or as the dict of a saved AddedToken
-    (transformers 4.2x-4.3x write ``{"__type": "AddedToken", "content": "</s>", ...}``)."""
-    for name, want in (('eos_token', EOS), ('unk_token', UNK), ('pad_token', PAD)):
-        value = config.get(name, want)
-        if isinstance(value, dict):
-            value = value.get('content')
-        if value != want:
-            raise DataError(f"{path} has {name}={value!r}; only Marian's {want!r} is supported.")
-
-
-def _check_registered(config: dict[str, Any], pieces: list[str], directory: str) -> None:
-    """A `DataError` unless every token tokenizer_config.json's ``added_tokens_decoder``
-    (``config``'s; transformers 4.3x-5 register the special pieces there too) holds at an id
-    is vocab.json's piece of that id (``pieces``: Marian's id -> piece): Hugging Face's
-    tokenizer maps the token to the registered id, ours to vocab.json's."""
-    entries = config.get(ADDED_KEY) or {}
-    if not isinstance(entries, dict):
-        return
-    path = os.path.join(directory, TOKENIZER_CONFIG)
-    for key, entry in entries.items():
-        content = entry.get('content') if isinstance(entry, dict) else entry
-        at = int(key) if str(key).isdigit() else -1
-        if not 0 <= at < len(pieces) or pieces[at] != content:
-            held = pieces[at] if 0 <= at < len(pieces) else 'nothing'
-            raise DataError(
-                f'{path}: {ADDED_KEY} puts {content!r} at id {key}, where vocab.json holds '
-                f'{held!r}: make the two files agree.'
-            )
-
-
-def _read_object(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding='utf-8') as f:
-            value = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(value, dict):
-        raise DataError(f'{path} must be a JSON object.')
-    return value
