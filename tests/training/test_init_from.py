@@ -191,3 +191,35 @@ def test_a_mix_tag_the_start_lacks_stops_before_the_workdir_is_made(hf_dir, fold
     with pytest.raises(DataError, match=r"data.mix entry 'bt'='<bt>' is not a token"):
         train_and_evaluate(config, str(workdir))
     assert not workdir.exists()
+
+
+@pytest.fixture(scope='module')
+def separate_dir(tmp_path_factory):
+    """A MarianMT with separate vocabularies (tests/test_convert_separate.py)."""
+    return marian_dir(tmp_path_factory, separate_vocabs=True)
+
+
+@pytest.mark.slow
+def test_separate_vocabularies_fine_tune_from_the_weights(separate_dir, folder, tmp_path):
+    """One step from a MarianMT with separate vocabularies (label smoothing off): its first
+    loss is the pretrained model's on the lines it learned, far below a uniform guess over
+    the target's pieces, and the unshared tables keep their shapes."""
+    seen: list[float] = []
+    config = _config(1, separate_dir, folder, label_smoothing=0.0)
+    workdir = str(tmp_path / 'run')
+    train_and_evaluate(config, workdir, on_step=lambda s, m: seen.append(m['loss']))
+    target = len(json.load(open(os.path.join(separate_dir, 'target_vocab.json'))))
+    assert seen[0] < 0.25 * np.log(target), seen
+    params = load_model(workdir, average_last=1)[3]
+    assert 'shared_embedding' not in params
+    assert params['target_embedding']['embedding'].shape == (147, 32)
+
+
+def test_separate_vocabularies_with_label_smoothing_stop_before_writing(
+    separate_dir, folder, tmp_path
+):
+    workdir = tmp_path / 'run'
+    with pytest.raises(TrainingError, match=r'label_smoothing=0.1 .*set ') as info:
+        train_and_evaluate(_config(1, separate_dir, folder), str(workdir))
+    assert '\n' not in str(info.value)
+    assert not workdir.exists()

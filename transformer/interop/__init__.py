@@ -10,7 +10,8 @@ vocabulary, so that no caller names one.
   families for one nobody reads), `family_named`, `recognised`, `vocabulary_family`,
   `held_vocabulary`, `export_family`;
 - marian.py (the MarianMT entry, `marian.FAMILY`): its directory and config; marian_params.py
-  its tensors; marian_vocab.py its vocabulary; marian_added.py tokens added to it;
+  its tensors; marian_vocab.py its vocabulary (marian_vocab_files.py its files read);
+  marian_added.py tokens added to it;
   marian_export.py its export.
 
 A new family is a module that builds its `Family` and one entry in `FAMILIES`

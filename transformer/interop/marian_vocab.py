@@ -101,6 +101,9 @@ class MarianVocabulary:
         the permutation (module docstring) makes them, with the target ids past the target's
         pieces never emitted (separate vocabularies, target the smaller).
       no_added_tokens: why tokens cannot be added to it, or None (data/added_tokens.py).
+      no_label_smoothing: why a run on it cannot train with label smoothing, or None: the
+        smoothed target gives every id some probability, the padded target ids (which the
+        model gives none) included.
     """
 
     pretokenize = 'none'
@@ -153,6 +156,14 @@ class MarianVocabulary:
         self._added_ids = {self._ids['source'][t] for t in self.added}
         # Target ids past the target's pieces (rows padded up to V) are never output.
         padded = range(self.sizes['target'], self.vocab_size)
+        self.no_label_smoothing = None
+        if padded:
+            self.no_label_smoothing = (
+                f'{self.directory} has a target vocabulary of {self.sizes["target"]} pieces, '
+                f"fewer than the source's {self.vocab_size}: label smoothing would spread "
+                'probability over the target ids past its pieces, which the model gives none; '
+                'set --config.train.label_smoothing=0.'
+            )
         self.special = SpecialIds(
             pad=PAD_ID, eos=EOS_ID, unk=UNK_ID, decoder_start=PAD_ID, never_emit=(PAD_ID, *padded)
         )

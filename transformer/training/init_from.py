@@ -156,6 +156,12 @@ def apply(
     values['model'] = {**model, **free}
     values['data']['vocab_size'] = start.tokenizer.vocab_size + len(start.added)
     values['data'].update(data_lib.special_fields(start.tokenizer.special))
+    why = getattr(start.tokenizer, 'no_label_smoothing', None)
+    if why and config.train.label_smoothing > 0:
+        raise TrainingError(
+            f'train.label_smoothing={config.train.label_smoothing} with '
+            f'train.init_from={init_from}: {why}'
+        )
     try:
         return schema.parse(schema.complete(values)), start
     except schema.ConfigError as e:
