@@ -222,7 +222,7 @@ def test_bad_files(hf_dir, tmp_path):
     _copy(hf_dir, copy, 'target.spm')
     config = copy / 'tokenizer_config.json'
     config.write_text(json.dumps({'separate_vocabs': True}))
-    fails(copy, 'tokenizer_config.json', 'separate_vocabs=true')
+    fails(copy, 'target_vocab.json', 'does not exist')  # separate_vocabs needs one
     config.write_text(json.dumps({'eos_token': {'content': '<eos>'}}))
     fails(copy, 'tokenizer_config.json', "eos_token='<eos>'")
     config.write_text(json.dumps({'source_lang': 'en', 'eos_token': {'content': '</s>'}}))

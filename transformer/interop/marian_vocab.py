@@ -125,19 +125,14 @@ class MarianVocabulary:
                 )
         contents = [_read(path) for path in paths]
         source = read_vocab(paths[2], contents[2])  # Marian's id -> piece
-        pieces = {'source': source, 'target': read_vocab(paths[3], contents[3])}
-        self._pieces = pieces if self.separate else {side: source for side in SIDES}
+        target = read_vocab(paths[3], contents[3]) if self.separate else source
+        self._pieces = {'source': source, 'target': target}
         self.sizes = {side: len(p) for side, p in self._pieces.items()}
         known = set(source) - set(_SPECIAL)
         self.added = [t for t in registered(config) if t in known]
-        self.no_added_tokens = None
-        if self.separate:
-            self.no_added_tokens = (
-                f'{self.directory} has separate source and target vocabularies '
-                '(separate_vocabs); tokens are added to a joint MarianMT vocabulary only.'
-            )
-            if self.added:
-                raise DataError(f'{paths[2]}: {self.no_added_tokens}')
+        self._refusals()
+        if self.added and self.no_added_tokens:
+            raise DataError(f'{paths[2]}: {self.no_added_tokens}')
         contents.append('\n'.join(self.added).encode())
         self.fingerprint = hashlib.sha256(
             b''.join(len(c).to_bytes(8, 'little') + c for c in contents)
@@ -156,14 +151,6 @@ class MarianVocabulary:
         self._added_ids = {self._ids['source'][t] for t in self.added}
         # Target ids past the target's pieces (rows padded up to V) are never output.
         padded = range(self.sizes['target'], self.vocab_size)
-        self.no_label_smoothing = None
-        if padded:
-            self.no_label_smoothing = (
-                f'{self.directory} has a target vocabulary of {self.sizes["target"]} pieces, '
-                f"fewer than the source's {self.vocab_size}: label smoothing would spread "
-                'probability over the target ids past its pieces, which the model gives none; '
-                'set --config.train.label_smoothing=0.'
-            )
         self.special = SpecialIds(
             pad=PAD_ID, eos=EOS_ID, unk=UNK_ID, decoder_start=PAD_ID, never_emit=(PAD_ID, *padded)
         )
@@ -175,6 +162,22 @@ class MarianVocabulary:
                 f'data.pretokenize=none, not {data_config.pretokenize!r}.'
             )
         self.pretokenizer = Pretokenizer('none', self.source_lang, self.target_lang, False)
+
+    def _refusals(self) -> None:
+        """Sets `no_added_tokens` and `no_label_smoothing` (the class docstring)."""
+        self.no_added_tokens = self.no_label_smoothing = None
+        if self.separate:
+            self.no_added_tokens = (
+                f'{self.directory} has separate source and target vocabularies '
+                '(separate_vocabs); tokens are added to a joint MarianMT vocabulary only.'
+            )
+        if self.sizes['target'] < self.vocab_size:
+            self.no_label_smoothing = (
+                f'{self.directory} has a target vocabulary of {self.sizes["target"]} pieces, '
+                f"fewer than the source's {self.vocab_size}: label smoothing would spread "
+                'probability over the target ids past its pieces, which the model gives none; '
+                'set --config.train.label_smoothing=0.'
+            )
 
     @property
     def vocab_size(self) -> int:
