@@ -252,12 +252,16 @@ def test_ctranslate2_int8_is_smaller_and_translates_alike(run_dir, ct2_dir, tmp_
     assert same >= 0.8 * NUM_TEST
 
 
-@pytest.mark.parametrize('ffn', ['swish', 'gelu'])
-def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
+@pytest.mark.parametrize(
+    'ffn, embeddings', [('swish', 'all'), ('gelu', 'all'), ('swish', 'target')]
+)
+def test_marian_options_export_and_compute_our_logits(ffn, embeddings, tmp_path):
     """A model of MarianMT's options, random (biases and the logits' bias non-zero), exported
     without a run: Hugging Face's MarianMTModel gives our teacher-forced logits on a padded
     batch to 1e-4 (float32, layer norm epsilon 1e-5 as Marian's), with its activation_function
-    and final_logits_bias ours; the CTranslate2 export scores each target token as we do."""
+    and final_logits_bias ours, and unshared source and target tables ('target':
+    share_encoder_decoder_embeddings false, lm_head tied to the decoder's); the CTranslate2
+    export scores each target token as we do."""
     from tests.random_params import fill_random
     from tests.tiny_run import tiny_run_config
     from transformer import schema
@@ -279,6 +283,7 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
         num_encoder_layers=1,
         num_decoder_layers=2,
         ffn=ffn,
+        share_embeddings=embeddings,
         attention_bias=True,
         logits_bias=True,
         layer_norm_epsilon=1e-5,
@@ -302,6 +307,7 @@ def test_marian_options_export_and_compute_our_logits(ffn, tmp_path):
 
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
     assert hf.config.activation_function == ffn
+    assert hf.config.share_encoder_decoder_embeddings == (embeddings == 'all')
     np.testing.assert_array_equal(hf.final_logits_bias[0].numpy(), params['logits_bias'])
     with torch.no_grad():
         theirs = hf(
@@ -339,7 +345,6 @@ def test_unexportable_configs_are_one_line_errors():
 
     cases = [
         (dict(pre_layer_norm=True), 'pre_layer_norm=True'),
-        (dict(share_embeddings='target'), "share_embeddings='target'"),
         (dict(share_embeddings='none'), "share_embeddings='none'"),
         (dict(head_dim=16), 'head_dim=16'),
     ]
