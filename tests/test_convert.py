@@ -12,6 +12,7 @@ import pytest
 
 from tests import ctranslate2_child
 from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
+from tests.shared_dirs import built_once
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID
@@ -68,10 +69,20 @@ def run(run_dir):
 
 
 @pytest.fixture(scope='module')
-def greedy(run, hf_model, hf_tokenizer):
-    """(ours, Hugging Face's) greedy outputs of the lines the model learned."""
-    lines = LINES[:TRAINED_LINES]
-    return run.translate(lines, beam_size=1), _generate(hf_model, hf_tokenizer, lines, 1)
+def greedy(request, tmp_path_factory):
+    """(ours, Hugging Face's) greedy outputs of the lines the model learned: decoded once for
+    both pytest-xdist workers (tests/shared_dirs.py), whose tests of this module may split."""
+
+    def decode(path):
+        lines = LINES[:TRAINED_LINES]
+        hf = [request.getfixturevalue(name) for name in ('hf_model', 'hf_tokenizer')]
+        ours = request.getfixturevalue('run').translate(lines, beam_size=1)
+        path.mkdir()
+        (path / 'greedy.json').write_text(json.dumps([ours, _generate(*hf, lines, 1)]))
+
+    path = built_once(tmp_path_factory, 'convert-greedy', decode) / 'greedy.json'
+    ours, theirs = json.loads(path.read_text())
+    return ours, theirs
 
 
 def _marian_ids(ours: np.ndarray, vocab_size: int) -> np.ndarray:

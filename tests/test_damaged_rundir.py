@@ -178,7 +178,7 @@ def _argv(command: str, workdir, tmp_path, num_steps: int = 6) -> tuple:
     # The run's own settings (tests/conftest.py's run_dir), two steps further.
     settings = {**SMALL, 'train.num_steps': num_steps, 'train.checkpoint_every': 2}
     settings |= {'train.log_every': 1, 'train.eval_every': 0, 'model.dropout_rate': 0.1}
-    settings |= {'train.async_checkpointing': False}
+    settings |= {'train.async_checkpointing': False, 'eval.bleu_every': 0}
     flags_ = command_line(settings)
     return trainer.cli, ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *flags_]
 
