@@ -158,7 +158,7 @@ FINISHED_DAMAGES = [
 ]
 
 
-def _argv(command: str, workdir, tmp_path, num_steps: int = 6) -> tuple:
+def _argv(command: str, workdir, tmp_path, num_steps: int = 6, changed=None) -> tuple:
     if command == 'visualize':
         out = f'--out={tmp_path}/attention.png'
         return visualize.cli, ['visualize', f'--workdir={workdir}', '--text=dinds bap .', out]
@@ -178,7 +178,7 @@ def _argv(command: str, workdir, tmp_path, num_steps: int = 6) -> tuple:
     # The run's own settings (tests/conftest.py's run_dir), two steps further.
     settings = {**SMALL, 'train.num_steps': num_steps, 'train.checkpoint_every': 2}
     settings |= {'train.log_every': 1, 'train.eval_every': 0, 'model.dropout_rate': 0.1}
-    settings |= {'train.async_checkpointing': False, 'eval.bleu_every': 0}
+    settings |= {'train.async_checkpointing': False, 'eval.bleu_every': 0, **(changed or {})}
     flags_ = command_line(settings)
     return trainer.cli, ['train.py', '--config=configs/tiny.py', f'--workdir={workdir}', *flags_]
 
@@ -257,8 +257,11 @@ def test_a_damaged_path_that_training_writes_into_is_one_line(
 def test_a_finished_run_with_damaged_final_metrics_is_one_line(
     name, damage, message, run_dir, tmp_path, monkeypatch, capsys
 ):
+    """With a setting a resume may change (its record, config_history.jsonl, is written only
+    once every check has passed)."""
     workdir = _damaged(run_dir, tmp_path, damage)
-    line = _one_line('train', workdir, tmp_path, monkeypatch, capsys, num_steps=4)
+    changed = {'eval.bleu_every': 400}
+    line = _one_line('train', workdir, tmp_path, monkeypatch, capsys, num_steps=4, changed=changed)
     assert f'{workdir}/{rundir.FINAL_METRICS_FILE}' in line and message in line, line
 
 

@@ -187,7 +187,8 @@ def _setup(
         logging.info('Resumed from %s at step %d.', workdir, latest)
         if warning := steps.resumed_prng_warning(changes):
             logging.warning(warning)
-    run_changes.keep_record(workdir, config, latest, changes)
+    best = BestTracker.from_config(config, _best_record(workdir, meta, latest))  # reads, checks
+    run_changes.keep_record(workdir, config, latest, changes)  # the first write of a resume
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     cfg = model.config
     logging.info(
@@ -209,7 +210,7 @@ def _setup(
         state=parallel.put_state(state),
         train_iter=train_iter,
         checkpoints=checkpoints,
-        best=BestTracker.from_config(config, _best_record(workdir, meta, latest)),
+        best=best,
         dropout_rng=dropout_rng,
         num_params=num_params,
         restored_step=latest,
