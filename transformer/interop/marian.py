@@ -141,15 +141,54 @@ def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> N
         ),
         'pad_token_id': (pad, "vocab.json's '<pad>'"),
         'decoder_start_token_id': (pad, "vocab.json's '<pad>': the decoder starts with pad here"),
-        'bad_words_ids': (
-            [[pad]],
-            "[[pad]] with vocab.json's '<pad>': only pad is never generated here",
-        ),
     }
     for key, (want, what) in wanted.items():
         value = keys.get(key)
         if value is not None and value != want:
             raise MarianError(f'{file}: {key}={value!r} is not {want!r} ({what}).')
+
+
+def banned_ids(keys: dict[str, Any], vocabulary: MarianVocabulary, file: str) -> list[int]:
+    """Our ids of the single tokens ``bad_words_ids`` (of ``keys``, read from ``file``: the
+    generation config ``generate`` reads) bans, as Hugging Face's ``NoBadWordsLogitsProcessor``
+    applies them: each at -inf at every step, except eos, which it leaves out of the list.
+
+    Raises:
+      MarianError: not a list of lists of ids in the vocabulary, or an entry of several
+        tokens (a sequence the searches here cannot ban: they mask single ids).
+    """
+    entries = keys.get('bad_words_ids')
+    if entries is None:
+        return []
+    size, eos = vocabulary.vocab_size, vocabulary.marian_special_ids()['eos']
+    banned = []
+    for entry in entries if isinstance(entries, list) else [entries]:
+        ids_ok = isinstance(entry, list) and all(type(i) is int and 0 <= i < size for i in entry)
+        if not ids_ok or not entry:
+            raise MarianError(
+                f'{file}: bad_words_ids={entries!r} is not a list of lists of ids below '
+                f'vocab_size={size}.'
+            )
+        if len(entry) > 1:
+            raise MarianError(
+                f'{file}: bad_words_ids holds {entry!r}, a sequence of {len(entry)} tokens: only '
+                'single tokens can be banned here (the searches mask ids); drop the entry.'
+            )
+        if entry[0] != eos:
+            banned.append(vocabulary.our_id(entry[0]))
+    return banned
+
+
+def _with_banned(
+    vocabulary: MarianVocabulary, hf: dict[str, Any], generation: dict[str, Any] | None
+) -> MarianVocabulary:
+    """``vocabulary`` with the ids ``bad_words_ids`` bans as never emitted, read from the one
+    file ``generate`` reads it from (`generation_settings`): generation_config.json
+    (``generation``) when there is one, else config.json (``hf``)."""
+    directory = vocabulary.directory
+    keys, name = (hf, CONFIG_FILE) if generation is None else (generation, GENERATION_FILE)
+    banned = banned_ids(keys, vocabulary, os.path.join(directory, name))
+    return MarianVocabulary(directory, never_emit=banned) if banned else vocabulary
 
 
 def model_settings(hf: dict[str, Any], file: str) -> dict[str, Any]:
@@ -258,6 +297,7 @@ def load(directory: str, weights: bool = True) -> Pretrained:
     check_special_ids(hf, ids, file)
     if generation_file is not None:
         check_special_ids(generation_file, ids, os.path.join(directory, GENERATION_FILE))
+    tokenizer = _with_banned(tokenizer, hf, generation_file)
     params = None
     if weights:
         state = read_state_dict(directory)

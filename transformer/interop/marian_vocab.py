@@ -30,6 +30,7 @@ end-of-sentence or a padding id inside a sentence would cut it short or mask it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -72,16 +73,27 @@ class MarianVocabulary:
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
       special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`),
-        which the permutation (module docstring) makes them.
+        which the permutation (module docstring) makes them, with the model's banned tokens
+        as ``never_emit`` (its generation config's ``bad_words_ids``: ``never_emit``).
     """
 
     pretokenize = 'none'
-    special = JOINT
 
-    def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        key: str | None = None,
+        data_config=None,
+        never_emit: Sequence[int] = (),
+    ):
         """``key``: the setting that named the directory, for the error messages.
-        ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'."""
+        ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'.
+        ``never_emit``: ids (ours) no search may output besides pad: a MarianMT's
+        ``bad_words_ids`` live in its generation config, not in the vocabulary's files, so
+        the conversion passes them here, a run's config.json records them
+        (``data.never_emit``) and its vocabulary is loaded with that record."""
         self.directory = os.fspath(directory)
+        self.special = dataclasses.replace(JOINT, never_emit=(*JOINT.never_emit, *never_emit))
         where = f'{key}={self.directory}' if key else self.directory
         paths = [os.path.join(self.directory, name) for name in FILES]
         for path in paths:
