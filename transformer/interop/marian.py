@@ -52,8 +52,16 @@ ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu', 'relu': 'relu'
 LAYER_NORM_EPSILON = 1e-5
 # What Hugging Face's generate applies to a setting a model's files leave unset (transformers'
 # GenerationConfig defaults): greedy search, length_penalty 1.0 (its rule divides a beam's
-# log-probability by length^1.0), at most 20 tokens.
-HF_DEFAULTS = {'num_beams': 1, 'length_penalty': 1.0, 'max_length': 20}
+# log-probability by length^1.0), at most 20 tokens, no token forced at that limit, no banned
+# tokens, and beam scores not renormalised after banning tokens.
+HF_DEFAULTS = {
+    'num_beams': 1,
+    'length_penalty': 1.0,
+    'max_length': 20,
+    'forced_eos_token_id': None,
+    'bad_words_ids': None,
+    'renormalize_logits': None,  # (generate renormalises only when it is true)
+}
 HF_DEFAULT = "Hugging Face's default"
 
 
@@ -233,9 +241,11 @@ def generation_settings(
 
 def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dict[str, Any]:
     """The ``eval`` settings of `generation_settings` (read from ``directory``): the beam
-    size, and the length penalty with Hugging Face's rule (a beam's log-probability divided
-    by length^x: 'fairseq'). The absolute max_length is not copied: this project decodes up
-    to the input's length plus eval.extra_length."""
+    size, the length penalty with Hugging Face's rule (a beam's log-probability divided
+    by length^x: 'fairseq'), EOS at the length limit at probability 1 where
+    ``forced_eos_token_id`` is set, else no EOS forced there (``eval.eos_at_limit`` 'forced'
+    or 'none'), and ``renormalize_logits`` (``eval.renormalize``). The absolute max_length is
+    not copied: this project decodes up to the input's length plus eval.extra_length."""
     (beams, beams_from), (penalty, penalty_from) = (
         generation['num_beams'],
         generation['length_penalty'],
@@ -251,7 +261,20 @@ def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dic
             'expressible: eval.alpha is a number >= 0 (a negative one, which favours short '
             'outputs, has no setting here).'
         )
-    return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
+    renormalize, renormalize_from = generation['renormalize_logits']
+    if renormalize is not None and not isinstance(renormalize, bool):
+        raise MarianError(
+            f'{os.path.join(directory, renormalize_from)}: renormalize_logits={renormalize!r} '
+            'is not true or false.'
+        )
+    forced = generation['forced_eos_token_id'][0] is not None  # (eos: `check_special_ids`)
+    return {
+        'beam_size': beams,
+        'alpha': float(penalty),
+        'length_penalty': 'fairseq',
+        'eos_at_limit': 'forced' if forced else 'none',
+        'renormalize': renormalize is True,
+    }
 
 
 def load(directory: str, weights: bool = True) -> Pretrained:
