@@ -21,10 +21,12 @@ and layer norm epsilon 1e-5. Two layouts differ and are mapped exactly, each a p
 
 Values Hugging Face's Marian acts on that this model cannot express (a separate decoder
 vocabulary, different encoder and decoder head counts or widths, another ``model_type``, a
-decoder start other than pad) stop in one `MarianError` naming the key, before anything is
-written;
-keys Hugging Face's Marian ignores (``normalize_before``, ``static_position_embeddings``,
-...) are ignored here too.
+decoder start other than pad, a ``bad_words_ids`` entry of several tokens) stop in one
+`MarianError` naming the key, before anything is written; keys Hugging Face's Marian
+ignores (``normalize_before``, ``static_position_embeddings``, ...) are ignored here too.
+The generation settings ``generate`` reads become the run's decoding settings
+(`eval_settings`; the single tokens ``bad_words_ids`` bans, its ``data.never_emit``:
+`banned_ids`).
 """
 
 from __future__ import annotations
