@@ -36,17 +36,16 @@ class EvalSection(Section):
     extra_length: int = field(
         50, NON_NEGATIVE, doc='maximum output length = input length + 50 (Sec. 6.1)'
     )
+    # At an output's last position: only EOS at its probability ('scored'), only EOS at
+    # probability 1 ('forced': Hugging Face's forced_eos_token_id), or any token, the output
+    # ending there without EOS ('none'); docs/decoding.md.
     eos_at_limit: EosAtLimit = field(
-        'scored',
-        optional=True,
-        doc="at the length limit: 'scored' only EOS, at its probability; 'forced' EOS at "
-        "probability 1 (Hugging Face's forced_eos_token_id); 'none' the output ends there",
+        'scored', optional=True, doc="at the length limit: 'scored' | 'forced' EOS, or 'none'"
     )
     renormalize: bool = field(
         False,
         optional=True,
-        doc="beam search's log-probabilities renormalised after banning tokens "
-        "(Hugging Face's renormalize_logits)",
+        doc="beam log-probs renormalised after banning tokens (Hugging Face's renormalize_logits)",
     )
     average_last: int = field(5, POSITIVE, doc='average the last 5 checkpoints (Sec. 6.1)')
     batch_size: int = field(64, POSITIVE, doc='sentences per decoding / validation batch')
