@@ -73,8 +73,8 @@ class MarianVocabulary:
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
       special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`),
-        which the permutation (module docstring) makes them, with the model's banned tokens
-        as ``never_emit`` (its generation config's ``bad_words_ids``: ``never_emit``).
+        which the permutation (module docstring) makes them, with the ids its model bans
+        (the constructor's ``never_emit``) never emitted besides pad.
     """
 
     pretokenize = 'none'
