@@ -20,6 +20,8 @@ transformers = pytest.importorskip('transformers', reason=_SKIP.format('transfor
 
 LINES = [s for s, _ in synthetic_lines()][:TRAINED_LINES]
 HF_DEFAULT = "Hugging Face's default"
+# Also recorded, and named by the printed line; their values are generate's own (`_hf_applied`).
+NAMED_BY_THE_LINE = ('forced_eos_token_id', 'bad_words_ids', 'renormalize_logits')
 
 
 def _opus_generation(directory):
@@ -112,15 +114,17 @@ def _hf_applied(directory) -> dict:
     # The merge generate does first: the model's generation config, then transformers'
     # defaults for what it leaves unset.
     applied, _ = model._prepare_generation_config(None)
-    return {k: getattr(applied, k) for k in ('num_beams', 'length_penalty', 'max_length')}
+    keys = ('num_beams', 'length_penalty', 'max_length', *NAMED_BY_THE_LINE)
+    return {k: getattr(applied, k) for k in keys}
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_convert_records_and_prints_what_generate_applies(variant, variant_dirs, converted):
     run_dir, printed = converted[variant]
     expected = VARIANTS[variant][1]
-    assert _hf_applied(variant_dirs[variant]) == {k: v[0] for k, v in expected.items()}
     recorded = json.loads((run_dir / 'converted_from.json').read_text())['generation']
+    assert _hf_applied(variant_dirs[variant]) == {k: v[0] for k, v in recorded.items()}
+    assert {k: recorded.pop(k) for k in NAMED_BY_THE_LINE}['renormalize_logits'][0] is None
     assert recorded == expected
     ev = json.loads((run_dir / 'config.json').read_text())['eval']
     beams, penalty = expected['num_beams'][0], expected['length_penalty'][0]
@@ -131,6 +135,8 @@ def test_convert_records_and_prints_what_generate_applies(variant, variant_dirs,
     assert f'{search} (num_beams from {expected["num_beams"][1]})' in line
     assert f"alpha 1.0 'fairseq', log P / length^1.0 (length_penalty from {HF_DEFAULT})" in line
     assert f'max_length {expected["max_length"][0]} from {expected["max_length"][1]}' in line
+    for key in NAMED_BY_THE_LINE:
+        assert f'{key}=' in line, line
 
 
 @pytest.mark.parametrize(

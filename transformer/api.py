@@ -126,8 +126,7 @@ class Run:
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config.
-
-        ``length_penalty`` is the rule, 'gnmt' or 'fairseq' (`decoding.length_penalty`). A new
+        ``length_penalty`` is the rule, 'gnmt' or 'fairseq' (`decoding.length_penalty`); a new
         ``alpha`` or rule reuses the search already compiled for this beam and batch shape.
 
         ``sampling`` draws the outputs instead (``temperature``, ``top_k`` (0 = all tokens),
@@ -163,6 +162,7 @@ class Run:
             constraints=constraints if constraints.active else None,
             prefixes=None if prefixes is None else list(prefixes),
             layout=self.layout,
+            rules=decoding.step_rules(ev),
         )
 
     def _tagged(self, source_tag: str | None) -> Any:

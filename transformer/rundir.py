@@ -206,7 +206,7 @@ def get_tokenizer(config: Config, workdir: str | None) -> Vocabulary:
     """
     pretrained = pretrained_vocab_dir(config, workdir)
     if pretrained:
-        return _recorded(_pretrained_vocabulary(pretrained), config, pretrained)
+        return _recorded(_pretrained_vocabulary(pretrained, config), config, pretrained)
     model_path = vocab_path(config, workdir)
     if jax.process_count() == 1 or config.data.vocab_path:
         return _recorded(data_lib.get_tokenizer(config.data, model_path), config, model_path)
@@ -223,7 +223,7 @@ def load_tokenizer(config: Config, workdir: str) -> Vocabulary:
     """The run's saved vocabulary; never trains a new one (that would not match the model)."""
     pretrained = pretrained_vocab_dir(config, workdir)
     if pretrained:
-        return _recorded(_pretrained_vocabulary(pretrained), config, pretrained)
+        return _recorded(_pretrained_vocabulary(pretrained, config), config, pretrained)
     model_path = vocab_path(config, workdir)
     if not os.path.exists(model_path):
         fix = 'the workdir has no trained SentencePiece model (copy it or set data.vocab_path)'
@@ -243,9 +243,13 @@ def _recorded(vocab: Vocabulary, config: Config, where: str) -> Vocabulary:
     return vocab
 
 
-def _pretrained_vocabulary(directory: str) -> Vocabulary:
+def _pretrained_vocabulary(directory: str, config: Config) -> Vocabulary:
+    # The ids never emitted are the run's record (a MarianMT's banned words live in its
+    # generation config, which the vocabulary's files do not hold).
     try:
-        return interop.held_vocabulary(directory).load_vocabulary(directory)
+        family = interop.held_vocabulary(directory)
+        never_emit = data_lib.special_of(config.data).never_emit
+        return family.load_vocabulary(directory, never_emit=never_emit)
     except data_lib.DataError as e:
         raise WorkdirError(f'{e} Restore the vocabulary the run was converted with.') from None
 

@@ -95,17 +95,28 @@ def check_fits(config: schema.Experiment, pretrained: Pretrained) -> Transformer
     return Transformer(cfg)
 
 
-def decoding_line(ev: schema.EvalSection, generation: dict[str, Any]) -> str:
-    """One line: the decoding settings a conversion recorded (the run's ``eval``) and where
-    each came from (converted_from.json's ``generation``: `Pretrained.generation`)."""
+def decoding_line(config: schema.Experiment, generation: dict[str, Any]) -> str:
+    """One line: the decoding settings a conversion recorded (the run's ``eval``, and
+    ``data.never_emit``) and where each came from (converted_from.json's ``generation``:
+    `Pretrained.generation`)."""
+    ev = config.eval
     beams, penalty, longest = (generation[k] for k in ('num_beams', 'length_penalty', 'max_length'))
     search = 'greedy' if ev.beam_size == 1 else f'beam {ev.beam_size}'
+    forced, banned, renormalize = (
+        generation[k] for k in ('forced_eos_token_id', 'bad_words_ids', 'renormalize_logits')
+    )
+    limit = {'forced': 'EOS forced', 'none': 'no EOS forced', 'scored': 'only EOS'}
     return (
         f'Decoding settings recorded: {search} (num_beams from {beams[1]}), length penalty '
         f"alpha {ev.alpha} '{ev.length_penalty}', log P / length^{ev.alpha} "
         f'(length_penalty from {penalty[1]}); outputs end at input length + '
         f'{ev.extra_length} tokens (eval.extra_length; max_length {longest[0]} from '
-        f'{longest[1]} is not recorded).'
+        f'{longest[1]} is not recorded), {limit[ev.eos_at_limit]} there '
+        f"(eval.eos_at_limit '{ev.eos_at_limit}': forced_eos_token_id={forced[0]} from "
+        f'{forced[1]}); never emitted: ids {config.data.never_emit} (data.never_emit: pad, '
+        f'and bad_words_ids={banned[0]} from {banned[1]}); beam scores '
+        f'{"" if ev.renormalize else "not "}renormalised after banning tokens '
+        f'(eval.renormalize: renormalize_logits={renormalize[0]} from {renormalize[1]}).'
     )
 
 
@@ -233,7 +244,7 @@ def cli(argv: list[str] | None = None) -> None:
             + f', ffn {m.ffn!r}.'
         )
         with open(rundir.path(FLAGS.workdir, rundir.CONVERTED_FILE), encoding='utf-8') as f:
-            print(decoding_line(config.eval, json.load(f)['generation']))
+            print(decoding_line(config, json.load(f)['generation']))
 
     try:
         argv = console.resolve_config_arg(sys.argv if argv is None else argv)

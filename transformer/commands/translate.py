@@ -24,7 +24,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import multihost, rundir, training
 from transformer.commands import console, decoding_run
-from transformer.decoding import format_nbest, translate_lines
+from transformer.decoding import format_nbest, step_rules, translate_lines
 from transformer.schema import ConfigError
 
 
@@ -115,6 +115,7 @@ def cli(argv: list[str] | None = None) -> None:
                 constraints=constraints,
                 prefixes=prefixes,
                 layout=loaded.layout,
+                rules=step_rules(config.eval),
             )
         except ValueError as e:  # a prefix too long for its line's output (before decoding)
             raise SystemExit(f'error: {e}') from None

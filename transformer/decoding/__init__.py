@@ -17,7 +17,10 @@ Conventions shared by the searches:
   right-padded and unpacked) plus ``extra_length``, counting the output's EOS and not the
   start token. Shapes must be static under jit, so the loop length is taken from the padded
   width S: T = S + extra_length, or ``max_decode_len`` when given; an example stops at
-  min(limit, T) by allowing only EOS at its last position. Output arrays are [.., T] and only
+  min(limit, T) by allowing only EOS at its last position (scored at the model's probability
+  of it; ``eval.eos_at_limit`` 'forced' scores it at probability 1 and 'none' lets the output
+  end there without EOS, as Hugging Face's ``generate`` does with and without
+  ``forced_eos_token_id``: `next_token.StepRules`). Output arrays are [.., T] and only
   the number of real tokens depends on the data, so equal shapes never recompile.
 * Special ids are the vocabulary's (`tokens.SpecialIds`), which the searches read from the
   model's config (``model.config.special``, recorded in the run's config.json). The first
@@ -32,7 +35,9 @@ Conventions shared by the searches:
   length^alpha (``eval.length_penalty``, `next_token.length_penalty`). Log-probabilities
   are the model's own (log_softmax over all of V), not renormalised after forbidding
   ``never_emit`` or forcing EOS or a prefix, so a score is always the model's
-  log-probability of exactly that sequence over its penalty.
+  log-probability of exactly that sequence over its penalty (Hugging Face's default,
+  ``renormalize_logits`` false). With ``eval.renormalize`` beam search takes log_softmax
+  again over the tokens still allowed at each step (``renormalize_logits`` true).
 * Ensembles. ``params`` may be an `Ensemble` of M models of one architecture
   (`ensemble_params`): the next-token distribution is then the mean of the members'
   probabilities (`next_token.Ensemble`), and scores are that mixture's log-probability of
@@ -52,9 +57,11 @@ from transformer.decoding.mesh import (
 )
 from transformer.decoding.next_token import (
     Ensemble,
+    StepRules,
     ensemble_params,
     length_penalty,
     length_power,
+    step_rules,
 )
 from transformer.decoding.sampling import Sampling, sample_search
 from transformer.decoding.scoring import PairScore, format_scores, score_pairs
@@ -74,6 +81,7 @@ __all__ = [
     'Hypothesis',
     'PairScore',
     'Sampling',
+    'StepRules',
     'beam_search',
     'decode',
     'ensemble_params',
@@ -90,6 +98,7 @@ __all__ = [
     'sentences_per_process',
     'sample_search',
     'score_pairs',
+    'step_rules',
     'translate_batch',
     'translate_batches',
     'translate_lines',

@@ -21,6 +21,8 @@ from transformer.decoding.constraints import (
     take_rows,
 )
 from transformer.decoding.next_token import (
+    DEFAULT_RULES,
+    StepRules,
     decode_length,
     encode_and_cache,
     forbid,
@@ -67,6 +69,7 @@ _BEAM_STATIC = (
     'extra_length',
     'early_stop',
     'min_stage_batch',
+    'rules',
 )
 
 
@@ -85,6 +88,7 @@ def _beam_search(
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
 
@@ -95,8 +99,8 @@ def _beam_search(
     ``min_stage_batch`` rows): a finished example's result can no longer change, and the
     examples of a batch finish at very different steps.
 
-    ``constraints`` and ``prefixes`` as `beam_search`'s (None: the search compiles as
-    without them).
+    ``constraints``, ``prefixes`` and ``rules`` as `beam_search`'s (None: the search
+    compiles as without them).
     """
     batch, width = inputs.shape
     rows = batch * beam_size
@@ -140,17 +144,16 @@ def _beam_search(
             normalized=True,
         )
         at_limit = step + 1 >= state.limits
-        log_probs = constrain(
-            forbid(log_probs, at_limit, special), state.controls, step,
-            state.alive_seqs.reshape(rows, -1), at_limit, special,
-        )  # fmt: skip
+        log_probs = _allowed(log_probs, at_limit, state, special, rules)
         vocab = log_probs.shape[-1]
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
-        finished_seqs, finished_scores = _offer_finished(state, log_probs, alpha, rule, special.eos)
+        cut = at_limit[::beam_size] if rules.eos_at_limit == 'none' else None
+        finished_seqs, finished_scores = _offer_finished(
+            state, log_probs, alpha, rule, special.eos, cut
+        )
 
         # The K best continuations that do not end here stay alive.
-        continuing = log_probs.at[:, :, special.eos].set(-jnp.inf).reshape(-1, beam_size * vocab)
-        alive_log_probs, flat = top_k(continuing, beam_size)
+        alive_log_probs, flat = top_k(_continuing(log_probs, special.eos, cut), beam_size)
         parents, tokens = flat // vocab, flat % vocab
         parent_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
         alive_seqs = parent_seqs.at[:, :, step].set(tokens.astype(jnp.int32))
@@ -201,19 +204,58 @@ def _beam_search(
     return sequences, scores, state.step
 
 
+def _allowed(
+    log_probs: Array, at_limit: Array, state: _BeamState, special: Any, rules: StepRules
+) -> Array:
+    """The step's log-probabilities [B*K, V] with the tokens each row may not take at -inf
+    (`forbid`, `constrain`), taken through log_softmax again with ``rules.renormalize``."""
+    rows = at_limit.shape[0]
+    log_probs = constrain(
+        forbid(log_probs, at_limit, special, rules), state.controls, state.step,
+        state.alive_seqs.reshape(rows, -1), at_limit, special,
+    )  # fmt: skip
+    return jax.nn.log_softmax(log_probs) if rules.renormalize else log_probs
+
+
+def _continuing(log_probs: Array, eos: int, cut: Array | None) -> Array:
+    """[B, K*V] the extensions' log-probs [B, K, V] that may stay alive: not EOS, and none of
+    an example ``cut`` marks (at its limit with no EOS forced: it ends there)."""
+    continuing = log_probs.at[:, :, eos].set(-jnp.inf)
+    if cut is not None:
+        continuing = jnp.where(cut[:, None, None], -jnp.inf, continuing)
+    return continuing.reshape(log_probs.shape[0], -1)
+
+
 def _repeat(prefixes: Array | None, beam_size: int) -> Array | None:
     return None if prefixes is None else jnp.repeat(prefixes, beam_size, axis=0)
 
 
 def _offer_finished(
-    state: _BeamState, log_probs: Array, alpha: Array, rule: Array, eos: int
+    state: _BeamState,
+    log_probs: Array,
+    alpha: Array,
+    rule: Array,
+    eos: int,
+    cut: Array | None = None,
 ) -> tuple[Array, Array]:
     """The K best of the finished set and every alive hypothesis + EOS (``log_probs``
     [B, K, V] being each extension's log-prob): every hypothesis + EOS is a candidate, not
-    just those among the top candidates, so no short hypothesis is lost to a crowded beam."""
+    just those among the top candidates, so no short hypothesis is lost to a crowded beam.
+    For the examples ``cut`` [B] marks (at their limit, with no EOS forced there) the
+    candidates are instead the K best extensions by any token, as Hugging Face ends its beams
+    at max_length."""
     beam_size = log_probs.shape[1]
     eos_seqs = state.alive_seqs.at[:, :, state.step].set(eos)
-    eos_scores = log_probs[:, :, eos] / penalty(state.step + 1, alpha, rule)
+    eos_scores = log_probs[:, :, eos]
+    if cut is not None:
+        vocab = log_probs.shape[-1]
+        best, flat = top_k(log_probs.reshape(-1, beam_size * vocab), beam_size)
+        parents, tokens = flat // vocab, (flat % vocab).astype(jnp.int32)
+        ends = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
+        ends = ends.at[:, :, state.step].set(tokens)
+        eos_seqs = jnp.where(cut[:, None, None], ends, eos_seqs)
+        eos_scores = jnp.where(cut[:, None], best, eos_scores)
+    eos_scores = eos_scores / penalty(state.step + 1, alpha, rule)
     finished_scores, order = jax.lax.top_k(
         jnp.concatenate([state.finished_scores, eos_scores], axis=1), beam_size
     )
@@ -237,6 +279,7 @@ def beam_search(
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array]:
     """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
 
@@ -262,6 +305,7 @@ def beam_search(
       min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
         this many rows (`next_token.shrinking_loop`).
       constraints, prefixes: as `greedy_search`'s (a prefix's log-probs count in the scores).
+      rules: the length limit's rule and the renormalisation (`next_token.StepRules`).
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
@@ -269,17 +313,9 @@ def beam_search(
       possible when fewer than K sequences exist).
     """
     sequences, scores, _ = _beam_search(
-        model,
-        params,
-        inputs,
-        alpha=penalty_alpha(alpha),
-        rule=penalty_rule(length_penalty),
-        beam_size=beam_size,
-        max_decode_len=max_decode_len,
-        extra_length=extra_length,
-        early_stop=early_stop,
-        min_stage_batch=min_stage_batch,
-        constraints=constraints,
-        prefixes=prefixes,
-    )
+        model, params, inputs,
+        alpha=penalty_alpha(alpha), rule=penalty_rule(length_penalty), beam_size=beam_size,
+        max_decode_len=max_decode_len, extra_length=extra_length, early_stop=early_stop,
+        min_stage_batch=min_stage_batch, constraints=constraints, prefixes=prefixes, rules=rules,
+    )  # fmt: skip
     return sequences, scores

@@ -33,6 +33,8 @@ from transformer.decoding.constraints import (
     init_controls,
 )
 from transformer.decoding.next_token import (
+    DEFAULT_RULES,
+    StepRules,
     decode_length,
     encode_and_cache,
     forbid,
@@ -74,10 +76,10 @@ def token_search(
     extra_length: int,
     min_stage_batch: int,
     normalized: bool,
+    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array | None]:
-    """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token
-    logits (log-probabilities with ``normalized``), impossible and forbidden tokens at -inf.
-    Returns each row's tokens [R, T] and ``draws.log_probs`` [R] (None without draws)."""
+    """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token logits
+    (log-probs with ``normalized``; `forbid` with ``rules``): tokens [R, T], draws.log_probs [R]."""
     (rows, _), special = inputs.shape, model.config.special
     encoded, cache = encode_and_cache(model, params, inputs, loop_length)
 
@@ -87,7 +89,7 @@ def token_search(
             normalized=normalized,
         )
         at_limit = state.step + 1 >= state.limits
-        scores = forbid(scores, at_limit, special)
+        scores = forbid(scores, at_limit, special, rules)
         scores = constrain(scores, state.controls, state.step, state.tokens, at_limit, special)
         chosen, draws = choose(scores, state)
         next_tokens = jnp.where(state.done, special.pad, chosen)
@@ -95,7 +97,7 @@ def token_search(
             step=state.step + 1,
             tokens=state.tokens.at[:, state.step].set(next_tokens),
             last_tokens=next_tokens,
-            done=state.done | (next_tokens == special.eos),
+            done=state.done | (next_tokens == special.eos) | _cut(at_limit, rules),
             cache=cache,
             controls=advance(state.controls, state.tokens, next_tokens),
             draws=draws,
@@ -124,13 +126,19 @@ def token_search(
     return outputs
 
 
+def _cut(at_limit: Array, rules: StepRules) -> Array | bool:
+    """[R] the rows an output ends at without EOS: at their limit, with no EOS forced there
+    (``rules.eos_at_limit`` 'none'; otherwise only EOS may come there: False)."""
+    return at_limit if rules.eos_at_limit == 'none' else False
+
+
 def _argmax(logits: Array, state: TokenState) -> tuple[Array, None]:
     # log_softmax keeps each row's order: the argmax of the logits is greedy's token
     # (ties to the lower index). XLA's CPU top_k(., 1) took ~4x argmax's time here.
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
 
 
-_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch')
+_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch', 'rules')
 
 
 @functools.partial(jax.jit, static_argnames=_GREEDY_STATIC)
@@ -144,6 +152,7 @@ def greedy_search(
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> Array:
     """Greedy decoding: the most probable token at every step.
 
@@ -160,10 +169,12 @@ def greedy_search(
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
       prefixes: [B, P] int32 target prefixes the outputs start with (forced first tokens, a
         target-language code), right-padded with the pad id (`constraints`).
+      rules: the length limit's rule (`next_token.StepRules`; renormalising changes no argmax).
 
     Returns:
       [B, T] int32 tokens, EOS included where produced, the pad id after it. The loop ends as
-      soon as every example has produced EOS.
+      soon as every example has produced EOS (or, with ``rules.eos_at_limit`` 'none',
+      reached its limit, where it ends without EOS).
     """
     batch, width = inputs.shape
     loop_length = decode_length(width, max_decode_len, extra_length)
@@ -178,5 +189,6 @@ def greedy_search(
         extra_length=extra_length,
         min_stage_batch=min_stage_batch,
         normalized=False,
+        rules=rules,
     )
     return tokens

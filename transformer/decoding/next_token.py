@@ -7,6 +7,7 @@ penalty follow the conventions written in `transformer.decoding`'s docstring.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from transformer.model import (
     encode,
     init_cache,
 )
-from transformer.schema import LENGTH_PENALTIES
+from transformer.schema import EOS_AT_LIMIT, LENGTH_PENALTIES
 from transformer.tokens import SpecialIds
 
 Array = jax.Array
@@ -209,17 +210,61 @@ def top_k(x: Array, k: int, block: int = 128) -> tuple[Array, Array]:
     return values, indices
 
 
-def forbid(scores: Array, at_limit: Array, special: SpecialIds) -> Array:
+@dataclasses.dataclass(frozen=True)
+class StepRules:
+    """What the searches do to each step's next-token scores beyond forbidding
+    ``never_emit`` (``eval.eos_at_limit`` and ``eval.renormalize``; the defaults are this
+    project's own rules). A static argument: each value compiles its own search.
+
+    Attributes:
+      eos_at_limit: at an output's last allowed position, 'scored': only EOS, at the model's
+        probability of it; 'forced': only EOS, at probability 1 (log 0), as Hugging Face's
+        ``forced_eos_token_id`` sets it; 'none': any token, and the output ends there
+        without EOS (Hugging Face without ``forced_eos_token_id``).
+      renormalize: beam search takes log_softmax again after the forbidden tokens are set
+        to -inf (Hugging Face's ``renormalize_logits``), so its scores are those of the
+        distribution over the allowed tokens; otherwise the model's own log-probabilities
+        count. (Greedy search and sampling pick the same tokens either way.)
+    """
+
+    eos_at_limit: str = 'scored'
+    renormalize: bool = False
+
+    def __post_init__(self):
+        if self.eos_at_limit not in EOS_AT_LIMIT:
+            raise ValueError(
+                f'eval.eos_at_limit must be one of {EOS_AT_LIMIT}, got {self.eos_at_limit!r}.'
+            )
+
+
+# This project's own rules, the searches' default.
+DEFAULT_RULES = StepRules()
+
+
+def step_rules(ev: Any) -> StepRules:
+    """The `StepRules` of a run's ``eval`` section."""
+    return StepRules(getattr(ev, 'eos_at_limit', 'scored'), bool(getattr(ev, 'renormalize', False)))
+
+
+def forbid(
+    scores: Array, at_limit: Array, special: SpecialIds, rules: StepRules = DEFAULT_RULES
+) -> Array:
     """``scores`` [B', V] with impossible tokens at -inf.
 
     ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
-    (``special.eos``) stays possible there. ``special.never_emit`` (padding, always) is never
+    (``special.eos``) stays possible there, unless ``rules.eos_at_limit`` is 'none' (at
+    log-probability 0 when 'forced'). ``special.never_emit`` (padding, always) is never
     possible.
     """
     vocab = jnp.arange(scores.shape[-1])
     never = jnp.isin(vocab, jnp.asarray(special.never_emit, jnp.int32))
+    if rules.eos_at_limit == 'none':
+        return jnp.where(never, -jnp.inf, scores)
     forbidden = never | (at_limit[:, None] & (vocab != special.eos))
-    return jnp.where(forbidden, -jnp.inf, scores)
+    scores = jnp.where(forbidden, -jnp.inf, scores)
+    if rules.eos_at_limit == 'forced':
+        scores = jnp.where(at_limit[:, None] & (vocab == special.eos), 0.0, scores)
+    return scores
 
 
 def stage_sizes(batch: int, min_stage_batch: int) -> list[int]:

@@ -13,6 +13,7 @@ from transformer.decoding.beam import beam_search
 from transformer.decoding.constraints import Constraints
 from transformer.decoding.greedy import greedy_search
 from transformer.decoding.mesh import DecodeLayout, decode
+from transformer.decoding.next_token import DEFAULT_RULES, StepRules
 from transformer.decoding.next_token import length_penalty as penalty
 from transformer.decoding.sampling import Sampling, sample_search
 from transformer.model import Transformer
@@ -36,14 +37,16 @@ def translate_batch(
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
     line_indices: Array | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> Array:
     """Best output tokens [B, T]: greedy search for ``beam_size == 1``, else beam search; with
     ``sampling``, the first sample of each input (``beam_size`` unused).
 
     Greedy is not beam search with one beam: that one would still weigh every EOS on its
     path by the length penalty, and here beam 1 means the cheaper plain greedy decode.
-    ``constraints`` and ``prefixes`` [B, P] go to whichever search runs; ``line_indices``
-    [B] seed the samples (`sampling.sample_search`).
+    ``constraints`` and ``prefixes`` [B, P] go to whichever search runs, ``rules``
+    (`next_token.StepRules`) to greedy and beam search; ``line_indices`` [B] seed the
+    samples (`sampling.sample_search`).
     """
     limits = dict(max_decode_len=max_decode_len, extra_length=extra_length)
     controls = dict(constraints=constraints, prefixes=prefixes)
@@ -54,7 +57,7 @@ def translate_batch(
         )  # fmt: skip
         return sequences[:, 0]
     if beam_size == 1:
-        return greedy_search(model, params, inputs, **limits, **controls)
+        return greedy_search(model, params, inputs, **limits, **controls, rules=rules)
     sequences, _ = beam_search(
         model,
         params,
@@ -64,6 +67,7 @@ def translate_batch(
         length_penalty=length_penalty,
         **limits,
         **controls,
+        rules=rules,
     )
     return sequences[:, 0]
 
@@ -74,11 +78,16 @@ def sequence_log_probs(
     alpha: float,
     rule: str = 'gnmt',
     eos: int = JOINT.eos,
+    pad: int = JOINT.pad,
 ) -> np.ndarray:
     """log P(y|x) of beam search's hypotheses [..., T] from their scores [...]: the score
     times the length penalty (``rule``, `length_penalty`) of |y| (up to ``eos``, the
-    vocabulary's, included); -inf where the score is -inf."""
-    lengths = np.argmax(sequences == eos, axis=-1) + 1
+    vocabulary's, included; a hypothesis that ended at its limit without EOS: its tokens
+    that are not ``pad``); -inf where the score is -inf."""
+    ended = (sequences == eos).any(axis=-1)
+    lengths = np.where(
+        ended, np.argmax(sequences == eos, axis=-1) + 1, np.sum(sequences != pad, axis=-1)
+    )
     scale = np.asarray(penalty(lengths, alpha, rule))
     with np.errstate(invalid='ignore'):
         return np.where(np.isfinite(scores), scores * scale, -np.inf)
@@ -98,6 +107,7 @@ def hypotheses_search(
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
     line_indices: Array | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array]:
     """(sequences [B, N, T], values [B, N]) on the devices: with ``sampling`` its
     ``num_samples`` samples in sample order and their log P(y|x), else the ``nbest`` best of
@@ -115,6 +125,7 @@ def hypotheses_search(
         alpha=alpha,
         length_penalty=length_penalty,
         **controls,
+        rules=rules,
     )
     return sequences[:, :nbest], scores[:, :nbest]
 
@@ -134,6 +145,7 @@ def hypotheses_batch(
     prefixes: np.ndarray | None = None,
     line_indices: np.ndarray | None = None,
     layout: DecodeLayout | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sequences [B, N, T], scores [B, N], log_probs [B, N]) as numpy arrays of
     `hypotheses_search`, run on ``layout``'s mesh (`mesh.decode`; one device without it). A
@@ -153,9 +165,11 @@ def hypotheses_batch(
         extra_length=extra_length,
         sampling=sampling,
         constraints=constraints,
+        rules=rules,
     )
-    eos = model.config.special.eos
+    eos, pad = model.config.special.eos, model.config.special.pad
     if sampling is not None:
         lengths = np.argmax(sequences == eos, axis=-1) + 1
         return sequences, values / np.asarray(penalty(lengths, alpha, length_penalty)), values
-    return sequences, values, sequence_log_probs(sequences, values, alpha, length_penalty, eos)
+    log_probs = sequence_log_probs(sequences, values, alpha, length_penalty, eos, pad)
+    return sequences, values, log_probs

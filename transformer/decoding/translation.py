@@ -31,7 +31,12 @@ from absl import logging
 from transformer import data as data_lib
 from transformer.decoding.constraints import Constraints
 from transformer.decoding.mesh import DecodeLayout, decode
-from transformer.decoding.next_token import decode_length, penalty_alpha
+from transformer.decoding.next_token import (
+    DEFAULT_RULES,
+    StepRules,
+    decode_length,
+    penalty_alpha,
+)
 from transformer.decoding.sampling import Sampling
 from transformer.decoding.search import hypotheses_batch, sequence_log_probs, translate_batch
 from transformer.model import Transformer
@@ -77,6 +82,7 @@ def translate_batches(
     prefixes: Sequence[np.ndarray] | None = None,
     line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> list[str]:
     """Detokenized best hypotheses (with ``sampling``, samples) of evaluation batches, in the
     original example order (``params`` may be an `Ensemble`: models decoded together,
@@ -103,6 +109,7 @@ def translate_batches(
             extra_length=extra_length,
             sampling=sampling,
             constraints=constraints,
+            rules=rules,
         )
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
@@ -134,6 +141,7 @@ def nbest_batches(
     prefixes: Sequence[np.ndarray] | None = None,
     line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
     first, or with ``sampling`` its ``num_samples`` samples in sample order; in the original
@@ -152,6 +160,7 @@ def nbest_batches(
             extra_length=extra_length,
             sampling=sampling,
             constraints=constraints,
+            rules=rules,
             **_batch_arguments(
                 batch, prefixes, line_indices, extra_length, model.config.special.pad
             ),
@@ -267,10 +276,10 @@ def translate_lines(
     constraints: Constraints | None = None,
     prefixes: Sequence[str] | None = None,
     layout: DecodeLayout | None = None,
+    rules: StepRules = DEFAULT_RULES,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
-    K > 0 (or ``sampling.num_samples`` > 1) the K best `Hypothesis` (the samples) of each
-    line ([] for blank lines).
+    K > 0 (or ``sampling.num_samples`` > 1) the K best `Hypothesis` (the samples) of each.
 
     Args:
       lines: source sentences (no trailing newlines).
@@ -289,6 +298,7 @@ def translate_lines(
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`).
       prefixes: a target prefix a line, for its output to start with ('' = none).
       layout: the mesh and processes to decode on (`mesh.DecodeLayout`); None: one device.
+      rules: the run's ``eval.eos_at_limit`` and ``eval.renormalize`` (`StepRules`).
     """
     penalty_alpha(alpha)  # refused before anything is decoded, greedy included
     constraints = check_options(lines, sampling, constraints, prefixes, nbest)
@@ -299,6 +309,7 @@ def translate_lines(
         return out
     search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
     search.update(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
+    search['rules'] = rules
     if prefixes is not None:
         search['prefixes'] = encode_prefixes(prefixes, todo, sources, tokenizer, extra_length)
     batches = data_lib.batch_examples(sources, None, batch_size, tokenizer.special)

@@ -51,6 +51,7 @@ def score_eval_set(
         alpha=alpha,
         extra_length=config.eval.extra_length,
         length_penalty=length_penalty or config.eval.length_penalty,
+        rules=decoding.step_rules(config.eval),
         layout=layout,
         sampling=sampling,
         constraints=constraints,

@@ -52,8 +52,9 @@ class Family:
       vocabulary: the class of its vocabulary (encode, decode, id_to_piece, token_id,
         language_tokens, vocab_size, fingerprint, copy_to; this project's ids).
       holds_vocabulary: (directory) -> whether a run's vocabulary directory holds its vocabulary.
-      load_vocabulary: (directory, key=None, data_config=None) -> its vocabulary; a one-line
-        ``data.DataError`` for files that do not load.
+      load_vocabulary: (directory, key=None, data_config=None, never_emit=()) -> its
+        vocabulary, with ``never_emit`` (our ids) never output besides pad (a run's record,
+        ``data.never_emit``); a one-line ``data.DataError`` for files that do not load.
       write_vocabulary: (vocabulary, added, directory) -> None: its files with the tokens
         ``added`` ([(name, like or None)]) at the end, into an existing empty ``directory``.
       tokenizer_files: (vocabulary) -> {file name: path} of the SentencePiece models a

@@ -30,6 +30,9 @@ one joint vocabulary, different encoder and decoder head counts or widths, anoth
 before anything is written;
 keys Hugging Face's Marian ignores (``normalize_before``, ``static_position_embeddings``,
 ...) are ignored here too.
+A ``bad_words_ids`` entry of several tokens stops the same way. The generation settings
+``generate`` reads become the run's decoding settings (`eval_settings`; the single tokens
+``bad_words_ids`` bans, its ``data.never_emit``: `banned_ids`).
 """
 
 from __future__ import annotations
@@ -57,8 +60,16 @@ ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu', 'relu': 'relu'
 LAYER_NORM_EPSILON = 1e-5
 # What Hugging Face's generate applies to a setting a model's files leave unset (transformers'
 # GenerationConfig defaults): greedy search, length_penalty 1.0 (its rule divides a beam's
-# log-probability by length^1.0), at most 20 tokens.
-HF_DEFAULTS = {'num_beams': 1, 'length_penalty': 1.0, 'max_length': 20}
+# log-probability by length^1.0), at most 20 tokens, no token forced at that limit, no banned
+# tokens, and beam scores not renormalised after banning tokens.
+HF_DEFAULTS = {
+    'num_beams': 1,
+    'length_penalty': 1.0,
+    'max_length': 20,
+    'forced_eos_token_id': None,
+    'bad_words_ids': None,
+    'renormalize_logits': None,  # (generate renormalises only when it is true)
+}
 HF_DEFAULT = "Hugging Face's default"
 
 
@@ -162,15 +173,54 @@ def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> N
         ),
         'pad_token_id': (pad, "vocab.json's '<pad>'"),
         'decoder_start_token_id': (pad, "vocab.json's '<pad>': the decoder starts with pad here"),
-        'bad_words_ids': (
-            [[pad]],
-            "[[pad]] with vocab.json's '<pad>': only pad is never generated here",
-        ),
     }
     for key, (want, what) in wanted.items():
         value = keys.get(key)
         if value is not None and value != want:
             raise MarianError(f'{file}: {key}={value!r} is not {want!r} ({what}).')
+
+
+def banned_ids(keys: dict[str, Any], vocabulary: MarianVocabulary, file: str) -> list[int]:
+    """Our ids of the single tokens ``bad_words_ids`` (of ``keys``, read from ``file``: the
+    generation config ``generate`` reads) bans, as Hugging Face's ``NoBadWordsLogitsProcessor``
+    applies them: each at -inf at every step, except eos, which it leaves out of the list.
+
+    Raises:
+      MarianError: not a list of lists of ids in the vocabulary, or an entry of several
+        tokens (a sequence the searches here cannot ban: they mask single ids).
+    """
+    entries = keys.get('bad_words_ids')
+    if entries is None:
+        return []
+    size, eos = vocabulary.vocab_size, vocabulary.marian_special_ids()['eos']
+    banned = []
+    for entry in entries if isinstance(entries, list) else [entries]:
+        ids_ok = isinstance(entry, list) and all(type(i) is int and 0 <= i < size for i in entry)
+        if not ids_ok or not entry:
+            raise MarianError(
+                f'{file}: bad_words_ids={entries!r} is not a list of lists of ids below '
+                f'vocab_size={size}.'
+            )
+        if len(entry) > 1:
+            raise MarianError(
+                f'{file}: bad_words_ids holds {entry!r}, a sequence of {len(entry)} tokens: only '
+                'single tokens can be banned here (the searches mask ids); drop the entry.'
+            )
+        if entry[0] != eos:
+            banned.append(vocabulary.our_id(entry[0]))
+    return banned
+
+
+def _with_banned(
+    vocabulary: MarianVocabulary, hf: dict[str, Any], generation: dict[str, Any] | None
+) -> MarianVocabulary:
+    """``vocabulary`` with the ids ``bad_words_ids`` bans as never emitted, read from the one
+    file ``generate`` reads it from (`generation_settings`): generation_config.json
+    (``generation``) when there is one, else config.json (``hf``)."""
+    directory = vocabulary.directory
+    keys, name = (hf, CONFIG_FILE) if generation is None else (generation, GENERATION_FILE)
+    banned = banned_ids(keys, vocabulary, os.path.join(directory, name))
+    return MarianVocabulary(directory, never_emit=banned) if banned else vocabulary
 
 
 def model_settings(hf: dict[str, Any], file: str, separate: bool = False) -> dict[str, Any]:
@@ -218,9 +268,11 @@ def generation_settings(
 
 def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dict[str, Any]:
     """The ``eval`` settings of `generation_settings` (read from ``directory``): the beam
-    size, and the length penalty with Hugging Face's rule (a beam's log-probability divided
-    by length^x: 'fairseq'). The absolute max_length is not copied: this project decodes up
-    to the input's length plus eval.extra_length."""
+    size, the length penalty with Hugging Face's rule (a beam's log-probability divided
+    by length^x: 'fairseq'), EOS at the length limit at probability 1 where
+    ``forced_eos_token_id`` is set, else no EOS forced there (``eval.eos_at_limit`` 'forced'
+    or 'none'), and ``renormalize_logits`` (``eval.renormalize``). The absolute max_length is
+    not copied: this project decodes up to the input's length plus eval.extra_length."""
     (beams, beams_from), (penalty, penalty_from) = (
         generation['num_beams'],
         generation['length_penalty'],
@@ -236,7 +288,20 @@ def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dic
             'expressible: eval.alpha is a number >= 0 (a negative one, which favours short '
             'outputs, has no setting here).'
         )
-    return {'beam_size': beams, 'alpha': float(penalty), 'length_penalty': 'fairseq'}
+    renormalize, renormalize_from = generation['renormalize_logits']
+    if renormalize is not None and not isinstance(renormalize, bool):
+        raise MarianError(
+            f'{os.path.join(directory, renormalize_from)}: renormalize_logits={renormalize!r} '
+            'is not true or false.'
+        )
+    forced = generation['forced_eos_token_id'][0] is not None  # (eos: `check_special_ids`)
+    return {
+        'beam_size': beams,
+        'alpha': float(penalty),
+        'length_penalty': 'fairseq',
+        'eos_at_limit': 'forced' if forced else 'none',
+        'renormalize': renormalize is True,
+    }
 
 
 def _check_sizes(hf: dict[str, Any], tokenizer: MarianVocabulary, file: str) -> None:
@@ -288,6 +353,7 @@ def load(directory: str, weights: bool = True) -> Pretrained:
     check_special_ids(hf, ids, file)
     if generation_file is not None:
         check_special_ids(generation_file, ids, os.path.join(directory, GENERATION_FILE))
+    tokenizer = _with_banned(tokenizer, hf, generation_file)
     params = None
     if weights:
         state = read_state_dict(directory)

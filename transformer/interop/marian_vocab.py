@@ -39,6 +39,7 @@ end-of-sentence or a padding id inside a sentence would cut it short or mask it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -63,7 +64,7 @@ from transformer.interop.marian_vocab_files import (
     read_vocab,
     tokenizer_config,
 )
-from transformer.tokens import EOS_ID, PAD_ID, UNK_ID, SpecialIds
+from transformer.tokens import EOS_ID, JOINT, PAD_ID, UNK_ID
 
 FILES = ('source.spm', 'target.spm', 'vocab.json')  # what a MarianMT vocabulary needs
 TARGET_VOCAB = 'target_vocab.json'  # the target's pieces, with separate_vocabs
@@ -98,8 +99,9 @@ class MarianVocabulary:
       pretokenize: always 'none': MarianMT models read raw text.
       pretokenizer: a `Pretokenizer` that leaves text as it is.
       special: its special ids in our order: the joint vocabulary's (`tokens.JOINT`), which
-        the permutation (module docstring) makes them, with the target ids past the target's
-        pieces never emitted (separate vocabularies, target the smaller).
+        the permutation (module docstring) makes them, with the ids its model bans (the
+        constructor's ``never_emit``) and the target ids past the target's pieces (separate
+        vocabularies, target the smaller) never emitted besides pad.
       no_added_tokens: why tokens cannot be added to it, or None (data/added_tokens.py).
       no_label_smoothing: why a run on it cannot train with label smoothing, or None: the
         smoothed target gives every id some probability, the padded target ids (which the
@@ -108,9 +110,19 @@ class MarianVocabulary:
 
     pretokenize = 'none'
 
-    def __init__(self, directory: str | os.PathLike, key: str | None = None, data_config=None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        key: str | None = None,
+        data_config=None,
+        never_emit: Sequence[int] = (),
+    ):
         """``key``: the setting that named the directory, for the error messages.
-        ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'."""
+        ``data_config``: the ``data`` section; its ``pretokenize`` must be 'none'.
+        ``never_emit``: ids (ours) no search may output besides pad: a MarianMT's
+        ``bad_words_ids`` live in its generation config, not in the vocabulary's files, so
+        the conversion passes them here, a run's config.json records them
+        (``data.never_emit``) and its vocabulary is loaded with that record."""
         self.directory = os.fspath(directory)
         where = f'{key}={self.directory}' if key else self.directory
         config = tokenizer_config(self.directory)
@@ -151,8 +163,8 @@ class MarianVocabulary:
         self._added_ids = {self._ids['source'][t] for t in self.added}
         # Target ids past the target's pieces (rows padded up to V) are never output.
         padded = range(self.sizes['target'], self.vocab_size)
-        self.special = SpecialIds(
-            pad=PAD_ID, eos=EOS_ID, unk=UNK_ID, decoder_start=PAD_ID, never_emit=(PAD_ID, *padded)
+        self.special = dataclasses.replace(
+            JOINT, never_emit=(*JOINT.never_emit, *padded, *never_emit)
         )
         self.source_lang, self.target_lang = languages(config, self.directory)
         check_registered(config, source, self.directory)

@@ -9,8 +9,8 @@ command in one line before anything is written. config.json holds `to_dict` of i
 whose fields and rules live with the network (transformer/model/config.py) and are checked as
 the other sections' are (transformer/fields.py: one way to validate).
 
-Each default is written once: here, on its field (sections.py; the model's on
-TransformerConfig's fields; a data source's own keys in its ``KEYS`` table, with their types
+Each default is written once: here, on its field (sections.py, eval_section.py; the model's
+on TransformerConfig's fields; a data source's own keys in its ``KEYS`` table, with their types
 and descriptions), with its type, rule and one-line description (``--help`` prints it).
 Not in configs/base.py, because the schema must know a value for every field added after
 configs were first written anyway: a run directory's config.json written before the
@@ -24,8 +24,8 @@ base model and training; the data default is the built-in synthetic task (offlin
 Every setting that names a file or a directory is stored absolute (paths.py: `PATH_KEYS`,
 `absolute_paths`), resolved against the directory the command was given in.
 
-Each choice list is written once, as a ``Literal`` (sections.py); the modules that act on a
-choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
+Each choice list is written once, as a ``Literal`` (sections.py, eval_section.py); the modules
+that act on a choice import its tuple (``SCHEDULES``, ``DROPOUT_PRNGS``, ...).
 """
 
 from transformer.fields import (
@@ -44,18 +44,16 @@ from transformer.schema.convert import (
     plain,
     to_dict,
 )
+from transformer.schema.eval_section import EOS_AT_LIMIT, LENGTH_PENALTIES, METRICS, EvalSection
 from transformer.schema.paths import PATH_KEYS, absolute, absolute_paths, same_path, split_paths
 from transformer.schema.sections import (
     DROPOUT_PRNGS,
-    LENGTH_PENALTIES,
-    METRICS,
     PARALLELISMS,
     REMOVED_KEYS,
     REMOVED_VALUES,
     SCHEDULES,
     SECTIONS,
     DataSection,
-    EvalSection,
     Experiment,
     OptSection,
     TrainSection,
@@ -63,6 +61,7 @@ from transformer.schema.sections import (
 
 __all__ = [
     'DROPOUT_PRNGS',
+    'EOS_AT_LIMIT',
     'LENGTH_PENALTIES',
     'MAX_INIT_TIMEOUT',
     'MAX_SEED',

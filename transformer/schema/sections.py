@@ -31,26 +31,21 @@ from transformer.fields import (
     field,
 )
 from transformer.model import TransformerConfig
+from transformer.schema.eval_section import EvalSection
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID, SpecialIds
 
 # The paper's warm-up + inverse square root; a constant; fairseq's inverse_sqrt.
 Schedule = Literal['rsqrt', 'constant', 'inverse_sqrt']
 DropoutPrng = Literal['threefry', 'rbg', 'unsafe_rbg', 'philox4x32']
 Parallelism = Literal['pmap', 'sharding']  # transformer/training/parallel.py
-# Validation scores, higher = better (transformer/evaluation/bleu.py's keys).
-BestMetric = Literal['sacrebleu', 'tokenized_bleu', 'chrf', 'chrf++']
 VocabModelType = Literal[MODEL_TYPES]
 VocabNormalization = Literal[NORMALIZATIONS]
 Pretokenize = Literal[PRETOKENIZERS]  # transformer/data/pretokenize.py
 LongExamples = Literal[LONG_EXAMPLES]
-# Beam search's length penalty (transformer/decoding/next_token.py): GNMT's or fairseq's.
-LengthPenalty = Literal['gnmt', 'fairseq']
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 DROPOUT_PRNGS: tuple[str, ...] = get_args(DropoutPrng)
 PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
-METRICS: tuple[str, ...] = get_args(BestMetric)
-LENGTH_PENALTIES: tuple[str, ...] = get_args(LengthPenalty)
 
 # Keys of configs written by earlier versions that no longer exist; dropped when read.
 # model.max_len: the longest row is data.max_len (the model has no length limit of its own).
@@ -334,41 +329,6 @@ class TrainSection(Section):
                 f'train.rdrop_alpha={self.rdrop_alpha} needs the logits of both passes, which '
                 f'train.loss_chunk_tokens={self.loss_chunk_tokens} never forms: set one to 0.'
             )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EvalSection(Section):
-    SECTION = 'eval'
-    beam_size: int = field(4, POSITIVE, doc='Sec. 6.1')
-    alpha: float = field(
-        0.6, NON_NEGATIVE, doc="the length penalty's exponent (Sec. 6.1); 0 = no penalty"
-    )
-    length_penalty: LengthPenalty = field(
-        'gnmt', optional=True, doc="'gnmt': ((5 + len) / 6)^alpha; 'fairseq': len^alpha"
-    )
-    extra_length: int = field(
-        50, NON_NEGATIVE, doc='maximum output length = input length + 50 (Sec. 6.1)'
-    )
-    average_last: int = field(5, POSITIVE, doc='average the last 5 checkpoints (Sec. 6.1)')
-    batch_size: int = field(64, POSITIVE, doc='sentences per decoding / validation batch')
-    bleu_every: int = field(
-        0, NON_NEGATIVE, doc='steps between validation BLEU during training (0 = off)'
-    )
-    bleu_max_examples: int = field(
-        0, NON_NEGATIVE, optional=True, doc='validation sentences decoded for that BLEU (0 = all)'
-    )
-    best_metric: BestMetric = field(
-        'sacrebleu',
-        optional=True,
-        doc="'sacrebleu' | 'tokenized_bleu' | 'chrf' | 'chrf++': picks WORKDIR/best",
-    )
-    # Tokenized BLEU's conventions (transformer/evaluation/bleu.py).
-    compound_split: bool = field(
-        True, optional=True, doc="tokenized BLEU with t2t's ##AT## hyphen splitting (WMT14 EN-DE)"
-    )
-    lowercase_tokenized: bool = field(
-        False, optional=True, doc='tokenized BLEU on lowercased, punct-normalised text'
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -194,7 +194,8 @@ def run_vocabulary(start: Start) -> Any:
     family = interop.vocabulary_family(start.tokenizer)
     with tempfile.TemporaryDirectory() as directory:
         family.write_vocabulary(start.tokenizer, start.added, directory)
-        return family.load_vocabulary(directory)  # (read whole: the files may go)
+        never_emit = start.tokenizer.special.never_emit  # (its model's banned words)
+        return family.load_vocabulary(directory, never_emit=never_emit)  # (read whole)
 
 
 def copy_vocabulary(start: Start | None, config: schema.Experiment, workdir: str) -> None:
