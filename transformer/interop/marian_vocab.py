@@ -83,6 +83,19 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def _read_files(directory: str, names, where: str) -> tuple[list[str], list[bytes]]:
+    """The paths of a MarianMT vocabulary's files ``names`` in ``directory`` and their bytes; a
+    missing one is a one-line `DataError` naming them all (``where``: how it was named)."""
+    paths = [os.path.join(directory, name) for name in names]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(
+                f'{path} does not exist: a MarianMT vocabulary ({where}) is the files '
+                f'{", ".join(names)}.'
+            )
+    return paths, [_read(path) for path in paths]
+
+
 class MarianVocabulary:
     """A MarianMT directory's vocabulary, with this project's ids.
 
@@ -128,14 +141,7 @@ class MarianVocabulary:
         config = tokenizer_config(self.directory)
         self.separate = bool(config.get('separate_vocabs'))
         names = (*FILES, TARGET_VOCAB) if self.separate else FILES
-        paths = [os.path.join(self.directory, name) for name in names]
-        for path in paths:
-            if not os.path.isfile(path):
-                raise DataError(
-                    f'{path} does not exist: a MarianMT vocabulary ({where}) is the files '
-                    f'{", ".join(names)}.'
-                )
-        contents = [_read(path) for path in paths]
+        paths, contents = _read_files(self.directory, names, where)
         source = read_vocab(paths[2], contents[2])  # Marian's id -> piece
         target = read_vocab(paths[3], contents[3]) if self.separate else source
         self._pieces = {'source': source, 'target': target}
