@@ -61,8 +61,8 @@ def sinusoidal_positions(positions: Array, d_model: int) -> Array:
 
 
 def fairseq_sinusoids(ids: Array, d_model: int) -> Array:
-    """Rows ``ids`` of fairseq's sinusoid table (its SinusoidalPositionalEmbedding, Hugging
-    Face's M2M100SinusoidalPositionalEmbedding): half = D // 2 frequencies
+    """Rows ``ids`` of fairseq's sinusoid table (its SinusoidalPositionalEmbedding,
+    transformers' M2M100SinusoidalPositionalEmbedding): half = D // 2 frequencies
     exp(-i ln(10000) / (half - 1)), the row laid out [sin | cos] (concatenated, not
     interleaved as Sec. 3.5's), a zero channel last where D is odd.
 
