@@ -19,7 +19,8 @@ produced (ours: from its text, `piece_count`). Figures: benchmarks/README.md.
     python benchmarks/marian_speed.py --d_model 64 --layers 1 --vocab 20000 --sentences 20 \
         --work /tmp/marian_speed_small --out /tmp/marian_speed_small.json   # a quick check
     python benchmarks/marian_speed.py --layout tc --d_model 1024 --heads 16 --vocab 57000 \
-        --sentences 200 --work /tmp/marian_speed_tc_big --out /tmp/marian_speed_tc_big.json
+        --sentences 200 --work /tmp/marian_speed_tc_big \
+        --out benchmarks/results/marian_speed_tc_big.json
 """
 
 from __future__ import annotations
