@@ -11,7 +11,9 @@ the synthetic pair where it is absent), and each directory is built around it:
 - ``m2m100``: ``vocab.json`` (fairseq's dictionary: ``<s>``, ``<pad>``, ``</s>``, ``<unk>``, then
   the pieces in an order that is not SentencePiece's, a few of them left out so they read as
   ``<unk>``: `LEFT_OUT`) beside the model, and a tokenizer_config.json naming
-  ``M2M100Tokenizer``;
+  ``M2M100Tokenizer`` and listing the codes (``additional_special_tokens``), as the hub's do;
+- ``m2m100_bare``: the same without the list, which transformers 5 reads otherwise: the codes
+  are no special tokens (``__fr__`` in the text is text, decoding keeps their text);
 - ``nllb_hub``: as the hub's NLLB-200 repositories register their tokens: the codes listed in
   ``additional_special_tokens`` and every token past the pieces at its id in
   ``added_tokens_decoder``, the codes first and ``<mask>`` last (where the ``nllb`` directory,
@@ -33,7 +35,7 @@ from types import SimpleNamespace
 
 from tests.shared_dirs import built_once
 from transformer.data import synthetic
-from transformer.interop.fairseq_codes import NLLB_CODES
+from transformer.interop.fairseq_codes import M2M100_CODES, NLLB_CODES, m2m100_token
 
 MULTI30K = pathlib.Path(
     os.environ.get(
@@ -125,7 +127,11 @@ def build(path: pathlib.Path) -> None:
     nllb = {'tokenizer_class': CLASSES['nllb'], 'extra_special_tokens': list(NLLB_CODES)}
     _write(path / 'nllb', proto, nllb)
     _write(path / 'nllb_hub', proto, _hub_config(proto))
-    _write(path / 'm2m100', proto, {'tokenizer_class': CLASSES['m2m100']}, _m2m100_vocab(proto))
+    m2m100 = {'tokenizer_class': CLASSES['m2m100'], 'language_codes': 'm2m100'}
+    _write(path / 'm2m100_bare', proto, m2m100, _m2m100_vocab(proto))
+    codes = [m2m100_token(c) for c in M2M100_CODES['m2m100']]
+    m2m100 |= {'num_madeup_words': 8, 'additional_special_tokens': codes}
+    _write(path / 'm2m100', proto, m2m100, _m2m100_vocab(proto))
     _write(path / 'mbart50', proto, {'tokenizer_class': CLASSES['mbart50']})
     for kind in ('nllb', 'mbart50'):
         theirs = getattr(transformers, CLASSES[kind]).from_pretrained(path / kind)

@@ -4,11 +4,12 @@ tokenizer's; tokens added and read back by transformers; bad directories in one 
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
 from tests.fairseq_dirs import CLASSES, LEFT_OUT, SPM_FILE, fairseq_dirs, lines
-from transformer.data import DataError
+from transformer.data import DataError, Vocabulary
 from transformer.interop.fairseq_vocab import (
     FAIRSEQ,
     FILLER,
@@ -30,6 +31,7 @@ FAMILIES = {
     'nllb_json': ('nllb_json', 'eng_Latn', 'deu_Latn', 'fra_Latn', 202, 'xyz_Latn'),
     'nllb_hub': ('nllb_hub', 'eng_Latn', 'deu_Latn', 'fra_Latn', 202, 'xyz_Latn'),
     'm2m100': ('m2m100', 'en', 'de', '__fr__', 100, '__xyz__'),
+    'm2m100_bare': ('m2m100_bare', 'en', 'de', '__fr__', 100, '__xyz__'),
     'mbart50': ('mbart50', 'en_XX', 'de_DE', 'fr_XX', 52, 'xy_ZZ'),
     'mbart50_json': ('mbart50_json', 'en_XX', 'de_DE', 'fr_XX', 52, 'xy_ZZ'),
 }
@@ -52,6 +54,12 @@ PAIRS = lines(200)
 
 def _kind(family):
     return FAMILIES[family][0].split('_')[0]
+
+
+def _uncounted(family):
+    """The codes transformers 5's tokenizer treats as text, not tokens: M2M100's where
+    tokenizer_config.json does not list them (tests/fairseq_dirs.py)."""
+    return FAMILIES[family][4] if family == 'm2m100_bare' else 0
 
 
 @pytest.fixture(scope='module')
@@ -106,8 +114,8 @@ def test_ids_are_transformers(family, ours, theirs):
     assert unknown >= 5  # unknown pieces and characters are among them: the test can fail
     assert ours.encode_batch(targets, 'target') == [ours.encode(t, 'target') for t in targets]
     code = ours.token_id(FAMILIES[family][3])
-    # A code in the text is the code; M2M100Tokenizer reads it as text.
-    assert (code in ours.encode(_odd(family)[6])) == (_kind(family) != 'm2m100')
+    # A code in the text is the code, where transformers 5 takes it as one.
+    assert (code in ours.encode(_odd(family)[6])) == (not _uncounted(family))
     assert ours.encode('') == [] and ours.pair('', '', source_lang, target_lang)[0][-1] == 2
 
 
@@ -119,7 +127,7 @@ def test_decode_is_transformers(family, ours, theirs):
     for n, target in enumerate(targets):
         ids = ours.encode(target, 'target')
         labels = batch['labels'][n]
-        if _kind(family) == 'm2m100':  # its decode keeps the code's text (module docstring)
+        if _uncounted(family):  # its decode keeps the code's text (fairseq_vocab.py)
             assert theirs.decode(labels, skip_special_tokens=True).startswith('__de__')
             labels = labels[1:]
         assert ours.decode(ids) == theirs.decode(labels, skip_special_tokens=True)
@@ -137,10 +145,10 @@ def test_ids_codes_and_pieces(family, ours, theirs, dirs):
     import sentencepiece as spm
 
     *_, count, _ = FAMILIES[family]
-    # M2M100Tokenizer does not count its codes in its length.
-    assert ours.vocab_size == ours.size == len(theirs) + (count if family == 'm2m100' else 0)
+    assert ours.vocab_size == ours.size == len(theirs) + _uncounted(family)
     assert [ours.id_to_piece(i) for i in range(4)] == ['<s>', '<pad>', '</s>', '<unk>']
     assert ours.special == FAIRSEQ and FAIRSEQ.decoder_start == FAIRSEQ.eos == 2
+    assert isinstance(ours, Vocabulary) and ours.pretokenizer.encode('A  b', 'target') == 'A  b'
     codes = ours.language_tokens()
     assert len(codes) == count
     assert [theirs.convert_tokens_to_ids(c) for c in codes] == [ours.token_id(c) for c in codes]
@@ -157,7 +165,7 @@ def test_ids_codes_and_pieces(family, ours, theirs, dirs):
     # list, after them where added_tokens_decoder registers them so (the hub's files).
     first = min(ours.token_id(c) for c in codes)
     mask = {'nllb': first - 1, 'nllb_json': first - 1, 'nllb_hub': ours.size - 1}
-    mask.update(mbart50=ours.size - 1, mbart50_json=ours.size - 1, m2m100=None)
+    mask.update(mbart50=ours.size - 1, mbart50_json=ours.size - 1, m2m100=None, m2m100_bare=None)
     assert ours.token_id('<mask>') == mask[family]
 
 
@@ -188,8 +196,7 @@ def test_an_added_code_reads_back_in_transformers(family, ours, tmp_path):
     theirs = cls.from_pretrained(tmp_path, src_lang=source, tgt_lang=target)
     assert [back.token_id(new), back.token_id('<bt>')] == [rows, rows + 1]
     assert [theirs.convert_tokens_to_ids(t) for t in (new, '<bt>')] == [rows, rows + 1]
-    uncounted = FAMILIES[family][4] if family == 'm2m100' else 0  # as above
-    assert back.vocab_size == back.size == len(theirs) + uncounted == rows + 2
+    assert back.vocab_size == back.size == len(theirs) + _uncounted(family) == rows + 2
     assert (
         back.id_to_piece(ours.size) == FILLER.format(0) == theirs.convert_ids_to_tokens(ours.size)
     )
@@ -261,6 +268,12 @@ def test_bad_directories(dirs, tmp_path):
         FairseqVocabulary(nllb)
     with pytest.raises(DataError, match="'NllbTokenizer' is not an mBART-50 tokenizer"):
         FairseqVocabulary(dirs / 'nllb', kind='mbart50')
+    with pytest.raises(DataError, match="reads raw text: set data.pretokenize=none, not 'moses'"):
+        FairseqVocabulary(dirs / 'nllb', data_config=SimpleNamespace(pretokenize='moses'))
+    legacy = _copy(dirs, 'nllb_hub', tmp_path)
+    _edit_json(legacy / 'tokenizer_config.json', lambda c: c.update(legacy_behaviour=True))
+    with pytest.raises(DataError, match=r'legacy_behaviour=true .* set it to false'):
+        FairseqVocabulary(legacy)
 
 
 def test_bad_m2m100_vocab_json(dirs, tmp_path):
@@ -276,6 +289,11 @@ def test_bad_m2m100_vocab_json(dirs, tmp_path):
     _edit_json(m2m / 'vocab.json', lambda v: v.update({'extra': len(v) + 4}))
     with pytest.raises(DataError, match='has ids outside'):
         FairseqVocabulary(m2m)
+    listed = _copy(dirs, 'm2m100', tmp_path / 'listed')
+    add = lambda c: c['additional_special_tokens'].append('__xyz__')  # noqa: E731
+    _edit_json(listed / 'tokenizer_config.json', add)
+    with pytest.raises(DataError, match=r"lists the special tokens \['__xyz__'\], which are no"):
+        FairseqVocabulary(listed)
 
 
 def test_registered_ids_must_agree(dirs, tmp_path):

@@ -31,9 +31,10 @@ Two differences from transformers 5's tokenizers:
 - ``'</s>'`` or ``'<pad>'`` written in the text is ``<unk>`` here (theirs give the eos or pad
   id), because an end-of-sentence or a padding id inside a sentence would cut it short or mask
   it; the codes, ``<s>``, ``<mask>`` and the added tokens written in the text are theirs
-  (M2M100's codes are text there: ``M2M100Tokenizer`` does not cut ``__fr__`` out of it);
-- decoding skips M2M100's codes, as it skips NLLB-200's and mBART-50's: transformers 5's
-  ``M2M100Tokenizer`` does not count them as special tokens, so its
+  (M2M100's codes are text there unless tokenizer_config.json lists them as special tokens, as
+  the hub's files do: ``M2M100Tokenizer`` cuts ``__fr__`` out of the text only then);
+- decoding skips M2M100's codes, as it skips NLLB-200's and mBART-50's; transformers 5's
+  ``M2M100Tokenizer`` without that list does not count them as special tokens, so its
   ``decode(..., skip_special_tokens=True)`` of an output gives ``'__de__ Ein Hund'``.
 """
 

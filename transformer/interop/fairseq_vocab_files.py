@@ -65,8 +65,9 @@ class Table:
       codes: the language codes, in id order.
       special: the ids decoding skips (fairseq's four, the codes, ``<mask>``, added tokens).
       registered: the ids of the tokens its tokenizer cuts out of the text, which its files
-        register (M2M100's codes are not among them: transformers 5 reads ``__fr__`` in the
-        text as text).
+        register (M2M100's codes only where tokenizer_config.json lists them as special
+        tokens, as the hub's files do: transformers 5 reads ``__fr__`` in the text as text
+        otherwise).
       contents: the bytes of the files that give the ids, for a fingerprint.
       encode: (texts) -> the ids of each, without prefix or suffix, special-token strings
         in the text taken as the tokens.
@@ -159,6 +160,11 @@ def read_table(directory: str, kind: str | None, where: str) -> Table:
     """The vocabulary in ``directory`` (module docstring); one-line `DataError`s."""
     config = tokenizer_config(directory)
     kind = kind_of(directory, config, kind, where)
+    if kind == 'nllb' and config.get('legacy_behaviour') is True:
+        raise DataError(
+            f'{where}: tokenizer_config.json sets legacy_behaviour=true (the code after the '
+            "text's </s>); only the layout [code] X </s> is read: set it to false."
+        )
     names = files_of(directory, kind)
     contents = _read(directory, names, kind, where)
     if kind == 'm2m100':
@@ -258,6 +264,16 @@ def _m2m100(directory: str, config: dict[str, Any], contents: list[bytes]) -> Ta
     ids = {piece: i for i, piece in enumerate(pieces)}
     registered = {*range(len(FAIRSEQ_SPECIAL)), *range(known, len(pieces))}
     registered |= {i for i, _ in backend.entries(config)}
+    # The hub's files list the codes as special tokens, which makes transformers 5 cut them out
+    # of the text; without the list it reads them as text.
+    listed = _strings(config.get('extra_special_tokens') or config.get('additional_special_tokens'))
+    if missing := [t for t in listed if t not in ids]:
+        raise DataError(
+            f'{os.path.join(directory, TOKENIZER_CONFIG)} lists the special tokens {missing[:3]}, '
+            'which are no tokens of vocab.json or the codes: register them in '
+            'added_tokens_decoder at their ids.'
+        )
+    registered |= {ids[t] for t in listed}
     special = registered | set(range(len(encoder), known))
     cut = _cutter([pieces[i] for i in registered])
     unk = ids[UNK]
