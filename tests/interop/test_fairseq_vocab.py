@@ -169,6 +169,19 @@ def test_ids_codes_and_pieces(family, ours, theirs, dirs):
     assert ours.token_id('<mask>') == mask[family]
 
 
+def test_merges_are_transformers(dirs):
+    """NLLB-200's BPE merges, generated as transformers 5 generates them (its own function)."""
+    import sentencepiece as spm
+    from transformers.tokenization_utils_base import generate_merges
+
+    from transformer.interop.fairseq_backend import _merges
+
+    sp = spm.SentencePieceProcessor(model_file=str(dirs / 'nllb' / SPM_FILE))
+    pieces = [sp.id_to_piece(i) for i in range(len(sp))]
+    merges = _merges(pieces)
+    assert len(merges) > 100 and merges == generate_merges({p: i for i, p in enumerate(pieces)})
+
+
 def test_tokenizer_json_alone_gives_the_same_ids(dirs):
     texts = [t for _, t in PAIRS[:50]] + _odd('nllb')
     for kind in ('nllb', 'mbart50'):

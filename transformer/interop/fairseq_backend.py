@@ -110,16 +110,16 @@ def _mbart_scores(pieces: list[tuple[str, float]]) -> list[tuple[str, float]]:
 def _merges(pieces: list[str]) -> list[tuple[str, str]]:
     """BPE merges from SentencePiece's pieces in their order, as transformers'
     ``generate_merges`` makes them: every split of a piece into two pieces, ranked by the
-    piece's id, then the lengths of its halves."""
-    ids = {piece: i for i, piece in enumerate(pieces)}
-    merges = []
-    for piece, i in ids.items():
-        halves = [(piece[:k], piece[k:]) for k in range(1, len(piece))]
-        halves = [(a, b) for a, b in halves if a in ids and b in ids]
-        halves.sort(key=lambda h: (ids[h[0]], ids[h[1]]))
-        merges += [(i, a, b) for a, b in halves]
-    merges.sort(key=lambda m: (m[0], len(m[1]), len(m[2])))
-    return [(a, b) for _, a, b in merges]
+    piece's id, then by the length of its left half (its order: the two halves of one split
+    of one piece are told apart by that length, so the pieces' order, split by split, is
+    already sorted)."""
+    known = dict.fromkeys(pieces)
+    return [
+        (piece[:k], piece[k:])
+        for piece in known
+        for k in range(1, len(piece))
+        if piece[:k] in known and piece[k:] in known
+    ]
 
 
 def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:

@@ -201,8 +201,9 @@ def _tokenizers_table(
                 f'{entry["content"]!r} at id {i}, where transformers 5 gives it id '
                 f'{tokenizer.token_to_id(entry["content"])}: make the files agree.'
             )
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    pieces = [tokenizer.id_to_token(i) for i in range(size)]
+    pieces = [''] * tokenizer.get_vocab_size(with_added_tokens=True)
+    for piece, i in tokenizer.get_vocab(with_added_tokens=True).items():
+        pieces[i] = piece
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     contents.append(json.dumps([kind, sorted((i, pieces[i]) for i in special)]).encode())
     clean = bool(config.get('clean_up_tokenization_spaces')) and kind == 'mbart50'
