@@ -221,6 +221,9 @@ def test_an_added_code_reads_back_in_transformers(family, ours, tmp_path):
     got = back.pair(text, text, source, target)
     assert got == (expected['input_ids'], expected['labels'])
     assert back.fingerprint != ours.fingerprint and holds_vocabulary(str(tmp_path))
+    assert not holds_vocabulary(str(tmp_path / 'none'))
+    with pytest.raises(DataError, match=rf"'{new}' is already a token of the vocabulary"):
+        write_vocabulary(back, [(new, None)], str(tmp_path / 'none'))
 
 
 def test_rows_past_the_tokenizer(ours, tmp_path):
@@ -238,6 +241,11 @@ def test_rows_past_the_tokenizer(ours, tmp_path):
     )
     with pytest.raises(DataError, match=r'the model has \d+ embedding rows .* fewer than'):
         FairseqVocabulary(ours.directory, rows=ours.size - 1)
+    banned = FairseqVocabulary(ours.directory, never_emit=(0, 5), rows=ours.size + 2)
+    assert banned.special.never_emit == (0, 1, 5) and banned.special.pad == 1
+    assert banned.decode([5, *ids]) == ours.decode(ids)
+    with pytest.raises(DataError, match=r'never_emit=\(\d+,\) names ids past its'):
+        FairseqVocabulary(ours.directory, never_emit=(ours.size,))
 
 
 def test_codes_of_a_pair(ours, family):
