@@ -11,7 +11,7 @@ the tokens added to the vocabulary. The decoder starts from ``</s>``
 (``special.decoder_start`` = eos = 2) and pads with 1, so `special` is not `tokens.JOINT`.
 
 The model's embedding may have more rows than the tokenizer has ids (NLLB-200's 256206 rows for
-256204 ids; M2M100's fairseq dictionary is padded to a multiple of 8 with ``madeupword0000``
+256204 ids; fairseq pads a dictionary to a multiple of 8 with rows named ``madeupword0000``
 ...): the constructor's ``rows`` (config.json's ``vocab_size``) makes `vocab_size` the model's
 rows, V, and the ids past the tokenizer's keep their rows; they have no text (decoding skips
 them) and are named ``madeupwordNNNN`` (fairseq's name for them). The files this vocabulary
