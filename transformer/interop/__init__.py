@@ -12,7 +12,12 @@ vocabulary, so that no caller names one.
 - marian.py (the MarianMT entry, `marian.FAMILY`): its directory and config; marian_params.py
   its tensors; marian_vocab.py its vocabulary (marian_vocab_files.py its files read);
   marian_added.py tokens added to it;
-  marian_export.py its export.
+  marian_export.py its export;
+- fairseq_vocab.py: NLLB-200's, M2M100's and mBART-50's vocabularies with transformers 5's
+  ids (fairseq_vocab_files.py their files read, fairseq_backend.py the tokenizer transformers 5
+  builds for NLLB-200 and mBART-50, fairseq_codes.py their language codes,
+  fairseq_vocab_write.py their files written back with added tokens); no family entry uses
+  them yet.
 
 A new family is a module that builds its `Family` and one entry in `FAMILIES`
 (docs/pretrained.md, "Families").
