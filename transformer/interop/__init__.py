@@ -12,7 +12,14 @@ vocabulary, so that no caller names one.
 - marian.py (the MarianMT entry, `marian.FAMILY`): its directory and config; marian_params.py
   its tensors; marian_vocab.py its vocabulary (marian_vocab_files.py its files read);
   marian_added.py tokens added to it;
-  marian_export.py its export.
+  marian_export.py its export;
+- fairseq.py (M2M100, NLLB-200's dense models and mBART: their directories read,
+  `fairseq.read`), fairseq_config.py their config.json as the model section,
+  fairseq_params.py their tensors both ways, fairseq_export.py their export;
+  not in the registry yet (their vocabularies are read apart);
+- state_dict.py: a directory's weights files, whole or sharded, for every family;
+  generation.py: its generation settings as ``generate`` applies them, and the ``eval``
+  settings made of them.
 
 A new family is a module that builds its `Family` and one entry in `FAMILIES`
 (docs/pretrained.md, "Families").
