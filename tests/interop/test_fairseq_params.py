@@ -290,9 +290,10 @@ def test_a_saved_directory_reads_to_hugging_faces_logits(tmp_path_factory, name)
 
 @pytest.mark.slow  # transformers' model is imported, built and saved three ways
 def test_sharded_and_pytorch_bin_saves_read_the_same(tmp_path_factory, tmp_path):
-    """save_pretrained's shards (model-0000x-of-0000y.safetensors and their index) and a
-    pytorch_model.bin that also holds the sinusoid tables an older save kept (checked
-    against ours, not read) give the parameters model.safetensors gives."""
+    """save_pretrained's shards (model-0000x-of-0000y.safetensors and their index), and a
+    pytorch_model.bin, whole or sharded with its index, that also holds the sinusoid tables
+    an older save kept (checked against ours, not read), give the parameters
+    model.safetensors gives."""
     import shutil
 
     import torch
@@ -302,17 +303,26 @@ def test_sharded_and_pytorch_bin_saves_read_the_same(tmp_path_factory, tmp_path)
     sharded = _saved(tmp_path_factory, 'm2m100', max_shard_size='20KB')
     assert (sharded / 'model.safetensors.index.json').is_file()
     assert len(list(sharded.glob('model-*-of-*.safetensors'))) > 1
-    binary = tmp_path / 'bin'
-    binary.mkdir()
-    shutil.copy(sharded / 'config.json', binary)
     state = dict(model.state_dict())
+    assert 'model.encoder.embed_positions.weights' not in state  # (transformers 5 computes it)
     for stack in ('encoder', 'decoder'):
-        state[f'model.{stack}.embed_positions.weights'] = getattr(
-            model.model, stack
-        ).embed_positions.weights
-    assert 'model.encoder.embed_positions.weights' not in model.state_dict()
+        table = getattr(model.model, stack).embed_positions.weights
+        state[f'model.{stack}.embed_positions.weights'] = table
+    binary, binary_shards = tmp_path / 'bin', tmp_path / 'bin_shards'
+    for directory in (binary, binary_shards):
+        directory.mkdir()
+        shutil.copy(sharded / 'config.json', directory)
     torch.save(state, binary / 'pytorch_model.bin')
-    for directory in (sharded, binary):
+    # pytorch_model-00001-of-00002.bin ... and their index, as NLLB-200 3.3B ships them
+    names = sorted(state)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        shard = f'pytorch_model-0000{i + 1}-of-00002.bin'
+        torch.save({n: state[n] for n in part}, binary_shards / shard)
+        weight_map |= dict.fromkeys(part, shard)
+    index = json.dumps({'metadata': {}, 'weight_map': weight_map})
+    (binary_shards / 'pytorch_model.bin.index.json').write_text(index)
+    for directory in (sharded, binary, binary_shards):
         read = dict(_leaves(fairseq.read(str(directory)).params))
         assert read.keys() == whole.keys()
         for key, value in whole.items():
@@ -345,3 +355,31 @@ def test_the_export_of_a_read_directory_loads_back_with_every_tensor_equal(
     assert want.keys() == got.keys()
     for key, tensor in want.items():
         assert torch.equal(got[key], tensor), key
+
+
+@pytest.mark.slow  # transformers' models are imported, built and loaded back
+@pytest.mark.parametrize('name', FAMILIES)
+def test_the_export_of_a_model_trained_here_is_the_same_network_in_transformers(tmp_path, name):
+    """Without a source directory the export writes a whole config.json of its own: loaded by
+    transformers, the same weights give exactly the logits of the model they came from, and
+    generation_config.json names its decoding settings."""
+    import torch
+    import transformers
+
+    families = _families()
+    model, cfg, params = families.family(name)
+    generation = fairseq_export.generation_config(4, 1.0, forced_eos=True)
+    fairseq_export.write_model(str(tmp_path), cfg, name, params, generation=generation)
+    loaded = getattr(transformers, model.__class__.__name__).from_pretrained(str(tmp_path))
+    assert loaded.generation_config.num_beams == 4
+    assert loaded.generation_config.forced_eos_token_id == 2
+    inputs = torch.from_numpy(families._tokens(2, (2, 6), lengths=[6, 3])).long()
+    decoder_inputs = torch.from_numpy(families._tokens(3, (2, 5), lengths=[5, 2])).long()
+    with torch.no_grad():
+        want, got = (
+            m.eval()(
+                input_ids=inputs, attention_mask=inputs != 1, decoder_input_ids=decoder_inputs
+            ).logits
+            for m in (model, loaded)
+        )
+    assert torch.equal(got, want)
