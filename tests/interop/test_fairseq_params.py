@@ -76,6 +76,7 @@ def _directory(tmp_path, family: str, generation=None, **changes):
         ('m2m100', {'tie_word_embeddings': False}, 'tie_word_embeddings=False is not'),
         ('mbart', {'normalize_before': False}, 'normalize_before=False is not'),
         ('mbart', {'add_final_layer_norm': False}, 'add_final_layer_norm=False is not'),
+        ('mbart', {'normalize_embedding': False}, 'normalize_embedding=False is not'),
         ('m2m100', {'d_model': 15}, 'd_model=15 must be'),
         ('m2m100', {'encoder_layers': 0}, 'encoder_layers=0 is not'),
         ('m2m100', {'pad_token_id': 0}, 'pad_token_id=0 is not 1'),

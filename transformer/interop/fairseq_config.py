@@ -163,15 +163,16 @@ def check_expressible(hf: dict[str, Any], file: str) -> FamilySpec:
         )
     if not isinstance(config_value(hf, spec, 'scale_embedding'), bool):
         raise refuse('scale_embedding', 'is not true or false.')
-    for key in ('normalize_before', 'add_final_layer_norm'):
-        # transformers' MBart computes pre-LN with a final norm on each stack whatever these
-        # say (mBART-50's say true): a directory saying otherwise was made for another network.
+    for key in ('normalize_before', 'add_final_layer_norm', 'normalize_embedding'):
+        # transformers' MBart computes pre-LN, a final norm on each stack and a norm on each
+        # embedding sum whatever these say (mBART-50's say true): a directory saying
+        # otherwise was made for another network.
         if spec.name == 'mbart' and hf.get(key, True) is not True:
             raise refuse(
                 key,
                 "is not mBART-50's true: transformers' MBart (and this model) computes pre-LN "
-                'with a final layer norm on each stack, so these weights were made for '
-                'another network.',
+                'with a final layer norm on each stack and a norm on each embedding sum, so '
+                'these weights were made for another network.',
             )
     return spec
 
