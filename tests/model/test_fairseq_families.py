@@ -1,19 +1,20 @@
 """Whole models of fairseq's families against Hugging Face's: a tiny M2M100 (the layout of
 NLLB-200 too) and a tiny mBART, built by transformers with random weights, copied into this
-package's Transformer by the mapping written here, give the same teacher-forced logits to
-1e-4 in float32 on the same token ids, padding included (padding id 1, the decoder's start 0
-fed to both). The options each family needs are model settings and entries
-(tests/model/test_fairseq_options.py); this is the proof that together they are the family's
-network."""
+package's Transformer by the table of transformer/interop/fairseq_params.py, give the same
+teacher-forced logits to 1e-4 in float32 on the same token ids, padding included (padding id
+1, the decoder's start </s> (2) fed to both). The options each family needs are model settings
+and entries (tests/model/test_fairseq_options.py); this is the proof that together they are
+the family's network (tests/interop/test_fairseq_params.py reads them from saved
+directories)."""
 
 import functools
 
 import jax
 import numpy as np
 import pytest
-from flax import traverse_util
 
-from transformer.model import Transformer, TransformerConfig, param_shapes
+from transformer.interop.fairseq_params import params_from_state_dict
+from transformer.model import Transformer, TransformerConfig
 from transformer.tokens import SpecialIds
 
 pytestmark = pytest.mark.slow  # transformers' models are imported and built
@@ -80,62 +81,6 @@ FAMILIES = {
         ),
     ),
 }
-# Hugging Face's module names -> ours, within a layer and at a stack's root.
-SUBLAYERS = {'self_attn': 'self_attention', 'encoder_attn': 'cross_attention'}
-NORMS = {
-    'self_attn_layer_norm': 'self_attention_norm',
-    'encoder_attn_layer_norm': 'cross_attention_norm',
-    'final_layer_norm': 'ffn_norm',
-}
-PROJECTIONS = {'q_proj': 'query', 'k_proj': 'key', 'v_proj': 'value'}
-
-
-def _layer(weights: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """One layer's parameters by our paths from Hugging Face's under ``prefix``: q, k, v
-    weights [N * H, D] (torch's Linear is [out, in]) -> kernels [D, N, H], biases [N, H]; the
-    output's [D, N * H] -> [N, H, D]; fc1 [F, D], fc2 [D, F] -> the FFN's wi [D, F], wo [F, D]."""
-    out = {}
-    for theirs, ours in SUBLAYERS.items():
-        if f'{prefix}.{theirs}.q_proj.weight' not in weights:
-            continue  # the encoder has no cross-attention
-        for proj, name in PROJECTIONS.items():
-            w = weights[f'{prefix}.{theirs}.{proj}.weight']
-            out[f'{ours}/{name}/kernel'] = w.T.reshape(D, HEADS, D // HEADS)
-            out[f'{ours}/{name}/bias'] = weights[f'{prefix}.{theirs}.{proj}.bias'].reshape(
-                HEADS, D // HEADS
-            )
-        w = weights[f'{prefix}.{theirs}.out_proj.weight']
-        out[f'{ours}/out/kernel'] = w.T.reshape(HEADS, D // HEADS, D)
-        out[f'{ours}/out/bias'] = weights[f'{prefix}.{theirs}.out_proj.bias']
-    for theirs, ours in NORMS.items():
-        if f'{prefix}.{theirs}.weight' in weights:
-            out[f'{ours}/scale'] = weights[f'{prefix}.{theirs}.weight']
-            out[f'{ours}/bias'] = weights[f'{prefix}.{theirs}.bias']
-    for theirs, ours in (('fc1', 'wi'), ('fc2', 'wo')):
-        out[f'ffn/{ours}/kernel'] = weights[f'{prefix}.{theirs}.weight'].T
-        out[f'ffn/{ours}/bias'] = weights[f'{prefix}.{theirs}.bias']
-    return out
-
-
-def params_from_hf(weights: dict[str, np.ndarray], cfg: TransformerConfig) -> dict:
-    """Our parameter tree from a Hugging Face M2M100 or mBART state dict (numpy)."""
-    flat = {'shared_embedding/embedding': weights['model.shared.weight']}
-    for stack in ('encoder', 'decoder'):
-        root = f'model.{stack}'
-        for i in range(LAYERS):
-            layer = _layer(weights, f'{root}.layers.{i}')
-            flat |= {f'{stack}_layer_{i}/{k}': v for k, v in layer.items()}
-        flat[f'{stack}_norm/scale'] = weights[f'{root}.layer_norm.weight']
-        flat[f'{stack}_norm/bias'] = weights[f'{root}.layer_norm.bias']
-        if cfg.layernorm_embedding:
-            flat[f'{stack}_embedding_norm/scale'] = weights[f'{root}.layernorm_embedding.weight']
-            flat[f'{stack}_embedding_norm/bias'] = weights[f'{root}.layernorm_embedding.bias']
-        if cfg.positions == 'bart_learned':
-            flat[f'{stack}_positions/embedding'] = weights[f'{root}.embed_positions.weight']
-    if cfg.logits_bias:
-        flat['logits_bias'] = weights['final_logits_bias'][0]
-    assert {k: v.shape for k, v in flat.items()} == param_shapes(cfg)  # every one, no other
-    return traverse_util.unflatten_dict({tuple(k.split('/')): v for k, v in flat.items()})
 
 
 @functools.cache
@@ -161,7 +106,7 @@ def family(name: str):
             positions.make_weights(positions.weights.shape[0], D, PAD)
     weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     cfg = TransformerConfig(**OURS, **our_options)
-    return model, cfg, params_from_hf(weights, cfg)
+    return model, cfg, params_from_state_dict(weights, cfg, name)
 
 
 def _tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:

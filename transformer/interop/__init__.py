@@ -17,7 +17,14 @@ vocabulary, so that no caller names one.
   ids (fairseq_vocab_files.py their files read, fairseq_backend.py the tokenizer transformers 5
   builds for NLLB-200 and mBART-50, fairseq_codes.py their language codes,
   fairseq_vocab_write.py their files written back with added tokens); no family entry uses
-  them yet.
+  them yet;
+- fairseq.py (M2M100, NLLB-200's dense models and mBART: their directories read,
+  `fairseq.read`), fairseq_config.py their config.json as the model section,
+  fairseq_params.py their tensors both ways, fairseq_export.py their export;
+  not in the registry yet (their vocabularies are read apart);
+- state_dict.py: a directory's weights files, whole or sharded, for every family;
+  generation.py: its generation settings as ``generate`` applies them, and the ``eval``
+  settings made of them.
 
 A new family is a module that builds its `Family` and one entry in `FAMILIES`
 (docs/pretrained.md, "Families").

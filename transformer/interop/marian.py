@@ -42,8 +42,15 @@ import os
 from typing import Any
 
 from transformer.data import DataError
+from transformer.interop import generation as generation_lib
 from transformer.interop import marian_added, marian_export
 from transformer.interop.family import Family, Pretrained
+from transformer.interop.generation import (
+    CONFIG_FILE,
+    GENERATION_FILE,
+    generation_settings,
+    single_token_bans,
+)
 from transformer.interop.marian_params import (
     MarianError,
     params_from_state_dict,
@@ -51,26 +58,11 @@ from transformer.interop.marian_params import (
 )
 from transformer.interop.marian_vocab import MarianVocabulary
 
-CONFIG_FILE = 'config.json'
-GENERATION_FILE = 'generation_config.json'
 TOKENIZER_CONFIG = 'tokenizer_config.json'
 # Hugging Face's activation names -> model.ffn (ACT2FN: 'silu' and 'swish' are one function).
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu', 'relu': 'relu'}
 # Marian's layer norms are torch's default nn.LayerNorm.
 LAYER_NORM_EPSILON = 1e-5
-# What Hugging Face's generate applies to a setting a model's files leave unset (transformers'
-# GenerationConfig defaults): greedy search, length_penalty 1.0 (its rule divides a beam's
-# log-probability by length^1.0), at most 20 tokens, no token forced at that limit, no banned
-# tokens, and beam scores not renormalised after banning tokens.
-HF_DEFAULTS = {
-    'num_beams': 1,
-    'length_penalty': 1.0,
-    'max_length': 20,
-    'forced_eos_token_id': None,
-    'bad_words_ids': None,
-    'renormalize_logits': None,  # (generate renormalises only when it is true)
-}
-HF_DEFAULT = "Hugging Face's default"
 
 
 def recognises(path: str) -> bool:
@@ -181,34 +173,11 @@ def check_special_ids(keys: dict[str, Any], ids: dict[str, int], file: str) -> N
 
 
 def banned_ids(keys: dict[str, Any], vocabulary: MarianVocabulary, file: str) -> list[int]:
-    """Our ids of the single tokens ``bad_words_ids`` (of ``keys``, read from ``file``: the
-    generation config ``generate`` reads) bans, as Hugging Face's ``NoBadWordsLogitsProcessor``
-    applies them: each at -inf at every step, except eos, which it leaves out of the list.
-
-    Raises:
-      MarianError: not a list of lists of ids in the vocabulary, or an entry of several
-        tokens (a sequence the searches here cannot ban: they mask single ids).
-    """
-    entries = keys.get('bad_words_ids')
-    if entries is None:
-        return []
+    """Our ids of the single tokens ``bad_words_ids`` (of ``keys``, read from ``file``) bans
+    (`generation.single_token_bans`: each at every step, eos left out, as ``generate``)."""
     size, eos = vocabulary.vocab_size, vocabulary.marian_special_ids()['eos']
-    banned = []
-    for entry in entries if isinstance(entries, list) else [entries]:
-        ids_ok = isinstance(entry, list) and all(type(i) is int and 0 <= i < size for i in entry)
-        if not ids_ok or not entry:
-            raise MarianError(
-                f'{file}: bad_words_ids={entries!r} is not a list of lists of ids below '
-                f'vocab_size={size}.'
-            )
-        if len(entry) > 1:
-            raise MarianError(
-                f'{file}: bad_words_ids holds {entry!r}, a sequence of {len(entry)} tokens: only '
-                'single tokens can be banned here (the searches mask ids); drop the entry.'
-            )
-        if entry[0] != eos:
-            banned.append(vocabulary.our_id(entry[0]))
-    return banned
+    banned = single_token_bans(keys, size, eos, file, MarianError)
+    return [vocabulary.our_id(i) for i in banned]
 
 
 def _with_banned(
@@ -251,57 +220,9 @@ def model_settings(hf: dict[str, Any], file: str, separate: bool = False) -> dic
     }
 
 
-def generation_settings(
-    generation: dict[str, Any] | None, hf: dict[str, Any]
-) -> dict[str, tuple[Any, str]]:
-    """{key: (value, where it came from)} of `HF_DEFAULTS`' keys as Hugging Face's ``generate``
-    applies them to a MarianMT directory: from its generation_config.json (``generation``)
-    when there is one, and then none from config.json (transformers 5 loads only that file),
-    else from config.json (``hf``: older OPUS-MT directories keep num_beams and max_length
-    there), and a key the file leaves unset takes transformers' default."""
-    keys, file = (generation, GENERATION_FILE) if generation is not None else (hf, CONFIG_FILE)
-    return {
-        key: (keys[key], file) if keys.get(key) is not None else (default, HF_DEFAULT)
-        for key, default in HF_DEFAULTS.items()
-    }
-
-
 def eval_settings(generation: dict[str, tuple[Any, str]], directory: str) -> dict[str, Any]:
-    """The ``eval`` settings of `generation_settings` (read from ``directory``): the beam
-    size, the length penalty with Hugging Face's rule (a beam's log-probability divided
-    by length^x: 'fairseq'), EOS at the length limit at probability 1 where
-    ``forced_eos_token_id`` is set, else no EOS forced there (``eval.eos_at_limit`` 'forced'
-    or 'none'), and ``renormalize_logits`` (``eval.renormalize``). The absolute max_length is
-    not copied: this project decodes up to the input's length plus eval.extra_length."""
-    (beams, beams_from), (penalty, penalty_from) = (
-        generation['num_beams'],
-        generation['length_penalty'],
-    )
-    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
-        raise MarianError(
-            f'{os.path.join(directory, beams_from)}: num_beams={beams!r} is not a positive '
-            'whole number.'
-        )
-    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or penalty < 0:
-        raise MarianError(
-            f'{os.path.join(directory, penalty_from)}: length_penalty={penalty!r} is not '
-            'expressible: eval.alpha is a number >= 0 (a negative one, which favours short '
-            'outputs, has no setting here).'
-        )
-    renormalize, renormalize_from = generation['renormalize_logits']
-    if renormalize is not None and not isinstance(renormalize, bool):
-        raise MarianError(
-            f'{os.path.join(directory, renormalize_from)}: renormalize_logits={renormalize!r} '
-            'is not true or false.'
-        )
-    forced = generation['forced_eos_token_id'][0] is not None  # (eos: `check_special_ids`)
-    return {
-        'beam_size': beams,
-        'alpha': float(penalty),
-        'length_penalty': 'fairseq',
-        'eos_at_limit': 'forced' if forced else 'none',
-        'renormalize': renormalize is True,
-    }
+    """The ``eval`` settings of `generation_settings` (`generation.eval_settings`)."""
+    return generation_lib.eval_settings(generation, directory, MarianError)
 
 
 def _check_sizes(hf: dict[str, Any], tokenizer: MarianVocabulary, file: str) -> None:

@@ -11,15 +11,13 @@ side's permutation and padded to the model's one vocabulary size.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from transformer.interop import state_dict
 from transformer.interop.family import PretrainedError
 
-# The weights, in the order they are looked for.
-WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 # The output bias of a target id past the target's pieces (separate vocabularies, target the
 # smaller side): its logit is this (its embedding row is 0), so its probability underflows to
 # exactly 0 in float32 and softmax is over the target's pieces, as Marian's is; finite, and
@@ -41,37 +39,11 @@ def marian_channel_order(d_model: int) -> np.ndarray:
 
 
 def read_state_dict(directory: str) -> dict[str, np.ndarray]:
-    """The MarianMT's tensors as float32 numpy arrays, from model.safetensors or
-    pytorch_model.bin (whichever is there first), without the ``model.`` prefix."""
-    for name in WEIGHT_FILES:
-        file = os.path.join(directory, name)
-        if os.path.isfile(file):
-            break
-    else:
-        raise MarianError(
-            f'{directory} holds neither {" nor ".join(WEIGHT_FILES)}: the '
-            'MarianMT weights are missing.'
-        )
-    try:
-        if name.endswith('.safetensors'):
-            from safetensors.numpy import load_file
-
-            tensors = load_file(file)
-        else:
-            import torch
-
-            tensors = {
-                k: v.float().numpy()
-                for k, v in torch.load(file, map_location='cpu', weights_only=True).items()
-            }
-    except ImportError as e:
-        raise MarianError(
-            f'Reading {file} needs the export extra ({e.name} is not installed): '
-            "pip install 'transformer[export]'."
-        ) from None
-    except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own types
-        raise MarianError(f'{file} cannot be read ({str(e).splitlines()[0][:200]}).') from None
-    return {k.removeprefix('model.'): np.asarray(v, np.float32) for k, v in tensors.items()}
+    """The MarianMT's tensors as float32 numpy arrays (transformer/interop/state_dict.py:
+    model.safetensors or pytorch_model.bin, whole or sharded), without the ``model.``
+    prefix."""
+    tensors = state_dict.read_state_dict(directory, 'MarianMT', MarianError)
+    return {k.removeprefix('model.'): v for k, v in tensors.items()}
 
 
 class _Tensors:

@@ -58,7 +58,7 @@ from transformer.model.layers import attention_mask, shift_right
 from transformer.model.norms import layer_norm
 from transformer.model.output_head import logits as output_logits
 from transformer.model.packing import Packing
-from transformer.model.positions import sinusoidal_positions
+from transformer.model.positions import fairseq_sinusoids, sinusoidal_positions
 from transformer.model.projections import fused, per_head
 from transformer.model.remat import compiler_options as remat_compiler_options
 from transformer.model.settings import Setting, peer_refusal
@@ -121,6 +121,7 @@ __all__ = [
     'settings',
     'share_across_beams',
     'shift_right',
+    'fairseq_sinusoids',
     'sinusoidal_positions',
     'stack_layers',
     'teacher_forced_logits',
