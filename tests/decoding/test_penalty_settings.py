@@ -93,22 +93,33 @@ def test_every_setting_decodes_as_it_did_with_static_arguments(params):
         np.testing.assert_allclose(np.asarray(found)[:, 0], scores, rtol=1e-5)
 
 
+# Each alpha and each rule in the suite; the other three pairs (long tier) run the same
+# rules' code, each with an alpha another suite case compiles as a constant.
+IN_THE_SUITE = [(0.6, 'gnmt'), (1.0, 'fairseq'), (1.4, 'gnmt')]
+
+
 @pytest.mark.slow
-def test_every_setting_gives_the_bits_of_its_own_compiled_search(params, monkeypatch):
-    """The same 6 settings against `static_search`, compiled once per setting: the same
-    sequences and number of steps, and on a CPU the same score bits (XLA's CPU pow gives a
-    traced exponent the bits of a constant one; elsewhere the scores agree to 1e-6)."""
-    for alpha, rule in SETTINGS:
-        new = beam._beam_search(
-            MODEL, params, EIGHT_INPUTS, alpha=np.float32(alpha),
-            rule=decoding.next_token.penalty_rule(rule), **SEARCH,
-        )  # fmt: skip
-        old = static_search(params, EIGHT_INPUTS, alpha, rule, monkeypatch)
-        np.testing.assert_array_equal(np.asarray(new[0]), np.asarray(old[0]))
-        if jax.default_backend() == 'cpu':
-            np.testing.assert_array_equal(np.asarray(new[1]), np.asarray(old[1]))
-        np.testing.assert_allclose(np.asarray(new[1]), np.asarray(old[1]), rtol=1e-6)
-        assert int(new[2]) == int(old[2])
+@pytest.mark.parametrize(
+    'alpha, rule',
+    [
+        setting if setting in IN_THE_SUITE else pytest.param(*setting, marks=pytest.mark.long)
+        for setting in SETTINGS
+    ],
+)
+def test_every_setting_gives_the_bits_of_its_own_compiled_search(params, monkeypatch, alpha, rule):
+    """The 6 settings against `static_search`, compiled once per setting: the same sequences
+    and number of steps, and on a CPU the same score bits (XLA's CPU pow gives a traced
+    exponent the bits of a constant one; elsewhere the scores agree to 1e-6)."""
+    new = beam._beam_search(
+        MODEL, params, EIGHT_INPUTS, alpha=np.float32(alpha),
+        rule=decoding.next_token.penalty_rule(rule), **SEARCH,
+    )  # fmt: skip
+    old = static_search(params, EIGHT_INPUTS, alpha, rule, monkeypatch)
+    np.testing.assert_array_equal(np.asarray(new[0]), np.asarray(old[0]))
+    if jax.default_backend() == 'cpu':
+        np.testing.assert_array_equal(np.asarray(new[1]), np.asarray(old[1]))
+    np.testing.assert_allclose(np.asarray(new[1]), np.asarray(old[1]), rtol=1e-6)
+    assert int(new[2]) == int(old[2])
 
 
 def test_new_alphas_and_the_other_rule_compile_nothing(params):

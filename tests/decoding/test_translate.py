@@ -1,13 +1,35 @@
 """The translate command: one output line per input line, whatever the input."""
 
+import functools
 import shutil
 
+import jax
+import numpy as np
 import pytest
 
 from transformer import data as data_lib
 from transformer import rundir, translate
 from transformer.checkpoint import checkpoint_steps, load_model
 from transformer.decoding import translation
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_softmax(model, params, inputs, targets):
+    return jax.nn.log_softmax(model.apply({'params': params}, inputs, targets))
+
+
+def _target_log_probs(model, params, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
+    """[R, T] log P(y_t | y_<t, x) of each (source ids, target ids) pair's target tokens (0
+    past its end), from one compiled forward pass of the pairs padded to one shape: the
+    encoder masks the source's padding, and the causal decoder's real positions do not read
+    the padded ones after them."""
+    inputs = np.zeros((len(pairs), max(len(x) for x, _ in pairs)), np.int32)
+    targets = np.zeros((len(pairs), max(len(y) for _, y in pairs)), np.int32)
+    for row, (x, y) in enumerate(pairs):
+        inputs[row, : len(x)], targets[row, : len(y)] = x, y
+    log_probs = np.asarray(_log_softmax(model, params, inputs, targets))
+    picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    return np.where(targets != 0, picked, 0.0)
 
 
 def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_path):
@@ -45,10 +67,6 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     """--nbest K: K rows per line, best first; log_prob is the teacher-forced log P(y|x) of
     the hypothesis (recomputed here with a full forward pass), score = log_prob / penalty,
     and rank 1 is the plain translation with the same beam."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     from transformer import decoding
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
@@ -66,13 +84,11 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
         assert 1 <= len(hypotheses) <= 3 and hypotheses[0].text == best
         scores = [h.score for h in hypotheses]
         assert scores == sorted(scores, reverse=True)
-        inputs = jnp.asarray([[*tokenizer.encode(line), 1]])
-        for h in hypotheses:
-            target = jnp.asarray([[*tokenizer.encode(h.text), 1]])
-            log_probs = jax.nn.log_softmax(model.apply({'params': params}, inputs, target))
-            forward = float(jnp.take_along_axis(log_probs, target[..., None], -1).sum())
-            np.testing.assert_allclose(h.log_prob, forward, rtol=1e-4, atol=1e-4)
-            penalty = float(decoding.length_penalty(target.shape[1], 0.6))
+        pairs = [([*tokenizer.encode(line), 1], [*tokenizer.encode(h.text), 1]) for h in hypotheses]
+        forward = _target_log_probs(model, params, pairs).sum(-1)
+        for h, log_prob, (_, target) in zip(hypotheses, forward, pairs, strict=True):
+            np.testing.assert_allclose(h.log_prob, log_prob, rtol=1e-4, atol=1e-4)
+            penalty = float(decoding.length_penalty(len(target), 0.6))
             np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
 
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
@@ -121,10 +137,6 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     """`translate --ensemble` with --nbest: the run at step 4 and the same run at step 2 (two
     different models) decode as one; every log_prob is the log of the two models' mean
     teacher-forced probability of the hypothesis, token by token."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     # The run's step 2 as a run of its own: copy everything but checkpoint 4.
     earlier = tmp_path / 'earlier'
@@ -145,16 +157,16 @@ def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('1', '1'), ('1', '2')]
     _, tokenizer, model, _, _ = load_model(str(run_dir))
     members = [load_model(str(run), average_last=1)[3] for run in (run_dir, earlier)]
-    for index, _, _, log_prob, text in rows:
-        inputs = jnp.asarray([[*tokenizer.encode(sources[5 + int(index)]), 1]])
-        target = jnp.asarray([[*tokenizer.encode(text), 1]])
-        per_member = [
-            jax.nn.log_softmax(model.apply({'params': p}, inputs, target)) for p in members
-        ]
-        mixture = jax.nn.logsumexp(jnp.stack(per_member), axis=0) - np.log(2)
-        expected = float(jnp.take_along_axis(mixture, target[..., None], -1).sum())
+    pairs = [
+        ([*tokenizer.encode(sources[5 + int(index)]), 1], [*tokenizer.encode(text), 1])
+        for index, _, _, _, text in rows
+    ]
+    per_member = np.stack([_target_log_probs(model, p, pairs) for p in members])  # [2, R, T]
+    mixture = (jax.nn.logsumexp(per_member, axis=0) - np.log(2)).sum(-1)
+    for (_, _, _, log_prob, _), expected, alone in zip(
+        rows, mixture, per_member[0].sum(-1), strict=True
+    ):
         np.testing.assert_allclose(float(log_prob), expected, rtol=1e-4, atol=1e-4)
-        alone = float(jnp.take_along_axis(per_member[0], target[..., None], -1).sum())
         assert abs(alone - expected) > 1e-3  # the second model changes the numbers
 
 

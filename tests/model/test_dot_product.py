@@ -203,13 +203,14 @@ def test_the_setting_is_checked_and_refused_by_what_cannot_hold_it():
 def test_the_model_reads_the_setting():
     """A Transformer with attention_scale=1/sqrt(H) equals the default to float32 rounding;
     scale 1.0 changes its logits."""
-    from transformer.model import Transformer
+    from tests.random_params import fill_random
+    from transformer.model import Transformer, abstract_params
 
     src, tgt = jnp.asarray([[3, 4, 5, 0]]), jnp.asarray([[1, 6, 7, 2]])
     kwargs = dict(vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1)
     kwargs |= dict(num_decoder_layers=1, attention_impl='einsum')
     config = lambda scale: TransformerConfig(**kwargs, attention_scale=scale)  # noqa: E731
-    params = Transformer(config(None)).init(jax.random.key(0), src, tgt)['params']
+    params = fill_random(abstract_params(Transformer(config(None))))
     logits = {}
     for scale in (None, 8**-0.5, 1.0):
         model = Transformer(config(scale))

@@ -2,6 +2,7 @@
 autodiff's scatter, the one-hot products compile without a scatter, and 'auto' resolves to the
 measured winner of the backend."""
 
+import functools
 import re
 
 import jax
@@ -89,26 +90,29 @@ def test_auto_is_the_measured_winner_of_each_backend(monkeypatch):
     assert platform.embedding_grad('auto') in embedding.EMBEDDING_GRADS
 
 
+@functools.cache
+def _compiled_gradient(name: str):
+    """(the whole model's compiled gradient with ``model.embedding_grad=name``, its random
+    parameters): compiled once for every test that compares with it (the scatter's)."""
+    batch = packed_batch(3)
+    weights = np.random.default_rng(5).standard_normal((*batch['targets'].shape, 32))
+    model = tiny_model(embedding_grad=name)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), batch['inputs'], batch['targets'])
+    params = fill_random(nn.unbox(shapes['params']), seed=4)
+
+    def loss(p):
+        return (model.apply({'params': p}, batch['inputs'], batch['targets']) * weights).sum()
+
+    return jax.jit(jax.grad(loss)).lower(params).compile(), params
+
+
 @pytest.mark.parametrize('grad', CUSTOM)
 def test_transformer_gradients_equal_with_every_lookup(grad):
     """The whole model's gradients with ``model.embedding_grad=grad`` equal those of the
     scatter (the shared matrix adds source, target and projection uses); the one-hot
     products leave no scatter in the compiled gradient."""
-    batch = packed_batch(3)
-    weights = np.random.default_rng(5).standard_normal((*batch['targets'].shape, 32))
-
-    def compiled(name):
-        model = tiny_model(embedding_grad=name)
-        shapes = jax.eval_shape(model.init, jax.random.key(0), batch['inputs'], batch['targets'])
-        params = fill_random(nn.unbox(shapes['params']), seed=4)
-
-        def loss(p):
-            return (model.apply({'params': p}, batch['inputs'], batch['targets']) * weights).sum()
-
-        return jax.jit(jax.grad(loss)).lower(params).compile(), params
-
-    reference, params = compiled('scatter')
-    variant, _ = compiled(grad)
+    reference, params = _compiled_gradient('scatter')
+    variant, _ = _compiled_gradient(grad)
     if grad == 'one_hot':
         assert not re.findall(r'\sscatter\(', variant.as_text())
     for (path, g), w in zip(

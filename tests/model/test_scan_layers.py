@@ -9,10 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.random_params import fill_random
 from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.decoding import beam_search, greedy_search
 from transformer.model import (
     Transformer,
+    abstract_params,
     init_params,
     logical_partition_specs,
     stack_layers,
@@ -27,6 +29,13 @@ LAYERS = {'num_encoder_layers': 3, 'num_decoder_layers': 2}
 def _pair(**overrides) -> tuple[Transformer, Transformer]:
     unrolled = tiny_model(**LAYERS, **overrides)
     return unrolled, Transformer(dataclasses.replace(unrolled.config, scan_layers=True))
+
+
+def _random_params(unrolled: Transformer, seed: int = 0) -> dict:
+    """Random values on the unrolled model's parameter tree (tests/random_params.py): the
+    equalities below hold for any values, and the real initialisers, run op by op, cost
+    seconds per model on a CPU (their scanned layout is the test just below's)."""
+    return fill_random(abstract_params(unrolled), seed)
 
 
 def test_stack_and_unstack_are_inverse_and_init_is_the_unrolled_models():
@@ -136,7 +145,7 @@ def _assert_the_same_two_steps(mode: str, devices: int, layout: dict, remat: str
 def test_stacked_norm_scales_and_biases_do_not_decay():
     """optim.decays keys on a parameter's axes: the stacked layers' leading axis is not one."""
     unrolled, _ = _pair(norm='rms_norm')
-    params = init_params(unrolled, jax.random.key(0))
+    params = _random_params(unrolled)
     mask, stacked_mask = optim.decays(params), optim.decays(stack_layers(params))
     for stack in ('encoder', 'decoder'):
         assert jax.tree.leaves(stacked_mask[f'{stack}_layers']) == jax.tree.leaves(
@@ -163,11 +172,13 @@ def test_the_scanned_step_holds_one_layers_program_whatever_the_depth(monkeypatc
 
 
 @pytest.mark.slow
-def test_checkpoints_of_either_layout_resume_decode_average_and_export(tmp_path):
-    """A run trained unrolled for 3 steps resumes scanned to 6 (parameters and Adam state
-    converted on restore); each checkpoint loads in either layout, the two averaged across
-    layouts equal the per-layer average, greedy outputs agree, and the exports read the
-    per-layer tree."""
+def test_checkpoints_of_either_layout_resume_decode_average_and_export(run_dir, tmp_path):
+    """A run trained unrolled for 4 steps (conftest's tiny run, copied) resumes scanned to 6
+    (parameters and Adam state converted on restore); each checkpoint loads in either layout,
+    the two averaged across layouts equal the per-layer average, greedy outputs agree, and
+    the exports read the per-layer tree."""
+    import shutil
+
     from tests.tiny_run import tiny_run_config
     from transformer import evaluate
     from transformer.checkpoint import load_model
@@ -175,16 +186,14 @@ def test_checkpoints_of_either_layout_resume_decode_average_and_export(tmp_path)
     from transformer.commands import train as trainer
 
     run = str(tmp_path / 'run')
-    config = tiny_run_config(3)
-    config.model.dropout_rate = 0.0
-    trainer.train_and_evaluate(config, run)
+    shutil.copytree(run_dir, run)  # conftest's copy is shared by this process's tests
     config = tiny_run_config(6)
-    config.model.update(dropout_rate=0.0, scan_layers=True)
+    config.model.scan_layers = True
     resumed = {}
     trainer.train_and_evaluate(config, run, on_step=resumed.__setitem__)
-    assert sorted(resumed) == [4, 5, 6] and np.isfinite(resumed[6]['loss'])
+    assert sorted(resumed) == [5, 6] and np.isfinite(resumed[6]['loss'])
     per_layer = {}
-    for step in (3, 6):
+    for step in (4, 6):
         _, _, unrolled, params, _ = load_model(run, step=step, scan_layers=False)
         _, _, scanned, stacked, _ = load_model(run, step=step, scan_layers=True)
         assert 'encoder_layer_0' in params and 'encoder_layers' in stacked
@@ -199,8 +208,8 @@ def test_checkpoints_of_either_layout_resume_decode_average_and_export(tmp_path)
         greedy_search(unrolled, params, inputs, max_decode_len=8),
     )
     _, _, _, averaged, steps_loaded = load_model(run, step=6, average_last=2)  # the run: scanned
-    assert steps_loaded == [3, 6]
-    mean = jax.tree.map(lambda a, b: (np.float64(a) + b) / 2, per_layer[3], per_layer[6])
+    assert steps_loaded == [4, 6]
+    mean = jax.tree.map(lambda a, b: (np.float64(a) + b) / 2, per_layer[4], per_layer[6])
     for a, b in zip(jax.tree.leaves(unstack_layers(averaged)), jax.tree.leaves(mean), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     _, _, model, exported, _ = export.load_run(run, 6, 1)
@@ -219,7 +228,7 @@ def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
     from transformer.model import attention_maps
 
     unrolled, scanned = _pair()
-    params = init_params(unrolled, jax.random.key(3))
+    params = _random_params(unrolled, seed=3)
     inputs, targets = np.array([5, 6, 7, 1]), np.array([8, 9, 1])
     ours = attention_maps(scanned, stack_layers(params), inputs, targets)
     theirs = attention_maps(unrolled, params, inputs, targets)
@@ -232,7 +241,7 @@ def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
 def test_gradients_equal_the_unrolled_models(remat):
     """One batch's loss and gradients, dropout off, in float32 products: equal to 1e-6."""
     unrolled, scanned = _pair(remat=remat)
-    params = init_params(unrolled, jax.random.key(4))
+    params = _random_params(unrolled, seed=4)
     batch = {k: jnp.asarray(v) for k, v in packed_batch(0).items()}
 
     def grads(model, p):

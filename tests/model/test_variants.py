@@ -95,8 +95,10 @@ def toys():
         variants.unregister(toy.part, toy.value)
 
 
+@functools.cache
 def _shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameter shapes by path, from ``jax.eval_shape`` of its init."""
+    """The model's parameter shapes by path, from ``jax.eval_shape`` of its init: traced once
+    per config (a 6 + 6-layer model's trace takes a while), the toys' configs included."""
     return {
         '/'.join(k.key for k in path): leaf.shape
         for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(Transformer(cfg)))

@@ -2,6 +2,7 @@
 take (transformer/training/footprint.py, `step_refusal`), before that step runs."""
 
 import json
+import shutil
 import sys
 
 import jax
@@ -49,18 +50,19 @@ def _train(workdir, monkeypatch, **overrides) -> None:
 
 @pytest.mark.slow
 def test_a_step_past_the_memory_left_stops_in_one_line_before_it_runs(
-    tmp_path, monkeypatch, capsys, caplog
+    run_dir, tmp_path, monkeypatch, caplog
 ):
+    """conftest's tiny run (4 steps, checkpoints 2 and 4; copied) resumed by the command with
+    its settings under a 1 MiB limit: refused before step 5 runs."""
     workdir = tmp_path / 'run'
-    with pytest.raises(SystemExit) as info:
-        _train(workdir, monkeypatch, **{'train.num_steps': 3})
-    assert info.value.code in (0, None)
+    shutil.copytree(run_dir, workdir)
     saved = sorted(p.name for p in (workdir / rundir.CHECKPOINTS).iterdir())
-    assert saved == ['3']
-    capsys.readouterr()
+    assert saved == ['2', '4']
     monkeypatch.setattr(host_memory, 'available', lambda: (2**20, 'a 1 MiB cgroup'))
+    # The tiny run's own settings, which configs/tiny.py with RUN does not hold.
+    same = {'model.dropout_rate': 0.1, 'train.checkpoint_every': 2, 'train.num_steps': 6}
     with caplog.at_level('ERROR'), pytest.raises(SystemExit) as info:
-        _train(workdir, monkeypatch, **{'train.num_steps': 6})
+        _train(workdir, monkeypatch, **same)
     assert info.value.code not in (0, None)
     line = str(info.value.code)  # what the interpreter prints as it exits with status 1
     assert line.startswith('error: Out of memory for the training step (')
@@ -70,7 +72,8 @@ def test_a_step_past_the_memory_left_stops_in_one_line_before_it_runs(
     detail = [r.getMessage() for r in caplog.records if "XLA's memory analysis" in r.getMessage()]
     assert len(detail) == 1 and detail[0].startswith('train.batch_size=8 x data.max_len=')
     assert 'more than 0.9 MiB, 90% of the 1.0 MiB of host memory (a 1 MiB cgroup)' in detail[0]
-    # Before any step: step 3's checkpoint is what the workdir holds, and no step 4 was logged.
+    # Before any step: steps 2 and 4's checkpoints are what the workdir holds, and no step 5
+    # was logged.
     assert sorted(p.name for p in (workdir / rundir.CHECKPOINTS).iterdir()) == saved
     metrics = (workdir / rundir.METRICS_FILE).read_text().splitlines()
-    assert max(json.loads(line)['step'] for line in metrics) == 3
+    assert max(json.loads(line)['step'] for line in metrics) == 4

@@ -6,9 +6,11 @@ import jax
 import numpy as np
 import pytest
 
+from tests.random_params import fill_random
 from tests.subprocess_env import repo_env, xla_flags
 from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
+from transformer.model import abstract_params
 from transformer.training import optim, parallel, steps
 
 
@@ -39,6 +41,13 @@ def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
     return np.array(losses), jax.device_get(par.global_state(state).params), state
 
 
+def _random_state(model, tx) -> steps.TrainState:
+    """A fresh state of random parameters (tests/random_params.py), for the tests whose
+    assertion holds for any values: compiling the real initialisers costs seconds a layout."""
+    params = fill_random(abstract_params(model))
+    return steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
+
+
 @functools.cache
 def _reference():
     return _run('sharding', jax.devices('cpu')[:1], accum=1)[:2]
@@ -54,22 +63,27 @@ def _assert_same_training(got, reference) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    'mode,num_devices,accum',
+    'mode,num_devices,accum,chunk',
     [
-        ('pmap', 8, 1),
+        ('pmap', 8, 1, 0),
         # The same run as test_layouts_equal_one_device_and_hold_their_share's data-only
         # layout (sharding, 8 devices, no accumulation), which also checks its bytes.
-        pytest.param('sharding', 8, 1, marks=pytest.mark.long),
-        ('pmap', 4, 2),
-        ('sharding', 4, 2),
-        ('sharding', 1, 4),
+        pytest.param('sharding', 8, 1, 0, marks=pytest.mark.long),
+        ('pmap', 4, 2, 5),  # a device's micro-batch: 1 row; 5 positions a chunk
+        ('sharding', 4, 2, 20),  # a micro-batch: 4 global rows; 5 positions a chunk
+        ('sharding', 1, 4, 0),
     ],
 )
-def test_data_parallel_equals_one_device(mode, num_devices, accum):
+def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
-    or without gradient accumulation (the loss is normalised by the global token count)."""
+    or without gradient accumulation (the loss is normalised by the global token count). The
+    accumulation over 4 data devices computes the chunked loss in both modes (``chunk``
+    tokens: 5 of the 12 positions of every row at a time, the last chunk padded) and trains as
+    one device with the full logits (that the config's key reaches the compiled step:
+    `test_the_config_chooses_the_loss`)."""
     assert len(jax.devices('cpu')) == 8, 'conftest should give 8 CPU devices'
-    _assert_same_training(_run(mode, jax.devices('cpu')[:num_devices], accum), _reference())
+    got = _run(mode, jax.devices('cpu')[:num_devices], accum, loss_chunk_tokens=chunk)
+    _assert_same_training(got, _reference())
 
 
 def _per_device_bytes(state, device) -> int:
@@ -111,16 +125,17 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('accum', [1, 2, 4])
+@pytest.mark.parametrize('accum', [1, 2, pytest.param(4, marks=pytest.mark.long)])
 def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
     """In sharding mode each micro-step computes rows / (devices x A) rows on every device
-    (read from the compiled step's [rows, T, V] logits), with no all-gather of the batch."""
+    (read from the compiled step's [rows, T, V] logits), with no all-gather of the batch.
+    A = 4 (long tier) runs the same scan over micro-batches as A = 2."""
     import re
 
     from tests.tiny_run import ROWS, VOCAB
 
     par, model, tx = tiny_parallel(jax.devices('cpu')[:2], accum_steps=accum)
-    state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    state = par.abstract_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     compiled = par.lower_step(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
     hlo = compiled.as_text()
     rows = {int(r) for r in re.findall(rf'f32\[(\d+),{LEN},{VOCAB}\]', hlo)}
@@ -184,7 +199,7 @@ def test_sharding_mode_splits_heads_on_the_model_axis():
     mesh = parallel.make_mesh(2, jax.devices('cpu')[:4])
     model = tiny_model()
     tx, _ = optim.make_optimizer(base.get_config().opt, d_model=32)
-    state = steps.init_state(model, tx, jax.random.key(0), LEN)
+    state = _random_state(model, tx)
     shardings = parallel.state_shardings(mesh, parallel.logical_specs(model, tx))
     attn = shardings.params['encoder_layer_0']['self_attention']
     assert attn['query']['kernel'].spec == jax.sharding.PartitionSpec(None, 'model', None)
@@ -267,16 +282,6 @@ def test_fetch_raises_the_error_of_a_computation_that_ran_out_of_memory():
     )
 
 
-@pytest.mark.parametrize('mode', [pytest.param('pmap', marks=pytest.mark.slow), 'sharding'])
-def test_the_chunked_loss_trains_as_the_full_logits_over_devices(mode):
-    """The chunked loss over 4 data devices, in chunks of 10 positions (5 of each device's 2
-    rows), trains as one device with the full logits, in both modes (that the config's key
-    reaches the compiled step: `test_the_config_chooses_the_loss`)."""
-    _assert_same_training(
-        _run(mode, jax.devices('cpu')[:4], accum=1, loss_chunk_tokens=40), _reference()
-    )
-
-
 @pytest.mark.parametrize('chunk_tokens, scans', [(0, 0), (40, 1)])
 def test_the_config_chooses_the_loss(chunk_tokens, scans):
     """Parallel.from_config hands train.loss_chunk_tokens to the step: the chunked loss is the
@@ -286,9 +291,7 @@ def test_the_config_chooses_the_loss(chunk_tokens, scans):
     model = tiny_model()
     tx, schedule = optim.make_optimizer(config.opt, d_model=32)
     par = parallel.Parallel.from_config(config, model, tx, schedule, jax.devices('cpu')[:1])
-    state = par.put_state(
-        par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
-    )
+    state = par.abstract_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     program = str(jax.make_jaxpr(par._step)(state, packed_batch(0), jax.random.key(1)))
     assert program.count('scan[') == scans
 
@@ -297,7 +300,7 @@ def test_the_step_compiled_ahead_is_the_one_that_runs():
     """`compile_step` compiles once (XLA's memory analysis is read from it before the first
     step); `train_step` then runs that executable and compiles nothing again."""
     par, model, tx = tiny_parallel(jax.devices('cpu')[:1])
-    state = par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
+    state = jax.device_put(_random_state(model, tx), par.shardings)
     compiles = []
 
     def count(event, duration, **kwargs):

@@ -5,10 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
+from tests.random_params import fill_random
+from tests.tiny_run import packed_batch, tiny_model, tiny_parallel
 from transformer import schema
 from transformer.configs import base
 from transformer.fields import ConfigError
+from transformer.model import abstract_params
 from transformer.training import optim, rdrop, steps
 
 # Jitted: one compilation of each gradient costs less than running its ops one by one.
@@ -18,9 +20,14 @@ _grads = jax.jit(
 
 
 def _params(model):
-    return steps.init_state(
-        model, optim.make_optimizer(base.get_config().opt, 32)[0], jax.random.key(0), LEN
-    ).params
+    """Random values on the model's parameter tree: what these tests compare holds for any
+    values, and compiling the real initialisers costs seconds per model on a CPU."""
+    return fill_random(abstract_params(model))
+
+
+def _state(model, tx) -> steps.TrainState:
+    params = _params(model)
+    return steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
 
 
 def test_symmetric_kl_equals_a_hand_computation():
@@ -73,9 +80,7 @@ def test_with_dropout_the_objective_adds_alpha_times_the_kl():
 def _steps(mode, devices, num_steps=2):
     model = tiny_model(dropout_rate=0.3)
     par, model, tx = tiny_parallel(devices, mode, model, rdrop_alpha=1.0)
-    state = par.put_state(
-        par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
-    )
+    state = par.put_state(jax.device_put(_state(model, tx), par.shardings))
     out = []
     for step in range(num_steps):
         state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
@@ -120,7 +125,7 @@ def test_a_resumed_step_draws_both_masks_again():
         )
     )
     base_key = steps.dropout_key(0)
-    state = steps.init_state(model, tx, jax.random.key(0), LEN)
+    state = jax.device_put(_state(model, tx))
     first, _ = step(state, packed_batch(0), base_key)
     saved = jax.device_get(first)
     _, uninterrupted = step(first, packed_batch(1), base_key)
