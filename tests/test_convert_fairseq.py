@@ -279,3 +279,41 @@ def test_a_directory_no_family_reads_names_the_three_families(tmp_path):
     for family in ('marian', 'm2m100', 'mbart'):
         assert family in message
     assert not (tmp_path / 'run').exists()
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    """A folder dataset of a few English-German lines, every split the same."""
+
+    def write(path):
+        path.mkdir()
+        pairs = lines(40)
+        for split in ('train', 'validation', 'test'):
+            (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
+            (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
+
+    return str(built_once(tmp_path_factory, 'fairseq-lines', write))
+
+
+@pytest.mark.slow  # two short trainings
+def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, tmp_path):
+    """``train.init_from`` of the Hugging Face directory and of its converted run: the same
+    first loss on the same batch (no dropout), the directory's vocabulary in the new run."""
+    from tests.tiny_run import tiny_run_config
+    from transformer.training import train_and_evaluate
+
+    losses = {}
+    for name, start in (('directory', hf_dirs / 'nllb'), ('run', runs / 'nllb')):
+        config = tiny_run_config(1)
+        config.data.update(dataset='folder', folder=folder)
+        config.train.update(init_from=str(start), checkpoint_every=1)
+        config.model.dropout_rate = 0.0
+        config.opt.update(schedule='constant', lr_scale=1e-3)
+        seen = []
+        train_and_evaluate(config, str(tmp_path / name), on_step=lambda s, m: seen.append(m))
+        losses[name] = seen[0]['loss']
+    assert np.isfinite(losses['directory']) and losses['directory'] > 0.1
+    assert abs(losses['directory'] - losses['run']) < 1e-5, losses
+    recorded = json.loads((tmp_path / 'directory' / 'config.json').read_text())
+    assert recorded['data']['pad_id'] == 1 and recorded['data']['vocab_size'] == 606
+    assert interop.held_vocabulary(str(tmp_path / 'directory' / 'vocab')).name == 'm2m100'
