@@ -151,7 +151,7 @@ def test_each_familys_directories_are_recognised_by_exactly_one_family(hf_dirs, 
 
 
 @pytest.mark.parametrize('name', MODELS)
-def test_the_run_records_the_family_and_fairseqs_special_ids(runs, name):
+def test_the_run_records_the_family_and_fairseqs_special_ids(hf_dirs, runs, name):
     config = json.loads((runs / name / 'config.json').read_text())
     recorded = json.loads((runs / name / 'converted_from.json').read_text())
     assert recorded['family'] == {'mbart50': 'mbart'}.get(name, 'm2m100')
@@ -164,7 +164,7 @@ def test_the_run_records_the_family_and_fairseqs_special_ids(runs, name):
     )
     _, _, _, (src, tgt), extra = MODELS[name]
     assert (data['source_lang'], data['target_lang']) == (src, tgt)
-    rows = json.loads((runs.parent / 'fairseq-models' / name / 'config.json').read_text())
+    rows = json.loads((hf_dirs / name / 'config.json').read_text())
     assert data['vocab_size'] == rows['vocab_size']
 
 
@@ -310,7 +310,9 @@ def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, 
         config.model.dropout_rate = 0.0
         config.opt.update(schedule='constant', lr_scale=1e-3)
         seen = []
-        train_and_evaluate(config, str(tmp_path / name), on_step=lambda s, m: seen.append(m))
+        train_and_evaluate(
+            config, str(tmp_path / name), on_step=lambda s, m, seen=seen: seen.append(m)
+        )
         losses[name] = seen[0]['loss']
     assert np.isfinite(losses['directory']) and losses['directory'] > 0.1
     assert abs(losses['directory'] - losses['run']) < 1e-5, losses
