@@ -319,3 +319,27 @@ def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, 
     recorded = json.loads((tmp_path / 'directory' / 'config.json').read_text())
     assert recorded['data']['pad_id'] == 1 and recorded['data']['vocab_size'] == 606
     assert interop.held_vocabulary(str(tmp_path / 'directory' / 'vocab')).name == 'm2m100'
+
+
+@pytest.mark.slow  # a conversion and an export read back by transformers
+def test_a_language_code_added_at_conversion_exports_as_a_code_hugging_face_reads(
+    hf_dirs, tmp_path
+):
+    """``--add_tokens=abc_Latn=zul_Latn``: the new code takes the id after the model's rows,
+    its row zul_Latn's; the export's NllbTokenizer takes it as a source code at that id."""
+    run, out = tmp_path / 'run', tmp_path / 'hf'
+    message = _cli(
+        f'--from_hf={hf_dirs / "nllb"}', f'--workdir={run}', '--add_tokens=abc_Latn=zul_Latn'
+    )
+    assert message is None, message
+    with pytest.raises(SystemExit) as info:
+        export.cli(['export', f'--workdir={run}', f'--out={out}'])
+    assert info.value.code is None, info.value.code
+    rows = json.loads((hf_dirs / 'nllb' / 'config.json').read_text())['vocab_size']
+    tokenizer = transformers.NllbTokenizer.from_pretrained(out, src_lang='abc_Latn')
+    code = tokenizer.convert_tokens_to_ids('abc_Latn')
+    assert code == rows and tokenizer('A dog.')['input_ids'][0] == code
+    model = transformers.M2M100ForConditionalGeneration.from_pretrained(out)
+    table = model.model.shared.weight.detach().numpy()
+    assert table.shape[0] == rows + 1
+    np.testing.assert_array_equal(table[code], table[tokenizer.convert_tokens_to_ids('zul_Latn')])
