@@ -27,6 +27,7 @@ from transformer.interop.fairseq_vocab import FairseqVocabulary
 from transformer.interop.family import Family, Pretrained
 from transformer.interop.generation import CONFIG_FILE
 from transformer.interop.state_dict import read_state_dict
+from transformer.model import export_refusal
 
 # The vocabulary kinds (fairseq_vocab.py) of each family's directories.
 KINDS = {'m2m100': ('nllb', 'm2m100'), 'mbart': ('mbart50',)}
@@ -106,6 +107,9 @@ def writer(family: str):
         *,
         length_exponent: float,
     ) -> None:
+        refusal = export_refusal(cfg, fairseq_export.WRITES[family])  # the model first
+        if refusal:
+            raise ExportError(refusal)
         if not (isinstance(tokenizer, FairseqVocabulary) and tokenizer.kind in KINDS[family]):
             raise ExportError(
                 f'The run holds no {TITLES[family]} vocabulary (its tokenizer files in vocab/): '
