@@ -301,7 +301,8 @@ def _edit_copy(hf_dir, tmp_path, edit_config=None, remove=None):
         (None, 'vocab.json', 'vocab.json'),
         (None, 'model.safetensors', 'weights are missing'),
         ({'model_type': 'bart'}, None, "model_type='bart'"),
-        ({'model_type': 'm2m_100'}, None, "model_type='m2m_100'"),
+        # The M2M100 family reads it, and refuses Marian's ids.
+        ({'model_type': 'm2m_100'}, None, "is not 1 (fairseq's <pad>)"),
         ({'decoder_vocab_size': 7}, None, 'decoder_vocab_size=7'),
         ({'activation_function': 'tanh'}, None, "activation_function='tanh'"),
         ({'decoder_attention_heads': 2}, None, 'decoder_attention_heads=2'),

@@ -136,7 +136,7 @@ def path(workdir: str, *parts: str) -> str:
 Config = schema.Config  # as a file gives it, as config.json holds it, or typed
 # A run's vocabulary: the joint SentencePiece model trained for it (`data.Tokenizer`), or a
 # pretrained family's vocabulary of a run converted or fine-tuned from one
-# (`pretrained_vocab_dir`, `interop.Family.vocabulary`); each is a `data_lib.Vocabulary`, whose
+# (`pretrained_vocab_dir`, `interop.Family.load_vocabulary`); each is a `data_lib.Vocabulary`, whose
 # special ids must be the ones config.json records.
 Vocabulary = data_lib.Vocabulary
 

@@ -8,7 +8,8 @@ import pytest
 from tests.tiny_run import file_hashes, run_dir_with
 from transformer import convert, export, interop, rundir
 
-KNOWN = "known families: marian (model_type 'marian')."
+FAMILIES = "marian (model_type 'marian'), m2m100 (model_type 'm2m_100'), mbart (model_type 'mbart')"
+KNOWN = f'known families: {FAMILIES}.'
 
 
 def _model_dir(tmp_path, config=None):
@@ -60,12 +61,10 @@ def test_the_marian_family_recognises_its_directories_only(tmp_path):
 
 
 def test_a_name_no_family_has_is_refused():
-    assert [f.name for f in interop.FAMILIES] == ['marian']
+    assert [f.name for f in interop.FAMILIES] == ['marian', 'm2m100', 'mbart']
     with pytest.raises(interop.PretrainedError) as info:
         interop.family_named('nllb')
-    assert str(info.value) == (
-        "'nllb' is not a pretrained family this project knows: marian (model_type 'marian')."
-    )
+    assert str(info.value) == f"'nllb' is not a pretrained family this project knows: {FAMILIES}."
 
 
 def test_the_family_a_run_exports_as(tmp_path):

@@ -3,6 +3,7 @@ computes, takes a scale on the logits (``model.attention_scale``) and an additiv
 [B or 1, N, T, S]; the einsum path, the fused path, Pallas's segment-id kernel, the decoding
 step over the cache and packed rows all give the same heads with both, in float32."""
 
+import dataclasses
 import functools
 import logging
 
@@ -16,6 +17,7 @@ from tests.model import test_masks
 from transformer import fields, interop
 from transformer.backends import segment_attention
 from transformer.commands import ctranslate2_spec
+from transformer.interop.fairseq_config import FAIRSEQ_IDS, SPECS
 from transformer.model import TransformerConfig, export_refusal, settings
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.dot_product import attend, logits_scale, pallas_refusal
@@ -192,10 +194,18 @@ def test_the_setting_is_checked_and_refused_by_what_cannot_hold_it():
             TransformerConfig(vocab_size=32, attention_scale=bad)
         assert str(error.value).startswith(f'model.attention_scale={bad!r} ')
         assert '\n' not in str(error.value)
-    for format in (*(f.writes for f in interop.FAMILIES), ctranslate2_spec.WRITES):
-        refusal = export_refusal(cfg, format)
+    # Each format with a model it writes: the default, or the family's options (fairseq's).
+    both = dict(pre_layer_norm=True, attention_bias=True, special=FAIRSEQ_IDS)
+    options = {spec.name: spec.options | both for spec in SPECS.values()}
+    options['mbart']['max_positions'] = 64  # its learned table's rows
+    for format, name in (
+        *((f.writes, f.name) for f in interop.FAMILIES),
+        (ctranslate2_spec.WRITES, None),
+    ):
+        base = TransformerConfig(vocab_size=32, **options.get(name, {}))
+        refusal = export_refusal(dataclasses.replace(base, attention_scale=1.0), format)
         assert refusal.startswith('model.attention_scale=1.0 cannot be exported'), refusal
-        assert export_refusal(TransformerConfig(vocab_size=32), format) is None
+        assert export_refusal(base, format) is None
     assert 'is not built by the PyTorch peer' in settings.peer_refusal(cfg)
 
 

@@ -283,13 +283,17 @@ def test_every_format_refuses_an_entry_it_does_not_declare_before_writing(
         assert str(info.value) == line
         assert not (tmp_path / 'out').exists()
     cfg = schema.parse(config).model
-    writers = [('hf', functools.partial(f.write, length_exponent=0.0)) for f in interop.FAMILIES]
-    for format, write in (*writers, ('ctranslate2', ctranslate2_spec.write_ctranslate2)):
-        directory = tmp_path / format
+    writers = [
+        ('hf', f.name, functools.partial(f.write, length_exponent=0.0)) for f in interop.FAMILIES
+    ]
+    ct2 = ('ctranslate2', 'ct2', ctranslate2_spec.write_ctranslate2)
+    for format, name, write in (*writers, ct2):
+        directory = tmp_path / name
         directory.mkdir()
+        # A pre-LN family refuses this post-LN model for that first; any refusal comes first.
+        field = "positions='toy'" if name in ('marian', 'ct2') else r'\w+=\S+'
         with pytest.raises(
-            export.ExportError,
-            match=f"model.positions='toy' cannot be exported as --format={format}",
+            export.ExportError, match=f'model.{field} cannot be exported as --format={format}'
         ):
             write(str(directory), cfg, None, None, None)
         assert not list(directory.iterdir())

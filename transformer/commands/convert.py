@@ -1,13 +1,14 @@
-"""The convert command: a pretrained model directory (Hugging Face MarianMT, OPUS-MT) into a
-run directory.
+"""The convert command: a pretrained model directory (Hugging Face MarianMT/OPUS-MT, M2M100,
+NLLB-200, mBART-50) into a run directory.
 
 ``python -m transformer.convert --from_hf DIR --workdir W [--config CONFIG]``
 (also ``transformer-convert``)
 
 DIR is a local model directory as the hub serves it, of a family this project reads
-(transformer/interop/, which picks the family from DIR: a MarianMT's config.json,
+(transformer/interop/, which picks the family from DIR's config.json: a MarianMT's
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json,
-tokenizer_config.json, optionally generation_config.json); nothing is downloaded. A
+tokenizer_config.json, optionally generation_config.json; an M2M100's, NLLB-200's or
+mBART-50's weights beside their tokenizer files, docs/pretrained.md); nothing is downloaded. A
 directory no family recognises stops in one line naming the families known. W becomes a run
 directory that evaluate, translate, score, visualize, export and ``api.load`` take as they
 take a trained one: its config.json (the model's settings; the data and evaluation sections

@@ -1,4 +1,4 @@
-"""Export a trained run to Hugging Face (safetensors; a MarianMT) or CTranslate2.
+"""Export a trained run to Hugging Face (safetensors: its pretrained family's) or CTranslate2.
 
 ``python -m transformer.export --workdir W --out DIR [--format hf|ctranslate2]``
 

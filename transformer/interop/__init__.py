@@ -1,8 +1,8 @@
-"""Pretrained model families (Hugging Face MarianMT / OPUS-MT today): one module per family
-owns, for that family, recognising its directory, mapping its config onto the ``model`` and
-``eval`` sections, its vocabulary with this project's ids, its parameters in both directions,
-its refusals and its export; a small registry picks the family of a directory, a name or a
-vocabulary, so that no caller names one.
+"""Pretrained model families (Hugging Face MarianMT / OPUS-MT, M2M100 / NLLB-200, mBART-50):
+one module per family owns, for that family, recognising its directory, mapping its config
+onto the ``model`` and ``eval`` sections, its vocabulary with this project's ids, its
+parameters in both directions, its refusals and its export; a small registry picks the
+family of a directory, a name or a vocabulary, so that no caller names one.
 
 - family.py: `Family` (what a family provides), `Pretrained` (a directory read into this
   project's terms), `PretrainedError`, `add_rows` (the rows of tokens added to a vocabulary);
@@ -16,12 +16,12 @@ vocabulary, so that no caller names one.
 - fairseq_vocab.py: NLLB-200's, M2M100's and mBART-50's vocabularies with transformers 5's
   ids (fairseq_vocab_files.py their files read, fairseq_backend.py the tokenizer transformers 5
   builds for NLLB-200 and mBART-50, fairseq_codes.py their language codes,
-  fairseq_vocab_write.py their files written back with added tokens); no family entry uses
-  them yet;
+  fairseq_vocab_write.py their files written back with added tokens);
 - fairseq.py (M2M100, NLLB-200's dense models and mBART: their directories read,
   `fairseq.read`), fairseq_config.py their config.json as the model section,
   fairseq_params.py their tensors both ways, fairseq_export.py their export;
-  not in the registry yet (their vocabularies are read apart);
+- fairseq_family.py: their entries, `M2M100` ('m2m100': M2M100 and NLLB-200) and `MBART`
+  ('mbart': mBART-50), each joining the model to its vocabulary;
 - state_dict.py: a directory's weights files, whole or sharded, for every family;
   generation.py: its generation settings as ``generate`` applies them, and the ``eval``
   settings made of them.

@@ -50,6 +50,7 @@ import numpy as np
 from transformer.data import SIDES, DataError, Pretokenizer, Side
 from transformer.interop.fairseq_backend import FAIRSEQ_SPECIAL, MASK
 from transformer.interop.fairseq_codes import m2m100_token
+from transformer.interop.fairseq_config import FAIRSEQ_IDS
 from transformer.interop.fairseq_vocab_files import (
     CLASSES,
     SPM_FILE,
@@ -59,10 +60,11 @@ from transformer.interop.fairseq_vocab_files import (
     tokenizer_config,
 )
 from transformer.interop.fairseq_vocab_write import write
-from transformer.tokens import SpecialIds
 
-BOS_ID, PAD_ID, EOS_ID, UNK_ID = range(4)  # fairseq's dictionary
-FAIRSEQ = SpecialIds(pad=PAD_ID, eos=EOS_ID, unk=UNK_ID, decoder_start=EOS_ID, never_emit=(PAD_ID,))
+# fairseq's dictionary: <s> 0, and the model's ids as fairseq_config.py declares them (the
+# tokenizer's <pad>, </s>, <unk>: fairseq_backend.FAIRSEQ_SPECIAL, a test checks).
+FAIRSEQ = FAIRSEQ_IDS
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, FAIRSEQ.pad, FAIRSEQ.eos, FAIRSEQ.unk
 FILLER = 'madeupword{:04d}'  # fairseq's name for the rows that pad its dictionary
 
 
@@ -238,17 +240,26 @@ class FairseqVocabulary:
     def holds(directory: str | os.PathLike) -> bool:
         """Whether ``directory`` holds such a vocabulary: a tokenizer_config.json naming one
         of their tokenizer classes, beside its SentencePiece model or tokenizer.json."""
-        try:
-            named = tokenizer_config(os.fspath(directory)).get('tokenizer_class')
-        except (DataError, OSError):
-            return False
-        files = (os.path.join(directory, name) for name in (SPM_FILE, TOKENIZER_JSON))
-        return named in CLASSES and any(os.path.isfile(f) for f in files)
+        return held_kind(directory) is not None
 
     def copy_to(self, directory: str | os.PathLike) -> None:
         """Writes its files into ``directory`` (a run's ``vocab/``) with V ids (the rows past
         the tokenizer's registered, fairseq_vocab_write.py); files already there are kept."""
         write(self, [], os.fspath(directory), keep=True)
+
+
+def held_kind(directory: str | os.PathLike) -> str | None:
+    """The kind ('nllb', 'm2m100', 'mbart50') of the vocabulary ``directory`` holds (a
+    tokenizer_config.json naming its tokenizer class, beside its SentencePiece model or
+    tokenizer.json), or None; never raises."""
+    try:
+        named = tokenizer_config(os.fspath(directory)).get('tokenizer_class')
+    except (DataError, OSError):
+        return None
+    files = (os.path.join(directory, name) for name in (SPM_FILE, TOKENIZER_JSON))
+    if named not in CLASSES or not any(os.path.isfile(f) for f in files):
+        return None
+    return CLASSES[named]
 
 
 def load_vocabulary(

@@ -12,10 +12,10 @@ import json
 import os
 from typing import Any
 
-from transformer.interop import marian
+from transformer.interop import fairseq_family, marian
 from transformer.interop.family import Family, PretrainedError
 
-FAMILIES: tuple[Family, ...] = (marian.FAMILY,)
+FAMILIES: tuple[Family, ...] = (marian.FAMILY, fairseq_family.M2M100, fairseq_family.MBART)
 # The family whose format a run trained here exports as (``export --format hf``).
 DEFAULT_FAMILY = 'marian'
 # The family of a run converted before converted_from.json named one: MarianMT was the only.
@@ -86,7 +86,7 @@ def family_named(name: str) -> Family:
 def vocabulary_family(vocabulary: Any) -> Family | None:
     """The family whose vocabulary ``vocabulary`` is (None: this project's joint SentencePiece
     tokenizer)."""
-    return next((f for f in FAMILIES if isinstance(vocabulary, f.vocabulary)), None)
+    return next((f for f in FAMILIES if f.owns_vocabulary(vocabulary)), None)
 
 
 def held_vocabulary(directory: str) -> Family | None:

@@ -30,7 +30,7 @@ class Pretrained:
     eval: dict[str, Any]  # the eval settings its own generation applies
     generation: dict[str, tuple[Any, str]]  # the generation settings: value, where it came from
     languages: tuple[str | None, str | None]  # its source and target language, where named
-    tokenizer: Any  # its vocabulary, with this project's ids (`Family.vocabulary`)
+    tokenizer: Any  # its vocabulary, with this project's ids (`Family.owns_vocabulary`)
     params: dict[str, Any] | None  # None until read with weights=True
     # Its config files as read ({name: JSON object, or None without that file}): the export of
     # its converted run writes them back.
@@ -49,9 +49,11 @@ class Family:
         ``model_type``, its files); never raises.
       load: (directory, weights=True) -> `Pretrained`; a one-line `PretrainedError` for a
         directory it cannot read, raised before anything is written.
-      vocabulary: the class of its vocabulary (encode, decode, id_to_piece, token_id,
-        language_tokens, vocab_size, fingerprint, copy_to; this project's ids).
-      holds_vocabulary: (directory) -> whether a run's vocabulary directory holds its vocabulary.
+      owns_vocabulary: (vocabulary) -> whether a loaded vocabulary is its own (one family's
+        each: encode, decode, id_to_piece, token_id, language_tokens, vocab_size, fingerprint,
+        copy_to; this project's ids).
+      holds_vocabulary: (directory) -> whether a run's vocabulary directory holds its
+        vocabulary (files only it has: no two families hold one directory).
       load_vocabulary: (directory, key=None, data_config=None, never_emit=()) -> its
         vocabulary, with ``never_emit`` (our ids) never output besides pad (a run's record,
         ``data.never_emit``); a one-line ``data.DataError`` for files that do not load.
@@ -72,7 +74,7 @@ class Family:
     model_types: tuple[str, ...]
     recognises: Callable[[str], bool]
     load: Callable[..., Pretrained]
-    vocabulary: type
+    owns_vocabulary: Callable[[Any], bool]
     holds_vocabulary: Callable[[str], bool]
     load_vocabulary: Callable[..., Any]
     write_vocabulary: Callable[[Any, list, str], None]

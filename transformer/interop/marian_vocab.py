@@ -274,8 +274,9 @@ class MarianVocabulary:
 
     @staticmethod
     def holds(directory: str | os.PathLike) -> bool:
-        """Whether ``directory`` holds a MarianMT vocabulary (its vocab.json)."""
-        return os.path.isfile(os.path.join(directory, FILES[2]))
+        """Whether ``directory`` holds a MarianMT vocabulary: its source.spm, target.spm and
+        vocab.json (an M2M100 vocabulary has a vocab.json too, never the two models)."""
+        return all(os.path.isfile(os.path.join(directory, name)) for name in FILES)
 
     def copy_to(self, directory: str | os.PathLike) -> None:
         """Copies its files (and target_vocab.json, tokenizer_config.json and

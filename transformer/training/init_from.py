@@ -53,7 +53,7 @@ class Start:
     path: str  # the pretrained or run directory
     step: int | None  # the run directory's checkpoint (None: a pretrained directory)
     model: dict[str, Any]  # its model section, as config.json holds it
-    tokenizer: Any  # its vocabulary: a family's (`interop.Family.vocabulary`) or `data.Tokenizer`
+    tokenizer: Any  # its vocabulary: a family's (`interop.Family.load_vocabulary`) or a Tokenizer
     family: interop.Family | None = None  # the pretrained directory's family (None: a run)
     added: list = dataclasses.field(default_factory=list)  # train.add_tokens, parsed
 
