@@ -45,7 +45,8 @@ def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
     )
     assert translation.format_nbest(nbest) == expected['nbest3']
     scores = evaluate.run(str(run), max_examples=6, beam_size=1, output=str(tmp_path / 'h.txt'))
-    kwargs['extra_length'] = config.eval.extra_length  # evaluate decodes with the config's
+    # evaluate decodes with the config's length limit
+    kwargs['options'] = DecodeOptions(config.eval.extra_length)
     assert (tmp_path / 'h.txt').read_text().splitlines() == translation.translate_lines(
         lines, tokenizer, model, params, beam_size=1, **kwargs
     )
