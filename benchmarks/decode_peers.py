@@ -132,15 +132,17 @@ def ours_search(args, inputs, beam_size: int):
     params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs[:1], inputs[:1])['params'])
     if beam_size == 1:
         return lambda: decoding.greedy_search(
-            model, params, inputs, max_decode_len=args.max_decode_len
+            model,
+            params,
+            inputs,
+            options=decoding.DecodeOptions(max_decode_len=args.max_decode_len),
         )
     return lambda: decoding.beam_search(
         model,
         params,
         inputs,
         beam_size=beam_size,
-        alpha=args.alpha,
-        max_decode_len=args.max_decode_len,
+        options=decoding.DecodeOptions(max_decode_len=args.max_decode_len, alpha=args.alpha),
         early_stop=False,
     )[0]
 

@@ -120,15 +120,17 @@ def main(argv: list[str] | None = None) -> None:
     params = decoding.ensemble_params(members) if ensemble else members[0]
     searches = {
         'greedy': lambda: decoding.greedy_search(
-            model, params, inputs, max_decode_len=args.max_decode_len
+            model,
+            params,
+            inputs,
+            options=decoding.DecodeOptions(max_decode_len=args.max_decode_len),
         ),
         f'beam_{args.beam_size}': lambda: decoding.beam_search(
             model,
             params,
             inputs,
             beam_size=args.beam_size,
-            alpha=args.alpha,
-            max_decode_len=args.max_decode_len,
+            options=decoding.DecodeOptions(max_decode_len=args.max_decode_len, alpha=args.alpha),
             early_stop=False,
         )[0],
     }

@@ -48,7 +48,7 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import evaluate, rundir, schema
+from transformer import decoding, evaluate, rundir, schema
 from transformer.backends import compile_cache
 from transformer.checkpoint import checkpoint_steps
 from transformer.evaluation import score_eval_set
@@ -220,8 +220,7 @@ def _score(args, config, split: str, last: int, todo: list, table: dict, stop: _
             params,
             eval_set,
             beam_size=beam,
-            alpha=alpha,
-            length_penalty=rule,
+            options=decoding.decode_options(config.eval, alpha=alpha, length_penalty=rule),
         )
         name = f'{split}-step{last}-avg{k}-beam{beam}-alpha{alpha}-{rule}'
         name += f'-ensemble{len(args.ensemble) + 1}.txt' if args.ensemble else '.txt'

@@ -63,9 +63,7 @@ def _ours(args, lines, config, tokenizer, model, params) -> tuple[list[str], dic
             model,
             params,
             beam_size=args.beam_size,
-            alpha=config.eval.alpha,
-            length_penalty=config.eval.length_penalty,
-            extra_length=config.eval.extra_length,
+            options=decoding.decode_options(config.eval),
             batch_size=args.batch_size,
             max_input_tokens=config.data.max_len,  # as the translate command's default
         )

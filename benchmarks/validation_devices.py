@@ -83,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
         scores, _ = score_eval_set(
             *(config, tokenizer, run.model, run.params, eval_set),
             beam_size=config.eval.beam_size,
-            alpha=config.eval.alpha,
             layout=run.layout,
         )
         return time.perf_counter() - start, scores['sacrebleu']

@@ -114,7 +114,7 @@ import json, sys
 from transformer import data, evaluate, schema
 from transformer.commands import train as trainer
 from transformer.checkpoint import load_model
-from transformer.decoding import translation
+from transformer.decoding import DecodeOptions, translation
 from tests.tiny_run import tiny_run_config
 
 config = tiny_run_config(2)
@@ -124,8 +124,8 @@ config.eval.beam_size = 2
 trainer.train_and_evaluate(config, 'run')
 evaluate.run('run', beam_size=2, max_examples=3, output='hyps.txt')
 _, tokenizer, model, params, _ = load_model('run')
-translation.translate_lines(['a b c'], tokenizer, model, params, beam_size=2, alpha=0.6,
-                            extra_length=5, batch_size=2, max_input_tokens=16, nbest=2)
+translation.translate_lines(['a b c'], tokenizer, model, params, beam_size=2,
+                            options=DecodeOptions(5), batch_size=2, max_input_tokens=16, nbest=2)
 for name in ('train.en', 'train.de', 'val.en', 'val.de', 'test2016.en', 'test2016.de'):
     open(name, 'w').write('a b\\n')
 folder = schema.default_config().data

@@ -2,6 +2,7 @@
 ``renormalize_logits`` are honoured by the converted run's searches as Hugging Face's
 ``generate`` honours them (its own code is the reference)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -132,17 +133,15 @@ def _our_search(run, max_length, beams):
     for i, ids in enumerate(rows):
         inputs[i, : len(ids)] = ids
     ev = loaded.config.eval
-    limits = dict(max_decode_len=max_length - 1, extra_length=max_length)
-    rules = decoding.step_rules(ev)
+    options = dataclasses.replace(
+        decoding.decode_options(ev), max_decode_len=max_length - 1, extra_length=max_length
+    )
     if beams == 1:
-        tokens = decoding.greedy_search(loaded.model, loaded.params, inputs, **limits, rules=rules)
+        tokens = decoding.greedy_search(loaded.model, loaded.params, inputs, options=options)
         scores = None
     else:
         tokens, scores = decoding.beam_search(
-            *(loaded.model, loaded.params, inputs),
-            **dict(beam_size=beams, alpha=ev.alpha, length_penalty=ev.length_penalty),
-            **limits,
-            rules=rules,
+            *(loaded.model, loaded.params, inputs), beam_size=beams, options=options
         )
         tokens, scores = tokens[:, 0], np.asarray(scores[:, 0])
     marian = np.vectorize(vocab.marian_id)(np.asarray(tokens))

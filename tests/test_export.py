@@ -16,7 +16,7 @@ from transformer import export
 from transformer.checkpoint import load_model
 from transformer.commands import ctranslate2_spec
 from transformer.commands import train as trainer
-from transformer.decoding import translation
+from transformer.decoding import decode_options, translation
 from transformer.interop import marian_export, marian_params
 from transformer.model import sinusoidal_positions
 from transformer.tokens import EOS_ID
@@ -174,8 +174,7 @@ def test_greedy_translations_are_identical_ours_hf_ctranslate2(loaded, hf_dir, c
         model,
         params,
         beam_size=1,
-        alpha=config.eval.alpha,
-        extra_length=extra,
+        options=decode_options(config.eval),
         batch_size=64,
         max_input_tokens=1000,  # whole lines, as the exports read them
     )

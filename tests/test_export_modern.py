@@ -13,7 +13,7 @@ from transformer.checkpoint import load_model
 from transformer.commands import export
 from transformer.commands import train as trainer
 from transformer.configs.tiny import MODERN
-from transformer.decoding import translation
+from transformer.decoding import decode_options, translation
 from transformer.tokens import EOS_ID
 
 pytest.importorskip('ctranslate2', reason='the export extra (ctranslate2) is not installed')
@@ -61,9 +61,8 @@ def test_ctranslate2_translates_the_modern_variant_as_ours(modern_run, modern_ct
             model,
             params,
             beam_size=beam_size,
-            alpha=1.0,  # fairseq's |y|^alpha, CTranslate2's rule: log P / |y|
-            length_penalty='fairseq',
-            extra_length=config.eval.extra_length,
+            # fairseq's |y|^alpha, CTranslate2's rule: log P / |y|
+            options=decode_options(config.eval, alpha=1.0, length_penalty='fairseq'),
             batch_size=64,
             max_input_tokens=1000,
         )

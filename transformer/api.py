@@ -152,9 +152,7 @@ class Run:
             self.model,
             self.params,
             beam_size=ev.beam_size if beam_size is None else beam_size,
-            alpha=ev.alpha if alpha is None else alpha,
-            length_penalty=length_penalty or ev.length_penalty,
-            extra_length=ev.extra_length,
+            options=decoding.decode_options(ev, alpha=alpha, length_penalty=length_penalty),
             batch_size=batch_size or ev.batch_size,
             max_input_tokens=self.config.data.max_len,
             nbest=nbest,
@@ -162,7 +160,6 @@ class Run:
             constraints=constraints if constraints.active else None,
             prefixes=None if prefixes is None else list(prefixes),
             layout=self.layout,
-            rules=decoding.step_rules(ev),
         )
 
     def _tagged(self, source_tag: str | None) -> Any:
@@ -193,8 +190,7 @@ class Run:
             self._tagged(source_tag),
             list(sources),
             list(targets),
-            alpha=ev.alpha if alpha is None else alpha,
-            rule=length_penalty or ev.length_penalty,
+            options=decoding.decode_options(ev, alpha=alpha, length_penalty=length_penalty),
             batch_size=batch_size or ev.batch_size,
             layout=self.layout,
         )

@@ -133,8 +133,18 @@ def test_searches_give_the_same_outputs_on_fused_and_einsum_attention():
         model = test_decode.MODEL.clone(config=config)
         shapes = jax.eval_shape(model.init, jax.random.key(0), *(jnp.ones((1, 2), jnp.int32),) * 2)
         wide = fill_random(nn.unbox(shapes['params']), seed=8, logits_scale=12.0)
-        greedy = decode.greedy_search(model, wide, test_decode.INPUTS, extra_length=3)
-        beams, _ = decode.beam_search(model, wide, test_decode.INPUTS, extra_length=3)
+        greedy = decode.greedy_search(
+            model,
+            wide,
+            test_decode.INPUTS,
+            options=decode.DecodeOptions(extra_length=3),
+        )
+        beams, _ = decode.beam_search(
+            model,
+            wide,
+            test_decode.INPUTS,
+            options=decode.DecodeOptions(extra_length=3),
+        )
         outputs[impl] = (np.asarray(greedy), np.asarray(beams)[:, 0])
     np.testing.assert_array_equal(outputs['fused'][0], outputs['einsum'][0])
     np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])

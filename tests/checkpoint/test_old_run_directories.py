@@ -16,7 +16,7 @@ import pytest
 
 from transformer import evaluate
 from transformer.checkpoint import load_model
-from transformer.decoding import translation
+from transformer.decoding import DecodeOptions, translation
 
 FIXTURE = pathlib.Path(__file__).parents[1] / 'fixtures' / 'run_before_layers'
 
@@ -36,7 +36,7 @@ def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
         for k, v in jax.tree_util.tree_leaves_with_path(params)
     }
     assert sums == expected['param_abs_sums']
-    kwargs = dict(alpha=0.6, extra_length=10, batch_size=4, max_input_tokens=32)
+    kwargs = dict(options=DecodeOptions(10), batch_size=4, max_input_tokens=32)
     lines = expected['sources']
     greedy = translation.translate_lines(lines, tokenizer, model, params, beam_size=1, **kwargs)
     assert greedy == expected['greedy']
@@ -45,7 +45,8 @@ def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
     )
     assert translation.format_nbest(nbest) == expected['nbest3']
     scores = evaluate.run(str(run), max_examples=6, beam_size=1, output=str(tmp_path / 'h.txt'))
-    kwargs['extra_length'] = config.eval.extra_length  # evaluate decodes with the config's
+    # evaluate decodes with the config's length limit
+    kwargs['options'] = DecodeOptions(config.eval.extra_length)
     assert (tmp_path / 'h.txt').read_text().splitlines() == translation.translate_lines(
         lines, tokenizer, model, params, beam_size=1, **kwargs
     )

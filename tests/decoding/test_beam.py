@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.decoding.test_decode import EIGHT_INPUTS, EXTRA, INPUTS, MODEL, random_params
-from transformer.decoding import beam, next_token
+from transformer.decoding import DecodeOptions, beam, next_token
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.cache import beam_mask, share_across_beams
 
@@ -17,7 +17,7 @@ from transformer.model.cache import beam_mask, share_across_beams
 def test_early_stop_gives_the_same_result_in_fewer_steps():
     """Stopping once no alive beam can beat the K finished ones changes nothing but the steps."""
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
-    kwargs = dict(beam_size=4, alpha=0.6, rule=0, max_decode_len=None, extra_length=EXTRA)
+    kwargs = dict(beam_size=4, alpha=0.6, rule=0, options=DecodeOptions(extra_length=EXTRA))
     early = beam._beam_search(MODEL, params, INPUTS, early_stop=True, **kwargs)
     full = beam._beam_search(MODEL, params, INPUTS, early_stop=False, **kwargs)
     assert int(full[2]) == 7 and int(early[2]) == 5
@@ -32,7 +32,7 @@ def test_a_batch_that_shrinks_as_its_examples_finish_gives_the_same_result(cpu_c
     search."""
     inputs = EIGHT_INPUTS
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
-    kwargs = dict(beam_size=4, alpha=0.6, rule=0, max_decode_len=None, extra_length=EXTRA)
+    kwargs = dict(beam_size=4, alpha=0.6, rule=0, options=DecodeOptions(extra_length=EXTRA))
     assert next_token.stage_sizes(8, 2) == [8, 4, 2]
     alone = [
         int(beam._beam_search(MODEL, params, x[None], early_stop=True, **kwargs)[2]) for x in inputs

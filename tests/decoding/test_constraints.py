@@ -39,7 +39,8 @@ def params():
 
 def search(name, params, constraints=OFF, prefixes=NO_PREFIX, settings=None):
     """[8, T] outputs (beam: the best; sampling: the one sample) of EIGHT_INPUTS."""
-    common = dict(extra_length=EXTRA, constraints=constraints, prefixes=prefixes)
+    options = decoding.DecodeOptions(extra_length=EXTRA, prefixes=prefixes)
+    common = dict(options=options, constraints=constraints)
     if name == 'greedy':
         return np.asarray(decoding.greedy_search(MODEL, params, EIGHT_INPUTS, **common))
     if name == 'beam':
@@ -113,7 +114,7 @@ def test_new_settings_and_prefixes_compile_nothing(params):
     search('beam', params)
     search('sample', params)
     entries = [
-        f._cache_size() for f in (greedy.greedy_search, beam._beam_search, sampling.sample_search)
+        f._cache_size() for f in (greedy._greedy_search, beam._beam_search, sampling._sample_search)
     ]
     compiled = []
 
@@ -135,7 +136,7 @@ def test_new_settings_and_prefixes_compile_nothing(params):
         jax.monitoring.unregister_event_duration_listener(count)
     assert compiled == []
     assert entries == [
-        f._cache_size() for f in (greedy.greedy_search, beam._beam_search, sampling.sample_search)
+        f._cache_size() for f in (greedy._greedy_search, beam._beam_search, sampling._sample_search)
     ]
 
 
@@ -143,8 +144,8 @@ def test_beam_scores_count_the_prefix_tokens_log_probs(params):
     """A prefixed hypothesis' beam score is the full teacher-forced log P(y|x), prefix
     included, over the length penalty."""
     sequences, scores = decoding.beam_search(
-        MODEL, params, EIGHT_INPUTS, beam_size=3, extra_length=EXTRA, constraints=OFF,
-        prefixes=_prefixes(),
+        MODEL, params, EIGHT_INPUTS, beam_size=3, constraints=OFF,
+        options=decoding.DecodeOptions(extra_length=EXTRA, prefixes=_prefixes()),
     )  # fmt: skip
     best, scores = np.asarray(sequences)[:, 0], np.asarray(scores)[:, 0]
     forward = np.asarray(_full_forward(params, EIGHT_INPUTS, best))

@@ -41,6 +41,7 @@ MODEL = Transformer(
 # Right-padded sources of lengths 4, 2 and 3 (EOS included); the shared shape of most tests.
 INPUTS = np.array([[2, 3, 4, 1], [5, 1, 0, 0], [4, 4, 1, 0]], np.int32)
 EXTRA = 3  # output limits 7, 5, 6 = input length + EXTRA; loop length 4 + EXTRA = 7
+OPTIONS = decode.DecodeOptions(extra_length=EXTRA)
 # Eight sources of lengths 2-6, for the searches whose batch shrinks as examples finish.
 EIGHT_INPUTS = np.array(
     [
@@ -121,7 +122,7 @@ def assert_well_formed(tokens: np.ndarray):
 def test_scores_are_the_models_log_probs_over_the_length_penalty():
     """Every beam score == teacher-forced log-prob (EOS included) / ((5 + |y|) / 6)^0.6."""
     params = random_params(sharpness=2.0)
-    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, options=OPTIONS)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     assert sequences.shape == (3, 4, 7) and scores.shape == (3, 4)
     assert_well_formed(sequences)
@@ -130,7 +131,7 @@ def test_scores_are_the_models_log_probs_over_the_length_penalty():
     log_probs = sequence_log_probs(params, np.repeat(INPUTS, 4, axis=0), flat)
     expected = log_probs / ((5.0 + output_lengths(flat)) / 6.0) ** 0.6
     np.testing.assert_allclose(scores.reshape(-1), expected, rtol=1e-5, atol=1e-4)
-    best = decode.translate_batch(MODEL, params, INPUTS, extra_length=EXTRA)
+    best = decode.translate_batch(MODEL, params, INPUTS, options=OPTIONS)
     np.testing.assert_array_equal(np.asarray(best), sequences[:, 0])
 
 
@@ -141,7 +142,7 @@ def test_large_beam_equals_exhaustive_search():
     inputs = np.array([[2, 3, 1], [4, 1, 0]], np.int32)  # limits 3 + 2 = 5 and 2 + 2 = 4
     beam = (V - 2) ** 4  # every 4-token prefix stays alive: nothing is pruned
     sequences, scores = decode.beam_search(
-        MODEL, params, inputs, beam_size=beam, alpha=0.6, extra_length=2
+        MODEL, params, inputs, beam_size=beam, options=decode.DecodeOptions(extra_length=2)
     )
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     # Every sequence the search may produce: content tokens, then EOS by the limit.
@@ -192,7 +193,7 @@ def greedy_by_recomputing(log_probs_of) -> np.ndarray:
 def test_cached_greedy_equals_recomputing_the_prefix():
     """Greedy over the KV cache == greedy re-running the full forward on the prefix each step."""
     params = random_params(sharpness=4.0, seed=4, eos_logit=2.0)
-    tokens = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    tokens = np.asarray(decode.greedy_search(MODEL, params, INPUTS, options=OPTIONS))
     expected = greedy_by_recomputing(
         lambda prefix: teacher_forced_log_probs(params, INPUTS, prefix)
     )
@@ -213,7 +214,7 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
     at every step."""
     members = [random_params(sharpness=2.0, seed=2), random_params(sharpness=2.0, seed=3)]
     both = decode.ensemble_params(members)
-    sequences, scores = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA)
+    sequences, scores = decode.beam_search(MODEL, both, INPUTS, options=OPTIONS)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     assert_well_formed(sequences)
     flat = sequences.reshape(12, 7)
@@ -230,7 +231,7 @@ def test_ensemble_scores_are_the_mixtures_log_probs():
         )
         assert np.max(np.abs(alone - expected)) > 0.05
 
-    tokens = decode.greedy_search(MODEL, both, INPUTS, extra_length=EXTRA)
+    tokens = decode.greedy_search(MODEL, both, INPUTS, options=OPTIONS)
     expected_tokens = greedy_by_recomputing(
         lambda prefix: mixture_log_probs(members, INPUTS, prefix)
     )
@@ -241,13 +242,13 @@ def test_ensemble_of_copies_decodes_as_the_model():
     """Two copies of one model: the mean of two equal distributions is that distribution."""
     params = random_params(sharpness=2.0, seed=6)
     both = decode.ensemble_params([params, params])
-    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
-    copies = decode.beam_search(MODEL, both, INPUTS, extra_length=EXTRA)
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, options=OPTIONS)
+    copies = decode.beam_search(MODEL, both, INPUTS, options=OPTIONS)
     np.testing.assert_array_equal(np.asarray(copies[0]), np.asarray(sequences))
     np.testing.assert_allclose(np.asarray(copies[1]), np.asarray(scores), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
-        np.asarray(decode.translate_batch(MODEL, both, INPUTS, beam_size=1, extra_length=EXTRA)),
-        np.asarray(decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)),
+        np.asarray(decode.translate_batch(MODEL, both, INPUTS, beam_size=1, options=OPTIONS)),
+        np.asarray(decode.translate_batch(MODEL, params, INPUTS, beam_size=1, options=OPTIONS)),
     )
 
 
@@ -267,8 +268,8 @@ def test_ensemble_members_run_the_single_models_step(cpu_choices):
     params = random_params()
     both = decode.ensemble_params([params, params])
     searches = {
-        'greedy': lambda p: decode.greedy_search(MODEL, p, INPUTS, extra_length=EXTRA),
-        'beam': lambda p: decode.beam_search(MODEL, p, INPUTS, extra_length=EXTRA),
+        'greedy': lambda p: decode.greedy_search(MODEL, p, INPUTS, options=OPTIONS),
+        'beam': lambda p: decode.beam_search(MODEL, p, INPUTS, options=OPTIONS),
     }
     for name, search in searches.items():
         alone = jax.make_jaxpr(search)(params)
@@ -286,13 +287,11 @@ def test_beam_of_one_equals_greedy_on_confident_choices():
     """Beam 1 returns greedy's output when greedy is confident, and never scores below it."""
 
     def beam_one_and_greedy(params):
-        greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+        greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, options=OPTIONS))
         greedy_scores = sequence_log_probs(params, INPUTS, greedy) / np.asarray(
             decode.length_penalty(output_lengths(greedy), 0.6)
         )
-        sequences, scores = decode.beam_search(
-            MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA
-        )
+        sequences, scores = decode.beam_search(MODEL, params, INPUTS, beam_size=1, options=OPTIONS)
         return greedy, greedy_scores, np.asarray(sequences)[:, 0], np.asarray(scores)[:, 0]
 
     # Peaked distributions whose greedy outputs end with a chosen EOS: the same output.
@@ -301,7 +300,7 @@ def test_beam_of_one_equals_greedy_on_confident_choices():
     np.testing.assert_array_equal(output_lengths(greedy), [4, 2, 3])  # limits 7, 5, 6
     np.testing.assert_array_equal(best, greedy)
     np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5, atol=1e-4)
-    translated = decode.translate_batch(MODEL, params, INPUTS, beam_size=1, extra_length=EXTRA)
+    translated = decode.translate_batch(MODEL, params, INPUTS, beam_size=1, options=OPTIONS)
     np.testing.assert_array_equal(np.asarray(translated), greedy)
     # Greedy never weighs stopping where EOS is not the top token; beam 1 scores every EOS on
     # its path. Here greedy runs into the forced EOS, and beam 1 stops early with more.
@@ -317,12 +316,12 @@ def test_beam_of_one_equals_greedy_on_confident_choices():
 def test_padding_does_not_change_the_output():
     """Adding pad columns (the first example had none) and a pad row changes no output."""
     params = random_params(sharpness=2.0, seed=4)
-    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
-    sequences, scores = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, options=OPTIONS))
+    sequences, scores = decode.beam_search(MODEL, params, INPUTS, options=OPTIONS)
     padded = np.zeros((4, 6), np.int32)  # 2 more columns and an all-pad row
     padded[:3, :4] = INPUTS
-    greedy_padded = np.asarray(decode.greedy_search(MODEL, params, padded, extra_length=EXTRA))
-    sequences_padded, scores_padded = decode.beam_search(MODEL, params, padded, extra_length=EXTRA)
+    greedy_padded = np.asarray(decode.greedy_search(MODEL, params, padded, options=OPTIONS))
+    sequences_padded, scores_padded = decode.beam_search(MODEL, params, padded, options=OPTIONS)
     # Limits follow the real lengths, not the width: the 2 extra columns stay empty.
     np.testing.assert_array_equal(greedy_padded[:3], np.pad(greedy, ((0, 0), (0, 2))))
     np.testing.assert_array_equal(
@@ -335,18 +334,23 @@ def test_output_stops_at_input_length_plus_extra():
     """An example that never picks EOS gets it forced at input length + extra (or at T)."""
     params = random_params(sharpness=2.0, seed=5, eos_logit=-30.0)  # EOS never chosen
     limits = (INPUTS != PAD_ID).sum(-1) + EXTRA
-    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, extra_length=EXTRA))
+    greedy = np.asarray(decode.greedy_search(MODEL, params, INPUTS, options=OPTIONS))
     assert_well_formed(greedy)
     np.testing.assert_array_equal(output_lengths(greedy), limits)
     np.testing.assert_array_equal(greedy[np.arange(3), limits - 1], EOS_ID)
-    sequences, _ = decode.beam_search(MODEL, params, INPUTS, extra_length=EXTRA)
+    sequences, _ = decode.beam_search(MODEL, params, INPUTS, options=OPTIONS)
     sequences = np.asarray(sequences)
     assert_well_formed(sequences)
     lengths = output_lengths(sequences)
     assert np.all(lengths <= limits[:, None]) and np.all((lengths == limits[:, None]).any(-1))
     # A loop length below the limits caps every example at it.
     capped = np.asarray(
-        decode.greedy_search(MODEL, params, INPUTS, max_decode_len=4, extra_length=EXTRA)
+        decode.greedy_search(
+            MODEL,
+            params,
+            INPUTS,
+            options=decode.DecodeOptions(max_decode_len=4, extra_length=EXTRA),
+        )
     )
     assert capped.shape == (3, 4)
     np.testing.assert_array_equal(capped[:, :3], greedy[:, :3])
@@ -360,8 +364,8 @@ def test_encoder_output_is_projected_before_the_decoding_loop_not_in_it():
     params = random_params()
     d_model = MODEL.config.d_model
     searches = {
-        (3, 4, d_model): lambda p: decode.greedy_search(MODEL, p, INPUTS, extra_length=EXTRA),
-        'beam': lambda p: decode.beam_search(MODEL, p, INPUTS, extra_length=EXTRA),
+        (3, 4, d_model): lambda p: decode.greedy_search(MODEL, p, INPUTS, options=OPTIONS),
+        'beam': lambda p: decode.beam_search(MODEL, p, INPUTS, options=OPTIONS),
     }
     for encoded_shape, search in searches.items():
         # Beam search projects each sentence's encoder output once, not once per beam.
@@ -384,12 +388,12 @@ def test_greedy_batch_that_shrinks_as_examples_end_gives_the_same_output():
     rows, then a quarter: each example's output is the one it gets decoded alone."""
     params = random_params(sharpness=2.0, seed=0, eos_logit=-2.0)
     staged = np.asarray(
-        decode.greedy_search(MODEL, params, EIGHT_INPUTS, extra_length=EXTRA, min_stage_batch=2)
+        decode.greedy_search(MODEL, params, EIGHT_INPUTS, options=OPTIONS, min_stage_batch=2)
     )
     # Examples end at different steps, so every stage runs: 8 rows to step 5, 4 to step 8.
     np.testing.assert_array_equal(output_lengths(staged), [9, 5, 2, 8, 8, 2, 5, 9])
     for i, row in enumerate(EIGHT_INPUTS):
-        alone = decode.greedy_search(MODEL, params, row[None], extra_length=EXTRA)
+        alone = decode.greedy_search(MODEL, params, row[None], options=OPTIONS)
         np.testing.assert_array_equal(staged[i], np.asarray(alone)[0])
     assert_well_formed(staged)
 
@@ -406,8 +410,8 @@ def test_accelerator_choices_change_the_work_not_the_result(cpu_choices, monkeyp
     params = random_params(sharpness=2.0, seed=0, eos_logit=2.0)
     inputs = EIGHT_INPUTS[:, :5]  # a shape no other test compiles: the choices are traced anew
     on_cpu = (
-        decode.greedy_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
-        decode.beam_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+        decode.greedy_search(MODEL, params, inputs, options=OPTIONS, min_stage_batch=2),
+        decode.beam_search(MODEL, params, inputs, options=OPTIONS, min_stage_batch=2),
     )
     assert next_token.stage_sizes(8, 2) == [8, 4, 2] and len(cache.chunk_ends(12)) == 4
     monkeypatch.setattr(platform.jax, 'default_backend', lambda: 'gpu')
@@ -418,8 +422,8 @@ def test_accelerator_choices_change_the_work_not_the_result(cpu_choices, monkeyp
     assert cache.padded_length(13) == 13
     jax.clear_caches()
     elsewhere = (
-        decode.greedy_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
-        decode.beam_search(MODEL, params, inputs, extra_length=EXTRA, min_stage_batch=2),
+        decode.greedy_search(MODEL, params, inputs, options=OPTIONS, min_stage_batch=2),
+        decode.beam_search(MODEL, params, inputs, options=OPTIONS, min_stage_batch=2),
     )
     jax.clear_caches()  # nothing traced with the patched choices outlives the test
     np.testing.assert_array_equal(np.asarray(elsewhere[0]), np.asarray(on_cpu[0]))

@@ -49,8 +49,8 @@ def _search(length_penalty: str):
         table = BigramTable((jnp.asarray(np.log(TABLE), jnp.float32),))
     inputs = np.array([[A, EOS_ID]], np.int32)  # output limit 2 + 4 = 6 tokens
     sequences, scores = decoding.beam_search(
-        MODEL, table, inputs, beam_size=2, alpha=1.0, length_penalty=length_penalty,
-        extra_length=4,
+        MODEL, table, inputs, beam_size=2,
+        options=decoding.DecodeOptions(4, alpha=1.0, length_penalty=length_penalty),
     )  # fmt: skip
     return np.asarray(sequences)[0], np.asarray(scores)[0]
 

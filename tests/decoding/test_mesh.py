@@ -57,7 +57,7 @@ def _layout(name: str, gather_params: bool = False):
 
 @functools.cache
 def _one_device(beam_size: int):
-    search = dict(beam_size=beam_size, alpha=0.6, extra_length=5)
+    search = dict(beam_size=beam_size, options=decoding.DecodeOptions(extra_length=5))
     return decoding.decode(decoding.translate_batch, MODEL, _params(), _inputs(), **search)
 
 
@@ -68,7 +68,7 @@ def test_mesh_decodes_the_tokens_of_one_device(name, beam_size):
     in `test_nbest_on_a_mesh_equals_one_device`): the tokens of one device."""
     layout = _layout(name)
     params = layout.place(_params())
-    search = dict(beam_size=beam_size, alpha=0.6, extra_length=5)
+    search = dict(beam_size=beam_size, options=decoding.DecodeOptions(extra_length=5))
     tokens = decoding.decode(decoding.translate_batch, MODEL, params, _inputs(), layout, **search)
     one = _one_device(beam_size)
     assert tokens.shape == one.shape == (ROWS, 15)
@@ -103,7 +103,7 @@ def test_parameters_stay_in_the_training_layout():
 @pytest.mark.slow
 def test_nbest_on_a_mesh_equals_one_device():
     """Beam search's sequences and scores, gathered from 8 devices, equal one device's."""
-    search = dict(beam_size=3, alpha=0.6, extra_length=5)
+    search = dict(beam_size=3, options=decoding.DecodeOptions(extra_length=5))
     layout = _layout('data')
     one = decoding.decode(decoding.beam_search, MODEL, _params(), _inputs(), **search)
     mesh = decoding.decode(
@@ -139,7 +139,7 @@ def test_filler_rows_never_fully_masked():
 def test_an_ensemble_on_a_mesh_equals_one_device():
     """Both members placed in the layout (`DecodeLayout.place`), greedy: one device's tokens."""
     members = decoding.ensemble_params([_params(), fill_random(abstract_params(MODEL), seed=4)])
-    search = dict(beam_size=1, extra_length=5)
+    search = dict(beam_size=1, options=decoding.DecodeOptions(extra_length=5))
     one = decoding.decode(decoding.translate_batch, MODEL, members, _inputs(), **search)
     layout = _layout('data')
     placed = layout.place(members)
@@ -164,6 +164,6 @@ def test_a_scanned_model_on_a_mesh_decodes_the_tokens_of_one_device(name, beam_s
     model = Transformer(dataclasses.replace(MODEL.config, scan_layers=True))
     layout = decode_layout(model, LAYOUTS[name], devices=jax.devices('cpu'))
     params = layout.place(stack_layers(_params()))
-    search = dict(beam_size=beam_size, alpha=0.6, extra_length=5)
+    search = dict(beam_size=beam_size, options=decoding.DecodeOptions(extra_length=5))
     tokens = decoding.decode(decoding.translate_batch, model, params, _inputs(), layout, **search)
     np.testing.assert_array_equal(tokens, _one_device(beam_size))

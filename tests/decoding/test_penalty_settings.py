@@ -14,7 +14,7 @@ from transformer import decoding
 from transformer.decoding import beam, translation
 
 SETTINGS = [(alpha, rule) for alpha in (0.6, 1.0, 1.4) for rule in ('gnmt', 'fairseq')]
-SEARCH = dict(beam_size=4, max_decode_len=None, extra_length=EXTRA, early_stop=True)
+SEARCH = dict(beam_size=4, options=decoding.DecodeOptions(extra_length=EXTRA), early_stop=True)
 COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 
 
@@ -85,8 +85,8 @@ def test_every_setting_decodes_as_it_did_with_static_arguments(params):
     hypotheses the search gave at 9f56641 with one program per setting (`RECORDED`)."""
     for (alpha, rule), (best, scores) in RECORDED.items():
         sequences, found = decoding.beam_search(
-            MODEL, params, EIGHT_INPUTS, beam_size=4, alpha=alpha, length_penalty=rule,
-            extra_length=EXTRA,
+            MODEL, params, EIGHT_INPUTS, beam_size=4,
+            options=decoding.DecodeOptions(EXTRA, alpha=alpha, length_penalty=rule),
         )  # fmt: skip
         texts = [' '.join(str(t) for t in row[0] if t) for row in np.asarray(sequences)]
         assert texts == best, (alpha, rule)
@@ -134,8 +134,8 @@ def test_new_alphas_and_the_other_rule_compile_nothing(params):
 
     def decode(alpha, rule):
         sequences, scores = decoding.beam_search(
-            MODEL, params, EIGHT_INPUTS, beam_size=4, alpha=alpha, length_penalty=rule,
-            extra_length=EXTRA,
+            MODEL, params, EIGHT_INPUTS, beam_size=4,
+            options=decoding.DecodeOptions(EXTRA, alpha=alpha, length_penalty=rule),
         )  # fmt: skip
         sequences, scores = np.asarray(sequences), np.asarray(scores)
         return translation.sequence_log_probs(sequences, scores, alpha, rule)
@@ -154,7 +154,9 @@ def test_new_alphas_and_the_other_rule_compile_nothing(params):
 
 def test_a_bad_rule_is_one_line_before_anything_compiles(params):
     with pytest.raises(ValueError, match=r"one of \('gnmt', 'fairseq'\), got 'wu'"):
-        decoding.beam_search(MODEL, params, EIGHT_INPUTS, length_penalty='wu')
+        decoding.beam_search(
+            MODEL, params, EIGHT_INPUTS, options=decoding.DecodeOptions(length_penalty='wu')
+        )
 
 
 @pytest.mark.parametrize('alpha', [-0.5, float('nan')])
@@ -163,10 +165,13 @@ def test_a_negative_alpha_is_one_line_before_anything_decodes(params, alpha):
     the Python entry points refuse another alpha, as the config and the flags do."""
     entries = beam._beam_search._cache_size()
     with pytest.raises(ValueError, match=r'^alpha must be >= 0 .*, got (-0\.5|nan)\.$'):
-        decoding.beam_search(MODEL, params, EIGHT_INPUTS, alpha=alpha)
+        decoding.beam_search(
+            MODEL, params, EIGHT_INPUTS, options=decoding.DecodeOptions(alpha=alpha)
+        )
     with pytest.raises(ValueError, match=r'^alpha must be >= 0'):
         translation.translate_lines(
-            ['a b'], None, MODEL, params, beam_size=1, alpha=alpha, extra_length=2,
+            ['a b'], None, MODEL, params, beam_size=1,
+            options=decoding.DecodeOptions(2, alpha=alpha),
             batch_size=1, max_input_tokens=8,
         )  # fmt: skip
     assert beam._beam_search._cache_size() == entries

@@ -30,7 +30,12 @@ def sample(params, settings: Sampling, inputs=EIGHT_INPUTS, lines=LINES) -> tupl
     """(tokens [8, T], log_probs [8]) of one sample each; every call passes the same
     arguments, so that all settings run one compiled search."""
     tokens, log_probs = decoding.sample_search(
-        MODEL, params, inputs, sampling=settings, line_indices=lines, extra_length=EXTRA
+        MODEL,
+        params,
+        inputs,
+        sampling=settings,
+        line_indices=lines,
+        options=decoding.DecodeOptions(extra_length=EXTRA),
     )
     return np.asarray(tokens)[:, 0], np.asarray(log_probs)[:, 0]
 
@@ -69,7 +74,8 @@ def test_one_step_from_a_prefix_draws_the_tempered_model_distribution(params):
     log_probs[PAD_ID] = -np.inf
     for temperature in (0.7, 1.5):
         tokens, _ = decoding.sample_search(
-            MODEL, params, inputs, prefixes=prefix, max_decode_len=4, extra_length=EXTRA,
+            MODEL, params, inputs,
+            options=decoding.DecodeOptions(max_decode_len=4, extra_length=EXTRA, prefixes=prefix),
             sampling=Sampling(temperature=temperature, seed=4, num_samples=4000),
             min_stage_batch=4000,  # one loop, no shrinking stages to compile
         )  # fmt: skip
@@ -106,7 +112,9 @@ def test_top_k_and_top_p_keep_to_their_support_and_its_renormalised_distribution
 
 
 def test_top_k_one_is_greedy(params):
-    greedy = decoding.greedy_search(MODEL, params, EIGHT_INPUTS, extra_length=EXTRA)
+    greedy = decoding.greedy_search(
+        MODEL, params, EIGHT_INPUTS, options=decoding.DecodeOptions(extra_length=EXTRA)
+    )
     for seed, temperature in ((0, 1.0), (7, 2.5)):
         tokens, _ = sample(params, Sampling(top_k=1, temperature=temperature, seed=seed))
         np.testing.assert_array_equal(tokens, np.asarray(greedy))

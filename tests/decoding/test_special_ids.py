@@ -135,7 +135,9 @@ def _check_greedy_choices(model, outputs: np.ndarray, prefix: int | None) -> Non
 def test_greedy_starts_from_the_decoder_start_and_never_emits_the_banned_ids(prefix):
     prefixes = None if prefix is None else np.full((len(INPUTS), 1), prefix, np.int32)
     outputs = np.asarray(
-        decoding.greedy_search(MODEL, _params(), INPUTS, extra_length=EXTRA, prefixes=prefixes)
+        decoding.greedy_search(
+            MODEL, _params(), INPUTS, options=decoding.DecodeOptions(EXTRA, prefixes=prefixes)
+        )
     )
     _check_greedy_choices(MODEL, outputs, prefix)
 
@@ -147,8 +149,9 @@ def test_beam_scores_are_the_stepped_log_probabilities_of_their_outputs(prefix):
     forced token's included) over GNMT's penalty of their length."""
     prefixes = None if prefix is None else np.full((len(INPUTS), 1), prefix, np.int32)
     sequences, scores = decoding.beam_search(
-        MODEL, _params(), INPUTS, beam_size=3, alpha=0.6, extra_length=EXTRA, prefixes=prefixes
-    )
+        MODEL, _params(), INPUTS, beam_size=3,
+        options=decoding.DecodeOptions(EXTRA, prefixes=prefixes),
+    )  # fmt: skip
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     assert np.isfinite(scores).all()
     for k in range(3):  # the k-th hypothesis of every row: one compiled shape

@@ -10,7 +10,7 @@ import pytest
 from transformer import data as data_lib
 from transformer import rundir, translate
 from transformer.checkpoint import checkpoint_steps, load_model
-from transformer.decoding import translation
+from transformer.decoding import DecodeOptions, translation
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -54,8 +54,7 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
         model,
         params,
         beam_size=2,
-        alpha=0.6,
-        extra_length=50,
+        options=DecodeOptions(),
         batch_size=4,
         max_input_tokens=24,
     )
@@ -71,7 +70,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     _, tokenizer, model, params, _ = load_model(str(run_dir))
-    kwargs = dict(alpha=0.6, extra_length=10, batch_size=4, max_input_tokens=32)
+    kwargs = dict(options=DecodeOptions(10), batch_size=4, max_input_tokens=32)
     lines = [sources[2], '', sources[3]]
     nbest = translation.translate_lines(
         lines, tokenizer, model, params, beam_size=3, nbest=3, **kwargs

@@ -236,8 +236,9 @@ def test_greedy_and_beam_search_run_with_one_key_value_head():
     cfg = tiny_config(num_kv_heads=1)
     model, params = Transformer(cfg), random_params(cfg)
     inputs = random_tokens(5, (2, 4), [4, 2])
-    greedy = np.asarray(decoding.greedy_search(model, params, inputs, max_decode_len=4))
-    beams, scores = decoding.beam_search(model, params, inputs, beam_size=2, max_decode_len=4)
+    options = decoding.DecodeOptions(max_decode_len=4)
+    greedy = np.asarray(decoding.greedy_search(model, params, inputs, options=options))
+    beams, scores = decoding.beam_search(model, params, inputs, beam_size=2, options=options)
     assert greedy.shape == (2, 4) and np.asarray(beams).shape == (2, 2, 4)  # [B, beams, T]
     assert (greedy[:, 0] > PAD_ID).all() and (np.asarray(beams)[:, :, 0] > PAD_ID).all()
     assert np.isfinite(np.asarray(scores)).all()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.random_params import fill_random
 from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import DecodeOptions, beam_search, greedy_search
 from transformer.model import (
     Transformer,
     abstract_params,
@@ -86,8 +86,12 @@ def test_logits_and_decoding_equal_the_unrolled_models(overrides):
     # min_stage_batch=2: the searches shrink their batch (and gather the cache's rows, below
     # the scanned cache's layer axis) as examples finish.
     for search in (greedy_search, lambda *a, **k: beam_search(*a, beam_size=3, **k)[0]):
-        ours = search(scanned, stacked, inputs, max_decode_len=9, min_stage_batch=2)
-        theirs = search(unrolled, params, inputs, max_decode_len=9, min_stage_batch=2)
+        ours = search(
+            scanned, stacked, inputs, options=DecodeOptions(max_decode_len=9), min_stage_batch=2
+        )
+        theirs = search(
+            unrolled, params, inputs, options=DecodeOptions(max_decode_len=9), min_stage_batch=2
+        )
         np.testing.assert_array_equal(ours, theirs)
 
 
@@ -204,8 +208,8 @@ def test_checkpoints_of_either_layout_resume_decode_average_and_export(run_dir, 
         per_layer[step] = params
     inputs = jnp.asarray(np.random.default_rng(0).integers(3, 50, (4, 6))).at[:, 5].set(1)
     np.testing.assert_array_equal(
-        greedy_search(scanned, stacked, inputs, max_decode_len=8),
-        greedy_search(unrolled, params, inputs, max_decode_len=8),
+        greedy_search(scanned, stacked, inputs, options=DecodeOptions(max_decode_len=8)),
+        greedy_search(unrolled, params, inputs, options=DecodeOptions(max_decode_len=8)),
     )
     _, _, _, averaged, steps_loaded = load_model(run, step=6, average_last=2)  # the run: scanned
     assert steps_loaded == [4, 6]

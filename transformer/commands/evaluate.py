@@ -310,11 +310,11 @@ def run(
     _ = files or decoding_run.check_split(run_dir, config, split)
     output = _eval_output(run_dir, stem, output)  # before the decode it would hold
     eval_set = _eval_set(config, tokenizer, run_dir, split, files, sentences, max_examples)
+    options = decoding.decode_options(config.eval, alpha=alpha, length_penalty=length_penalty)
     scores, hypotheses = score_eval_set(
         *(config, tokenizer, loaded.model, loaded.params, eval_set),
-        **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, layout=layout),
-        sampling=sampling,
-        constraints=constraints,
+        **dict(beam_size=beam_size, options=options, layout=layout),
+        **dict(sampling=sampling, constraints=constraints),
     )
     scores.update(
         split=split,

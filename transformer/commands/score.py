@@ -21,7 +21,7 @@ from transformer import data as data_lib
 from transformer import rundir
 from transformer.checkpoint import load_model
 from transformer.commands import console
-from transformer.decoding import format_scores, score_pairs
+from transformer.decoding import decode_options, format_scores, score_pairs
 from transformer.schema import ConfigError
 
 
@@ -71,14 +71,12 @@ def cli(argv: list[str] | None = None) -> None:
         except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
             raise SystemExit(f'error: {e}') from None
         logging.info('Scoring %d pairs with checkpoints %s.', len(sources), steps)
+        options = decode_options(
+            config.eval, alpha=FLAGS.alpha, length_penalty=FLAGS.length_penalty
+        )
         scores = score_pairs(
-            model,
-            params,
-            tokenizer,
-            sources,
-            targets,
-            alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
-            rule=FLAGS.length_penalty or config.eval.length_penalty,
+            *(model, params, tokenizer, sources, targets),
+            options=options,
             batch_size=FLAGS.batch_size or config.eval.batch_size,
         )
         text = format_scores(scores, FLAGS.token_scores)

@@ -24,7 +24,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import multihost, rundir, training
 from transformer.commands import console, decoding_run
-from transformer.decoding import format_nbest, step_rules, translate_lines
+from transformer.decoding import decode_options, format_nbest, translate_lines
 from transformer.schema import ConfigError
 
 
@@ -105,9 +105,9 @@ def cli(argv: list[str] | None = None) -> None:
                 loaded.model,
                 loaded.params,
                 beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
-                alpha=config.eval.alpha if FLAGS.alpha is None else FLAGS.alpha,
-                length_penalty=FLAGS.length_penalty or config.eval.length_penalty,
-                extra_length=config.eval.extra_length,
+                options=decode_options(
+                    config.eval, alpha=FLAGS.alpha, length_penalty=FLAGS.length_penalty
+                ),
                 batch_size=FLAGS.batch_size or config.eval.batch_size,
                 max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
                 nbest=FLAGS.nbest,
@@ -115,7 +115,6 @@ def cli(argv: list[str] | None = None) -> None:
                 constraints=constraints,
                 prefixes=prefixes,
                 layout=loaded.layout,
-                rules=step_rules(config.eval),
             )
         except ValueError as e:  # a prefix too long for its line's output (before decoding)
             raise SystemExit(f'error: {e}') from None

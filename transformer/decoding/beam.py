@@ -21,21 +21,17 @@ from transformer.decoding.constraints import (
     take_rows,
 )
 from transformer.decoding.next_token import (
-    DEFAULT_RULES,
-    StepRules,
-    decode_length,
     encode_and_cache,
     forbid,
     map_cache,
     next_scores,
     output_limits,
-    penalty_alpha,
-    penalty_rule,
     shrinking_loop,
     stage_sizes,
     top_k,
 )
 from transformer.decoding.next_token import length_penalty as penalty
+from transformer.decoding.options import DEFAULT_OPTIONS, DecodeOptions
 from transformer.model import (
     Transformer,
     beam_mask,
@@ -62,15 +58,7 @@ class _BeamState(NamedTuple):
     controls: Controls | None  # constraints and prefixes, one row per hypothesis
 
 
-_BEAM_STATIC = (
-    'model',
-    'beam_size',
-    'max_decode_len',
-    'extra_length',
-    'early_stop',
-    'min_stage_batch',
-    'rules',
-)
+_BEAM_STATIC = ('model', 'beam_size', 'options', 'early_stop', 'min_stage_batch')
 
 
 @functools.partial(jax.jit, static_argnames=_BEAM_STATIC)
@@ -82,13 +70,11 @@ def _beam_search(
     alpha: Array,
     rule: Array,
     beam_size: int,
-    max_decode_len: int | None,
-    extra_length: int,
+    options: DecodeOptions,
     early_stop: bool,
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
     prefixes: Array | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array, Array]:
     """`beam_search`'s sequences and scores, and the number of steps it ran.
 
@@ -99,14 +85,14 @@ def _beam_search(
     ``min_stage_batch`` rows): a finished example's result can no longer change, and the
     examples of a batch finish at very different steps.
 
-    ``constraints``, ``prefixes`` and ``rules`` as `beam_search`'s (None: the search
-    compiles as without them).
+    ``options`` is `DecodeOptions.static` (static), ``prefixes`` its per-row prefixes and
+    ``constraints`` as `beam_search`'s (None: the search compiles as without them).
     """
     batch, width = inputs.shape
     rows = batch * beam_size
-    loop_length = decode_length(width, max_decode_len, extra_length)
+    loop_length = options.loop_length(width)
     special = model.config.special
-    limits = output_limits(inputs, loop_length, extra_length, special.pad)
+    limits = output_limits(inputs, loop_length, options.extra_length, special.pad)
     cache_length = padded_length(loop_length)
     encoded, cache = encode_and_cache(model, params, inputs, cache_length)
 
@@ -144,10 +130,10 @@ def _beam_search(
             normalized=True,
         )
         at_limit = step + 1 >= state.limits
-        log_probs = _allowed(log_probs, at_limit, state, special, rules)
+        log_probs = _allowed(log_probs, at_limit, state, special, options)
         vocab = log_probs.shape[-1]
         log_probs = state.alive_log_probs[:, :, None] + log_probs.reshape(-1, beam_size, vocab)
-        cut = at_limit[::beam_size] if rules.eos_at_limit == 'none' else None
+        cut = at_limit[::beam_size] if options.eos_at_limit == 'none' else None
         finished_seqs, finished_scores = _offer_finished(
             state, log_probs, alpha, rule, special.eos, cut
         )
@@ -189,7 +175,9 @@ def _beam_search(
         inputs=jnp.repeat(inputs, beam_size, axis=0),
         limits=jnp.repeat(limits, beam_size),
         encoded=encoded,
-        controls=init_controls(constraints, _repeat(prefixes, beam_size), rows, loop_length),
+        controls=init_controls(
+            constraints, options.with_prefixes(prefixes), rows, loop_length, beam_size
+        ),
     )
     state, (sequences, scores) = shrinking_loop(
         decode_step,
@@ -205,16 +193,16 @@ def _beam_search(
 
 
 def _allowed(
-    log_probs: Array, at_limit: Array, state: _BeamState, special: Any, rules: StepRules
+    log_probs: Array, at_limit: Array, state: _BeamState, special: Any, options: DecodeOptions
 ) -> Array:
     """The step's log-probabilities [B*K, V] with the tokens each row may not take at -inf
-    (`forbid`, `constrain`), taken through log_softmax again with ``rules.renormalize``."""
+    (`forbid`, `constrain`), taken through log_softmax again with ``options.renormalize``."""
     rows = at_limit.shape[0]
-    log_probs = constrain(
-        forbid(log_probs, at_limit, special, rules), state.controls, state.step,
-        state.alive_seqs.reshape(rows, -1), at_limit, special,
+    allowed = constrain(
+        forbid(log_probs, at_limit, special, options), state.controls, state.step,
+        state.alive_seqs.reshape(rows, -1), at_limit, special, log_probs,
     )  # fmt: skip
-    return jax.nn.log_softmax(log_probs) if rules.renormalize else log_probs
+    return jax.nn.log_softmax(allowed) if options.renormalize else allowed
 
 
 def _continuing(log_probs: Array, eos: int, cut: Array | None) -> Array:
@@ -224,10 +212,6 @@ def _continuing(log_probs: Array, eos: int, cut: Array | None) -> Array:
     if cut is not None:
         continuing = jnp.where(cut[:, None, None], -jnp.inf, continuing)
     return continuing.reshape(log_probs.shape[0], -1)
-
-
-def _repeat(prefixes: Array | None, beam_size: int) -> Array | None:
-    return None if prefixes is None else jnp.repeat(prefixes, beam_size, axis=0)
 
 
 def _offer_finished(
@@ -271,15 +255,10 @@ def beam_search(
     inputs: Array,
     *,
     beam_size: int = 4,
-    alpha: float = 0.6,
-    length_penalty: str = 'gnmt',
-    max_decode_len: int | None = None,
-    extra_length: int = 50,
+    options: DecodeOptions = DEFAULT_OPTIONS,
     early_stop: bool = True,
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
-    prefixes: Array | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array]:
     """Beam search with the paper's settings: beam 4, alpha 0.6, input length + 50 (Sec. 6.1).
 
@@ -294,28 +273,27 @@ def beam_search(
         next-token probabilities).
       inputs: right-padded source tokens [B, S] int32.
       beam_size: K.
-      alpha: length penalty exponent: score = log P(y) / penalty(|y|), |y| counting EOS.
-        Traced, as is the rule: a new alpha or rule runs the program already compiled.
-      length_penalty: the penalty's rule (`next_token.length_penalty`): 'gnmt',
-        ((5 + |y|) / 6)^alpha (Wu et al., 2016), or 'fairseq', |y|^alpha.
-      max_decode_len: loop length T; defaults to S + extra_length.
-      extra_length: output length limit = input length + this, EOS included (Sec. 6.1).
+      options: `DecodeOptions`: the length limit and its rule, the length penalty (score =
+        log P(y) / penalty(|y|), |y| counting EOS; its alpha and rule are traced: a new one
+        runs the program already compiled), renormalising, the ids never emitted, the
+        forced first ids and the per-row prefixes [B, P] (a prefix's log-probs count in the
+        scores).
       early_stop: end once, for every example, the worst of the K finished scores is at
         least the best any alive hypothesis could still reach (the same result, sooner).
       min_stage_batch: with ``early_stop``, the batch shrinks as its examples finish, down to
         this many rows (`next_token.shrinking_loop`).
-      constraints, prefixes: as `greedy_search`'s (a prefix's log-probs count in the scores).
-      rules: the length limit's rule and the renormalisation (`next_token.StepRules`).
+      constraints: as `greedy_search`'s.
 
     Returns:
       (sequences [B, K, T] int32, scores [B, K] float32), sorted best first. Sequences end in
       EOS and are the pad id after it. A slot with score -inf holds no hypothesis (only
       possible when fewer than K sequences exist).
     """
+    alpha, rule = options.penalty()
+    options.check_forced(model.config.special)
     sequences, scores, _ = _beam_search(
-        model, params, inputs,
-        alpha=penalty_alpha(alpha), rule=penalty_rule(length_penalty), beam_size=beam_size,
-        max_decode_len=max_decode_len, extra_length=extra_length, early_stop=early_stop,
-        min_stage_batch=min_stage_batch, constraints=constraints, prefixes=prefixes, rules=rules,
+        model, params, inputs, alpha=alpha, rule=rule, beam_size=beam_size,
+        options=options.static, early_stop=early_stop, min_stage_batch=min_stage_batch,
+        constraints=constraints, prefixes=options.prefixes,
     )  # fmt: skip
     return sequences, scores

@@ -7,13 +7,14 @@ and a forced target prefix, the same for beam search, greedy search and sampling
 * ``no_repeat_ngram`` N: a token that would complete an N-gram already in the output is
   forbidden (fairseq's ``--no-repeat-ngram-size``, Paulus et al., 2018); 0 turns it off.
 * A prefix [B, P] (right-padded with the pad id): output position t < the row's prefix length
-  takes the prefix's token, whatever the model prefers; its score is the model's
-  log-probability of that token, so a score is still the model's log-probability of the
-  whole output. This is also how a vocabulary's forced first target tokens (a target-language
-  code, NLLB-200's) are given: they come out first in the output, after the decoder's start
-  token (`SpecialIds.decoder_start`, which is never part of the output), and count in its
-  score and length like any other token. The caller makes sure a prefix leaves room for EOS
-  (`translation.check_prefixes`).
+  takes the prefix's token, whatever the model prefers (even an id of ``never_emit``); its
+  score is the model's log-probability of that token, so a score is still the model's
+  log-probability of the whole output. A row's prefix is `DecodeOptions.forced` (a
+  vocabulary's forced first target tokens, a target-language code: NLLB-200's) followed by
+  its own ``DecodeOptions.prefixes`` row: they come out first in the output, after the
+  decoder's start token (`SpecialIds.decoder_start`, which is never part of the output), and
+  count in its score and length like any other token. The caller makes sure a prefix leaves
+  room for EOS (`translation.encode_prefixes`).
 
 Both settings are traced values (one compiled search serves every L and N); a prefix is an
 array, so its contents are too. N-gram blocking keeps, for every row, the length of the
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from transformer.decoding.options import DecodeOptions
 from transformer.tokens import SpecialIds
 
 Array = jax.Array
@@ -67,20 +69,39 @@ class Controls(NamedTuple):
     prefix: Array | None  # [R, P] forced tokens, the pad id past each row's prefix
 
 
+def forced_prefix(options: DecodeOptions, rows: int, repeat: int = 1) -> Array | None:
+    """[rows, F + P] int32: ``options.forced`` (F ids, the same for every row) followed by
+    each row's ``options.prefixes`` [rows / repeat, P], each repeated to its ``repeat`` rows
+    (beams, samples); None when there is neither."""
+    prefixes = options.prefixes
+    if prefixes is not None:
+        prefixes = jnp.repeat(jnp.asarray(prefixes, jnp.int32), repeat, axis=0)
+    if not options.forced:
+        return prefixes
+    forced = jnp.broadcast_to(jnp.asarray(options.forced, jnp.int32), (rows, len(options.forced)))
+    return forced if prefixes is None else jnp.concatenate([forced, prefixes], axis=1)
+
+
 def init_controls(
-    constraints: Constraints | None, prefixes: Array | None, rows: int, loop_length: int
+    constraints: Constraints | None,
+    options: DecodeOptions,
+    rows: int,
+    loop_length: int,
+    repeat: int = 1,
 ) -> Controls | None:
-    """The controls of ``rows`` rows (``prefixes`` already repeated to them), or None when
-    the search has neither constraints nor prefixes (then it compiles as without them)."""
-    if constraints is None and prefixes is None:
+    """The controls of ``rows`` rows, each example's ``repeat`` times (`forced_prefix`), or
+    None when the search has neither constraints nor forced tokens (then it compiles as
+    without them)."""
+    prefix = forced_prefix(options, rows, repeat)
+    if constraints is None and prefix is None:
         return None
     if constraints is None:
-        return Controls(None, None, None, jnp.asarray(prefixes, jnp.int32))
+        return Controls(None, None, None, prefix)
     return Controls(
         min_length=jnp.asarray(constraints.min_length, jnp.int32),
         ngram=jnp.asarray(constraints.no_repeat_ngram, jnp.int32),
         matches=jnp.zeros((rows, loop_length), jnp.int32),
-        prefix=None if prefixes is None else jnp.asarray(prefixes, jnp.int32),
+        prefix=prefix,
     )
 
 
@@ -107,9 +128,12 @@ def constrain(
     tokens: Array,
     at_limit: Array,
     special: SpecialIds,
+    raw: Array | None = None,
 ) -> Array:
     """``scores`` [R, V] (already through `next_token.forbid`) with what the constraints
-    forbid at -inf, and forced positions holding only their prefix token.
+    forbid at -inf, and forced positions holding only their prefix token, at its score in
+    ``raw`` (the scores before `next_token.forbid`, default ``scores``: a forced id is
+    forced even when the vocabulary never emits it).
 
     Args:
       scores: next-token scores (log-probabilities or logits) [R, V].
@@ -118,6 +142,7 @@ def constrain(
       tokens: [R, T] each row's output so far (positions >= ``step`` are ignored).
       at_limit: [R] rows whose next token is their last allowed one (only EOS is left).
       special: the vocabulary's ids (its eos; its pad pads a prefix).
+      raw: [R, V] the scores before `next_token.forbid`.
     """
     if controls is None:
         return scores
@@ -129,7 +154,7 @@ def constrain(
         out = jnp.where(_repeated(controls, step, tokens, scores.shape[-1]), -jnp.inf, out)
     if controls.prefix is not None:
         forced = forced_tokens(controls.prefix, step, special.pad)[:, None]
-        only = jnp.where(vocab == forced, scores, -jnp.inf)
+        only = jnp.where(vocab == forced, scores if raw is None else raw, -jnp.inf)
         out = jnp.where(forced != special.pad, only, out)
     return out
 

@@ -33,9 +33,6 @@ from transformer.decoding.constraints import (
     init_controls,
 )
 from transformer.decoding.next_token import (
-    DEFAULT_RULES,
-    StepRules,
-    decode_length,
     encode_and_cache,
     forbid,
     next_scores,
@@ -43,6 +40,7 @@ from transformer.decoding.next_token import (
     shrinking_loop,
     stage_sizes,
 )
+from transformer.decoding.options import DEFAULT_OPTIONS, DecodeOptions
 from transformer.model import Transformer
 
 Array = jax.Array
@@ -73,31 +71,30 @@ def token_search(
     draws: Any,
     controls: Controls | None,
     loop_length: int,
-    extra_length: int,
+    options: DecodeOptions,
     min_stage_batch: int,
     normalized: bool,
-    rules: StepRules = DEFAULT_RULES,
 ) -> tuple[Array, Array | None]:
     """Runs ``choose(scores, state) -> (tokens [R], draws)`` each step on the next-token logits
-    (log-probs with ``normalized``; `forbid` with ``rules``): tokens [R, T], draws.log_probs [R]."""
+    (log-probs with ``normalized``; `forbid` by ``options``, static): tokens [R, T],
+    draws.log_probs [R]."""
     (rows, _), special = inputs.shape, model.config.special
     encoded, cache = encode_and_cache(model, params, inputs, loop_length)
 
     def decode_step(state: TokenState) -> TokenState:
-        scores, cache = next_scores(
-            *(model, params, state.cache, state.encoded, state.inputs, state.last_tokens),
-            normalized=normalized,
-        )
+        fed = (state.cache, state.encoded, state.inputs, state.last_tokens)
+        scores, cache = next_scores(model, params, *fed, normalized=normalized)
         at_limit = state.step + 1 >= state.limits
-        scores = forbid(scores, at_limit, special, rules)
-        scores = constrain(scores, state.controls, state.step, state.tokens, at_limit, special)
+        allowed = forbid(scores, at_limit, special, options)
+        controls = (state.controls, state.step, state.tokens, at_limit, special)
+        scores = constrain(allowed, *controls, scores)
         chosen, draws = choose(scores, state)
         next_tokens = jnp.where(state.done, special.pad, chosen)
         return state._replace(
             step=state.step + 1,
             tokens=state.tokens.at[:, state.step].set(next_tokens),
             last_tokens=next_tokens,
-            done=state.done | (next_tokens == special.eos) | _cut(at_limit, rules),
+            done=state.done | (next_tokens == special.eos) | _cut(at_limit, options),
             cache=cache,
             controls=advance(state.controls, state.tokens, next_tokens),
             draws=draws,
@@ -110,7 +107,7 @@ def token_search(
         done=jnp.zeros((rows,), bool),
         cache=cache,
         inputs=inputs,
-        limits=output_limits(inputs, loop_length, extra_length, special.pad),
+        limits=output_limits(inputs, loop_length, options.extra_length, special.pad),
         encoded=encoded,
         controls=controls,
         draws=draws,
@@ -126,10 +123,10 @@ def token_search(
     return outputs
 
 
-def _cut(at_limit: Array, rules: StepRules) -> Array | bool:
+def _cut(at_limit: Array, options: DecodeOptions) -> Array | bool:
     """[R] the rows an output ends at without EOS: at their limit, with no EOS forced there
-    (``rules.eos_at_limit`` 'none'; otherwise only EOS may come there: False)."""
-    return at_limit if rules.eos_at_limit == 'none' else False
+    (``options.eos_at_limit`` 'none'; otherwise only EOS may come there: False)."""
+    return at_limit if options.eos_at_limit == 'none' else False
 
 
 def _argmax(logits: Array, state: TokenState) -> tuple[Array, None]:
@@ -138,21 +135,14 @@ def _argmax(logits: Array, state: TokenState) -> tuple[Array, None]:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
 
 
-_GREEDY_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch', 'rules')
-
-
-@functools.partial(jax.jit, static_argnames=_GREEDY_STATIC)
 def greedy_search(
     model: Transformer,
     params: Params,
     inputs: Array,
     *,
-    max_decode_len: int | None = None,
-    extra_length: int = 50,
+    options: DecodeOptions = DEFAULT_OPTIONS,
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
-    prefixes: Array | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> Array:
     """Greedy decoding: the most probable token at every step.
 
@@ -161,34 +151,49 @@ def greedy_search(
       params: its parameters, or an `Ensemble` (the most probable token of the members' mean
         distribution is taken).
       inputs: right-padded source tokens [B, S] int32.
-      max_decode_len: loop length T; defaults to S + extra_length.
-      extra_length: an example's output may have at most its input length + this many tokens,
-        EOS included (input length + 50, Sec. 6.1).
+      options: the length limit, the rule at it, the ids never emitted, the forced first ids
+        and the per-row prefixes [B, P] (`DecodeOptions`; the length penalty and
+        renormalising change no argmax).
       min_stage_batch: the batch shrinks as its examples produce EOS, down to this many rows
         (`next_token.shrinking_loop`).
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
-      prefixes: [B, P] int32 target prefixes the outputs start with (forced first tokens, a
-        target-language code), right-padded with the pad id (`constraints`).
-      rules: the length limit's rule (`next_token.StepRules`; renormalising changes no argmax).
 
     Returns:
       [B, T] int32 tokens, EOS included where produced, the pad id after it. The loop ends as
-      soon as every example has produced EOS (or, with ``rules.eos_at_limit`` 'none',
+      soon as every example has produced EOS (or, with ``options.eos_at_limit`` 'none',
       reached its limit, where it ends without EOS).
     """
+    options.check_forced(model.config.special)
+    return _greedy_search(
+        model, params, inputs, options=options.static, prefixes=options.prefixes,
+        min_stage_batch=min_stage_batch, constraints=constraints,
+    )  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'options', 'min_stage_batch'))
+def _greedy_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    options: DecodeOptions,
+    prefixes: Array | None,
+    min_stage_batch: int,
+    constraints: Constraints | None,
+) -> Array:
+    """`greedy_search` with its options' static part (``options``) and ``prefixes`` apart."""
     batch, width = inputs.shape
-    loop_length = decode_length(width, max_decode_len, extra_length)
+    loop_length = options.loop_length(width)
     tokens, _ = token_search(
         model,
         params,
         inputs,
         choose=_argmax,
         draws=None,
-        controls=init_controls(constraints, prefixes, batch, loop_length),
+        controls=init_controls(constraints, options.with_prefixes(prefixes), batch, loop_length),
         loop_length=loop_length,
-        extra_length=extra_length,
+        options=options,
         min_stage_batch=min_stage_batch,
         normalized=False,
-        rules=rules,
     )
     return tokens

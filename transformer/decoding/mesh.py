@@ -150,28 +150,45 @@ def decode(
     layout: DecodeLayout | None = None,
     *,
     row_options: Mapping[str, np.ndarray] | None = None,
-    **options: Any,
+    **arguments: Any,
 ) -> PyTree:
-    """``search(model, params, inputs, **row_options, **options)`` of a whole batch [B, S], on
-    the mesh of ``layout`` (or on one device without it), as numpy arrays with B rows on every
-    process.
+    """``search(model, params, inputs, **row_options, **arguments)`` of a whole batch [B, S],
+    on the mesh of ``layout`` (or on one device without it), as numpy arrays with B rows on
+    every process.
 
     The search is any of the package's (`translate_batch`, `beam_search`, ...) or one with
     the same form: its outputs' leading axis is the batch's rows. ``row_options`` are per-row
-    arrays [B, ...] (a sentence's line index, its forced prefix), split over the mesh with the
-    inputs (filler rows: `filler_rows`); ``options`` go to the search as they are.
-    ``params`` must be in ``layout.shardings()`` (`DecodeLayout.place`).
+    arrays [B, ...] (a sentence's line index), split over the mesh with the inputs (filler
+    rows: `filler_rows`), and so are the per-row prefixes of a `DecodeOptions` given as
+    ``options``; other ``arguments`` go to the search as they are. ``params`` must be in
+    ``layout.shardings()`` (`DecodeLayout.place`).
     """
     rows = inputs.shape[0]
     per_row = {key: np.asarray(value) for key, value in (row_options or {}).items()}
+    options = arguments.get('options')
+    if getattr(options, 'prefixes', None) is not None:
+        per_row['prefixes'] = np.asarray(options.prefixes)
     if layout is None:
         per_row = {key: jnp.asarray(value) for key, value in per_row.items()}
-        outputs = search(model, params, jnp.asarray(inputs), **per_row, **options)
+        outputs = search(model, params, jnp.asarray(inputs), **_rejoin(per_row, arguments))
         return jax.tree.map(np.asarray, fetch(outputs))
     placed = place_rows({'inputs': np.asarray(inputs), **per_row}, layout, model.config.special)
     with jax.set_mesh(layout.mesh):  # the searches read the data axis (`stage_sizes`)
-        outputs = search(model, params, placed.pop('inputs'), **placed, **options)
+        inputs = placed.pop('inputs')
+        outputs = search(model, params, inputs, **_rejoin(placed, arguments))
     return jax.tree.map(lambda x: x[:rows], gather(outputs))
+
+
+def _rejoin(per_row: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The search's keyword arguments: the placed per-row arrays, the prefixes back in the
+    options they came from."""
+    per_row = dict(per_row)
+    if 'prefixes' in per_row:
+        arguments = {
+            **arguments,
+            'options': arguments['options'].with_prefixes(per_row.pop('prefixes')),
+        }
+    return {**per_row, **arguments}
 
 
 def sentences_per_process(

@@ -7,16 +7,20 @@ penalty follow the conventions written in `transformer.decoding`'s docstring.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 from flax import struct
 
 from transformer import backends
+from transformer.decoding.options import (
+    DEFAULT_OPTIONS,
+    DecodeOptions,
+    penalty_alpha,
+    penalty_rule,
+)
 from transformer.model import (
     STACKED_KEYS,
     Transformer,
@@ -24,29 +28,14 @@ from transformer.model import (
     encode,
     init_cache,
 )
-from transformer.schema import EOS_AT_LIMIT, LENGTH_PENALTIES
+from transformer.schema import LENGTH_PENALTIES
 from transformer.tokens import SpecialIds
+
+__all__ = ['penalty_alpha', 'penalty_rule']  # the length penalty's checks, with its formula
 
 Array = jax.Array
 Params = Any
 Cache = Any
-
-
-def penalty_rule(rule: str) -> np.int32:
-    """The rule's number, its place in `schema.LENGTH_PENALTIES` ('gnmt' 0, 'fairseq' 1): the
-    searches take it as a traced value, so one compiled search serves both rules."""
-    if rule not in LENGTH_PENALTIES:
-        raise ValueError(f'eval.length_penalty must be one of {LENGTH_PENALTIES}, got {rule!r}.')
-    return np.int32(LENGTH_PENALTIES.index(rule))
-
-
-def penalty_alpha(alpha: float) -> np.float32:
-    """``alpha`` as the searches take it (a traced float32), refused when negative: beam
-    search's early stop bounds an alive hypothesis by the penalty at the output limit, which
-    holds only while the penalty grows with the length (alpha >= 0)."""
-    if not np.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"alpha must be >= 0 (the length penalty's exponent), got {alpha}.")
-    return np.float32(alpha)
 
 
 def length_penalty(length: Array | int, alpha: float | Array, rule: str | Array = 'gnmt') -> Array:
@@ -93,11 +82,6 @@ def length_power(alpha: float, rule: str) -> float:
             *(alpha, alpha, alpha),
         )
     return float(alpha)
-
-
-def decode_length(width: int, max_decode_len: int | None, extra_length: int) -> int:
-    """The loop length T: ``max_decode_len``, else the padded source width + ``extra_length``."""
-    return max_decode_len if max_decode_len is not None else width + extra_length
 
 
 def output_limits(inputs: Array, loop_length: int, extra_length: int, pad: int) -> Array:
@@ -210,59 +194,23 @@ def top_k(x: Array, k: int, block: int = 128) -> tuple[Array, Array]:
     return values, indices
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRules:
-    """What the searches do to each step's next-token scores beyond forbidding
-    ``never_emit`` (``eval.eos_at_limit`` and ``eval.renormalize``; the defaults are this
-    project's own rules). A static argument: each value compiles its own search.
-
-    Attributes:
-      eos_at_limit: at an output's last allowed position, 'scored': only EOS, at the model's
-        probability of it; 'forced': only EOS, at probability 1 (log 0), as Hugging Face's
-        ``forced_eos_token_id`` sets it; 'none': any token, and the output ends there
-        without EOS (Hugging Face without ``forced_eos_token_id``).
-      renormalize: beam search takes log_softmax again after the forbidden tokens are set
-        to -inf (Hugging Face's ``renormalize_logits``), so its scores are those of the
-        distribution over the allowed tokens; otherwise the model's own log-probabilities
-        count. (Greedy search and sampling pick the same tokens either way.)
-    """
-
-    eos_at_limit: str = 'scored'
-    renormalize: bool = False
-
-    def __post_init__(self):
-        if self.eos_at_limit not in EOS_AT_LIMIT:
-            raise ValueError(
-                f'eval.eos_at_limit must be one of {EOS_AT_LIMIT}, got {self.eos_at_limit!r}.'
-            )
-
-
-# This project's own rules, the searches' default.
-DEFAULT_RULES = StepRules()
-
-
-def step_rules(ev: Any) -> StepRules:
-    """The `StepRules` of a run's ``eval`` section."""
-    return StepRules(getattr(ev, 'eos_at_limit', 'scored'), bool(getattr(ev, 'renormalize', False)))
-
-
 def forbid(
-    scores: Array, at_limit: Array, special: SpecialIds, rules: StepRules = DEFAULT_RULES
+    scores: Array, at_limit: Array, special: SpecialIds, options: DecodeOptions = DEFAULT_OPTIONS
 ) -> Array:
     """``scores`` [B', V] with impossible tokens at -inf.
 
     ``at_limit`` [B'] marks sequences whose next token is their last allowed one: only EOS
-    (``special.eos``) stays possible there, unless ``rules.eos_at_limit`` is 'none' (at
-    log-probability 0 when 'forced'). ``special.never_emit`` (padding, always) is never
-    possible.
+    (``special.eos``) stays possible there, unless ``options.eos_at_limit`` is 'none' (at
+    log-probability 0 when 'forced'). The ids ``options`` bans (`DecodeOptions.banned`: the
+    vocabulary's ``never_emit``, padding always) are never possible.
     """
     vocab = jnp.arange(scores.shape[-1])
-    never = jnp.isin(vocab, jnp.asarray(special.never_emit, jnp.int32))
-    if rules.eos_at_limit == 'none':
+    never = jnp.isin(vocab, jnp.asarray(options.banned(special), jnp.int32))
+    if options.eos_at_limit == 'none':
         return jnp.where(never, -jnp.inf, scores)
     forbidden = never | (at_limit[:, None] & (vocab != special.eos))
     scores = jnp.where(forbidden, -jnp.inf, scores)
-    if rules.eos_at_limit == 'forced':
+    if options.eos_at_limit == 'forced':
         scores = jnp.where(at_limit[:, None] & (vocab == special.eos), 0.0, scores)
     return scores
 

@@ -20,6 +20,7 @@ EOS, scores and ensembles are those of the package's public API
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, NamedTuple
@@ -30,7 +31,7 @@ from flax import struct
 
 from transformer.decoding.constraints import Constraints, init_controls
 from transformer.decoding.greedy import TokenState, token_search
-from transformer.decoding.next_token import decode_length
+from transformer.decoding.options import DEFAULT_OPTIONS, DecodeOptions
 from transformer.model import Transformer
 
 Array = jax.Array
@@ -173,10 +174,6 @@ def _choose(scores: Array, state: TokenState) -> tuple[Array, _Draws]:
     return tokens, d._replace(log_probs=log_probs)
 
 
-_SAMPLE_STATIC = ('model', 'max_decode_len', 'extra_length', 'min_stage_batch')
-
-
-@functools.partial(jax.jit, static_argnames=_SAMPLE_STATIC)
 def sample_search(
     model: Transformer,
     params: Params,
@@ -184,11 +181,9 @@ def sample_search(
     *,
     sampling: Sampling = DEFAULT,
     line_indices: Array | None = None,
-    max_decode_len: int | None = None,
-    extra_length: int = 50,
+    options: DecodeOptions = DEFAULT_OPTIONS,
     min_stage_batch: int = 8,
     constraints: Constraints | None = None,
-    prefixes: Array | None = None,
 ) -> tuple[Array, Array]:
     """``sampling.num_samples`` sampled outputs of every input.
 
@@ -198,21 +193,45 @@ def sample_search(
       inputs: right-padded source tokens [B, S] int32.
       sampling: the settings (`Sampling`); call its ``check`` first.
       line_indices: [B] each input's line index, which seeds it (default 0..B-1).
-      max_decode_len: loop length T; defaults to S + extra_length.
-      extra_length: output limit = input length + this, EOS included (Sec. 6.1).
+      options: the length limit, the ids never emitted, the forced first ids and the per-row
+        prefixes [B, P] (`DecodeOptions`, as `greedy_search`'s; its ``eos_at_limit`` is not
+        sampling's, which is always 'scored').
       min_stage_batch: the batch shrinks as its rows produce EOS, down to this many rows.
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`, traced).
-      prefixes: [B, P] int32 target prefixes the outputs start with, right-padded with the
-        pad id (`greedy_search`'s).
 
     Returns:
       (sequences [B, N, T] int32, log_probs [B, N] float32): the samples of each input in
       sample order, EOS included and the pad id after it, and the model's log P(y|x) of each (the
       untempered, unfiltered distribution's, EOS included).
     """
+    options.check_forced(model.config.special)
+    # A sample ends at its limit with EOS at the model's probability ('scored') whatever the
+    # run's eos_at_limit, which is greedy and beam search's rule (docs/decoding.md).
+    static = dataclasses.replace(options.static, eos_at_limit='scored')
+    return _sample_search(
+        model, params, inputs, sampling=sampling, line_indices=line_indices,
+        options=static, prefixes=options.prefixes, min_stage_batch=min_stage_batch,
+        constraints=constraints,
+    )  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'options', 'min_stage_batch'))
+def _sample_search(
+    model: Transformer,
+    params: Params,
+    inputs: Array,
+    *,
+    sampling: Sampling,
+    line_indices: Array | None,
+    options: DecodeOptions,
+    prefixes: Array | None,
+    min_stage_batch: int,
+    constraints: Constraints | None,
+) -> tuple[Array, Array]:
+    """`sample_search` with its options' static part (``options``) and ``prefixes`` apart."""
     batch, width = inputs.shape
     n = sampling.num_samples
-    loop_length = decode_length(width, max_decode_len, extra_length)
+    loop_length = options.loop_length(width)
     lines = jnp.arange(batch, dtype=jnp.int32) if line_indices is None else line_indices
     draws = _Draws(
         lines=jnp.repeat(jnp.asarray(lines, jnp.int32), n),
@@ -220,17 +239,17 @@ def sample_search(
         log_probs=jnp.zeros((batch * n,), jnp.float32),
         settings=sampling,
     )
-    if prefixes is not None:
-        prefixes = jnp.repeat(prefixes, n, axis=0)
     tokens, log_probs = token_search(
         model,
         params,
         jnp.repeat(inputs, n, axis=0),
         choose=_choose,
         draws=draws,
-        controls=init_controls(constraints, prefixes, batch * n, loop_length),
+        controls=init_controls(
+            constraints, options.with_prefixes(prefixes), batch * n, loop_length, n
+        ),
         loop_length=loop_length,
-        extra_length=extra_length,
+        options=options,
         min_stage_batch=min_stage_batch,
         normalized=True,
     )

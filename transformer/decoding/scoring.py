@@ -22,7 +22,8 @@ import numpy as np
 
 from transformer import data as data_lib
 from transformer.decoding.mesh import DecodeLayout, decode
-from transformer.decoding.next_token import Ensemble, length_penalty, penalty_alpha, penalty_rule
+from transformer.decoding.next_token import Ensemble, length_penalty
+from transformer.decoding.options import DecodeOptions
 from transformer.model import Transformer, teacher_forced_logits
 
 Array = jax.Array
@@ -52,9 +53,11 @@ def token_log_probs(model: Transformer, params: Any, inputs: Array, targets: Arr
     return jnp.where(targets != model.config.special.pad, picked, 0.0)
 
 
-def _encode(tokenizer: data_lib.Tokenizer, texts: Sequence[str], side: str) -> list[np.ndarray]:
+def _encode(
+    tokenizer: data_lib.Tokenizer, texts: Sequence[str], side: str, first: tuple[int, ...] = ()
+) -> list[np.ndarray]:
     ids = tokenizer.encode_batch(list(texts), side) if texts else []
-    return [np.array([*row, tokenizer.special.eos], np.int32) for row in ids]
+    return [np.array([*first, *row, tokenizer.special.eos], np.int32) for row in ids]
 
 
 def score_pairs(
@@ -64,8 +67,7 @@ def score_pairs(
     sources: Sequence[str],
     targets: Sequence[str],
     *,
-    alpha: float,
-    rule: str,
+    options: DecodeOptions,
     batch_size: int,
     layout: DecodeLayout | None = None,
 ) -> list[PairScore]:
@@ -77,8 +79,9 @@ def score_pairs(
       tokenizer: the run's vocabulary.
       sources: source sentences.
       targets: their translations, one each.
-      alpha: the length penalty's exponent.
-      rule: the length penalty's rule, 'gnmt' or 'fairseq'.
+      options: the length penalty (``alpha``, ``length_penalty``) and the ``forced`` first
+        ids, which each target starts with: they count in its log-probability and its
+        tokens, as a teacher-forced loss counts them (`DecodeOptions`).
       batch_size: pairs per batch (batches are sorted by length and bucketed, as evaluation
         batches, so that a few shapes compile).
       layout: the mesh and processes to score on (`mesh.decode`: each batch's pairs split
@@ -89,24 +92,21 @@ def score_pairs(
     """
     if len(sources) != len(targets):
         raise ValueError(f'{len(targets)} targets for {len(sources)} sources: give one a source.')
-    penalty_alpha(alpha), penalty_rule(rule)  # bad ones: one line before anything runs
+    options.penalty()  # bad ones: one line before anything runs
     if not sources:
         return []
-    pairs = _encode(tokenizer, sources, 'source'), _encode(tokenizer, targets, 'target')
+    forced = options.forced
+    pairs = _encode(tokenizer, sources, 'source'), _encode(tokenizer, targets, 'target', forced)
     batches = data_lib.batch_examples(*pairs, batch_size, tokenizer.special)
     outputs = []
     for batch in batches:
-        found = decode(
-            token_log_probs,
-            model,
-            params,
-            batch['inputs'],
-            layout,
-            row_options={'targets': batch['targets']},
-        )
+        rows = {'targets': batch['targets']}
+        found = decode(token_log_probs, model, params, batch['inputs'], layout, row_options=rows)
         counts = (batch['targets'] != tokenizer.special.pad).sum(-1)
         sums = found.sum(-1, dtype=np.float64)
-        penalties = np.asarray(length_penalty(np.maximum(counts, 1), alpha, rule))
+        penalties = np.asarray(
+            length_penalty(np.maximum(counts, 1), options.alpha, options.length_penalty)
+        )
         outputs.append(
             [
                 PairScore(float(s / p), float(s), int(n), tuple(float(x) for x in row[:n]))

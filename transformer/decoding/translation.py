@@ -31,12 +31,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer.decoding.constraints import Constraints
 from transformer.decoding.mesh import DecodeLayout, decode
-from transformer.decoding.next_token import (
-    DEFAULT_RULES,
-    StepRules,
-    decode_length,
-    penalty_alpha,
-)
+from transformer.decoding.options import DecodeOptions
 from transformer.decoding.sampling import Sampling
 from transformer.decoding.search import hypotheses_batch, sequence_log_probs, translate_batch
 from transformer.model import Transformer
@@ -46,24 +41,26 @@ __all__ = ['sequence_log_probs']  # n-best's log P(y|x), here for its callers
 
 def _batch_arguments(
     batch: dict[str, np.ndarray],
-    prefixes: Sequence[np.ndarray] | None,
+    options: DecodeOptions,
     line_indices: Sequence[int] | None,
-    extra_length: int,
     pad: int,
 ) -> dict[str, Any]:
-    """A batch's per-row search arguments: ``line_indices`` [B] (filler rows 0; the example's
-    own index when none are given) and ``prefixes`` [B, T] padded with ``pad`` to the loop
-    length T, so that every prefix of a batch shape runs one compiled search."""
+    """A batch's search arguments: ``line_indices`` [B] (filler rows 0; the example's own
+    index when none are given) and the options with the batch's rows of their per-example
+    prefixes, [B, T] padded with ``pad`` to the loop length T, so that every prefix of a batch
+    shape runs one compiled search."""
     index = batch['index']
     lines = index if line_indices is None else np.asarray(line_indices)[np.maximum(index, 0)]
     out: dict[str, Any] = {'line_indices': np.where(index >= 0, lines, 0).astype(np.int32)}
+    prefixes = options.prefixes
     if prefixes is not None:
         rows, width = batch['inputs'].shape
-        forced = np.full((rows, decode_length(width, None, extra_length)), pad, np.int32)
+        forced = np.full((rows, options.loop_length(width)), pad, np.int32)
         for row, i in enumerate(index):
             if i >= 0:
                 forced[row, : len(prefixes[i])] = prefixes[i]
-        out['prefixes'] = forced
+        options = options.with_prefixes(forced)
+    out['options'] = options
     return out
 
 
@@ -74,42 +71,35 @@ def translate_batches(
     batches: Sequence[dict[str, np.ndarray]],
     *,
     beam_size: int,
-    alpha: float,
-    extra_length: int,
-    length_penalty: str = 'gnmt',
+    options: DecodeOptions,
     sampling: Sampling | None = None,
     constraints: Constraints | None = None,
-    prefixes: Sequence[np.ndarray] | None = None,
     line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> list[str]:
     """Detokenized best hypotheses (with ``sampling``, samples) of evaluation batches, in the
     original example order (``params`` may be an `Ensemble`: models decoded together,
     `ensemble.load_ensemble`); with a ``layout``, each batch's rows are split over its mesh
     and processes (`mesh.decode`) and every process returns every hypothesis.
 
-    ``prefixes`` (token ids, no EOS) and ``line_indices`` (the seed of each example's samples;
-    default its index) are per example, indexed as the batches' ``index``.
+    ``options.prefixes`` (token ids, no EOS, one array an example) and ``line_indices``
+    (the seed of each example's samples; default its index) are per example, indexed as the
+    batches' ``index``.
     """
     outputs = []
     for i, batch in enumerate(batches):
+        arguments = _batch_arguments(batch, options, line_indices, model.config.special.pad)
         tokens = decode(
             translate_batch,
             model,
             params,
             batch['inputs'],
             layout,
-            row_options=_batch_arguments(
-                batch, prefixes, line_indices, extra_length, model.config.special.pad
-            ),
+            row_options={'line_indices': arguments['line_indices']},
             beam_size=beam_size,
-            alpha=alpha,
-            length_penalty=length_penalty,
-            extra_length=extra_length,
+            options=arguments['options'],
             sampling=sampling,
             constraints=constraints,
-            rules=rules,
         )
         outputs.append([tokenizer.decode(row.tolist()) for row in tokens])
         if (i + 1) % 10 == 0 or i + 1 == len(batches):
@@ -133,19 +123,15 @@ def nbest_batches(
     *,
     nbest: int,
     beam_size: int,
-    alpha: float,
-    extra_length: int,
-    length_penalty: str = 'gnmt',
+    options: DecodeOptions,
     sampling: Sampling | None = None,
     constraints: Constraints | None = None,
-    prefixes: Sequence[np.ndarray] | None = None,
     line_indices: Sequence[int] | None = None,
     layout: DecodeLayout | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of every example (beam of max(beam_size, nbest)), best
     first, or with ``sampling`` its ``num_samples`` samples in sample order; in the original
-    example order. ``prefixes``, ``line_indices`` and ``layout`` as `translate_batches`'."""
+    example order. ``options``, ``line_indices`` and ``layout`` as `translate_batches`'."""
     outputs = []
     for batch in batches:
         sequences, scores, log_probs = hypotheses_batch(
@@ -155,15 +141,9 @@ def nbest_batches(
             layout=layout,
             nbest=nbest,
             beam_size=beam_size,
-            alpha=alpha,
-            length_penalty=length_penalty,
-            extra_length=extra_length,
             sampling=sampling,
             constraints=constraints,
-            rules=rules,
-            **_batch_arguments(
-                batch, prefixes, line_indices, extra_length, model.config.special.pad
-            ),
+            **_batch_arguments(batch, options, line_indices, model.config.special.pad),
         )
         outputs.append(
             [
@@ -220,20 +200,22 @@ def encode_prefixes(
     todo: Sequence[int],
     sources: Sequence[np.ndarray],
     tokenizer: data_lib.Tokenizer,
-    extra_length: int,
+    options: DecodeOptions,
 ) -> list[np.ndarray]:
     """Token ids (no EOS, tokenized as a training target) of the prefixes of the lines
-    ``todo``, whose sources are ``sources``; a `ValueError` naming the first line whose prefix
-    leaves no room for EOS within its output limit (input length + ``extra_length``)."""
-    encoded = []
+    ``todo``, whose sources are ``sources``; a `ValueError` naming the first line whose
+    prefix, after ``options.forced``, leaves no room for EOS within its output limit (input
+    length + ``options.extra_length``)."""
+    encoded, extra, forced = [], options.extra_length, len(options.forced)
     for number, source in zip(todo, sources, strict=True):
         text = prefixes[number].strip()
         ids = np.array(tokenizer.encode(text, 'target') if text else [], np.int32)
-        limit = len(source) + extra_length
-        if len(ids) + 1 > limit:
+        limit = len(source) + extra
+        if forced + len(ids) + 1 > limit:
+            held = f' after {forced} forced' if forced else ''
             raise ValueError(
-                f'The prefix of line {number + 1} has {len(ids)} tokens; its output may hold '
-                f'{limit - 1} and EOS (input tokens + {extra_length}): shorten it.'
+                f'The prefix of line {number + 1} has {len(ids)} tokens{held}; its output may '
+                f'hold {limit - 1} and EOS (input tokens + {extra}): shorten it.'
             )
         encoded.append(ids)
     return encoded
@@ -266,17 +248,14 @@ def translate_lines(
     params: Any,
     *,
     beam_size: int,
-    alpha: float,
-    extra_length: int,
+    options: DecodeOptions,
     batch_size: int,
     max_input_tokens: int,
     nbest: int = 0,
-    length_penalty: str = 'gnmt',
     sampling: Sampling | None = None,
     constraints: Constraints | None = None,
     prefixes: Sequence[str] | None = None,
     layout: DecodeLayout | None = None,
-    rules: StepRules = DEFAULT_RULES,
 ) -> list[str] | list[list[Hypothesis]]:
     """Translations of ``lines``, aligned with them ('' for blank lines), or with ``nbest``
     K > 0 (or ``sampling.num_samples`` > 1) the K best `Hypothesis` (the samples) of each.
@@ -287,31 +266,31 @@ def translate_lines(
       model: the Transformer.
       params: its parameters.
       beam_size: 1 = greedy.
-      alpha: the length penalty's exponent.
-      extra_length: output may be this many tokens longer than its input (Sec. 6.1).
+      options: how the searches decode (`DecodeOptions`: the length limit and its rule, the
+        length penalty, the forced first ids, ...).
       batch_size: sentences per decoding batch.
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
-      length_penalty: its rule, 'gnmt' or 'fairseq' (`next_token.length_penalty`).
       sampling: draw the outputs (`sampling.Sampling`; line i seeded by i), no beam search.
       constraints: a minimum length and n-gram blocking (`constraints.Constraints`).
-      prefixes: a target prefix a line, for its output to start with ('' = none).
+      prefixes: a target prefix a line, for its output to start with after
+        ``options.forced`` ('' = none).
       layout: the mesh and processes to decode on (`mesh.DecodeLayout`); None: one device.
-      rules: the run's ``eval.eos_at_limit`` and ``eval.renormalize`` (`StepRules`).
     """
-    penalty_alpha(alpha)  # refused before anything is decoded, greedy included
+    options.penalty()  # refused before anything is decoded, greedy included
+    options.check_forced(model.config.special)
     constraints = check_options(lines, sampling, constraints, prefixes, nbest)
     todo, sources = _encode_lines(lines, tokenizer, max_input_tokens)
     many = nbest or (sampling is not None and sampling.num_samples > 1)
     out: list = [[] for _ in lines] if many else [''] * len(lines)
     if not sources:
         return out
-    search = dict(alpha=alpha, extra_length=extra_length, length_penalty=length_penalty)
-    search.update(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
-    search['rules'] = rules
     if prefixes is not None:
-        search['prefixes'] = encode_prefixes(prefixes, todo, sources, tokenizer, extra_length)
+        ids = encode_prefixes(prefixes, todo, sources, tokenizer, options)
+        options = options.with_prefixes(ids)
+    search = dict(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
+    search['options'] = options
     batches = data_lib.batch_examples(sources, None, batch_size, tokenizer.special)
     if many:
         hypotheses = nbest_batches(

@@ -26,18 +26,17 @@ def score_eval_set(
     eval_set: data_lib.EvalSet,
     *,
     beam_size: int,
-    alpha: float,
-    length_penalty: str | None = None,
+    options: decoding.DecodeOptions | None = None,
     layout: decoding.DecodeLayout | None = None,
     sampling: decoding.Sampling | None = None,
     constraints: decoding.Constraints | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes ``eval_set`` and scores it (with the run's BLEU conventions); ``params`` may
-    be an `Ensemble` (`ensemble.load_ensemble`); ``length_penalty`` defaults to the run's
-    ``eval.length_penalty``. With a ``layout`` the sentences are split over its mesh and
-    processes (`decoding.decode`); every process gets every hypothesis, so every process
-    computes the same scores. With ``sampling``, each sentence's sample is seeded by its
-    index in the split; ``constraints`` apply to either.
+    be an `Ensemble` (`ensemble.load_ensemble`); ``options`` default to the run's
+    (`decoding.decode_options` of its ``eval`` section). With a ``layout`` the sentences are
+    split over its mesh and processes (`decoding.decode`); every process gets every
+    hypothesis, so every process computes the same scores. With ``sampling``, each
+    sentence's sample is seeded by its index in the split; ``constraints`` apply to either.
 
     Returns:
       (scores, hypotheses in the split's order).
@@ -48,10 +47,7 @@ def score_eval_set(
         tokenizer,
         eval_set.batches,
         beam_size=beam_size,
-        alpha=alpha,
-        extra_length=config.eval.extra_length,
-        length_penalty=length_penalty or config.eval.length_penalty,
-        rules=decoding.step_rules(config.eval),
+        options=options or decoding.decode_options(config.eval),
         layout=layout,
         sampling=sampling,
         constraints=constraints,

@@ -89,7 +89,6 @@ class Validation:
             params,
             self.bleu_set,
             beam_size=config.eval.beam_size,
-            alpha=config.eval.alpha,
             layout=self.layout,
         )
         return {key: scores[key] for key in METRICS}
