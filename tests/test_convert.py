@@ -145,7 +145,7 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf_model, hf_tokenizer):
     vocab = tokenizer.vocab_size
     theirs = hf_log_probs(hf_model, batch)
     with jax.default_matmul_precision('float32'):
-        logits = model.apply(
+        logits = jax.jit(model.apply)(  # one program: eagerly, each operation compiles
             {'params': params},
             jnp.asarray((inputs + 1) % vocab),
             jnp.asarray((labels + 1) % vocab),

@@ -126,7 +126,7 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf):
     expected = hf_log_probs(hf_model, batch)
     source, target = _ours_of(tokenizer, 'source'), _ours_of(tokenizer, 'target')
     with jax.default_matmul_precision('float32'):
-        logits = model.apply(
+        logits = jax.jit(model.apply)(  # one program: eagerly, each operation compiles
             {'params': params}, jnp.asarray(source[inputs]), jnp.asarray(target[labels])
         )
     log_probs = np.asarray(jax.nn.log_softmax(logits, -1))

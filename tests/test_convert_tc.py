@@ -111,7 +111,7 @@ def test_teacher_forced_log_probs_equal_marians(loaded, hf):
     expected = hf_log_probs(hf_model, batch)
     ours_of = np.array([tokenizer.our_id(m) for m in range(tokenizer.vocab_size)])
     with jax.default_matmul_precision('float32'):
-        ours = model.apply(
+        ours = jax.jit(model.apply)(  # one program: eagerly, each operation compiles
             {'params': params}, jnp.asarray(ours_of[inputs]), jnp.asarray(ours_of[labels])
         )
     ours = np.asarray(jax.nn.log_softmax(ours, -1))[..., ours_of]  # Marian's row order

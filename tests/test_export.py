@@ -113,7 +113,8 @@ def test_teacher_forced_logits_equal_ours(loaded, hf_dir):
         ids = [*tokenizer.encode(text), EOS_ID][:40]
         targets[row, : len(ids)] = ids
     assert (inputs == 0).any() and (targets == 0).any()  # the batch has padding
-    ours = np.asarray(model.apply({'params': params}, jnp.asarray(inputs), jnp.asarray(targets)))
+    apply = jax.jit(model.apply)  # one program: eagerly, each operation compiles on its own
+    ours = np.asarray(apply({'params': params}, jnp.asarray(inputs), jnp.asarray(targets)))
 
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
 

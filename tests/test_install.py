@@ -16,10 +16,15 @@ import zipfile
 
 import pytest
 
+from tests.subprocess_env import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every process here runs without PYTHONPATH: a checkout on it would stand in for the wheel
 # (the packages it brings reach the new environment through its .pth line instead).
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'XLA_FLAGS')}
+# The installed command's training: one host CPU device, as without the suite's flags, and
+# the suite's compiler settings (tests/conftest.py: its tiny programs compiled to compile fast).
+TRAIN_ENV = {**CLEAN_ENV, 'XLA_FLAGS': xla_flags(1)}
 
 
 def _run(*args, cwd=None, env=CLEAN_ENV, timeout=300):
@@ -105,6 +110,7 @@ def test_installed_train_command_finds_config_by_name(tmp_path):
         'W',
         *(f'--config.{k}={v}' for k, v in overrides.items()),
         cwd=cwd,
+        env=TRAIN_ENV,
     )
     assert (cwd / 'W' / 'checkpoints' / '2').is_dir()
     where = _run(str(python), '-c', 'import transformer; print(transformer.__file__)', cwd=cwd)

@@ -1,7 +1,10 @@
 """A run of configs/tiny.py:modern's parts (rotary positions, RMSNorm, pre-LN, SwiGLU, QK-norm,
 grouped keys/values) with the z-loss, through every command: training and a resume (exact
-resume itself: tests/training/test_trainer.py), evaluate (beam and sampling), translate, score
-and visualize; and a resume that changes a part is refused."""
+resume itself: tests/training/test_trainer.py), evaluate (beam search), translate (sampling),
+score and visualize; and a resume that changes a part is refused. Each search runs once (each
+compiles a program of its own for the variant): the commands call the same searches, and the
+classic model's tests run each command with each (tests/decoding/test_translate.py,
+tests/decoding/test_sampling_commands.py, tests/evaluation/test_evaluate.py)."""
 
 import json
 
@@ -37,19 +40,17 @@ def test_the_modern_variant_through_every_command(tmp_path, capsys):
     assert 'query_norm' in b['encoder_layer_0']['self_attention']
     assert b['decoder_layer_0']['ffn'].keys() == {'wi_0', 'wi_1', 'wo'}
 
-    for flags in ([], ['--sampling', '--seed=2']):
-        with pytest.raises(SystemExit) as info:
-            evaluate.cli(['evaluate', f'--workdir={run}', '--max_examples=5', '--output=', *flags])
-        assert not info.value.code
-    source = tmp_path / 'in.txt'
+    with pytest.raises(SystemExit) as info:
+        evaluate.cli(['evaluate', f'--workdir={run}', '--max_examples=5', '--output='])
+    assert not info.value.code
+    source, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
     source.write_text('ze bix pud .\nze pud .\n')
-    for flags in (['--beam_size=3'], ['--sampling', '--seed=1']):
-        out = tmp_path / 'out.txt'
-        with pytest.raises(SystemExit) as info:
-            translate.cli(
-                ['translate', f'--workdir={run}', f'--input={source}', f'--output={out}', *flags]
-            )
-        assert not info.value.code and len(out.read_text().splitlines()) == 2
+    with pytest.raises(SystemExit) as info:
+        translate.cli(
+            ['translate', f'--workdir={run}', f'--input={source}', f'--output={out}']
+            + ['--sampling', '--seed=1']
+        )
+    assert not info.value.code and len(out.read_text().splitlines()) == 2
     scores = tmp_path / 'scores.tsv'
     with pytest.raises(SystemExit) as info:
         score.cli(

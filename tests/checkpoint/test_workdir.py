@@ -338,12 +338,13 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
 
 
 @pytest.mark.slow
-def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
-    """A checkpoints directory that refuses new steps (async saves): train.py stops with one
-    line naming the step and the steps kept, within seconds. (Orbax made step directories in
-    the background; when that failed its other save threads waited 300 s and the process
-    could not exit.) chmod 0555 refuses writes to all but root; as root, the processes run
-    without the capability to override file permissions (util-linux setpriv)."""
+def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(run_dir, tmp_path):
+    """A checkpoints directory that refuses new steps (async saves): train.py, resuming a
+    copy of conftest's run (steps 2 and 4) with its own settings, stops with one line naming
+    the step and the steps kept, within seconds. (Orbax made step directories in the
+    background; when that failed its other save threads waited 300 s and the process could
+    not exit.) chmod 0555 refuses writes to all but root; as root, the process runs without
+    the capability to override file permissions (util-linux setpriv)."""
     import os
     import subprocess
     import sys
@@ -357,18 +358,16 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(tmp_path):
             pytest.skip('running as root without setpriv: chmod cannot refuse writes')
         prefix = ['setpriv', '--bounding-set=-dac_override,-dac_read_search']
     run = tmp_path / 'run'
-    settings = {**SMALL, 'train.checkpoint_every': 2, 'train.async_checkpointing': True}
-
-    def train(num_steps):
-        command = [*prefix, sys.executable, 'train.py', '--config=configs/tiny.py']
-        command += [f'--workdir={run}', *command_line({**settings, 'train.num_steps': num_steps})]
-        return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=240)
-
-    done = train(4)
-    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copytree(run_dir, run)
+    # tests/tiny_run.py's tiny_run_config as flags, with asynchronous saves, 2 steps more.
+    settings = {**SMALL, 'model.dropout_rate': 0.1, 'train.log_every': 1, 'train.eval_every': 0}
+    settings |= {'train.checkpoint_every': 2, 'train.async_checkpointing': True}
+    settings |= {'eval.bleu_every': 0, 'train.num_steps': 6}
+    command = [*prefix, sys.executable, 'train.py', '--config=configs/tiny.py']
+    command += [f'--workdir={run}', *command_line(settings)]
     (run / rundir.CHECKPOINTS).chmod(0o555)
     try:
-        done = train(6)
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=240)
     finally:
         (run / rundir.CHECKPOINTS).chmod(0o755)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -426,7 +425,10 @@ def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path,
         '(--average_last 4 takes them all).'
     ]
     assert load_model(str(tmp_path), average_last=4)[4] == [2, 4, 6, 8]
-    scores = evaluate.run(str(tmp_path), max_examples=2, output=str(tmp_path / 'h.txt'))
+    # Greedy (beam 1): what is asserted is the steps the command averages.
+    scores = evaluate.run(
+        str(tmp_path), beam_size=1, max_examples=2, output=str(tmp_path / 'h.txt')
+    )
     assert scores['steps'] == [6, 8]
     shutil.rmtree(tmp_path / 'checkpoints' / '6')
     shutil.rmtree(tmp_path / 'checkpoints' / '8')

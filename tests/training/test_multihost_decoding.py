@@ -8,6 +8,7 @@ twice each, joined by jax.distributed on localhost), started and always ended by
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ from tests.training.test_multihost import (
     _results,
     _run_two_processes,
 )
-from transformer import api
+from transformer import api, rundir
 from transformer.commands import evaluate
 from transformer.commands import train as trainer
 
@@ -71,12 +72,15 @@ def _decode_two_processes(command, flags, stdin=b'', timeout=240) -> list[tuple[
 
 @pytest.mark.slow
 def test_two_processes_validate_and_evaluate_as_one(tmp_path):
-    """2 steps, validated (loss and BLEU) at step 2, as 2 processes x 4 devices and as
-    1 process x 8 devices: the same validation loss (1e-5) and BLEU (0.01), and both processes
-    decide the same best checkpoint. Then the 2-process run is evaluated by 2 processes and by
-    one: the same hypotheses and scores, each process decoding about half of the sentences.
-    Last, 2 processes translate stdin (process 0 reads it and writes the output): the lines
-    of one process, a blank line kept blank."""
+    """2 steps, validated (loss and BLEU) at step 2, as 2 processes x 4 devices; the same
+    checkpoint validated again by 1 process x 8 devices (a copy of the run without its final
+    metrics: the same command resumes at its last step, trains nothing and validates, as
+    tests/training/test_final_validation.py shows; that 2 processes train as one is
+    tests/training/test_multihost.py's): the same validation loss (1e-5) and BLEU (0.01), and
+    both processes decide the best checkpoint one process decides. Then the 2-process run is
+    evaluated by 2 processes and by one: the same hypotheses and scores, each process decoding
+    about half of the sentences. Last, 2 processes translate stdin (process 0 reads it and
+    writes the output): the lines of one process, a blank line kept blank."""
     config = _config('sharding', 2)
     config.eval.bleu_every = 2
     config.train.eval_every = 2
@@ -89,8 +93,13 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     decided = _results([out for _, out in results])
     assert len(decided) == 2 and decided[0] == decided[1] and decided[0]['best']['step'] == 2
 
-    trainer.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices('cpu'))
-    got, want = _validation(two)[2], _validation(tmp_path / 'one')[2]
+    one = tmp_path / 'one'
+    shutil.copytree(two, one)
+    for name in (rundir.FINAL_METRICS_FILE, rundir.METRICS_FILE):
+        (one / name).unlink()
+    final = trainer.train_and_evaluate(config, str(one), devices=jax.devices('cpu'))
+    assert final['steps_this_run'] == 0 and final['best']['step'] == 2
+    got, want = _validation(two)[2], _validation(one)[2]
     np.testing.assert_allclose(got['loss'], want['loss'], rtol=1e-5)
     for metric in ('sacrebleu', 'tokenized_bleu', 'chrf', 'chrf++'):
         assert abs(got[metric] - want[metric]) <= 0.01, (metric, got, want)

@@ -29,21 +29,25 @@ def _params_at(run_dir, step):
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(tmp_path):
-    """3 steps, stop, restart to 6 == 6 uninterrupted steps: same losses (so the same batches
-    and dropout masks) and the same final parameters."""
-    straight, first, resumed = {}, {}, {}
+def test_resume_continues_exactly(run_dir, tmp_path):
+    """4 steps (conftest's run, stopped there), restarted to 6 == 6 uninterrupted steps: same
+    losses (so the same batches and dropout masks) and the same final parameters."""
+    import shutil
+
+    config = tiny_run_config(6)
+    config.train.checkpoint_every = 2  # the command that trained conftest's run, longer
+    straight, resumed = {}, {}
     trainer.train_and_evaluate(
-        tiny_run_config(6), str(tmp_path / 'a'), on_step=lambda s, m: straight.update({s: m})
+        config, str(tmp_path / 'a'), on_step=lambda s, m: straight.update({s: m})
     )
-    trainer.train_and_evaluate(
-        tiny_run_config(3), str(tmp_path / 'b'), on_step=lambda s, m: first.update({s: m})
-    )
+    shutil.copytree(run_dir, tmp_path / 'b')
     final = trainer.train_and_evaluate(
-        tiny_run_config(6), str(tmp_path / 'b'), on_step=lambda s, m: resumed.update({s: m})
+        config, str(tmp_path / 'b'), on_step=lambda s, m: resumed.update({s: m})
     )
-    assert sorted(first) == [1, 2, 3] and sorted(resumed) == [4, 5, 6]
-    assert final['steps_this_run'] == 3
+    records = [json.loads(line) for line in (tmp_path / 'b' / 'metrics.jsonl').open()]
+    first = {r['step']: r for r in records if r['split'] == 'train' and r['step'] <= 4}
+    assert sorted(first) == [1, 2, 3, 4] and sorted(resumed) == [5, 6]
+    assert final['steps_this_run'] == 2
     for step in range(1, 7):
         got = (first | resumed)[step]['loss']
         np.testing.assert_allclose(got, straight[step]['loss'], rtol=1e-6, err_msg=f'step {step}')
@@ -52,29 +56,33 @@ def test_resume_continues_exactly(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
-def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(tmp_path):
-    """Restarting a workdir with a changed model fails with one line naming the setting,
-    before anything is written, and leaves the saved config and checkpoints as they were.
-    With a config.json of the changed model, the checkpoint's own shapes name the parameter
-    that does not fit."""
-    trainer.train_and_evaluate(tiny_run_config(3), str(tmp_path))
-    saved_config = (tmp_path / 'config.json').read_text()
+def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(run_dir, tmp_path):
+    """Restarting a workdir (a copy of conftest's 4-step run) with a changed model fails with
+    one line naming the setting, before anything is written, and leaves the saved config and
+    checkpoints as they were. With a config.json of the changed model, the checkpoint's own
+    shapes name the parameter that does not fit."""
+    import shutil
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    saved_config = (run / 'config.json').read_text()
+    assert not (run / rundir.HISTORY_FILE).exists()
     changed = tiny_run_config(6)
     changed.model.d_ff = 48
     with pytest.raises(rundir.WorkdirError, match='trained with model.d_ff=64, not 48') as info:
-        trainer.train_and_evaluate(changed, str(tmp_path))
+        trainer.train_and_evaluate(changed, str(run))
     assert '\n' not in str(info.value)
-    assert (tmp_path / 'config.json').read_text() == saved_config
-    assert not (tmp_path / rundir.HISTORY_FILE).exists()
-    rundir.write_config(str(tmp_path), changed)  # (without config.json a resume stops)
+    assert (run / 'config.json').read_text() == saved_config
+    assert not (run / rundir.HISTORY_FILE).exists()
+    rundir.write_config(str(run), changed)  # (without config.json a resume stops)
     with pytest.raises(rundir.WorkdirError, match='does not fit this config') as info:
-        trainer.train_and_evaluate(changed, str(tmp_path))
+        trainer.train_and_evaluate(changed, str(run))
     # Named from the checkpoint's metadata, before any array is read.
     assert "params['decoder_layer_0']['ffn']['wi']['bias'] is (64,) there, (48,) here" in (
         str(info.value)
     )
-    (tmp_path / 'config.json').write_text(saved_config)
-    assert np.isfinite(jax.tree.leaves(_params_at(tmp_path, 3))[0]).all()
+    (run / 'config.json').write_text(saved_config)
+    assert np.isfinite(jax.tree.leaves(_params_at(run, 4))[0]).all()
 
 
 @pytest.mark.slow
@@ -155,7 +163,10 @@ def test_train_py_smoke(tmp_path, monkeypatch):
             'train.checkpoint_every': 2,
             'eval.bleu_every': 4,
             'eval.bleu_max_examples': 5,
-            'eval.beam_size': 2,
+            # Greedy: the BLEU is evaluate's code whatever the search, and greedy compiles in
+            # a fraction of beam search's time (validation BLEU by beam search:
+            # tests/test_console.py, tests/training/test_multihost_decoding.py).
+            'eval.beam_size': 1,
         }
     )
     # ml_collections registers the --config.x.y override flags from sys.argv.
@@ -251,10 +262,10 @@ def _wait_for(condition, proc, timeout=180.0):
 
 @pytest.mark.slow
 def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
-    """`python train.py` SIGKILLed three times (at random moments after it trained a step,
-    and once while an asynchronous checkpoint is being written), re-run each time with the
-    same command: no partial step is ever on disk as a step or restored, and the final
-    parameters and data position equal those of an uninterrupted run exactly."""
+    """`python train.py` SIGKILLed twice (at a random moment after it trained a step, then
+    while an asynchronous checkpoint is being written), re-run each time with the same
+    command: no partial step is ever on disk as a step or restored, and the final parameters
+    and data position equal those of an uninterrupted run exactly."""
     from configs import tiny
 
     config = tiny.get_config()
@@ -266,13 +277,13 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
     command += command_line(_KILL_OVERRIDES)
     rng, steps_seen = random.Random(0), []
     tmp_dir = lambda: any('tmp' in p.name for p in ckpts.iterdir()) if ckpts.exists() else False
-    for attempt in range(4):
+    for attempt in range(3):
         log = tmp_path / f'attempt{attempt}.log'
         before = _train_lines(killed)
         with open(log, 'w') as err:
             proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
             try:
-                if attempt < 3:
+                if attempt < 2:
                     _wait_for(lambda b=before: _train_lines(killed) > b, proc)
                     if attempt == 1:
                         _wait_for(tmp_dir, proc, timeout=10)  # an async save in flight
@@ -381,14 +392,22 @@ def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):
     )
 
 
-def test_rerun_of_a_finished_run_trains_and_rewrites_nothing(tmp_path):
-    """The same command again, or a smaller train.num_steps, once a run has finished: no step,
-    and config.json / final_metrics.json stay as the finished run wrote them (they used to be
-    rewritten: num_steps=2 and final metrics without the train / validation entries)."""
-    first = trainer.train_and_evaluate(tiny_run_config(3), str(tmp_path))
-    files = {name: (tmp_path / name).read_bytes() for name in ('config.json', 'final_metrics.json')}
-    for num_steps in (3, 2):
-        again = trainer.train_and_evaluate(tiny_run_config(num_steps), str(tmp_path))
-        assert again['steps_this_run'] == 0 and again['step'] == 3
+def test_rerun_of_a_finished_run_trains_and_rewrites_nothing(run_dir, tmp_path):
+    """The same command again, or a smaller train.num_steps, once a run (a copy of conftest's
+    4-step run) has finished: no step, and config.json / final_metrics.json stay as the
+    finished run wrote them (they used to be rewritten: num_steps=2 and final metrics without
+    the train / validation entries)."""
+    import shutil
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    first = rundir.read_final_metrics(str(run))
+    assert first['step'] == 4 and first['steps_this_run'] == 4  # as the finished run wrote it
+    files = {name: (run / name).read_bytes() for name in ('config.json', 'final_metrics.json')}
+    for num_steps in (4, 2):
+        config = tiny_run_config(num_steps)
+        config.train.checkpoint_every = 2  # the command that trained it (tests/conftest.py)
+        again = trainer.train_and_evaluate(config, str(run))
+        assert again['steps_this_run'] == 0 and again['step'] == 4
         assert again['validation'] == first['validation'] and again['train'] == first['train']
-        assert {name: (tmp_path / name).read_bytes() for name in files} == files
+        assert {name: (run / name).read_bytes() for name in files} == files

@@ -4,8 +4,10 @@ what visualize draws and what the Python API returns."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,12 +36,10 @@ def attention_maps(
     # by one (a scanned model's parameters unstacked: layer_stack.py), each its own maps.
     config = dataclasses.replace(model.config, attention_impl='einsum', scan_layers=False)
     model, params = model.clone(config=config), layer_stack.unstack(params)
-    _, variables = model.apply(
-        {'params': params},
-        jnp.asarray(inputs)[None],
-        jnp.asarray(targets)[None],
-        mutable=['intermediates'],
-    )
+    # Compiled as one program: run eagerly, each of the forward pass's operations is compiled
+    # on its own, which costs more than the whole program's compilation.
+    apply = jax.jit(functools.partial(model.apply, mutable=['intermediates']))
+    _, variables = apply({'params': params}, jnp.asarray(inputs)[None], jnp.asarray(targets)[None])
     maps = {}
     for name, layer in variables['intermediates'].items():
         stack, _, index = name.rpartition('_layer_')
