@@ -30,6 +30,7 @@ from transformer.data import DataError
 from transformer.interop import fairseq_backend as backend
 from transformer.interop.fairseq_backend import FAIRSEQ_SPECIAL, UNK
 from transformer.interop.fairseq_codes import M2M100_CODES, MBART50_CODES, NLLB_CODES, m2m100_token
+from transformer.interop.json_files import in_id_order, piece_ids, read_object
 
 SPM_FILE = 'sentencepiece.bpe.model'
 TOKENIZER_JSON = 'tokenizer.json'
@@ -84,18 +85,6 @@ class Table:
     encode: Callable[[Sequence[str]], list[list[int]]]
     decode: Callable[[list[int]], str]
     config: dict[str, Any]
-
-
-def read_object(path: str) -> dict[str, Any]:
-    """The JSON object in ``path``; a one-line `DataError` for anything else."""
-    try:
-        with open(path, encoding='utf-8') as f:
-            value = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(value, dict):
-        raise DataError(f'{path} must be a JSON object.')
-    return value
 
 
 def tokenizer_config(directory: str) -> dict[str, Any]:
@@ -337,24 +326,11 @@ def _appended(config: dict[str, Any], pieces: list[str], directory: str) -> list
 def _read_vocab(path: str, content: bytes) -> list[str]:
     """vocab.json's pieces by id: ids 0 .. n - 1, fairseq's ``<s>``, ``<pad>``, ``</s>``,
     ``<unk>`` at 0 .. 3."""
-    try:
-        vocab = json.loads(content.decode('utf-8'))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
-        raise DataError(f'{path} must be a JSON object of piece -> integer id.')
-    pieces: dict[int, str] = {}
-    for piece, i in vocab.items():
-        if i in pieces:
-            raise DataError(f'{path} gives the id {i} to both {pieces[i]!r} and {piece!r}.')
-        pieces[i] = piece
-    if set(pieces) != set(range(len(pieces))):
-        outside = sorted(i for i in pieces if not 0 <= i < len(pieces))[:3]
-        raise DataError(f'{path} has ids outside 0..{len(pieces) - 1} (its size - 1): {outside}.')
-    held = [pieces.get(i) for i in range(len(FAIRSEQ_SPECIAL))]
+    pieces = in_id_order(path, piece_ids(path, content))
+    held = pieces[: len(FAIRSEQ_SPECIAL)]
     if held != list(FAIRSEQ_SPECIAL):
         raise DataError(f"{path} holds {held} at ids 0..3, not fairseq's {list(FAIRSEQ_SPECIAL)}.")
-    return [pieces[i] for i in range(len(pieces))]
+    return pieces
 
 
 def load_spm(path: str, proto: bytes):

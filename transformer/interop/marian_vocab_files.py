@@ -6,7 +6,6 @@ whose special tokens and registered tokens must agree with vocab.json.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.data import DataError
+from transformer.interop.json_files import in_id_order, piece_ids, read_object
 from transformer.interop.marian_added import ADDED_KEY
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -45,44 +45,20 @@ def id_order(pieces: list[str]) -> np.ndarray:
 
 def read_vocab(path: str, content: bytes) -> list[str]:
     """vocab.json's pieces in Marian's id order, with its three special pieces."""
-
-    def unique(pairs):
-        seen = {}
-        for piece, i in pairs:
-            if piece in seen:
-                raise DataError(f'{path} has the piece {piece!r} twice.')
-            seen[piece] = i
-        return seen
-
-    try:
-        vocab = json.loads(content.decode('utf-8'), object_pairs_hook=unique)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(vocab, dict) or not all(
-        type(i) is int and isinstance(p, str) for p, i in vocab.items()
-    ):
-        raise DataError(f'{path} must be a JSON object of piece -> integer id.')
-    pieces: dict[int, str] = {}
-    for piece, i in vocab.items():
-        if i in pieces:
-            raise DataError(f'{path} gives the id {i} to both {pieces[i]!r} and {piece!r}.')
-        pieces[i] = piece
-    size = len(vocab)
+    pieces = piece_ids(path, content)
+    held = set(pieces.values())
     for piece, what in ((EOS, 'end of sentence'), (UNK, 'unknown'), (PAD, 'padding')):
-        if piece not in vocab:
+        if piece not in held:
             raise DataError(
                 f'{path} has no {piece!r} (the {what} token a MarianMT vocabulary holds).'
             )
-    if set(pieces) != set(range(size)):
-        outside = sorted(i for i in pieces if not 0 <= i < size)[:3]
-        raise DataError(f'{path} has ids outside 0..{size - 1} (its size - 1): {outside}.')
-    return [pieces[i] for i in range(size)]
+    return in_id_order(path, pieces)
 
 
 def tokenizer_config(directory: str) -> dict[str, Any]:
     """tokenizer_config.json ({} without one)."""
     path = os.path.join(directory, TOKENIZER_CONFIG)
-    return _read_object(path) if os.path.isfile(path) else {}
+    return read_object(path) if os.path.isfile(path) else {}
 
 
 def languages(config: dict[str, Any], directory: str) -> tuple[str | None, str | None]:
@@ -92,7 +68,7 @@ def languages(config: dict[str, Any], directory: str) -> tuple[str | None, str |
     _check_special_names(config, path)
     special_map = os.path.join(directory, SPECIAL_TOKENS_MAP)
     if os.path.isfile(special_map):
-        _check_special_names(_read_object(special_map), special_map)
+        _check_special_names(read_object(special_map), special_map)
     return config.get('source_lang'), config.get('target_lang')
 
 
@@ -126,14 +102,3 @@ def check_registered(config: dict[str, Any], pieces: list[str], directory: str) 
                 f'{path}: {ADDED_KEY} puts {content!r} at id {key}, where vocab.json holds '
                 f'{held!r}: make the two files agree.'
             )
-
-
-def _read_object(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding='utf-8') as f:
-            value = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path} is not JSON ({e}).') from None
-    if not isinstance(value, dict):
-        raise DataError(f'{path} must be a JSON object.')
-    return value
