@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.random_params import fill_random
-from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
+from tests.tiny_run import packed_batch, tiny_model, tiny_parallel
 from transformer.decoding import DecodeOptions, beam_search, greedy_search
 from transformer.model import (
     Transformer,
@@ -130,13 +130,18 @@ def test_every_mode_and_remat_policy_steps_as_the_unrolled_model(mode, remat):
 
 def _assert_the_same_two_steps(mode: str, devices: int, layout: dict, remat: str) -> None:
     results = []
+    # One random tree for both layouts (the initialisers' compilation cost seconds a layout).
+    params = _random_params(tiny_model(**LAYERS))
     for scan in (False, True):
         model = tiny_model(**LAYERS, remat=remat, scan_layers=scan)
         devices_used = jax.devices('cpu')[:devices]
         par, model, tx = tiny_parallel(devices_used, mode, model=model, **layout)
-        state = par.put_state(
-            par.init_state(lambda m=model, t=tx: steps.init_state(m, t, jax.random.key(0), LEN))
-        )
+        start = stack_layers(params) if scan else params
+
+        def init(start=start, tx=tx):
+            return steps.TrainState(jnp.array(0, jnp.int32), start, tx.init(start))
+
+        state = par.put_state(par.init_state(init))
         losses = []
         for step in range(2):
             state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
