@@ -66,6 +66,9 @@ def test_a_run_trained_with_fsdp_decodes_with_its_parameters_sharded(tmp_path, m
     config.train.fsdp = True
     config.train.eval_every = 4
     config.eval.bleu_every = 4
+    # Greedy on a few sentences: what is checked is the layout validation's decoding gets.
+    config.eval.beam_size = 1
+    config.eval.bleu_max_examples = 8
     run = tmp_path / 'run'
     cpu = jax.devices('cpu')
     trainer.train_and_evaluate(config, str(run), devices=cpu)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.random_params import fill_random
-from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
+from tests.tiny_run import packed_batch, tiny_model, tiny_parallel
 from transformer.decoding import DecodeOptions, beam_search, greedy_search
 from transformer.model import (
     Transformer,
@@ -71,7 +71,9 @@ def test_logits_and_decoding_equal_the_unrolled_models(overrides):
     test_checkpoints_of_either_layout_resume_decode_average_and_export, and the shrinking
     searches by the later parts' case, which runs the same scan and cache code."""
     unrolled, scanned = _pair(**overrides)
-    params = init_params(unrolled, jax.random.key(1))
+    # Random values (as the initialiser's: the beams still finish early and shrink the batch)
+    # cost no op-by-op run of the initialisers.
+    params = _random_params(unrolled, seed=1)
     stacked = stack_layers(params)
     rng = np.random.default_rng(2)
     inputs = jnp.asarray(rng.integers(2, 32, (6, 7))).at[:, 6].set(1)
@@ -128,13 +130,18 @@ def test_every_mode_and_remat_policy_steps_as_the_unrolled_model(mode, remat):
 
 def _assert_the_same_two_steps(mode: str, devices: int, layout: dict, remat: str) -> None:
     results = []
+    # One random tree for both layouts (the initialisers' compilation cost seconds a layout).
+    params = _random_params(tiny_model(**LAYERS))
     for scan in (False, True):
         model = tiny_model(**LAYERS, remat=remat, scan_layers=scan)
         devices_used = jax.devices('cpu')[:devices]
         par, model, tx = tiny_parallel(devices_used, mode, model=model, **layout)
-        state = par.put_state(
-            par.init_state(lambda m=model, t=tx: steps.init_state(m, t, jax.random.key(0), LEN))
-        )
+        start = stack_layers(params) if scan else params
+
+        def init(start=start, tx=tx):
+            return steps.TrainState(jnp.array(0, jnp.int32), start, tx.init(start))
+
+        state = par.put_state(par.init_state(init))
         losses = []
         for step in range(2):
             state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))

@@ -84,7 +84,10 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     config = _config('sharding', 2)
     config.eval.bleu_every = 2
     config.train.eval_every = 2
-    flags = _overrides(config)
+    # Validation decodes greedily: beam search across processes is the evaluate command's below
+    # (validation scores with evaluate's score_eval_set).
+    config.eval.beam_size = 1
+    flags = _overrides(config, ['eval.beam_size'])
     worker = os.path.join('tests', 'multihost_worker.py')
     two = tmp_path / 'two'
     results = _run_two_processes(flags, two, script=worker)

@@ -165,7 +165,7 @@ def test_train_py_smoke(tmp_path, monkeypatch):
             'eval.bleu_max_examples': 5,
             # Greedy: the BLEU is evaluate's code whatever the search, and greedy compiles in
             # a fraction of beam search's time (validation BLEU by beam search:
-            # tests/test_console.py, tests/training/test_multihost_decoding.py).
+            # tests/test_console.py).
             'eval.beam_size': 1,
         }
     )
