@@ -283,12 +283,12 @@ def test_a_directory_no_family_reads_names_the_three_families(tmp_path):
 
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
-    """A folder dataset of a few English-German lines, every split the same."""
+    """A folder dataset of a few English-German lines: 40 to train on, 8 to validate and test
+    (one evaluation batch: the final validation compiles one program, not one per shape)."""
 
     def write(path):
         path.mkdir()
-        pairs = lines(40)
-        for split in ('train', 'validation', 'test'):
+        for split, pairs in (('train', lines(40)), ('validation', lines(8)), ('test', lines(8))):
             (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
             (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
 

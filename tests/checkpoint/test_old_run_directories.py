@@ -36,7 +36,10 @@ def test_a_run_written_before_the_layers_translates_as_it_did(tmp_path):
         for k, v in jax.tree_util.tree_leaves_with_path(params)
     }
     assert sums == expected['param_abs_sums']
-    kwargs = dict(options=DecodeOptions(10), batch_size=4, max_input_tokens=32)
+    # One batch of the six: each search and length limit compiles one program.
+    kwargs = dict(
+        options=DecodeOptions(10), batch_size=len(expected['sources']), max_input_tokens=32
+    )
     lines = expected['sources']
     greedy = translation.translate_lines(lines, tokenizer, model, params, beam_size=1, **kwargs)
     assert greedy == expected['greedy']
