@@ -21,6 +21,15 @@ KINDS = (
 )
 
 
+@functools.partial(jax.jit, static_argnames='model')
+def _sown(model: Transformer, params: Any, inputs: jax.Array, targets: jax.Array) -> Any:
+    """The forward pass's sown intermediates, compiled as one program (run eagerly, each of
+    its operations is compiled on its own, which costs more than the whole program) and
+    reused by later calls of the same model and shapes."""
+    _, variables = model.apply({'params': params}, inputs, targets, mutable=['intermediates'])
+    return variables
+
+
 def attention_maps(
     model: Transformer, params: Any, inputs: np.ndarray, targets: np.ndarray
 ) -> dict[tuple[str, int, str], np.ndarray]:
@@ -36,10 +45,7 @@ def attention_maps(
     # by one (a scanned model's parameters unstacked: layer_stack.py), each its own maps.
     config = dataclasses.replace(model.config, attention_impl='einsum', scan_layers=False)
     model, params = model.clone(config=config), layer_stack.unstack(params)
-    # Compiled as one program: run eagerly, each of the forward pass's operations is compiled
-    # on its own, which costs more than the whole program's compilation.
-    apply = jax.jit(functools.partial(model.apply, mutable=['intermediates']))
-    _, variables = apply({'params': params}, jnp.asarray(inputs)[None], jnp.asarray(targets)[None])
+    variables = _sown(model, params, jnp.asarray(inputs)[None], jnp.asarray(targets)[None])
     maps = {}
     for name, layer in variables['intermediates'].items():
         stack, _, index = name.rpartition('_layer_')
