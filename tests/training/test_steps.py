@@ -24,6 +24,18 @@ def _state(model, tx) -> steps.TrainState:
     )
 
 
+def _train_step(model, tx, schedule):
+    """The train step of ``model`` with label smoothing 0.1 and no accumulation."""
+    return functools.partial(
+        steps.train_step,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        label_smoothing=0.1,
+        accum_steps=1,
+    )
+
+
 def test_label_smoothing_matches_direct_computation():
     """The closed form equals -sum_v q_v log p_v with the smoothed one-hot q built explicitly."""
     rng = np.random.default_rng(0)
@@ -97,16 +109,9 @@ def test_bfloat16_compute_keeps_float32_params():
         float32 = {jnp.dtype('float32')}
         assert {x.dtype for x in jax.tree.leaves(abstract_params(model))} == float32  # init's
         state = _state(model, tx)
-        state, sums = jax.jit(
-            functools.partial(
-                steps.train_step,
-                model=model,
-                tx=tx,
-                schedule=schedule,
-                label_smoothing=0.1,
-                accum_steps=1,
-            )
-        )(state, packed_batch(0), jax.random.key(1))
+        state, sums = jax.jit(_train_step(model, tx, schedule))(
+            state, packed_batch(0), jax.random.key(1)
+        )
         losses[dtype] = float(sums['loss'] / sums['tokens'])
         assert {x.dtype for x in jax.tree.leaves(state.params)} == float32
     assert losses[jnp.bfloat16] != losses[jnp.float32]  # it did compute in bfloat16
@@ -122,14 +127,7 @@ def test_dropout_prngs_are_deterministic_per_seed_and_differ_between_seeds():
     opt = base.get_config().opt
     tx, schedule = optim.make_optimizer(opt, d_model=32)
     model = Transformer(dataclasses.replace(tiny_model().config, dropout_rate=0.3))
-    train_step = functools.partial(
-        steps.train_step,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=0.1,
-        accum_steps=1,
-    )
+    train_step = _train_step(model, tx, schedule)
     step_loss = jax.jit(lambda state, batch, key: train_step(state, batch, key)[1]['loss'])
     state = _state(model, tx)
     for prng in steps.DROPOUT_PRNGS:
