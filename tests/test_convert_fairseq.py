@@ -311,6 +311,7 @@ def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, 
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
     config = tiny_run_config(1)
     config.data.update(dataset='folder', folder=folder)
+    config.data.update(source_lang_code='eng_Latn', target_lang_code='deu_Latn')
     config.train.update(init_from=str(hf_dirs / 'nllb'), checkpoint_every=1)
     config.opt.update(schedule='constant', lr_scale=1e-3)
     seen = []
