@@ -78,10 +78,10 @@ class DataSection(Section):
     target_lang: str = field('de', doc='... to')
     # A multilingual vocabulary's codes (NLLB-200's 'eng_Latn'; transformer/data/language_pair.py).
     source_lang_code: str | None = field(
-        None, optional=True, doc="source's language code ('eng_Latn'); a multilingual model's"
+        None, optional=True, doc="a multilingual model's source code ('eng_Latn'): first in sources"
     )
     target_lang_code: str | None = field(
-        None, optional=True, doc="target's language code ('deu_Latn'), forced first in its labels"
+        None, optional=True, doc="its target code ('deu_Latn'): first in labels, forced in outputs"
     )
     train_split: str = field('train', doc='the split trained on')
     eval_split: str = field('validation', doc='validation split (newstest2013 for wmt14)')
