@@ -108,3 +108,25 @@ def test_bad_pairs_stop_in_one_line(vocab, folder, overrides, message):
     with pytest.raises(data.DataError) as info:
         data.check_mix_vocabulary(_config(folder, **overrides), vocab)
     assert message in str(info.value) and '\n' not in str(info.value), str(info.value)
+
+
+def test_codes_on_a_bilingual_vocabulary_stop_in_one_line(folder, tmp_path):
+    """A joint SentencePiece vocabulary has no codes: the run's pair and a mix entry's are
+    refused, and without either it trains as it did (no id added)."""
+    config = _config(folder, vocab_size=120)
+    joint = data.get_tokenizer(config, str(tmp_path / 'spm.model'))
+    assert not data.has_codes(joint) and data.run_pair(config, joint) is joint
+    for overrides, message in (
+        (
+            dict(source_lang_code='eng_Latn', target_lang_code='deu_Latn'),
+            "data.source_lang_code='eng_Latn' names a language code, but the vocabulary has "
+            'none (a bilingual or joint SentencePiece vocabulary): remove it.',
+        ),
+        (
+            dict(mix=f'a={folder},b={folder}:de=deu_Latn->en=eng_Latn'),
+            "data.mix entry 'b': source='deu_Latn' names a language code",
+        ),
+    ):
+        with pytest.raises(data.DataError) as info:
+            data.check_mix_vocabulary(_config(folder, **overrides), joint)
+        assert message in str(info.value) and '\n' not in str(info.value), str(info.value)
