@@ -119,10 +119,10 @@ def _corpora_configs(data_config: Any, tokenizer: Tokenizer) -> list[tuple[str, 
     found = []
     for entry in parse(mix):
         config = entry_config(data_config, entry)
-        key = f'the tag of data.mix entry {entry.name!r}'
-        if entry.tag is None and has_codes(tokenizer):  # its codes say the language
+        if entry.tag is None and has_codes(tokenizer):  # its codes say the languages
             tagged = tokenizer
         else:
+            key = f'the tag of data.mix entry {entry.name!r}'
             tagged = tag_sources(tokenizer, entry.tag, key=key)
         if entry.pair is None:
             found.append((entry.name, config, run_pair(data_config, tagged)))

@@ -55,11 +55,6 @@ class EntryPair:
     source_lang: str | None = None
     target_lang: str | None = None
 
-    def __str__(self) -> str:
-        if self.source_lang is None:
-            return f'{self.source_code}->{self.target_code}'
-        return f'{self.source_lang}={self.source_code}->{self.target_lang}={self.target_code}'
-
 
 @dataclasses.dataclass(frozen=True)
 class MixEntry:
