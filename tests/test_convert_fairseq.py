@@ -281,27 +281,11 @@ def test_a_directory_no_family_reads_names_the_three_families(tmp_path):
     assert not (tmp_path / 'run').exists()
 
 
-@pytest.fixture(scope='module')
-def folder(tmp_path_factory):
-    """A folder dataset of a few English-German lines: 40 to train on, 8 to validate and test
-    (one evaluation batch: the final validation compiles one program, not one per shape)."""
-
-    def write(path):
-        path.mkdir()
-        for split, pairs in (('train', lines(40)), ('validation', lines(8)), ('test', lines(8))):
-            (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
-            (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
-
-    return str(built_once(tmp_path_factory, 'fairseq-lines', write))
-
-
-@pytest.mark.slow  # a short training
-def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, tmp_path):
+def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs):
     """``train.init_from`` of the Hugging Face directory starts from the parameters of its
-    converted run (the ones proven against Hugging Face's above), every tensor equal, and
-    trains with the directory's vocabulary and special ids."""
-    from tests.tiny_run import tiny_run_config
-    from transformer.training import init_from, train_and_evaluate
+    converted run (the ones proven against Hugging Face's above), every tensor equal (a run
+    that trains from one: tests/test_finetune_languages.py)."""
+    from transformer.training import init_from
 
     *_, converted, _ = load_model(str(runs / 'nllb'), scan_layers=False)
     start = init_from.start_params(init_from.read_start(str(hf_dirs / 'nllb')), converted)
@@ -309,16 +293,6 @@ def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs, folder, 
     assert [p for p, _ in flat(start)] == [p for p, _ in flat(converted)]
     for (path, a), (_, b) in zip(flat(start), flat(converted), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
-    config = tiny_run_config(1)
-    config.data.update(dataset='folder', folder=folder)
-    config.train.update(init_from=str(hf_dirs / 'nllb'), checkpoint_every=1)
-    config.opt.update(schedule='constant', lr_scale=1e-3)
-    seen = []
-    train_and_evaluate(config, str(tmp_path / 'run'), on_step=lambda s, m: seen.append(m))
-    assert np.isfinite(seen[0]['loss']) and seen[0]['loss'] > 0.1
-    recorded = json.loads((tmp_path / 'run' / 'config.json').read_text())
-    assert recorded['data']['pad_id'] == 1 and recorded['data']['vocab_size'] == 606
-    assert interop.held_vocabulary(str(tmp_path / 'run' / 'vocab')).name == 'm2m100'
 
 
 @pytest.mark.slow  # a conversion and an export read back by transformers

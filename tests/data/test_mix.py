@@ -54,13 +54,21 @@ def test_entries_are_read_from_the_right():
         mix_entries.MixEntry('m', './x', None, '>>de<<'),
     ]
     assert [e.is_folder for e in entries] == [False, True, True]
+    pair = mix_entries.parse('x=/data/c:d:2:<bt>:de=deu_Latn->en=eng_Latn')[0]
+    assert (pair.source, pair.weight, pair.tag) == ('/data/c:d', 2.0, '<bt>')
+    assert pair.pair == mix_entries.EntryPair('deu_Latn', 'eng_Latn', 'de', 'en')
+    assert mix_entries.parse('y=/d:__en__->__de__')[0].pair == mix_entries.EntryPair(
+        '__en__', '__de__'
+    )
     assert mix_entries.tags('a=/x:<bt>,b=/y:<bt>,c=/z:>>de<<') == ['<bt>', '>>de<<']
 
 
 @pytest.mark.parametrize(
     ('spec', 'message'),
     [
-        ('real', "data.mix entry 'real' is not of the form NAME=SOURCE[:WEIGHT][:TAG]."),
+        ('real', "data.mix entry 'real' is not of the form NAME=SOURCE[:WEIGHT][:TAG][:PAIR]."),
+        ('a=/x:en->de->fr', "data.mix entry 'a=/x:en->de->fr': its PAIR 'en->de->fr' must be"),
+        ('a=/x:de=deu_Latn->eng_Latn', "data.mix entry 'a=/x:de=deu_Latn->eng_Latn': its PAIR"),
         ('a b=/x', "data.mix entry 'a b=/x': its NAME must be"),
         ('a=/x:0', "data.mix entry 'a=/x:0': its WEIGHT must be a number > 0."),
         ('a=/x:-2:<bt>', "data.mix entry 'a=/x:-2:<bt>': its WEIGHT must be a number > 0."),

@@ -15,11 +15,14 @@
   family (transformer/interop/).
 - ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
   source, as its id (source_tag.py).
+- ``run_pair`` / ``LanguagePair`` (language_pair.py): a multilingual vocabulary's language
+  codes on the training pairs (``data.source_lang_code``, a mix entry's PAIR); ``has_codes``,
+  ``pair_forced``: the ids decoding forces first for them.
 - ``prepare_token_stores`` / ``open_store`` / ``verify_token_store`` (token_store.py): a
   training split's token ids on disk, written by a streaming pass and memory-mapped (corpora
   larger than memory), checked in full where built and verified, quickly where opened; one
   store per corpus of ``data.mix`` (mix.py, mix_entries.py: several corpora, weighted and
-  tagged, as one index space, `Corpora`; ``check_mix_files``, ``check_mix_tags``).
+  tagged, as one index space, `Corpora`; ``check_mix_files``, ``check_mix_vocabulary``).
 - ``make_train_iterator`` (packing.py): packed training batches with a resumable state.
 - ``make_eval_set`` / ``make_eval_batches`` / ``restore_order`` (eval_batches.py): every
   example, sorted and bucketed, with its references, and back in order.
@@ -36,9 +39,11 @@ from transformer.data.eval_batches import (
     make_eval_set,
     restore_order,
 )
-from transformer.data.mix import Corpora
+from transformer.data.language_pair import LanguagePair, has_codes
+from transformer.data.language_pair import forced as pair_forced
+from transformer.data.mix import Corpora, run_pair
 from transformer.data.mix import check_files as check_mix_files
-from transformer.data.mix import check_tags as check_mix_tags
+from transformer.data.mix import check_vocabulary as check_mix_vocabulary
 from transformer.data.mix import prepare_stores as prepare_token_stores
 from transformer.data.packing import (
     LONG_EXAMPLES,
@@ -97,7 +102,11 @@ __all__ = [
     'check_split',
     'bucket_length',
     'check_mix_files',
-    'check_mix_tags',
+    'check_mix_vocabulary',
+    'has_codes',
+    'LanguagePair',
+    'pair_forced',
+    'run_pair',
     'decode_lines',
     'eval_set_of_lines',
     'get_tokenizer',

@@ -11,7 +11,8 @@ import numpy as np
 
 from transformer.data import sources, token_store, tokenized
 from transformer.data.errors import DataError
-from transformer.data.mix_entries import entry_config, parse, shares
+from transformer.data.language_pair import KEYS, has_codes, with_pair
+from transformer.data.mix_entries import MixEntry, entry_config, parse, shares
 from transformer.data.source_tag import tag_sources
 from transformer.data.tokenizer import Tokenizer
 
@@ -100,23 +101,56 @@ class Corpora:
         return {name: int(c) for name, c in zip(self.names, counts, strict=True)}
 
 
+def run_pair(data_config: Any, tokenizer: Any, vocabulary: str = 'the vocabulary') -> Any:
+    """``tokenizer`` with the run's language pair (``data.source_lang_code`` /
+    ``data.target_lang_code``; `language_pair.with_pair`): what ``data.dataset``'s training
+    split without a mix, and its validation split, are read with."""
+    codes = [getattr(data_config, key.partition('.')[2], None) for key in KEYS]
+    return with_pair(tokenizer, *codes, KEYS, vocabulary)
+
+
 def _corpora_configs(data_config: Any, tokenizer: Tokenizer) -> list[tuple[str, Any, Any]]:
-    """(name, data section, tokenizer with the entry's tag) of each corpus trained on: the
-    entries of ``data.mix``, else ``data.dataset`` alone (named '')."""
+    """(name, data section, tokenizer with the entry's tag and language pair) of each corpus
+    trained on: the entries of ``data.mix``, else ``data.dataset`` alone (named '')."""
     mix = getattr(data_config, 'mix', None)
+    run = run_pair(data_config, tokenizer)  # (a multilingual run's pair is checked first)
     if not mix:
-        return [('', data_config, tokenizer)]
+        return [('', data_config, run)]
     found = []
     for entry in parse(mix):
         config = entry_config(data_config, entry)
-        key = f'the tag of data.mix entry {entry.name!r}'
-        found.append((entry.name, config, tag_sources(tokenizer, entry.tag, key=key)))
+        if entry.tag is None and has_codes(tokenizer):  # its codes say the languages
+            tagged = tokenizer
+        else:
+            key = f'the tag of data.mix entry {entry.name!r}'
+            tagged = tag_sources(tokenizer, entry.tag, key=key)
+        if entry.pair is None:
+            found.append((entry.name, config, run_pair(data_config, tagged)))
+            continue
+        pair = (entry.pair.source_code, entry.pair.target_code)
+        found.append((entry.name, config, with_pair(tagged, *pair, _keys(entry))))
     return found
 
 
-def check_tags(data_config: Any, tokenizer: Tokenizer) -> None:
-    """A one-line `DataError` for a tag of ``data.mix`` that ``tokenizer`` lacks, or an entry
-    without one where the vocabulary is multilingual (`tag_sources`); nothing is read."""
+def _keys(entry: MixEntry) -> tuple[str, str]:
+    """How errors name the codes of ``entry``'s PAIR."""
+    return (f'data.mix entry {entry.name!r}: source', f'data.mix entry {entry.name!r}: target')
+
+
+def check_vocabulary(data_config: Any, tokenizer: Tokenizer | None) -> None:
+    """A one-line `DataError` for what ``tokenizer`` (None: a joint SentencePiece vocabulary
+    the run will make, which gets every tag of the mix) cannot give the corpora trained on:
+    a tag of ``data.mix`` it lacks, an entry without one where a MarianMT vocabulary is
+    multilingual (`tag_sources`), language codes it lacks or has none of, no pair where it has
+    codes (`language_pair.with_pair`); nothing is read."""
+    if tokenizer is None:  # no codes: any pair of the run or its entries is refused
+        new = "the run's new vocabulary"
+        run_pair(data_config, None, new)
+        for entry in parse(data_config.mix) if getattr(data_config, 'mix', None) else ():
+            if entry.pair is not None:
+                pair = (entry.pair.source_code, entry.pair.target_code)
+                with_pair(None, *pair, _keys(entry), new)
+        return
     _corpora_configs(data_config, tokenizer)
 
 

@@ -76,6 +76,13 @@ class DataSection(Section):
     )
     source_lang: str = field('en', doc='translate from ... (language code: TFDS key, file suffix)')
     target_lang: str = field('de', doc='... to')
+    # A multilingual vocabulary's codes (NLLB-200's 'eng_Latn'; transformer/data/language_pair.py).
+    source_lang_code: str | None = field(
+        None, optional=True, doc="a multilingual model's source code ('eng_Latn'): first in sources"
+    )
+    target_lang_code: str | None = field(
+        None, optional=True, doc="its target code ('deu_Latn'): first in labels, forced in outputs"
+    )
     train_split: str = field('train', doc='the split trained on')
     eval_split: str = field('validation', doc='validation split (newstest2013 for wmt14)')
     test_split: str = field('test', doc="evaluate's default split (newstest2014 for wmt14)")
@@ -116,7 +123,9 @@ class DataSection(Section):
         None, optional=True, doc='token-id cache; None = WORKDIR/data_cache (none without one)'
     )
     mix: str | None = field(
-        None, optional=True, doc="train on 'NAME=SOURCE[:WEIGHT][:TAG],...'; None: on data.dataset"
+        None,
+        optional=True,
+        doc="train on 'NAME=SOURCE[:WEIGHT][:TAG][:PAIR],...'; None: on data.dataset",
     )
     mix_temperature: float = field(
         1.0, ABOVE_ZERO, optional=True, doc='data.mix weight left out: pairs ** (1 / T), normalised'

@@ -38,7 +38,10 @@ class Validation:
         parallel: parallel.Parallel,
         workdir: str,
     ):
-        self.config, self.tokenizer, self.model = config, tokenizer, model
+        self.config, self.model = config, model
+        # A multilingual run validates on its own pair: the codes in the sources and labels,
+        # the target code forced first in each output.
+        self.tokenizer = data_lib.run_pair(config.data, tokenizer)
         self.parallel, self.workdir = parallel, workdir
         # Loss and BLEU run on the training mesh, each batch's rows split over its data axis
         # and the processes, the parameters in the training layout.
@@ -89,6 +92,9 @@ class Validation:
             params,
             self.bleu_set,
             beam_size=config.eval.beam_size,
+            options=decoding.decode_options(
+                config.eval, forced=data_lib.pair_forced(self.tokenizer)
+            ),
             layout=self.layout,
         )
         return {key: scores[key] for key in METRICS}

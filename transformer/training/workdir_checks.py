@@ -2,8 +2,9 @@
 it is made, its lock taken, a vocabulary copied or trained): that ``--workdir`` is new, empty
 or a run's own; what ``train.init_from`` names (transformer/training/init_from.py); that a
 run which holds a vocabulary already is given the settings it was made with; that every tag
-of ``data.mix`` is a token of the vocabulary the run will have. The config's paths are made
-absolute first (`schema.absolute_paths`), as config.json stores them.
+of ``data.mix`` is a token of the vocabulary the run will have, and every language code of the
+run and of its mix one of that vocabulary's codes. The config's paths are made absolute first
+(`schema.absolute_paths`), as config.json stores them.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ def before_writing(
     check_workdir(workdir, config)
     config, start = init_from.apply(config, workdir, overridden)
     changes = run_changes.resume_changes(workdir, config) if rundir.has_checkpoints(workdir) else []
-    vocabulary = held_vocabulary(config, workdir, start)
-    if vocabulary is not None:  # (a new one gets every tag of the mix)
-        data_lib.check_mix_tags(config.data, vocabulary)
+    vocabulary = held_vocabulary(config, workdir, start)  # (None: a new one, made later)
+    data_lib.check_mix_vocabulary(config.data, vocabulary)  # tags and language codes
     # The special ids the run records are its vocabulary's (a new one: a joint SentencePiece).
     theirs = vocabulary.special if vocabulary is not None else data_lib.JOINT
     data_lib.check_special(theirs, config.data.special, 'The vocabulary of the run')
