@@ -15,9 +15,9 @@ token. So row p of the table written here is the vector our model adds at positi
   (``weight[offset:]``, offset 2: transformer/model/positions.py's LEARNED_OFFSET);
 * 'rope': no table; the rotation is a spec option (ctranslate2_spec.spec_options).
 
-A computed table has the rows asked for (CTranslate2 reads past none: its inputs stop there);
-a learned one has its own, ``model.max_positions``, as Hugging Face's model has. Padding takes
-no row: CTranslate2 masks it, as our model does.
+A computed table has the rows asked for (CTranslate2 fails on a sequence longer than its
+table); a learned one has its own, ``model.max_positions``, as Hugging Face's model has.
+Padding's rows matter to neither: both mask padding out of attention.
 
 The scale is written as the number it is, sqrt(D) or 1 (``model.scale_embedding``), as
 CTranslate2's converter writes Hugging Face's ``embed_scale``.
