@@ -3,6 +3,7 @@ MarianMT references) never also loads CTranslate2's runtime and its OpenMP libra
 holding all three was lost without a traceback now and then, at different tests each time.
 
     translate(directory, batch, beam_size=1)  -> [hypothesis tokens, ...] (the best of each)
+    translate_scored(directory, batch, ...)   -> [(hypothesis tokens, its score), ...]
     score(directory, sources, targets)        -> [log-probs of each target token (+ </s>)]
 
 Each test process starts one child, on its first request, and sends it every later one (a
@@ -38,6 +39,8 @@ for line in sys.stdin:
         if request['method'] == 'translate_batch':
             results = translator.translate_batch(*request['args'], **request['kwargs'])
             answer = {'out': [r.hypotheses[0] for r in results]}
+            if request['kwargs'].get('return_scores'):
+                answer = {'out': [[r.hypotheses[0], r.scores[0]] for r in results]}
         else:
             results = translator.score_batch(*request['args'], **request['kwargs'])
             answer = {'out': [r.log_probs for r in results]}
@@ -108,6 +111,12 @@ def _run(directory, method: str, args: list, compute_type: str, kwargs: dict) ->
 def translate(directory, batch: list[list[str]], compute_type: str = 'default', **kwargs):
     """The best hypothesis (tokens) of each row of ``batch`` (`Translator.translate_batch`)."""
     return _run(directory, 'translate_batch', [batch], compute_type, kwargs)
+
+
+def translate_scored(directory, batch: list[list[str]], **kwargs):
+    """(tokens, score) of the best hypothesis of each row of ``batch``."""
+    out = _run(directory, 'translate_batch', [batch], 'default', {**kwargs, 'return_scores': True})
+    return [tuple(pair) for pair in out]
 
 
 def score(directory, sources: list[list[str]], targets: list[list[str]], **kwargs):

@@ -239,21 +239,6 @@ def _reread(directory, name, src, tgt):
     )
 
 
-def test_ctranslate2_export_is_refused_in_one_line(runs, tmp_path):
-    with pytest.raises(SystemExit) as info:
-        export.cli(
-            [
-                'export',
-                f'--workdir={runs / "m2m100"}',
-                f'--out={tmp_path / "ct2"}',
-                '--format=ctranslate2',
-            ]
-        )
-    message = str(info.value.code)
-    assert 'ctranslate2' in message.lower() and '\n' not in message
-    assert not (tmp_path / 'ct2').exists()
-
-
 def _copy(hf_dirs, tmp_path, name):
     directory = tmp_path / name
     shutil.copytree(hf_dirs / name, directory)

@@ -67,6 +67,21 @@ CASES = {
         share_embeddings='none',
         **GQA,
     ),
+    # fairseq's models' options (M2M100's sinusoids from the pad id + 1, here 0 + 1; mBART's
+    # learned table, embedding norm, unscaled embeddings), with this vocabulary's ids.
+    'm2m100_options': dict(
+        positions='fairseq_sinusoidal', pre_layer_norm=True, attention_bias=True, ffn='relu'
+    ),
+    'mbart_options': dict(
+        positions='bart_learned',
+        max_positions=16,
+        layernorm_embedding=True,
+        scale_embedding=False,
+        logits_bias=True,
+        pre_layer_norm=True,
+        attention_bias=True,
+        ffn='gelu',
+    ),
 }
 
 

@@ -23,9 +23,10 @@ LINES = [s for s, _ in synthetic_lines()][:TRAINED_LINES]
 
 
 def ctranslate2_example() -> str:
-    """The one Python block of docs/export.md that builds a ctranslate2.Translator."""
+    """The one Python block of docs/export.md that builds a ctranslate2.Translator and reads
+    source.spm (the page's other one translates with NLLB-200's language codes)."""
     blocks = re.findall(r'```python\n(.*?)```', DOC.read_text(encoding='utf-8'), re.S)
-    found = [block for block in blocks if 'ctranslate2.Translator(' in block]
+    found = [b for b in blocks if 'ctranslate2.Translator(' in b and 'source.spm' in b]
     assert len(found) == 1, f'{DOC} has {len(found)} CTranslate2 examples'
     return found[0]
 

@@ -26,17 +26,16 @@ has each option our model has.
   with more).
 * Feed-forward: ``linear_0`` (activated), ``linear_1``; the gated ones add ``linear_0_noact``,
   the linear branch (``ffn_glu=True``).
-* Positions: our interleaved sinusoid table (transformer/model/positions.py) is written as
-  the spec's ``position_encodings``, so no weight is permuted (the MarianMT export permutes
-  channels into Marian's sin | cos layout instead); rotary positions are ``rotary_dim=0``
-  (every channel), ``rotary_interleave=False`` (pairs (j, j + H/2)), base 10000, with no
-  position encodings at all.
-* Embeddings: scaled by sqrt(D); the target table or ``logits_dense`` is the decoder's
-  ``projection``, ``model.logits_bias`` its bias. The decoder starts from the embedding of
-  the vocabulary's start token (the joint vocabulary's <pad>, id 0), its
-  ``decoder_start_token``. The vocabulary is written in our id order
-  (``tokenizer.id_to_piece``), a pretrained family's vocabulary's run's too, so no row moves;
-  its SentencePiece files are the family's (`interop.Family.tokenizer_files`).
+* Positions (row p of a table: what our model adds at p), the embedding scale and mBART's
+  ``layernorm_embedding``: ctranslate2_embeddings.py. Rotary positions: ``rotary_dim=0``
+  (every channel), ``rotary_interleave=False`` (pairs (j, j + H/2)), base 10000, no table.
+* Embeddings: the target table or ``logits_dense`` is the decoder's ``projection``,
+  ``model.logits_bias`` (mBART's final_logits_bias) its bias. The decoder starts from the
+  embedding of the vocabulary's start token (the joint vocabulary's <pad>, id 0; fairseq's
+  </s>), its ``decoder_start_token``. The vocabulary is written in our id order
+  (``tokenizer.id_to_piece``), a pretrained family's too (codes included), so no row moves;
+  its SentencePiece files are the family's (`interop.Family.tokenizer_files`). A source
+  holds its language code (``[src_code] X </s>``), the target's is the ``target_prefix``.
 
 What the spec holds of a model is declared once, `WRITES` (transformer/formats.py): the values
 of each variant field and numeric setting mapped above; any other is refused in one line
@@ -53,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer.commands.ctranslate2_embeddings import stack_inputs
 from transformer.formats import EVERY_VALUE, ExportError, Format, Writes, max_length
 
 SPM_FILES = ('source.spm', 'target.spm')
@@ -89,7 +89,10 @@ WRITES = Format(
         'pre_layer_norm': Writes((False, True)),
         'share_embeddings': Writes(('all', 'target', 'none')),
         'logits_bias': Writes((False, True)),
-        'positions': Writes(('sinusoidal', 'rope')),
+        'positions': Writes(('sinusoidal', 'rope', 'fairseq_sinusoidal', 'bart_learned')),
+        'max_positions': EVERY_VALUE,  # a learned table's rows
+        'layernorm_embedding': Writes((False, True)),
+        'scale_embedding': Writes((True, False)),
         'head_dim': EVERY_VALUE,
         'num_kv_heads': EVERY_VALUE,
         'attention_bias': Writes((False, True)),
@@ -125,6 +128,7 @@ def spec_options(cfg: Any) -> dict[str, dict[str, Any]]:
         'num_heads_kv': None if num_kv_heads == num_heads else num_kv_heads,
         'head_dim': None if head_dim * num_heads == cfg.d_model else head_dim,
         'qk_norm': cfg.qk_norm,
+        'layernorm_embedding': cfg.layernorm_embedding,
         # rotary_dim=None: no rotation; 0: every channel of each head.
         'rotary_dim': 0 if rope else None,
         'rotary_interleave': False,
@@ -218,8 +222,8 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
     Args:
       params: the model's parameters (plain nested dicts of arrays).
       cfg: its TransformerConfig (one `spec_options` is made of).
-      max_positions: the rows of the sinusoid table (the longest input CTranslate2 may read
-        or write); unused with rotary positions.
+      max_positions: the rows of a computed position table (the longest input CTranslate2
+        may read or write); unused with a learned table or rotary positions.
     """
     out = _layers(params, cfg)
     if 'shared_embedding' in params:
@@ -237,20 +241,14 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
     if cfg.pre_layer_norm:
         out |= _scoped('encoder/layer_norm', _norm(params['encoder_norm']))
         out |= _scoped('decoder/layer_norm', _norm(params['decoder_norm']))
-    if cfg.positions == 'sinusoidal':
-        from transformer.model import sinusoidal_positions  # jax: the exporting process's
-
-        table = _f32(sinusoidal_positions(np.arange(max_positions), cfg.d_model))
-        out['encoder/position_encodings/encodings'] = table
-        out['decoder/position_encodings/encodings'] = table
-    return out
+    return out | stack_inputs(params, cfg, max_positions)
 
 
 def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
     """The pieces in our id order (a pretrained vocabulary's too: no row moves) and the
     config's special tokens, the vocabulary's (``tokenizer.special``): the decoder starts from
-    its start token (<pad>, id 0, for the joint vocabulary), as ours does; sources get no BOS,
-    which is set to <pad>."""
+    its start token (<pad>, id 0, for the joint vocabulary; fairseq's </s>), as ours does;
+    sources get no BOS (``add_source_bos`` is off): the vocabulary's <s>, else <pad>."""
     if getattr(tokenizer, 'separate', False):
         raise ValueError(
             'separate source and target vocabularies (separate_vocabs): this CTranslate2 '
@@ -266,6 +264,8 @@ def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
         'bos_token': tokenizer.id_to_piece(special.pad),
         'decoder_start_token': tokenizer.id_to_piece(special.decoder_start),
     }
+    if tokenizer.token_id('<s>') is not None:  # fairseq's, as CTranslate2's converter has it
+        tokens['bos_token'] = '<s>'
     return pieces, tokens
 
 
@@ -313,8 +313,8 @@ def write_ctranslate2(
         pieces, tokens = vocabulary_and_tokens(tokenizer)
     except ValueError as e:
         raise ExportError(f'{getattr(tokenizer, "model_path", tokenizer)}: {e}') from None
-    # CTranslate2 stores the sinusoid table and fails past its end: the longest input of
-    # training + the paper's +50, and at least its default 1024 input tokens.
+    # CTranslate2 stores a computed position table and fails past its end: the longest input
+    # of training + the paper's +50, and at least its default 1024 input tokens.
     rows = max(max_length(run_config.eval, run_config.data.max_len), 1024)
     np.savez(os.path.join(staging, WEIGHTS), **spec_weights(params, cfg, rows))
     directory = os.path.join(staging, 'ctranslate2')
