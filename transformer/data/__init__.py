@@ -14,7 +14,9 @@
   A pretrained family's vocabulary (a MarianMT's) has the same interface and lives with its
   family (transformer/interop/).
 - ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
-  source, as its id (source_tag.py).
+  source, as its id (source_tag.py); ``languages_of``: a multilingual run's language pair
+  (``--source_lang`` / ``--target_lang``) as its source layout and forced first ids
+  (languages.py).
 - ``prepare_token_stores`` / ``open_store`` / ``verify_token_store`` (token_store.py): a
   training split's token ids on disk, written by a streaming pass and memory-mapped (corpora
   larger than memory), checked in full where built and verified, quickly where opened; one
@@ -36,6 +38,7 @@ from transformer.data.eval_batches import (
     make_eval_set,
     restore_order,
 )
+from transformer.data.languages import Languages, languages_of
 from transformer.data.mix import Corpora
 from transformer.data.mix import check_files as check_mix_files
 from transformer.data.mix import check_tags as check_mix_tags
@@ -87,6 +90,7 @@ __all__ = [
     'special_fields',
     'special_of',
     'Corpora',
+    'Languages',
     'DataError',
     'EvalSet',
     'TokenStore',
@@ -101,6 +105,7 @@ __all__ = [
     'decode_lines',
     'eval_set_of_lines',
     'get_tokenizer',
+    'languages_of',
     'load_text',
     'make_eval_batches',
     'make_eval_set',
