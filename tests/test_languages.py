@@ -223,6 +223,9 @@ def test_the_pair_a_run_records_is_the_default(runs):
     assert chosen.tokenizer.encode('A dog.')[0] == code('eng_Latn')
     other = data.languages_of(vocabulary, None, 'fra_Latn', data_config=recorded)
     assert other.pair == ('eng_Latn', 'fra_Latn') and other.forced == (code('fra_Latn'),)
+    recorded.target_lang_code = 'deu'
+    with pytest.raises(data.DataError, match=r"^data.target_lang_code='deu' is not a language"):
+        data.languages_of(vocabulary, data_config=recorded)
 
 
 @pytest.mark.slow  # a decode, transformers' model

@@ -109,10 +109,14 @@ def languages_of(
             '--source_lang and --target_lang instead.'
         )
     recorded = recorded_pair(data_config)
+    keys = [
+        f if given else f'data.{r}'
+        for f, r, given in zip(FLAGS, RECORDED, (source_lang, target_lang), strict=True)
+    ]
     source_lang, target_lang = source_lang or recorded[0], target_lang or recorded[1]
-    for flag, code in zip(FLAGS, (source_lang, target_lang), strict=True):
-        if code:
-            tokenizer.language_id(code, flag)  # an unknown code: one line naming a few
+    for key, code in zip(keys, (source_lang, target_lang), strict=True):
+        if code:  # an unknown code: one line naming a few, and the setting that gave it
+            tokenizer.language_id(code, key)
     if not (source_lang and target_lang):
         if later:
             return Languages(tokenizer)
