@@ -79,7 +79,8 @@ def _inputs(tokenizer):
 @pytest.mark.slow  # transformers' models, 3 x 2 searches compiled
 @pytest.mark.parametrize('name', MODELS)
 def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(hf_dirs, runs, name):
-    """Greedy: ``generate(num_beams=1, forced_bos_token_id=code)``, id for id. Beam 4 with
+    """Greedy: ``generate(num_beams=1, forced_bos_token_id=code)``, id for id (and samples
+    start with the code). Beam 4 with
     the converted run's own length rule (Hugging Face's log P / length^1.0, the generation
     defaults these directories name): ``generate(num_beams=4)``, id for id. Each line is
     generated alone, with ``max_new_tokens`` = its source length + `EXTRA`, our limit for that
@@ -94,6 +95,9 @@ def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(hf_
     with jax.default_matmul_precision('float32'):
         greedy = np.asarray(decoding.greedy_search(run.model, run.params, inputs, options=options))
         beams, _ = decoding.beam_search(run.model, run.params, inputs, beam_size=4, options=options)
+        if name == 'nllb':  # sampling forces the code too (the same option for every search)
+            drawn, _ = decoding.sample_search(run.model, run.params, inputs, options=options)
+            assert (np.asarray(drawn)[:, 0, 0] == code).all()
     for row, line in enumerate(LINES):
         source = tokenizer(line, return_tensors='pt')
         theirs_source = source['input_ids'][0].tolist()
