@@ -161,7 +161,7 @@ def define_language_flags() -> None:
         flags.DEFINE_string,
         None,
         'A token of the vocabulary put first in every source, as its id: a multilingual '
-        "model's target language, e.g. '>>fra<<' (required by such models).",
+        "MarianMT's target language, e.g. '>>fra<<' (required by such models).",
     )
     for name, side, example in (
         ('source_lang', 'source', 'eng_Latn'),
