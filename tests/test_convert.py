@@ -272,7 +272,7 @@ def test_multilingual_source_tag_goes_first_as_its_id(tmp_path_factory, tmp_path
     with pytest.raises(ValueError, match=r'multilingual \(3 such tokens: >>'):
         api.load(run_dir).translate(['a'])
     run = api.load(run_dir, source_tag='>>fra<<')
-    tagged = run._tagged(None)
+    tagged = run._languages(None, None, None).tokenizer
     vocab = tagged.vocab_size
     line = LINES[3]
     theirs = [(i + 1) % vocab for i in hf_tokenizer(f'>>fra<< {line}')['input_ids']]

@@ -103,6 +103,7 @@ class Run:
     steps: list[int]  # the checkpoints loaded (averaged when several)
     # The mesh it decodes on (`decoding.DecodeLayout`; None: one device), params in its layout.
     layout: decoding.DecodeLayout | None = None
+    forced: tuple[int, ...] = ()  # the ids every output starts with: the load's target code
 
     def translate(
         self,
@@ -123,6 +124,8 @@ class Run:
         no_repeat_ngram: int = 0,
         prefixes: Sequence[str] | None = None,
         source_tag: str | None = None,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
     ) -> list[str] | list[list[Hypothesis]]:
         """Translations of ``lines`` (one per line, '' for a blank one), or with ``nbest`` K
         the K best `Hypothesis` of each; decoding settings default to the run's config.
@@ -135,8 +138,10 @@ class Run:
         and ``no_repeat_ngram`` constrain any search; ``prefixes`` (one a line, '' = none)
         are target text each output starts with. ``source_tag``: a token put first in every
         source (a multilingual model's target language, '>>fra<<'; `data.tag_sources`).
-        A new value of any of these settings reuses the compiled search. Settings that cannot
-        work raise a one-line ValueError before anything is decoded.
+        ``source_lang``, ``target_lang``: a pair of a run with language codes, as the
+        commands' flags (default: the load's; `data.languages_of`). A new value of any of
+        these reuses the compiled search. Settings that cannot work raise a one-line
+        ValueError before anything is decoded.
         """
         ev = self.config.eval
         if sampling and beam_size not in (None, 1):
@@ -146,29 +151,44 @@ class Run:
         )
         constraints = decoding.Constraints(min_length, no_repeat_ngram)
         constraints.check()
+        tokenizer, options = self._decoding(
+            alpha, length_penalty, source_tag, source_lang, target_lang
+        )
         return decoding.translate_lines(
-            list(lines),
-            self._tagged(source_tag),
-            self.model,
-            self.params,
+            *(list(lines), tokenizer, self.model, self.params),
             beam_size=ev.beam_size if beam_size is None else beam_size,
-            options=decoding.decode_options(ev, alpha=alpha, length_penalty=length_penalty),
+            options=options,
             batch_size=batch_size or ev.batch_size,
-            max_input_tokens=self.config.data.max_len,
-            nbest=nbest,
+            **dict(max_input_tokens=self.config.data.max_len, nbest=nbest),
             sampling=settings,
             constraints=constraints if constraints.active else None,
             prefixes=None if prefixes is None else list(prefixes),
             layout=self.layout,
         )
 
-    def _tagged(self, source_tag: str | None) -> Any:
-        """The vocabulary with ``source_tag`` first in every source (or the load's tag)."""
-        if isinstance(self.tokenizer, data.SourceTagged):
-            if source_tag in (None, self.tokenizer.tag):
-                return self.tokenizer
-            return data.tag_sources(self.tokenizer.tokenizer, source_tag)
-        return data.tag_sources(self.tokenizer, source_tag)
+    def _decoding(self, alpha, length_penalty, *languages: str | None) -> tuple[Any, Any]:
+        """(the vocabulary, the `decoding.DecodeOptions`) of a call's settings."""
+        chosen = self._languages(*languages)
+        ev = self.config.eval
+        penalty = dict(alpha=alpha, length_penalty=length_penalty)
+        return chosen.tokenizer, decoding.decode_options(ev, **penalty, forced=chosen.forced)
+
+    def _languages(
+        self, source_tag: str | None, source_lang: str | None, target_lang: str | None
+    ) -> data.Languages:
+        """The vocabulary with ``source_tag`` or the source code first in every source and
+        the forced target code (`data.languages_of`, whose `data.DataError` is a
+        ValueError); the load's where a call names none."""
+        if source_tag is None and source_lang is None and target_lang is None:
+            if self.forced or isinstance(self.tokenizer, data.SourceTagged):
+                return data.Languages(self.tokenizer, self.forced)
+        vocabulary = self.tokenizer
+        if isinstance(vocabulary, data.SourceTagged):
+            vocabulary = vocabulary.tokenizer
+        return data.languages_of(
+            vocabulary, source_lang, target_lang, source_tag=source_tag,
+            data_config=self.config.data,
+        )  # fmt: skip
 
     def score(
         self,
@@ -179,18 +199,25 @@ class Run:
         length_penalty: str | None = None,
         batch_size: int | None = None,
         source_tag: str | None = None,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
     ) -> list[decoding.PairScore]:
         """The model's score of each (source, target) pair: `PairScore` (score, log_prob,
         tokens, token_log_probs), log_prob being log P(target | source) with EOS, score that
-        over the run's length penalty (``alpha`` and the rule default to its config)."""
+        over the run's length penalty (``alpha`` and the rule default to its config). With a
+        language pair (as `translate`'s) each target starts with its code, whose
+        log-probability and token count are included, as Hugging Face's loss counts them."""
         ev = self.config.eval
+        tokenizer, options = self._decoding(
+            alpha, length_penalty, source_tag, source_lang, target_lang
+        )
         return decoding.score_pairs(
             self.model,
             self.params,
-            self._tagged(source_tag),
+            tokenizer,
             list(sources),
             list(targets),
-            options=decoding.decode_options(ev, alpha=alpha, length_penalty=length_penalty),
+            options=options,
             batch_size=batch_size or ev.batch_size,
             layout=self.layout,
         )
@@ -216,6 +243,8 @@ def load(
     best: bool = False,
     devices: Sequence[Any] | None = None,
     source_tag: str | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
     **layout: Any,
 ) -> Run:
     """A trained run, loaded as the commands load it (by default the average they choose:
@@ -223,13 +252,19 @@ def load(
     It decodes on ``devices`` (default: all) in the run's layout, as evaluate and translate
     do; ``layout``: ``parallelism``, ``model_parallelism``, ``fsdp``, ``gather_params`` as
     their flags. ``source_tag``: the token every source starts with (a multilingual model's
-    target language), which `Run.translate` and `Run.score` may also take per call."""
+    target language); ``source_lang`` and ``target_lang``: a run with language codes' pair
+    (default: the one it records; an unknown code is one-line `data.DataError`); each of
+    these `Run.translate` and `Run.score` may also take per call."""
     with console.quiet_libraries():
         loaded = decoding_run.load_run(
             workdir,
             **dict(step=step, average_last=average_last, best=best, devices=devices),
             **dict(source_tag=source_tag, tag_later=True),
+            **dict(source_lang=source_lang, target_lang=target_lang),
             **layout,
         )
     steps = loaded.member_steps[0]
-    return Run(loaded.config, loaded.tokenizer, loaded.model, loaded.params, steps, loaded.layout)
+    return Run(
+        *(loaded.config, loaded.tokenizer, loaded.model, loaded.params, steps, loaded.layout),
+        loaded.forced,
+    )

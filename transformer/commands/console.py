@@ -30,8 +30,8 @@ from transformer.commands.shared_flags import (
     define_checkpoint_flags,
     define_decoding_flags,
     define_flag,
+    define_language_flags,
     define_penalty_flags,
-    define_source_tag_flag,
     resolve_config_arg,
 )
 
@@ -44,7 +44,7 @@ __all__ = [
     'define_checkpoint_flags',
     'define_decoding_flags',
     'define_penalty_flags',
-    'define_source_tag_flag',
+    'define_language_flags',
     'define_flag',
     'out_of_memory_line',
     'quiet_libraries',

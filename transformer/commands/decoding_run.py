@@ -32,6 +32,14 @@ class LoadedRun:
     params: PyTree  # in ``layout.shardings()``; an `Ensemble` for several runs
     member_steps: list[list[int]]  # the checkpoints loaded of each run
     layout: decoding.DecodeLayout
+    forced: tuple[int, ...] = ()  # the ids every output starts with: the target code
+    pair: tuple[str, str] | None = None  # a multilingual run's (source code, target code)
+
+    def options(self, alpha: float | None, length_penalty: str | None) -> decoding.DecodeOptions:
+        """The run's `decoding.DecodeOptions` with a command's alpha and rule (None: the
+        run's), its target code forced first."""
+        penalty = dict(alpha=alpha, length_penalty=length_penalty)
+        return decoding.decode_options(self.config.eval, **penalty, forced=self.forced)
 
 
 def join_processes(
@@ -74,14 +82,17 @@ def load_run(
     gather_params: bool = False,
     devices: Sequence[Any] | None = None,
     source_tag: str | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
     tag_later: bool = False,
     scan_layers: bool | None = None,
     **layout_flags: Any,
 ) -> LoadedRun:
     """The run of ``workdir`` (with the ``ensemble`` runs) on its decoding layout.
 
-    ``source_tag``: a token of the vocabulary put first in every source (a multilingual
-    model's target-language token, `data.tag_sources`), checked before a checkpoint is read.
+    ``source_tag`` (a token first in every source), ``source_lang`` and ``target_lang`` (a
+    multilingual run's pair): checked before a checkpoint is read (`data.languages_of`;
+    ``tag_later``: they may come with the Python API's calls).
 
     ``layout_flags``: ``parallelism`` / ``model_parallelism`` / ``fsdp``, each overriding the
     run's ``train`` key of that name when not None. ``devices``: default every process's.
@@ -92,8 +103,9 @@ def load_run(
     """
     config = rundir.read_config(workdir)
     vocabulary = rundir.load_tokenizer(config, workdir)
-    if source_tag is not None or not tag_later:  # fails fast, before the checkpoints
-        data_lib.tag_sources(vocabulary, source_tag)
+    chosen = dict(source_tag=source_tag, data_config=config.data, later=tag_later)
+    pair = (source_lang, target_lang)
+    data_lib.languages_of(vocabulary, *pair, **chosen)  # fails fast, before the checkpoints
     settings = training.ParallelSettings.of(config.train, **layout_flags)
     layouts: list[decoding.DecodeLayout] = []
 
@@ -116,9 +128,9 @@ def load_run(
             workdir, **which, tokenizer=vocabulary, scan_layers=scan_layers
         )
         member_steps = [steps]
-    if source_tag is not None or not tag_later:
-        tokenizer = data_lib.tag_sources(tokenizer, source_tag)
-    return LoadedRun(config, tokenizer, model, params, member_steps, layouts[0])
+    chosen = data_lib.languages_of(tokenizer, *pair, **chosen)
+    run = (config, chosen.tokenizer, model, params, member_steps, layouts[0])
+    return LoadedRun(*run, chosen.forced, chosen.pair)
 
 
 def check_split(workdir: str, config: schema.Experiment, split: str) -> None:

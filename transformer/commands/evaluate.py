@@ -89,6 +89,8 @@ def cli(argv: list[str] | None = None) -> None:
                 sampling=sampling,
                 constraints=constraints,
                 source_tag=FLAGS.source_tag,
+                source_lang=FLAGS.source_lang,
+                target_lang=FLAGS.target_lang,
                 files=files,
                 scan_layers=FLAGS.scan_layers,
             )
@@ -264,20 +266,20 @@ def run(
     devices: Sequence[Any] | None = None,
     sampling: decoding.Sampling | None = None,
     constraints: decoding.Constraints | None = None,
-    source_tag: str | None = None,
     files: tuple[str, str] | None = None,
-    **layout_flags: Any,
+    **load_flags: Any,
 ) -> dict[str, Any]:
     """Loads, decodes, scores and writes hypotheses + a JSON of scores; returns the scores.
 
     ``ensemble``: other runs decoded together with ``run_dir`` (`ensemble.load_ensemble`): the
     next-token distribution is the mean of the runs' probabilities. The sentences are split
     over ``devices`` (default: every process's) on the run's layout
-    (`decoding_run.load_run`; ``layout_flags``: ``parallelism``, ``model_parallelism``,
-    ``fsdp``, ``scan_layers`` override the run's); process 0 alone prints and writes.
+    (`decoding_run.load_run`; ``load_flags``: ``parallelism``, ``model_parallelism``,
+    ``fsdp``, ``scan_layers`` override the run's; ``source_tag``, a token first in every
+    source; ``source_lang`` and ``target_lang``, a multilingual run's pair, which the output's
+    name ends with); process 0 alone prints and writes.
     ``sampling``: one sample a sentence, seeded by the sentence's index in the split.
-    ``constraints``: a minimum length and n-gram blocking. ``source_tag``: a token first in
-    every source (a multilingual model's target language). ``files``: (source, reference)
+    ``constraints``: a minimum length and n-gram blocking. ``files``: (source, reference)
     files decoded and scored instead of a split, named by the source file's name.
     """
     start = time.time()
@@ -286,8 +288,7 @@ def run(
     loaded = decoding_run.load_run(
         run_dir,
         **dict(step=step, average_last=average_last, best=best, ensemble=ensemble),
-        **dict(gather_params=gather_params, devices=devices, **layout_flags),
-        source_tag=source_tag,
+        **dict(gather_params=gather_params, devices=devices, **load_flags),
     )
     config, tokenizer, layout = loaded.config, loaded.tokenizer, loaded.layout
     steps = loaded.member_steps[0]
@@ -307,10 +308,11 @@ def run(
     )
     stem = _stem(split, steps, best, beam_size, alpha, length_penalty, sampling, constraints)
     stem += f'-ensemble{len(ensemble) + 1}' if ensemble else ''
+    stem += f'-{loaded.pair[0]}-{loaded.pair[1]}' if loaded.pair else ''
     _ = files or decoding_run.check_split(run_dir, config, split)
     output = _eval_output(run_dir, stem, output)  # before the decode it would hold
     eval_set = _eval_set(config, tokenizer, run_dir, split, files, sentences, max_examples)
-    options = decoding.decode_options(config.eval, alpha=alpha, length_penalty=length_penalty)
+    options = loaded.options(alpha, length_penalty)
     scores, hypotheses = score_eval_set(
         *(config, tokenizer, loaded.model, loaded.params, eval_set),
         **dict(beam_size=beam_size, options=options, layout=layout),
@@ -320,7 +322,7 @@ def run(
         split=split,
         steps=steps,
         **dict(beam_size=beam_size, alpha=alpha, length_penalty=length_penalty),
-        direction=f'{config.data.source_lang}->{config.data.target_lang}',
+        direction='->'.join(loaded.pair or (config.data.source_lang, config.data.target_lang)),
         # Whether line i of the hypotheses is sentence i of the official test set.
         order=(files is None and data_lib.order_note(config.data, split)) or 'original',
         **decoding_run.layout_summary(

@@ -9,6 +9,11 @@ length penalty of the token count, ``--alpha`` and ``--length_penalty`` overridi
 config), log P(target | source) summed over the target's tokens (EOS included), the token
 count; ``--token_scores`` adds each token's log-probability, separated by spaces. Checkpoints
 are chosen as evaluate chooses them (``--step``, ``--average_last``, ``--best``).
+
+A multilingual run's pair (``--source_lang``, ``--target_lang``) gives the source its code
+first and the target its code first: the labels ``[tgt_code] Y </s>`` Hugging Face's
+tokenizer gives, the code's own log-probability counted in log P and in the token count, as
+a Hugging Face model's loss on those labels counts it (log P = -loss x tokens).
 """
 
 from __future__ import annotations
@@ -30,12 +35,36 @@ def _read(path: str) -> list[str]:
         return data_lib.decode_lines(f.read(), path)
 
 
+def _load(FLAGS):
+    """(config, model, params, the steps loaded, the `data.Languages` of the flags), the
+    languages checked before a checkpoint is read; one ``error:`` line otherwise."""
+    try:
+        recorded = rundir.read_config(FLAGS.workdir)
+        vocabulary = rundir.load_tokenizer(recorded, FLAGS.workdir)
+        languages = data_lib.languages_of(
+            *(vocabulary, FLAGS.source_lang, FLAGS.target_lang),
+            source_tag=FLAGS.source_tag,
+            data_config=recorded.data,
+        )
+        config, _, model, params, steps = load_model(
+            FLAGS.workdir,
+            FLAGS.step,
+            FLAGS.average_last,
+            FLAGS.best,
+            tokenizer=vocabulary,
+            scan_layers=FLAGS.scan_layers,
+        )
+    except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
+        raise SystemExit(f'error: {e}') from None
+    return config, model, params, steps, languages
+
+
 def cli(argv: list[str] | None = None) -> None:
     """``python -m transformer.score --workdir DIR --source FILE --target FILE``."""
     from absl import flags
 
     console.define_checkpoint_flags()
-    console.define_source_tag_flag()
+    console.define_language_flags()
     console.define_penalty_flags()
     define = console.define_flag
     define('source', flags.DEFINE_string, None, 'Source sentences, one a line.')
@@ -57,25 +86,16 @@ def cli(argv: list[str] | None = None) -> None:
                 f'--target={FLAGS.target} has {len(targets)} lines and --source={FLAGS.source} '
                 f'{len(sources)}: give one target a source.'
             )
-        try:
-            vocabulary = rundir.load_tokenizer(rundir.read_config(FLAGS.workdir), FLAGS.workdir)
-            tokenizer = data_lib.tag_sources(vocabulary, FLAGS.source_tag)  # before the params
-            config, _, model, params, steps = load_model(
-                FLAGS.workdir,
-                FLAGS.step,
-                FLAGS.average_last,
-                FLAGS.best,
-                tokenizer=vocabulary,
-                scan_layers=FLAGS.scan_layers,
-            )
-        except (rundir.WorkdirError, data_lib.DataError, ConfigError) as e:
-            raise SystemExit(f'error: {e}') from None
+        config, model, params, steps, languages = _load(FLAGS)
         logging.info('Scoring %d pairs with checkpoints %s.', len(sources), steps)
         options = decode_options(
-            config.eval, alpha=FLAGS.alpha, length_penalty=FLAGS.length_penalty
+            config.eval,
+            alpha=FLAGS.alpha,
+            length_penalty=FLAGS.length_penalty,
+            forced=languages.forced,
         )
         scores = score_pairs(
-            *(model, params, tokenizer, sources, targets),
+            *(model, params, languages.tokenizer, sources, targets),
             options=options,
             batch_size=FLAGS.batch_size or config.eval.batch_size,
         )

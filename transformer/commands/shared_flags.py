@@ -108,7 +108,7 @@ def define_checkpoint_flags() -> None:
 def define_decoding_flags() -> None:
     """Flags shared by the evaluate and translate commands: which checkpoint, which search."""
     define_checkpoint_flags()
-    define_source_tag_flag()
+    define_language_flags()
     _define_search_flags()
     _define_layout_flags()
     _define_sampling_flags()
@@ -152,16 +152,28 @@ def _define_search_flags() -> None:
     )
 
 
-def define_source_tag_flag() -> None:
-    """The token a multilingual model reads first in every source (translate, evaluate,
-    score)."""
+def define_language_flags() -> None:
+    """What a source starts with and an output is forced to start with (translate, evaluate,
+    score): a multilingual run's language pair, or the token a run of another kind reads first
+    (transformer/data/languages.py resolves them)."""
     define_flag(
         'source_tag',
         flags.DEFINE_string,
         None,
         'A token of the vocabulary put first in every source, as its id: a multilingual '
-        "model's target language, e.g. '>>fra<<' (required by such models).",
+        "MarianMT's target language, e.g. '>>fra<<' (required by such models).",
     )
+    for name, side, example in (
+        ('source_lang', 'source', 'eng_Latn'),
+        ('target_lang', 'target', 'deu_Latn'),
+    ):
+        define_flag(
+            name,
+            flags.DEFINE_string,
+            None,
+            f"The {side} language's code of a run with language codes (NLLB-200, M2M100, "
+            f"mBART-50), e.g. {example} (default: the run's data.{name}_code).",
+        )
 
 
 def define_penalty_flags() -> None:

@@ -24,7 +24,7 @@ from absl import logging
 from transformer import data as data_lib
 from transformer import multihost, rundir, training
 from transformer.commands import console, decoding_run
-from transformer.decoding import decode_options, format_nbest, translate_lines
+from transformer.decoding import format_nbest, translate_lines
 from transformer.schema import ConfigError
 
 
@@ -105,9 +105,7 @@ def cli(argv: list[str] | None = None) -> None:
                 loaded.model,
                 loaded.params,
                 beam_size=config.eval.beam_size if FLAGS.beam_size is None else FLAGS.beam_size,
-                options=decode_options(
-                    config.eval, alpha=FLAGS.alpha, length_penalty=FLAGS.length_penalty
-                ),
+                options=loaded.options(FLAGS.alpha, FLAGS.length_penalty),
                 batch_size=FLAGS.batch_size or config.eval.batch_size,
                 max_input_tokens=FLAGS.max_input_tokens or config.data.max_len,
                 nbest=FLAGS.nbest,
@@ -153,6 +151,8 @@ def _load(FLAGS: Any) -> decoding_run.LoadedRun:
             ensemble=FLAGS.ensemble,
             gather_params=FLAGS.gather_params,
             source_tag=FLAGS.source_tag,
+            source_lang=FLAGS.source_lang,
+            target_lang=FLAGS.target_lang,
             scan_layers=FLAGS.scan_layers,
             **{key: FLAGS[key].value for key in decoding_run.LAYOUT_KEYS},
         )

@@ -14,7 +14,9 @@
   A pretrained family's vocabulary (a MarianMT's) has the same interface and lives with its
   family (transformer/interop/).
 - ``tag_sources``: a reserved token (a target-language token, a corpus tag) first in every
-  source, as its id (source_tag.py).
+  source, as its id (source_tag.py); ``languages_of``: a multilingual run's language pair
+  (``--source_lang`` / ``--target_lang``) as its source layout and forced first ids
+  (languages.py).
 - ``run_pair`` / ``LanguagePair`` (language_pair.py): a multilingual vocabulary's language
   codes on the training pairs (``data.source_lang_code``, a mix entry's PAIR); ``has_codes``,
   ``pair_forced``: the ids decoding forces first for them.
@@ -41,6 +43,7 @@ from transformer.data.eval_batches import (
 )
 from transformer.data.language_pair import LanguagePair, has_codes
 from transformer.data.language_pair import forced as pair_forced
+from transformer.data.languages import Languages, languages_of
 from transformer.data.mix import Corpora, run_pair
 from transformer.data.mix import check_files as check_mix_files
 from transformer.data.mix import check_vocabulary as check_mix_vocabulary
@@ -92,6 +95,7 @@ __all__ = [
     'special_fields',
     'special_of',
     'Corpora',
+    'Languages',
     'DataError',
     'EvalSet',
     'TokenStore',
@@ -110,6 +114,7 @@ __all__ = [
     'decode_lines',
     'eval_set_of_lines',
     'get_tokenizer',
+    'languages_of',
     'load_text',
     'make_eval_batches',
     'make_eval_set',
