@@ -128,12 +128,12 @@ def test_a_code_the_vocabulary_lacks_stops_in_one_line(hf_dirs, folder, tmp_path
     )
     config.data.target_lang_code = 'xx_Fake'
     text = _refused(config, tmp_path / 'run', "data.target_lang_code='xx_Fake' is not a lang")
-    assert '100 codes: __af__, __am__' in text
+    assert '100 language codes: __af__, __am__' in text
 
 
 def test_a_multilingual_start_without_a_pair_stops_in_one_line(hf_dirs, folder, tmp_path):  # noqa: F811
     config = _config(str(hf_dirs / 'm2m100'), dataset='folder', folder=folder)
-    text = _refused(config, tmp_path / 'run', 'is multilingual (100 codes: __af__')
+    text = _refused(config, tmp_path / 'run', 'is multilingual (100 language codes: __af__')
     assert 'set data.source_lang_code and data.target_lang_code' in text
 
 

@@ -175,7 +175,7 @@ def files(tmp_path):
         (
             ('--source_lang=eng_Latn', '--target_lang=xyz_Latn'),
             r"^error: --target_lang='xyz_Latn' is not a language code of this NLLB-200 vocab"
-            r'ulary \(202 codes: ace_Arab, ',
+            r'ulary \(202 language codes: ace_Arab, ',
         ),
         (('--source_tag=deu_Latn',), r"^error: --source_tag='deu_Latn': this run is multiling"),
     ],

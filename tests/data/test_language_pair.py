@@ -94,10 +94,10 @@ def test_a_mix_entrys_pair_reads_its_own_languages(vocab, folder, tmp_path):
         (
             dict(source_lang_code='eng_Latn', target_lang_code='xyz_Latn'),
             "data.target_lang_code='xyz_Latn' is not a language code of this NLLB-200 "
-            'vocabulary (202 codes: ace_Arab, ace_Latn, acm_Arab, acq_Arab, ...).',
+            'vocabulary (202 language codes: ace_Arab, ace_Latn, acm_Arab, ...).',
         ),
         (dict(source_lang_code='eng_Latn'), 'needs data.target_lang_code too'),
-        ({}, 'the vocabulary is multilingual (202 codes: ace_Arab'),
+        ({}, 'the vocabulary is multilingual (202 language codes: ace_Arab'),
         (
             dict(mix='a=/x:eng_Latn->zz', source_lang_code='eng_Latn', target_lang_code='fra_Latn'),
             "data.mix entry 'a': target='zz' is not a language code",

@@ -41,7 +41,7 @@ from transformer.data.eval_batches import (
     make_eval_set,
     restore_order,
 )
-from transformer.data.language_pair import LanguagePair, has_codes
+from transformer.data.language_pair import LanguagePair, few_codes, has_codes
 from transformer.data.language_pair import forced as pair_forced
 from transformer.data.languages import Languages, languages_of
 from transformer.data.mix import Corpora, run_pair
@@ -108,6 +108,7 @@ __all__ = [
     'check_mix_files',
     'check_mix_vocabulary',
     'has_codes',
+    'few_codes',
     'LanguagePair',
     'pair_forced',
     'run_pair',

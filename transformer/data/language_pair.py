@@ -62,8 +62,10 @@ class LanguagePair:
         return getattr(self.tokenizer, name)
 
 
-def _named(codes: Sequence[str]) -> str:
-    return f'{len(codes)} codes: ' + ', '.join(codes[:4]) + ', ...'
+def few_codes(codes: Sequence[str]) -> str:
+    """``'202 language codes: ace_Arab, ace_Latn, acm_Arab, ...'``: how a one-line error names
+    a vocabulary's codes."""
+    return f'{len(codes)} language codes: ' + ', '.join(codes[:3]) + ', ...'
 
 
 def with_pair(
@@ -90,7 +92,7 @@ def with_pair(
         if codes:
             languages = tokenizer.language_tokens()
             raise DataError(
-                f'{vocabulary} is multilingual ({_named(languages)}): set {keys[0]} and '
+                f'{vocabulary} is multilingual ({few_codes(languages)}): set {keys[0]} and '
                 f'{keys[1]} to the language pair trained on (e.g. {languages[0]!r} and '
                 f'{languages[1]!r}).'
             )

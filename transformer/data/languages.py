@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from transformer.data.errors import DataError
+from transformer.data.language_pair import few_codes, has_codes
 from transformer.data.source_tag import SourceTagged, tag_sources
 
 FLAGS = ('--source_lang', '--target_lang')  # the settings' names in messages
@@ -40,21 +41,12 @@ class Languages:
     pair: tuple[str, str] | None = None
 
 
-def _few(codes: list[str], limit: int = 3) -> str:
-    return f'{len(codes)} language codes: ' + ', '.join(codes[:limit]) + ', ...'
-
-
 def recorded_pair(data_config: Any) -> tuple[str | None, str | None]:
     """The pair a run's ``data`` section names (``data.source_lang_code`` and
     ``data.target_lang_code``), each None where it names none."""
     if data_config is None:
         return None, None
     return tuple(getattr(data_config, key, None) or None for key in RECORDED)
-
-
-def is_multilingual(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` has language codes that lay out a sentence pair."""
-    return hasattr(tokenizer, 'prefixes') and bool(tokenizer.language_tokens())
 
 
 def _bilingual(tokenizer: Any, given: tuple, source_tag: str | None, later: bool) -> Languages:
@@ -89,7 +81,7 @@ def languages_of(
 ) -> Languages:
     """The `Languages` of a decode of ``tokenizer`` (the run's vocabulary).
 
-    A multilingual vocabulary (`is_multilingual`) takes ``source_lang`` and ``target_lang``,
+    A multilingual vocabulary (`language_pair.has_codes`) takes ``source_lang`` and ``target_lang``,
     each defaulting to the pair ``data_config`` records (`recorded_pair`); any other takes
     ``source_tag`` alone (`tag_sources`). ``later``: the pair may still come (the Python API's
     load, whose calls may name it): a multilingual vocabulary without one gives the vocabulary
@@ -100,12 +92,12 @@ def languages_of(
         ``source_tag`` given to it; for a code given to a vocabulary without codes.
     """
     pair = zip(FLAGS, (source_lang, target_lang), strict=True)
-    if not is_multilingual(tokenizer):
+    if not has_codes(tokenizer):
         return _bilingual(tokenizer, [(f, c) for f, c in pair if c], source_tag, later)
     codes = list(tokenizer.language_tokens())
     if source_tag is not None:
         raise DataError(
-            f'--source_tag={source_tag!r}: this run is multilingual ({_few(codes)}): pass '
+            f'--source_tag={source_tag!r}: this run is multilingual ({few_codes(codes)}): pass '
             '--source_lang and --target_lang instead.'
         )
     recorded = recorded_pair(data_config)
@@ -121,7 +113,7 @@ def languages_of(
         if later:
             return Languages(tokenizer)
         raise DataError(
-            f'this run is multilingual ({_few(codes)}): pass --source_lang and --target_lang.'
+            f'this run is multilingual ({few_codes(codes)}): pass --source_lang and --target_lang.'
         )
     prefixes = tokenizer.prefixes(source_lang, target_lang)
     (source,) = prefixes.source  # one code before the source

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from transformer.data import SIDES, DataError, Pretokenizer, Side
+from transformer.data import SIDES, DataError, Pretokenizer, Side, few_codes
 from transformer.interop.fairseq_backend import FAIRSEQ_SPECIAL, MASK
 from transformer.interop.fairseq_codes import m2m100_token
 from transformer.interop.fairseq_config import FAIRSEQ_IDS
@@ -215,10 +215,9 @@ class FairseqVocabulary:
         for token in (code, m2m100_token(code)) if self.kind == 'm2m100' else (code,):
             if token in codes:
                 return self._ids[token]
-        few = ', '.join(codes[:4])
         raise DataError(
             f'{key}={code!r} is not a language code of this {self.title} vocabulary '
-            f'({len(codes)} codes: {few}, ...).'
+            f'({few_codes(codes)}).'
         )
 
     def prefixes(self, source_lang: str, target_lang: str) -> Prefixes:
