@@ -95,7 +95,7 @@ class OutputHead(nn.Module):
         cfg = self.config
         if not _own_matrix(cfg):
             if cfg.rescale_tied_head:  # (y D^-0.5) E^T = y (E D^-0.5)^T
-                embedding = embedding * jnp.asarray(cfg.d_model**-0.5, embedding.dtype)
+                embedding = embedding * cfg.d_model**-0.5  # weakly typed: E's dtype
             return embedding, self._bias()
         return self.logits_dense.variables['params']['kernel'].T, self._bias()
 
