@@ -1,0 +1,178 @@
+"""T5 against Hugging Face's: the bucket function equals ``T5Attention._relative_position_bucket``
+on every distance from -300 to 300, and tiny ``T5ForConditionalGeneration`` models built by
+transformers with random weights, copied into this package's Transformer by the mapping below,
+give the same teacher-forced logits to 1e-4 in float32 on right-padded rows: T5 v1.1's layout
+(gated tanh GELU, an untied head beside shared input embeddings, d_kv unlike d_model / heads)
+and v1.0's (ReLU, the head tied and its input rescaled by d_model^-0.5).
+
+The options that build T5 (transformer/model/relative_positions.py, docs/model_variants.md):
+RMSNorm before each sub-layer and closing each stack, eps 1e-6; no sqrt(D) embedding scale;
+unscaled logits (attention_scale 1.0); no attention biases; T5's ids, pad 0 = the decoder's
+start, eos 1, unk 2 (this package's joint vocabulary's own)."""
+
+import jax
+import numpy as np
+import pytest
+
+from transformer.model import Transformer, TransformerConfig, relative_position_buckets
+
+pytestmark = pytest.mark.slow  # transformers' models are imported and built
+torch = pytest.importorskip('torch', reason="torch is not installed: pip install -e '.[export]'")
+transformers = pytest.importorskip(
+    'transformers', reason="transformers is not installed: pip install -e '.[export]'"
+)
+
+V, D, D_KV, HEADS, F, LAYERS, BUCKETS, DISTANCE, PAD, EOS = 40, 16, 6, 2, 24, 2, 8, 20, 0, 1
+SHAPE = dict(
+    vocab_size=V,
+    d_model=D,
+    d_kv=D_KV,  # not D / HEADS = 8
+    d_ff=F,
+    num_layers=LAYERS,
+    num_decoder_layers=LAYERS,
+    num_heads=HEADS,
+    relative_attention_num_buckets=BUCKETS,
+    relative_attention_max_distance=DISTANCE,
+    dropout_rate=0.0,
+    layer_norm_epsilon=1e-6,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    decoder_start_token_id=PAD,
+)
+OURS = dict(
+    vocab_size=V,
+    d_model=D,
+    head_dim=D_KV,
+    num_heads=HEADS,
+    d_ff=F,
+    num_encoder_layers=LAYERS,
+    num_decoder_layers=LAYERS,
+    positions='t5_relative',
+    relative_attention_num_buckets=BUCKETS,
+    relative_attention_max_distance=DISTANCE,
+    norm='rms_norm',
+    pre_layer_norm=True,
+    layer_norm_epsilon=1e-6,
+    scale_embedding=False,
+    attention_scale=1.0,
+    dropout_rate=0.0,
+    attention_impl='einsum',
+)
+VERSIONS = {
+    'v1.1': (
+        dict(feed_forward_proj='gated-gelu', tie_word_embeddings=False),
+        dict(ffn='geglu_tanh', share_embeddings='inputs'),
+    ),
+    'v1.0': (
+        dict(feed_forward_proj='relu', tie_word_embeddings=True),
+        dict(ffn='relu', share_embeddings='all', rescale_tied_head=True),
+    ),
+}
+
+
+@pytest.mark.parametrize(('num_buckets', 'max_distance'), [(32, 128), (BUCKETS, DISTANCE)])
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_buckets_equal_hugging_faces_from_minus_300_to_300(
+    bidirectional, num_buckets, max_distance
+):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    distance = np.arange(-300, 301)
+    want = T5Attention._relative_position_bucket(
+        torch.from_numpy(distance), bidirectional, num_buckets, max_distance
+    ).numpy()
+    got = relative_position_buckets(
+        distance, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert len(np.unique(want)) >= num_buckets - 2  # every side's last bucket reached
+
+
+def _attention(w: dict, prefix: str) -> dict:
+    """q, k, v, o of torch's Linear ([out, in]) -> kernels [D, N, H] and [N, H, D]."""
+    qkv = {n: w[f'{prefix}.{n[0]}.weight'].T.reshape(D, HEADS, D_KV) for n in ('query', 'key')}
+    qkv['value'] = w[f'{prefix}.v.weight'].T.reshape(D, HEADS, D_KV)
+    qkv['out'] = w[f'{prefix}.o.weight'].T.reshape(HEADS, D_KV, D)
+    return {n: {'kernel': k} for n, k in qkv.items()}
+
+
+def _ffn(w: dict, prefix: str, gated: bool) -> dict:
+    """wi_0, wi_1, wo (gated) or wi, wo, transposed; T5's ReLU FFN has no biases: zeros."""
+    if gated:
+        return {n: {'kernel': w[f'{prefix}.{n}.weight'].T} for n in ('wi_0', 'wi_1', 'wo')}
+    ffn = {n: {'kernel': w[f'{prefix}.{n}.weight'].T} for n in ('wi', 'wo')}
+    return {n: {**p, 'bias': np.zeros(p['kernel'].shape[1], np.float32)} for n, p in ffn.items()}
+
+
+def params_from_t5(w: dict, gated: bool, tied: bool) -> dict:
+    """Our parameter tree of a T5ForConditionalGeneration state dict ``w`` (numpy)."""
+    params = {'shared_embedding': {'embedding': w['shared.weight']}}
+    if not tied:
+        params['logits_dense'] = {'kernel': w['lm_head.weight'].T}
+    sublayers = {
+        'encoder': ('self_attention', 'ffn'),
+        'decoder': ('self_attention', 'cross_attention', 'ffn'),
+    }
+    for stack, names in sublayers.items():
+        # Only block 0 holds the stack's table; every block reads it.
+        table = f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight'
+        params[f'{stack}_positions'] = {'bias': w[table]}
+        params[f'{stack}_norm'] = {'scale': w[f'{stack}.final_layer_norm.weight']}
+        for i in range(LAYERS):
+            layer = {}
+            for j, name in enumerate(names):
+                prefix = f'{stack}.block.{i}.layer.{j}'
+                layer[f'{name}_norm'] = {'scale': w[f'{prefix}.layer_norm.weight']}
+                if name == 'ffn':
+                    layer[name] = _ffn(w, f'{prefix}.DenseReluDense', gated)
+                else:
+                    kind = 'SelfAttention' if name == 'self_attention' else 'EncDecAttention'
+                    layer[name] = _attention(w, f'{prefix}.{kind}')
+            params[f'{stack}_layer_{i}'] = layer
+    return params
+
+
+def t5(version: str):
+    """(Hugging Face's model, our config, our parameters): every weight drawn, torch seeded,
+    the norms' scales from N(1, 0.2^2), the rest from N(0, 0.5^2)."""
+    hf_options, our_options = VERSIONS[version]
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**SHAPE, **hf_options))
+    model = model.eval()
+    with torch.no_grad():
+        for path, tensor in model.named_parameters():
+            tensor.normal_(1.0, 0.2) if 'layer_norm' in path else tensor.normal_(0.0, 0.5)
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    cfg = TransformerConfig(**OURS, **our_options)
+    tied = hf_options['tie_word_embeddings']
+    return model, cfg, params_from_t5(weights, gated=not tied, tied=tied)
+
+
+def _tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:
+    """Ids in [3, V) ending with </s> (1), padded with 0 after lengths[b] (right padding)."""
+    tokens = np.random.default_rng(seed).integers(3, V, shape)
+    tokens[np.arange(len(lengths)), np.asarray(lengths) - 1] = EOS
+    tokens[np.arange(shape[1])[None, :] >= np.asarray(lengths)[:, None]] = PAD
+    return tokens.astype(np.int32)
+
+
+@pytest.mark.parametrize('version', VERSIONS)
+def test_teacher_forced_logits_equal_hugging_faces(version):
+    """The same ids to both: the source [B, S] right-padded with 0 under its attention mask,
+    rows longer than max_distance; the decoder's inputs our shifted targets (0, T5's start,
+    then the targets). Every real target position's logits agree to 1e-4."""
+    model, cfg, params = t5(version)
+    inputs = _tokens(0, (3, 26), lengths=[26, 9, 3])  # distances past max_distance (20)
+    targets = _tokens(1, (3, 23), lengths=[23, 4, 11])
+    decoder_inputs = np.pad(targets, ((0, 0), (1, 0)), constant_values=PAD)[:, :-1]
+    with torch.no_grad():
+        want = model(
+            input_ids=torch.from_numpy(inputs).long(),
+            attention_mask=torch.from_numpy(inputs != PAD).long(),
+            decoder_input_ids=torch.from_numpy(decoder_inputs).long(),
+        ).logits.numpy()
+    with jax.default_matmul_precision('float32'):
+        ours = np.asarray(jax.jit(Transformer(cfg).apply)({'params': params}, inputs, targets))
+    real = targets != PAD
+    assert np.abs(want[real]).max() > 1  # logits of weight, not of an empty network
+    np.testing.assert_allclose(ours[real], want[real], atol=1e-4, rtol=0)
