@@ -128,17 +128,31 @@ _DEFAULT_SIZES = {'relative_attention_num_buckets': 32, 'relative_attention_max_
 
 @pytest.mark.slow
 def test_the_scanned_model_equals_the_unrolled_one():
-    """The same parameters stacked, the tables as they are: the same logits."""
+    """The same parameters stacked, the tables as they are: the same logits, and the same
+    gradients of the tables, which every layer's attention adds to."""
     model = _model()
     scanned = Transformer(dataclasses.replace(model.config, scan_layers=True))
     params = _params(model)
     rng = np.random.default_rng(1)
     inputs, targets = rng.integers(3, 32, (3, 9)), rng.integers(3, 32, (3, 8))
-    np.testing.assert_allclose(
-        _logits(scanned, stack_layers(params), inputs, targets),
-        _logits(model, params, inputs, targets),
-        atol=1e-5,
-    )
+    weights = rng.standard_normal((3, 8, 32)).astype(np.float32)
+
+    def loss(m, p):
+        return (teacher_forced_logits(m, p, inputs, targets) * weights).sum()
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
+    with jax.default_matmul_precision('float32'):
+        (want, grads), (got, stacked_grads) = (
+            grad(model, params),
+            grad(scanned, stack_layers(params)),
+        )
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for stack in ('encoder', 'decoder'):
+        table = grads[f'{stack}_positions']['bias']
+        # Every bucket the rows reach learns: all but one, which holds no whole distance
+        # (bidirectional: keys after the query from distance 0; causal: from 4 to 5).
+        assert (np.abs(table).max(axis=1) > 0).sum() == 7
+        np.testing.assert_allclose(stacked_grads[f'{stack}_positions']['bias'], table, atol=1e-5)
 
 
 @pytest.mark.slow  # compiles the forward pass twice, packed and unpacked
