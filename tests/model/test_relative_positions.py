@@ -218,6 +218,29 @@ def test_cached_decoding_equals_teacher_forcing(beam):
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 
+@pytest.mark.slow  # compiles greedy search at two batch schedules and scanned
+def test_a_search_that_narrows_its_batch_keeps_the_caches_key_positions():
+    """Greedy search narrows its batch as examples end (their rows of every cache array
+    taken, `next_token.take_examples`, as beam search's are), here at each source's length + 2
+    tokens: the outputs equal those of the search that keeps the whole batch, and the scanned
+    model's too. (Beams sharing a cache: test_cached_decoding_equals_teacher_forcing.)"""
+    from transformer.decoding import DecodeOptions, greedy_search
+
+    model = _model()
+    scanned = Transformer(dataclasses.replace(model.config, scan_layers=True))
+    params = _params(model, seed=8)
+    rng = np.random.default_rng(9)
+    inputs = rng.integers(3, 32, (8, 9)).astype(np.int32)
+    inputs[np.arange(9)[None, :] >= rng.integers(2, 10, (8, 1))] = 0  # lengths 2 to 9
+    options = DecodeOptions(extra_length=2)
+    whole = greedy_search(model, params, inputs, options=options, min_stage_batch=8)
+    narrowed = greedy_search(model, params, inputs, options=options, min_stage_batch=2)
+    np.testing.assert_array_equal(narrowed, whole)
+    scan = greedy_search(scanned, stack_layers(params), inputs, options=options, min_stage_batch=2)
+    np.testing.assert_array_equal(scan, whole)
+    assert len(set(map(tuple, np.asarray(whole)))) > 4  # outputs of different lengths, words
+
+
 @pytest.mark.parametrize(
     ('overrides', 'words'),
     [

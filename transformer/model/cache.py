@@ -9,8 +9,9 @@ collection, per attention layer:
   [B, N, S, H], written by the first call and only read after (`STATIC_ENTRIES`);
 
 and, where the positions are a bias by relative position (T5's,
-transformer/model/relative_positions.py), the decoder's ``key_positions`` [T'], the position
-of each self-attention cache key (`KEY_POSITIONS`), written by the first call.
+transformer/model/relative_positions.py), the decoder's ``key_positions`` [B, T'], the
+position of each self-attention cache key (`KEY_POSITIONS`, every row alike), written by the
+first call.
 
 Beam search runs K hypotheses per source on one cache (`share_across_beams`): when
 hypotheses are re-ranked nothing in the cache moves; only a [B*K, T'] slot history follows
@@ -62,7 +63,7 @@ def share_across_beams(cache: Cache, beam_size: int) -> Cache:
     rows read. The self-attention caches [B, N, T', H] become [B, N, T' * K, H], zeros: a step
     writes the K rows' keys of position t side by side, at t * K + j for row b*K + j
     (`MultiHeadAttention._update_cache`), and each row attends to the slots its hypothesis
-    went through (`beam_mask`). The keys' positions [T'] (`KEY_POSITIONS`) follow: key
+    went through (`beam_mask`). The keys' positions [B, T'] (`KEY_POSITIONS`) follow: key
     t * K + j is at position t.
 
     Raises:

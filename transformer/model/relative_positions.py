@@ -18,8 +18,8 @@ config sets apart from the positions.
 Positions are the model's: 0, 1, 2, ... in a row, each packed example's own from 0
 (transformer/model/packing.py), so a packed row's bias is its examples' own. In cached
 decoding the step's query position meets the positions of every key in the self-attention
-cache, which this module keeps in the cache beside it (``key_positions``, [T'] at
-`init_cache`; a cache shared by K beams holds K keys per position,
+cache, which this module keeps in the cache beside it (``key_positions``, [B, T'] from
+`init_cache`, every row alike; a cache shared by K beams holds K keys per position,
 `cache.share_across_beams`).
 
 Shape legend (transformer/model/attention.py): B batch · T query positions · S key positions ·
@@ -109,8 +109,9 @@ class RelativePositionBias(nn.Module):
         (B may be 1, the rows sharing their positions), in the model's dtype.
 
         ``decode``: the keys are the self-attention cache's, at the positions kept in the
-        ``cache`` collection (made by the call that makes the cache, one per cached key,
-        from its queries' count); else the keys are the queries."""
+        ``cache`` collection, [B, S] (made by the call that makes the cache, from its queries'
+        count, for each of its rows); the rows share their positions and the bias is [1, N,
+        T, S]. Else the keys are the queries."""
         cfg = self.config
         num_buckets = cfg.relative_attention_num_buckets
         table = self.param(
@@ -123,12 +124,16 @@ class RelativePositionBias(nn.Module):
         )
         key_positions = query_positions
         if decode:
+            # One row per cache row, all alike: the searches take and shard a cache's arrays
+            # by their rows (transformer/decoding/next_token.py `take_examples`).
             cached = self.variable(
                 'cache',
                 cache_layout.KEY_POSITIONS,
-                lambda: jnp.arange(query_positions.shape[1], dtype=jnp.int32),
+                lambda: jnp.broadcast_to(
+                    jnp.arange(query_positions.shape[1], dtype=jnp.int32), query_positions.shape
+                ),
             )
-            key_positions = cached.value[None]
+            query_positions, key_positions = query_positions[:1], cached.value[:1]
         buckets = relative_position_buckets(
             key_positions[:, None, :] - query_positions[:, :, None],
             bidirectional=self.bidirectional,

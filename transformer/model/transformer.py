@@ -240,12 +240,12 @@ class Transformer(nn.Module):
     ) -> Array | None:
         """The bias of ``stack``'s self-attention logits by relative position (T5's,
         transformer/model/relative_positions.py): [B, N, T, S] for packed rows, [1, N, T, S]
-        where the rows share their positions (unpacked, or a decoding step's); None where the
-        positions are no bias."""
+        where the rows share their positions (unpacked, or decoding, whose cache keeps the
+        keys' positions for each row); None where the positions are no bias."""
         if self.position_encoding.stack_bias is None:
             return None
         module = self.encoder_positions if stack == 'encoder' else self.decoder_positions
-        return module(positions if packed else positions[:1], decode)
+        return module(positions if packed or decode else positions[:1], decode)
 
     def _layers(self, layers, count: int, flags: LayerFlags, x: Array, *inputs) -> Array:
         """``x`` through a stack's layers, each called as ``layer(flags, x, *inputs)``: one
