@@ -175,7 +175,11 @@ def _no_float16(cfg: TransformerConfig) -> str | None:
                 f"model.{key}=float16 overflows a model.positions='t5_relative' model's "
                 "activations (as T5's do): use 'bfloat16' or 'float32'."
             )
-    return _buckets_fit(cfg)
+    return None
+
+
+def _check(cfg: TransformerConfig) -> str | None:
+    return _no_float16(cfg) or _buckets_fit(cfg)
 
 
 T5_RELATIVE = variants.register(
@@ -190,6 +194,6 @@ T5_RELATIVE = variants.register(
             f'{stack}_positions/bias': (cfg.relative_attention_num_buckets, cfg.num_heads)
             for stack in variants.SUBLAYERS
         },
-        check=positions.unused_sizes_refused(_no_float16, reads=positions.BUCKET_SIZES),
+        check=positions.unused_sizes_refused(_check, reads=positions.BUCKET_SIZES),
     )
 )
