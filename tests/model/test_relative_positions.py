@@ -155,7 +155,6 @@ def test_the_scanned_model_equals_the_unrolled_one():
         np.testing.assert_allclose(stacked_grads[f'{stack}_positions']['bias'], table, atol=1e-5)
 
 
-@pytest.mark.slow  # compiles the forward pass twice, packed and unpacked
 def test_packed_rows_equal_each_example_alone():
     """Two examples a row, by their own positions and segments: each example's logits are
     those of the example alone, unpacked (its bias from its own positions 0, 1, ...)."""
@@ -200,7 +199,6 @@ def _teacher_forced_steps(model, params, inputs, rows_targets, beam: int):
     return np.stack(out, axis=1)
 
 
-@pytest.mark.slow  # compiles the steps and the forward pass
 @pytest.mark.parametrize('beam', [1, 2])
 def test_cached_decoding_equals_teacher_forcing(beam):
     """Each step's query at its position against every cached key's (the cache's key
@@ -267,7 +265,6 @@ def test_bfloat16_builds():
     assert cfg.dtype == jnp.bfloat16
 
 
-@pytest.mark.slow  # compiles two models' forward passes
 def test_a_rescaled_tied_head_is_t5_v1_0s():
     """logits = (y d_model^-0.5) E^T: the plain tied head's logits times d_model^-0.5, and the
     chunked loss reads the same W (E d_model^-0.5)."""
