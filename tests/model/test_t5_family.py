@@ -139,6 +139,12 @@ def t5(version: str):
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(**SHAPE, **hf_options))
     model = model.eval()
+    if not hf_options['tie_word_embeddings']:
+        # transformers 5 ties T5's lm_head to the shared embedding whatever the config (its
+        # tie_word_embeddings=False only turns the rescale off, scale_decoder_outputs); T5
+        # v1.1 and MADLAD-400 hold a head of their own, given here.
+        model.lm_head.weight = torch.nn.Parameter(torch.empty(V, D))
+        assert model.lm_head.weight is not model.shared.weight
     with torch.no_grad():
         for path, tensor in model.named_parameters():
             tensor.normal_(1.0, 0.2) if 'layer_norm' in path else tensor.normal_(0.0, 0.5)
@@ -217,3 +223,25 @@ def test_greedy_steps_with_the_cache_equal_hugging_faces_generation():
             tokens.append(previous)
     np.testing.assert_array_equal(np.stack(tokens, axis=1), want_tokens)
     np.testing.assert_allclose(np.stack(scores, axis=1), want_scores, atol=1e-4, rtol=0)
+
+
+def test_a_madlad_400_3b_shaped_model_has_hugging_faces_parameter_count():
+    """MADLAD-400-3B's shape (T5 v1.1: d_model 1024, 16 heads of d_kv 128, d_ff 8192, 32 + 32
+    layers, V 256000, a head of its own), counted without memory on both sides (torch's meta
+    device, plus the [V, D] head that transformers 5 ties to the embedding: `t5`; our
+    `param_count` of the declared shapes): the same 2.94e9, the two tables [32, 16] included."""
+    from transformer.model import param_count
+
+    shape = dict(d_model=1024, d_kv=128, num_heads=16, d_ff=8192, num_layers=32, vocab_size=256000)
+    config = transformers.T5Config(
+        **shape, num_decoder_layers=32, feed_forward_proj='gated-gelu', tie_word_embeddings=False
+    )
+    with torch.device('meta'):
+        tied = transformers.T5ForConditionalGeneration(config)
+    theirs = sum(p.numel() for p in tied.parameters()) + 256000 * 1024
+    ours = dict(OURS, vocab_size=256000, d_model=1024, head_dim=128, num_heads=16, d_ff=8192)
+    ours |= dict(num_encoder_layers=32, num_decoder_layers=32)
+    ours |= dict(relative_attention_num_buckets=32, relative_attention_max_distance=128)
+    cfg = TransformerConfig(**ours, **VERSIONS['v1.1'][1])
+    assert param_count(cfg) == theirs
+    assert 2.9e9 < theirs < 3.0e9
