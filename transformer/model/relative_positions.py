@@ -11,9 +11,9 @@ are bidirectional (half the buckets for keys after the query), the decoder's cau
 after the query are masked anyway); half of each side's buckets hold one distance each, the
 others logarithmically wider ranges up to ``model.relative_attention_max_distance``, from
 which every distance shares the last bucket. Cross-attention gets no bias. The bias is added
-to the logits through `dot_product.attend`'s ``bias``; T5 does not scale the logits
-(``model.attention_scale=1.0``, its initialization scales the queries instead), which the
-config sets apart from the positions.
+to the logits through `dot_product.attend`'s ``bias``. (T5 does not scale the logits either:
+``model.attention_scale=1.0``, a setting of its own; its initialization scales the queries
+instead.)
 
 Positions are the model's: 0, 1, 2, ... in a row, each packed example's own from 0
 (transformer/model/packing.py), so a packed row's bias is its examples' own. In cached
@@ -85,7 +85,11 @@ def relative_position_buckets(
     host, in float32 as there (numpy's log; tests/model/test_relative_positions.py checks
     every distance from -300 to 300 against Hugging Face's at (32, 128) and (8, 20)), and
     looked up: every backend then gives the same buckets, which a device's own log, one ulp
-    off at a bucket's edge, would not.
+    off at a bucket's edge, would not. numpy's float32 log and torch's differ by an ulp too
+    at a few arguments, which moves a distance lying exactly on a bucket's edge: at no
+    distance of T5's sizes (32, 128), nor of nearly all others: of the 122,472 cases of
+    4-129 buckets, a max_distance from past half of them to 519 and either direction, 53
+    differ somewhere from -300 to 300.
     """
     table = jnp.asarray(_buckets_table(bidirectional, num_buckets, max_distance))
     return table[jnp.clip(distance, -max_distance, max_distance) + max_distance]
