@@ -111,7 +111,9 @@ def test_rms_norm_gated_ffns_and_qk_norm_are_the_written_computations():
 
     gelu = lambda z: 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))  # noqa: E731
     silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
-    for name, act in (('swiglu', silu), ('geglu', gelu)):
+    # GELU's tanh approximation, Hugging Face's "gelu_new" (T5 v1.1's gate).
+    tanh_gelu = lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))  # noqa: E731
+    for name, act in (('swiglu', silu), ('geglu', gelu), ('geglu_tanh', tanh_gelu)):
         gated = tiny_config(ffn=name)
         module = variants.chosen(gated, 'ffn').module(gated)
         init = lambda m=module: m.init(jax.random.key(0), x, True)  # noqa: E731

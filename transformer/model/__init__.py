@@ -9,6 +9,7 @@ projections.py (its [D, N, H] / [N, H, D] parameters; the kernel's two views `pe
 `fused`), dot_product.py (scaled dot-product attention, the one `attend` of every path: its
 scale and logits bias), decode_attention.py (a decoding step's attention over the cache),
 positions.py (how positions enter: the sinusoids, rotary positions, learned tables),
+relative_positions.py (T5's relative position buckets, a bias on self-attention's logits),
 layers.py (the encoder and decoder layers, the shifted decoder inputs, the masks' making),
 layer_stack.py (the layers' two layouts, unrolled and scanned, and the conversion between
 them), transformer.py (the Transformer), output_head.py (its pre-softmax projection, the one
@@ -60,6 +61,7 @@ from transformer.model.output_head import logits as output_logits
 from transformer.model.packing import Packing
 from transformer.model.positions import fairseq_sinusoids, sinusoidal_positions
 from transformer.model.projections import fused, per_head
+from transformer.model.relative_positions import relative_position_buckets
 from transformer.model.remat import compiler_options as remat_compiler_options
 from transformer.model.settings import Setting, peer_refusal
 from transformer.model.transformer import Transformer
@@ -117,6 +119,7 @@ __all__ = [
     'peak_flops',
     'peer_refusal',
     'per_head',
+    'relative_position_buckets',
     'remat_compiler_options',
     'settings',
     'share_across_beams',

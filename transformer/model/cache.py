@@ -6,7 +6,12 @@ collection, per attention layer:
 - self-attention: ``cached_key`` / ``cached_value`` [B, N, T', H], one position written per
   step at ``cache_index`` (`SELF_ENTRIES`, `INDEX`);
 - encoder-decoder attention (``static_kv``): ``cached_static_key`` / ``cached_static_value``
-  [B, N, S, H], written by the first call and only read after (`STATIC_ENTRIES`).
+  [B, N, S, H], written by the first call and only read after (`STATIC_ENTRIES`);
+
+and, where the positions are a bias by relative position (T5's,
+transformer/model/relative_positions.py), the decoder's ``key_positions`` [B, T'], the
+position of each self-attention cache key (`KEY_POSITIONS`, every row alike), written by the
+first call.
 
 Beam search runs K hypotheses per source on one cache (`share_across_beams`): when
 hypotheses are re-ranked nothing in the cache moves; only a [B*K, T'] slot history follows
@@ -28,6 +33,7 @@ Cache = Any
 SELF_ENTRIES = ('cached_key', 'cached_value')
 INDEX = 'cache_index'
 STATIC_ENTRIES = ('cached_static_key', 'cached_static_value')
+KEY_POSITIONS = 'key_positions'
 
 # A decoding step's self-attention reads the cache only up to the end of the chunk (of
 # `backends.cache_chunks()` equal chunks) that holds the position written: the cache is sized
@@ -57,7 +63,8 @@ def share_across_beams(cache: Cache, beam_size: int) -> Cache:
     rows read. The self-attention caches [B, N, T', H] become [B, N, T' * K, H], zeros: a step
     writes the K rows' keys of position t side by side, at t * K + j for row b*K + j
     (`MultiHeadAttention._update_cache`), and each row attends to the slots its hypothesis
-    went through (`beam_mask`).
+    went through (`beam_mask`). The keys' positions [B, T'] (`KEY_POSITIONS`) follow: key
+    t * K + j is at position t.
 
     Raises:
       ValueError: an entry with rows that is none of the above (a cache this does not know).
@@ -68,6 +75,8 @@ def share_across_beams(cache: Cache, beam_size: int) -> Cache:
         if name in SELF_ENTRIES:  # [L, ...] first in a scanned model's (model.scan_layers)
             *layers, rows, heads, length, head_dim = x.shape
             return jnp.zeros((*layers, rows, heads, length * beam_size, head_dim), x.dtype)
+        if name == KEY_POSITIONS:
+            return jnp.repeat(x, beam_size, axis=-1)
         if x.ndim and name not in (*STATIC_ENTRIES, INDEX):
             raise ValueError(f'Beam search does not know the cache entry {name} {x.shape}.')
         return x

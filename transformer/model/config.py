@@ -102,6 +102,8 @@ class TransformerConfig(Section):
     # A bias [V] on the logits (MarianMT's final_logits_bias), fixed unless
     # opt.train_logits_bias (transformer/training/optim.py).
     logits_bias: bool = variants.config_field('logits_bias')
+    # A tied head's input times d_model^-0.5 (T5 v1.0; transformer/model/output_head.py).
+    rescale_tied_head: bool = settings.config_field('rescale_tied_head')
     # The kind of normalization around each sub-layer (transformer/model/norms.py) and where
     # it sits: post-LN (the paper) or pre-LN (tensor2tensor's later default).
     norm: str = variants.config_field('norm')
@@ -109,10 +111,14 @@ class TransformerConfig(Section):
     # A norm of model.norm's kind on each stack's embedding sum, before its dropout (mBART's).
     layernorm_embedding: bool = variants.config_field('embedding_norm')
     # How positions enter (transformer/model/positions.py): the paper's sinusoids added to the
-    # embeddings, or rotary positions in self-attention.
+    # embeddings, rotary positions in self-attention, or T5's bias on the attention logits.
     positions: str = variants.config_field('positions')
     # The rows of a learned position table (model.positions='bart_learned'); None: no table.
     max_positions: int | None = settings.config_field('max_positions')
+    # T5's relative position buckets (model.positions='t5_relative'): how many, and the
+    # distance from which they are all one.
+    relative_attention_num_buckets: int = settings.config_field('relative_attention_num_buckets')
+    relative_attention_max_distance: int = settings.config_field('relative_attention_max_distance')
     # Embeddings multiplied by sqrt(d_model) (Sec. 3.4), or not (fairseq's scale_embedding).
     scale_embedding: bool = settings.config_field('scale_embedding')
     layer_norm_epsilon: float = _field(
@@ -164,6 +170,11 @@ class TransformerConfig(Section):
             raise ConfigError(
                 f'model.num_kv_heads={self.num_kv_heads} must divide model.num_heads='
                 f'{self.num_heads}: each key/value head serves N / K query heads.'
+            )
+        if self.rescale_tied_head and self.share_embeddings in ('none', 'inputs'):
+            raise ConfigError(
+                f"model.rescale_tied_head rescales a tied head's input, and "
+                f'model.share_embeddings={self.share_embeddings!r} unties it: set it False.'
             )
         if self.special.largest() >= self.vocab_size:
             raise ConfigError(

@@ -98,8 +98,18 @@ def projection(cfg: TransformerConfig, features: int, axes: tuple[str, str], nam
 
 # The gate's activation of each gated ``model.ffn`` value (Shazeer, 2020, "GLU Variants
 # Improve Transformer"): SwiGLU's Swish_1 = x sigmoid(x); GeGLU's GELU in its exact erf form,
-# x Phi(x), as 'gelu' above and CTranslate2's Activation.GELU compute it.
-GATES = {'swiglu': 'swish', 'geglu': 'gelu'}
+# x Phi(x), as 'gelu' above and CTranslate2's Activation.GELU compute it; or in its tanh
+# approximation, T5 v1.1's and MADLAD-400's (Hugging Face's "gated-gelu", whose gate is
+# "gelu_new").
+GATES = {'swiglu': 'swish', 'geglu': 'gelu', 'geglu_tanh': 'gelu_tanh'}
+# The activations only a gate takes.
+GATE_ACTIVATIONS = {
+    **ACTIVATIONS,
+    'gelu_tanh': (
+        functools.partial(jax.nn.gelu, approximate=True),
+        '0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); Hugging Face "gelu_new"',
+    ),
+}
 
 
 class GatedFeedForward(nn.Module):
@@ -112,7 +122,7 @@ class GatedFeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         cfg = self.config
-        activation, _ = ACTIVATIONS[GATES[cfg.ffn]]
+        activation, _ = GATE_ACTIVATIONS[GATES[cfg.ffn]]
         gate = activation(projection(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi_0')(x))  # [B, T, F]
         h = constrain(gate * projection(cfg, cfg.d_ff, ('embed', 'mlp'), 'wi_1')(x), HIDDEN)
         h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
@@ -128,7 +138,7 @@ def _gated_weights(cfg: TransformerConfig) -> variants.Shapes:
     }
 
 
-SWIGLU, GEGLU = (
+SWIGLU, GEGLU, GEGLU_TANH = (
     variants.register(
         variants.Variant(
             'ffn',

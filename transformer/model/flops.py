@@ -5,6 +5,9 @@ paper's MFU does: the "6 * parameters * tokens" rule made exact for this encoder
 with the attention score and value products (encoder self, decoder self, decoder-encoder)
 and the pre-softmax projection written out; each layer's weight products are those its
 variants declare (transformer/model/variants.py). The backward pass costs twice the forward.
+A position encoding adds no product: the sinusoids, the learned tables, rotary positions and
+T5's relative position bias (a gather from its [buckets, N] table, one add per score) are
+elementwise work, which the count leaves out as it leaves out the softmax's.
 `tests/model/test_flops.py` checks the count against XLA's cost analysis of a jitted
 forward + backward.
 """

@@ -4,8 +4,9 @@ y [B, T, D] into the logits [B, T, V] (Sec. 3.4), written once.
     logits = y W^T + b        W [V, D], b [V]
 
 * W is the target embedding E when the embeddings are tied (``model.share_embeddings`` 'all',
-  Sec. 3.4's one matrix, or 'target'), else the head's own ``logits_dense/kernel`` [D, V]
-  ('none': W is that kernel transposed).
+  Sec. 3.4's one matrix, or 'target'), times d_model^-0.5 where ``model.rescale_tied_head``
+  (T5 v1.0's rescaled hidden states, the same product); else the head's own
+  ``logits_dense/kernel`` [D, V] ('none', 'inputs': W is that kernel transposed).
 * b is ``model.logits_bias``'s [V] parameter (MarianMT's ``final_logits_bias``, fixed in
   training unless ``opt.train_logits_bias``), else there is none.
 * The product runs in the model's compute dtype, b is added in it, and the logits come out in
@@ -14,8 +15,9 @@ y [B, T, D] into the logits [B, T, V] (Sec. 3.4), written once.
 Everything that turns hidden states into logits reads the rule here: the Transformer's forward
 pass and every decoding step (`OutputHead.__call__`), and the chunked loss
 (transformer/training/loss.py), which takes W and b from `OutputHead.projection` and computes
-each chunk's logits with `logits`. A head of another kind (its own matrix beside shared input
-embeddings, a rescaled W) changes `OutputHead` alone, and both follow.
+each chunk's logits with `logits`. A head of another kind changes `OutputHead` alone, and
+both follow (its own matrix beside shared input embeddings, 'inputs', and T5 v1.0's rescaled
+W did).
 
 Shape legend (transformer/model/attention.py): B batch · T target positions · D d_model ·
 V vocabulary.
@@ -36,7 +38,7 @@ Array = jax.Array
 
 def _own_matrix(cfg: TransformerConfig) -> bool:
     """Whether the head has its own matrix instead of the target embedding."""
-    return cfg.share_embeddings == 'none'
+    return cfg.share_embeddings in ('none', 'inputs')
 
 
 def _plus_bias(z: Array, bias: Array | None, dtype) -> Array:
@@ -56,8 +58,8 @@ def logits(y: Array, weight: Array, bias: Array | None, dtype) -> Array:
 
 class OutputHead(nn.Module):
     """The pre-softmax projection of the module docstring. Its parameters, ``logits_dense``
-    ([D, V] ``kernel``, share_embeddings='none') and ``logits_bias`` [V], sit at the
-    Transformer's root: it shares the Transformer's scope (`nn.share_scope`)."""
+    ([D, V] ``kernel``, share_embeddings 'none' or 'inputs') and ``logits_bias`` [V], sit at
+    the Transformer's root: it shares the Transformer's scope (`nn.share_scope`)."""
 
     config: TransformerConfig
 
@@ -86,10 +88,14 @@ class OutputHead(nn.Module):
         return self.logits_bias if self.config.logits_bias else None
 
     def projection(self, embedding: Array) -> tuple[Array, Array | None]:
-        """W [V, D] and b [V] (None without one), as stored (param dtype), given the target
+        """W [V, D] and b [V] (None without one), in the param dtype, given the target
         embedding E [V, D]: logits = y W^T + b, what `__call__` computes. For a loss that
-        never forms the [B, T, V] logits (transformer/training/loss.py)."""
-        if not _own_matrix(self.config):
+        never forms the [B, T, V] logits (transformer/training/loss.py). W is E as stored, or
+        E d_model^-0.5 with ``model.rescale_tied_head``."""
+        cfg = self.config
+        if not _own_matrix(cfg):
+            if cfg.rescale_tied_head:  # (y D^-0.5) E^T = y (E D^-0.5)^T
+                embedding = embedding * cfg.d_model**-0.5  # weakly typed: E's dtype
             return embedding, self._bias()
         return self.logits_dense.variables['params']['kernel'].T, self._bias()
 

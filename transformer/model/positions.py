@@ -3,7 +3,7 @@
 Shape legend (transformer/model/attention.py): B batch · T positions · D d_model · N heads ·
 H head dim.
 
-An entry's module is a `PositionEncoding`, which acts at two places:
+An entry's module is a `PositionEncoding`, which acts at one of three places:
 
 * on the scaled embeddings [B, T, D] before their dropout, either by ``embed`` (the paper's
   sinusoids, Sec. 3.5, added there) or by its ``stack_module``, one Flax module per stack,
@@ -14,8 +14,11 @@ An entry's module is a `PositionEncoding`, which acts at two places:
   projections (and QK-norm), before their product. Rotary positions (Su et al., 2021,
   "RoFormer") turn each pair of channels (j, j + H/2) of a head by the angle
   position * 10000^(-2j/H), so that q_t . k_s depends on t - s alone.
+* ``stack_bias``: on self-attention's logits, a bias by the keys' positions relative to the
+  query's, one Flax module per stack shared by its layers (T5's buckets,
+  transformer/model/relative_positions.py).
 
-Both read the positions of the tokens as the model gives them: 0, 1, 2, ... in a row, each
+All read the positions of the tokens as the model gives them: 0, 1, 2, ... in a row, each
 packed example's own from 0 (transformer/model/packing.py), the step's position in cached
 decoding. Cross-attention's queries and keys are never rotated: its keys are the source's.
 """
@@ -31,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer.model import variants
+from transformer.model import settings, variants
 from transformer.model.config import TransformerConfig
 
 Array = jax.Array
@@ -141,11 +144,17 @@ class PositionEncoding:
         ``(x [B, T, D], positions [B, T], valid [B, T]) -> [B, T, D]``, ``valid`` false at
         padding; its parameters, if any, under its name ('encoder_positions',
         'decoder_positions').
+      stack_bias: None, or what gives one stack's self-attention logits a bias instead:
+        ``stack_bias(config, stack, name=...)`` for ``stack`` 'encoder' or 'decoder', a Flax
+        module called as ``(positions [B, T], decode) -> [B, N, T, S]``
+        (transformer/model/relative_positions.py); its parameters under the same names
+        (an entry has a ``stack_module`` or a ``stack_bias``, not both).
     """
 
     added: bool
     rotary: bool
     stack_module: Callable[..., nn.Module] | None = None
+    stack_bias: Callable[..., nn.Module] | None = None
 
     def embed(self, x: Array, positions: Array) -> Array:
         """The scaled embeddings x [B, T, D] with the positions [B, T] added, or as they are."""
@@ -177,15 +186,29 @@ def _even_d_model(cfg: variants.TransformerConfig) -> str | None:
     return f'model.d_model={cfg.d_model} must be even for sinusoidal positions (sin, cos pairs).'
 
 
-def _no_table(check):
-    """``check`` of an encoding without a table, which refuses model.max_positions first."""
+# The sizes of the encodings that have them: a learned table's rows, T5's buckets
+# (transformer/model/relative_positions.py). An entry that reads none of a kind refuses it set.
+TABLE_SIZE = ('max_positions',)
+BUCKET_SIZES = ('relative_attention_num_buckets', 'relative_attention_max_distance')
+_SIZED = {
+    **dict.fromkeys(TABLE_SIZE, 'a learned position table'),
+    **dict.fromkeys(BUCKET_SIZES, "T5's relative position buckets"),
+}
+
+
+def unused_sizes_refused(check, reads: tuple[str, ...] = ()):
+    """``check`` of an entry that reads only the sizes ``reads``: first every other size set
+    away from its default (`settings.Setting`) is refused, since nothing would read it."""
 
     def checked(cfg: variants.TransformerConfig) -> str | None:
-        if cfg.max_positions is not None:
-            return (
-                f'model.max_positions={cfg.max_positions} sizes a learned position table, and '
-                f'model.positions={cfg.positions!r} has none: leave max_positions None.'
-            )
+        defaults = {s.field: s.default for s in settings.declared()}
+        for key, sizes in _SIZED.items():
+            value = getattr(cfg, key)
+            if key not in reads and value != defaults[key]:
+                return (
+                    f'model.{key}={value} sizes {sizes}, and model.positions={cfg.positions!r} '
+                    f'has none: leave {key} {defaults[key]}.'
+                )
         return check(cfg)
 
     return checked
@@ -207,7 +230,7 @@ SINUSOIDAL = variants.register(
         variants.nothing,
         'Sec. 3.5: sinusoids added to the scaled embeddings',
         module=PositionEncoding(added=True, rotary=False),
-        check=_no_table(_even_d_model),
+        check=unused_sizes_refused(_even_d_model),
     )
 )
 ROPE = variants.register(
@@ -217,7 +240,7 @@ ROPE = variants.register(
         variants.nothing,
         'RoFormer (Su et al., 2021): self-attention queries and keys rotated, half-split pairs',
         module=PositionEncoding(added=False, rotary=True),
-        check=_no_table(_even_head_dim),
+        check=unused_sizes_refused(_even_head_dim),
     )
 )
 FAIRSEQ_SINUSOIDAL = variants.register(
@@ -228,7 +251,7 @@ FAIRSEQ_SINUSOIDAL = variants.register(
         "fairseq's SinusoidalPositionalEmbedding (M2M100, NLLB-200): [sin | cos] rows from "
         'the padding id + 1, padding zero',
         module=PositionEncoding(added=False, rotary=False, stack_module=FairseqSinusoids),
-        check=_no_table(_half_above_one),
+        check=unused_sizes_refused(_half_above_one),
     )
 )
 
@@ -254,6 +277,6 @@ BART_LEARNED = variants.register(
             f'{stack}_positions/embedding': (cfg.max_positions + LEARNED_OFFSET, cfg.d_model)
             for stack in variants.SUBLAYERS
         },
-        check=_table_size,
+        check=unused_sizes_refused(_table_size, reads=TABLE_SIZE),
     )
 )

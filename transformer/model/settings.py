@@ -256,3 +256,45 @@ declare(
         lambda cfg: {},
     )
 )
+
+
+# The sizes of T5's relative position buckets (model.positions='t5_relative',
+# transformer/model/relative_positions.py): Hugging Face T5Config's
+# relative_attention_num_buckets and relative_attention_max_distance, whose defaults these are.
+declare(
+    Setting(
+        'relative_attention_num_buckets',
+        32,
+        "relative position buckets of model.positions='t5_relative' (T5Config's)",
+        fields.POSITIVE,
+        lambda cfg: {},
+    )
+)
+declare(
+    Setting(
+        'relative_attention_max_distance',
+        128,
+        "the distance from which T5's buckets are all one (T5Config's)",
+        fields.POSITIVE,
+        lambda cfg: {},
+    )
+)
+
+
+# T5 v1.0 ties its output head to the embedding and multiplies the decoder's last hidden
+# states by d_model^-0.5 before it (Hugging Face's T5ForConditionalGeneration where
+# tie_word_embeddings); transformer/model/output_head.py.
+def _peer_rescale(cfg: TransformerConfig) -> str | None:
+    return 'the peer does not rescale the hidden states.' if cfg.rescale_tied_head else None
+
+
+declare(
+    Setting(
+        'rescale_tied_head',
+        False,
+        'a tied output head reads the hidden states times d_model^-0.5 (T5 v1.0)',
+        fields.BOOL,
+        lambda cfg: {},
+        unbuilt=_peer_rescale,
+    )
+)

@@ -50,7 +50,8 @@ class Transformer(nn.Module):
     ``model.logits_bias``, ``logits_bias [V]``; with pre-LN, ``encoder_norm``,
     ``decoder_norm``; with ``model.layernorm_embedding``, ``encoder_embedding_norm``,
     ``decoder_embedding_norm``; with a learned position table, ``encoder_positions`` and
-    ``decoder_positions`` (``embedding``, [max_positions + 2, D]). The same [V, D] matrix
+    ``decoder_positions`` (``embedding``, [max_positions + 2, D]), or T5's relative position
+    bias tables (``bias``, [buckets, N]) under the same names. The same [V, D] matrix
     embeds the source and target tokens and, transposed, is the pre-softmax projection
     (Sec. 3.4; the output head, transformer/model/output_head.py);
     transformer/model/variants.py `param_shapes` lists every path.
@@ -71,7 +72,7 @@ class Transformer(nn.Module):
             param_dtype=cfg.param_dtype,
             name=name,
         )
-        if cfg.share_embeddings == 'all':
+        if cfg.share_embeddings in ('all', 'inputs'):  # 'inputs': the head has its own
             self.source_embedding = self.target_embedding = embed('shared_embedding')
         else:
             self.source_embedding = embed('source_embedding')
@@ -102,12 +103,16 @@ class Transformer(nn.Module):
         self.token_dropout = Dropout(cfg.token_dropout_rate)
         self.decode_position = DecodePosition(name='decode_position')
         # model.positions (transformer/model/positions.py): added here or rotated in attention.
+        # Or a bias on self-attention's logits, one module per stack outside its layers.
         self.position_encoding = encoding = variants.chosen(cfg, 'positions').module
-        if encoding.stack_module is None:
-            self.encoder_positions = self.decoder_positions = None
-        else:  # one per stack: it may hold a table
+        if encoding.stack_module is not None:  # one per stack: it may hold a table
             self.encoder_positions = encoding.stack_module(cfg, name='encoder_positions')
             self.decoder_positions = encoding.stack_module(cfg, name='decoder_positions')
+        elif encoding.stack_bias is not None:
+            self.encoder_positions = encoding.stack_bias(cfg, 'encoder', name='encoder_positions')
+            self.decoder_positions = encoding.stack_bias(cfg, 'decoder', name='decoder_positions')
+        else:
+            self.encoder_positions = self.decoder_positions = None
         if cfg.layernorm_embedding:  # mBART's norm of each stack's embedding sum
             self.encoder_embedding_norm = norm(cfg, 'encoder_embedding_norm')
             self.decoder_embedding_norm = norm(cfg, 'decoder_embedding_norm')
@@ -121,7 +126,9 @@ class Transformer(nn.Module):
         encoder = stack == 'encoder'
         embedding = self.source_embedding if encoder else self.target_embedding
         # positions.PositionEncoding.stack_module's, or None: the encoding's ``embed``.
-        added_positions = self.encoder_positions if encoder else self.decoder_positions
+        added_positions = None
+        if self.position_encoding.stack_module is not None:
+            added_positions = self.encoder_positions if encoder else self.decoder_positions
         # Embeddings are multiplied by sqrt(d_model) (Sec. 3.4; as they are where
         # model.scale_embedding is False), then positions are added (by the sinusoidal
         # encoding, Sec. 3.5), the sum normed where model.layernorm_embedding (mBART) and
@@ -154,7 +161,8 @@ class Transformer(nn.Module):
         valid = inputs != self.config.special.pad
         mask = attention_mask(valid, valid, segments, segments)
         x = self._embed('encoder', inputs, positions, valid, deterministic)
-        flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions)
+        bias = self._position_bias('encoder', positions, packing is not None)
+        flags, attention_inputs = LayerFlags(deterministic), AttentionInputs(mask, positions, bias)
         x = self._layers(
             self.encoder_layers, self.config.num_encoder_layers, flags, x, attention_inputs
         )
@@ -211,7 +219,8 @@ class Transformer(nn.Module):
             valid = self_mask.query_valid  # the targets': the leading start token is real
         y = self._embed('decoder', decoder_inputs, positions, valid, deterministic)
         flags = LayerFlags(deterministic, decode)
-        self_inputs = AttentionInputs(self_mask, positions)
+        bias = self._position_bias('decoder', positions, packing is not None, decode)
+        self_inputs = AttentionInputs(self_mask, positions, bias)
         cross_inputs = AttentionInputs(cross_mask)  # never rotated: the keys are the source's
         y = self._layers(
             self.decoder_layers,
@@ -225,6 +234,18 @@ class Transformer(nn.Module):
         if self.config.pre_layer_norm:
             y = self.decoder_norm(y)
         return self.output_head(y, self.target_embedding.embedding) if logits else y
+
+    def _position_bias(
+        self, stack: str, positions: Array, packed: bool, decode: bool = False
+    ) -> Array | None:
+        """The bias of ``stack``'s self-attention logits by relative position (T5's,
+        transformer/model/relative_positions.py): [B, N, T, S] for packed rows, [1, N, T, S]
+        where the rows share their positions (unpacked, or decoding, whose cache keeps the
+        keys' positions for each row); None where the positions are no bias."""
+        if self.position_encoding.stack_bias is None:
+            return None
+        module = self.encoder_positions if stack == 'encoder' else self.decoder_positions
+        return module(positions if packed or decode else positions[:1], decode)
 
     def _layers(self, layers, count: int, flags: LayerFlags, x: Array, *inputs) -> Array:
         """``x`` through a stack's layers, each called as ``layer(flags, x, *inputs)``: one

@@ -82,16 +82,14 @@ PARTS = {
     'embedding_norm': Part(
         'layernorm_embedding', False, "a norm on each stack's embedding sum (mBART's)"
     ),
-    'embeddings': Part(
-        'share_embeddings', 'all', "'all': source, target, pre-softmax share one (Sec. 3.4)"
-    ),
+    'embeddings': Part('share_embeddings', 'all', "'all': all three share one (Sec. 3.4)"),
     'logits_bias': Part(
         'logits_bias',
         False,
         "a [V] bias on the logits (MarianMT's final_logits_bias); not Sec. 3.4's",
     ),
-    # Short: the registered values follow it on the one --help line.
-    'positions': Part('positions', 'sinusoidal', "'sinusoidal': Sec. 3.5"),
+    # Short: the registered values follow it on the one --help line ('sinusoidal': Sec. 3.5).
+    'positions': Part('positions', 'sinusoidal', 'how they enter'),
 }
 # The config field that chooses each part.
 FIELDS: dict[str, str | None] = {part: p.field for part, p in PARTS.items()}
@@ -354,6 +352,8 @@ register(
         outer=lambda cfg: {f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
     )
 )
+# A head's own pre-softmax matrix, untied from the embeddings (transformer/model/output_head.py).
+_HEAD = lambda cfg: {'logits_dense/kernel': (cfg.d_model, cfg.vocab_size)}  # noqa: E731
 register(
     Variant(
         'embeddings',
@@ -362,8 +362,17 @@ register(
         'three separate matrices',
         outer=lambda cfg: {
             **{f'{s}_embedding/embedding': _TABLE(cfg) for s in ('source', 'target')},
-            'logits_dense/kernel': (cfg.d_model, cfg.vocab_size),
+            **_HEAD(cfg),
         },
+    )
+)
+register(
+    Variant(
+        'embeddings',
+        'inputs',
+        nothing,
+        "source and target share one matrix, the pre-softmax its own (T5 v1.1's, untied)",
+        outer=lambda cfg: {'shared_embedding/embedding': _TABLE(cfg), **_HEAD(cfg)},
     )
 )
 

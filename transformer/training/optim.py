@@ -7,10 +7,10 @@ outside Adam's normalisation, as PyTorch's and fairseq's AdamW do (the decay fol
 schedule). Only the weight matrices decay (`decays`: parameters of two or more axes): the
 attention, feed-forward and output kernels and the embedding table, which the output layer
 shares (Sec. 3.4), so it is a weight matrix of the network like the others. Biases (one axis,
-or the attention's [N, H]) and layer-norm scales and offsets do not: they set offsets and
-scales, not how much a layer responds to its input, so shrinking them towards 0 constrains
-nothing useful and pulls a layer norm's gain towards a dead layer; leaving them out is BERT's
-and GPT-2's convention as well.
+the attention's [N, H], T5's relative position bias [buckets, N]: every leaf named 'bias')
+and layer-norm scales and offsets do not: they set offsets and scales, not how much a layer
+responds to its input, so shrinking them towards 0 constrains nothing useful and pulls a layer
+norm's gain towards a dead layer; leaving them out is BERT's and GPT-2's convention as well.
 
 ``model.logits_bias``'s parameter, Hugging Face MarianMT's ``final_logits_bias``, is a buffer
 there that no optimizer updates: here it stays as it is too (`fixing_logits_bias`) unless
@@ -125,8 +125,8 @@ def make_schedule(opt: Any, d_model: int, num_steps: int | None = None) -> optax
 
 def decays(params: Any) -> Any:
     """The weight-decay mask of ``params``: True for weight matrices (two or more axes), False
-    for biases (the attention's [N, H] ones too) and layer-norm parameters (module
-    docstring)."""
+    for biases (the attention's [N, H] ones and T5's [buckets, N] too) and layer-norm
+    parameters (module docstring)."""
     return jax.tree_util.tree_map_with_path(
         lambda path, p: p.ndim - _stacked(path) >= 2 and _name(path) != 'bias', params
     )

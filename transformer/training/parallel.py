@@ -70,6 +70,7 @@ def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
         ('kv', None),  # H
         ('vocab', None),  # V
         ('positions', None),  # a learned position table's rows (model.positions='bart_learned')
+        ('relpos_buckets', None),  # T5's relative position buckets (model.positions='t5_relative')
         ('layers', None),  # L, the stacked layers' axis (model.scan_layers): every layer here
     )
 
