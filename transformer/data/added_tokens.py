@@ -73,7 +73,8 @@ def check(vocab: Any, added: list[tuple[str, str | None]], key: str) -> None:
 
 def _is_code(vocab: Any, name: str) -> bool:
     """Whether ``name``, added to ``vocab``, is a new language code (module docstring)."""
-    return has_codes(vocab) and vocab.shaped_as_code(name)
+    shaped = getattr(vocab, 'shaped_as_code', None)  # a vocabulary with codes says their shape
+    return has_codes(vocab) and shaped is not None and shaped(name)
 
 
 def _check_code(vocab: Any, name: str, like: str | None, key: str) -> None:
@@ -89,10 +90,11 @@ def _check_code(vocab: Any, name: str, like: str | None, key: str) -> None:
             "for the mean of the codes' rows."
         )
     if like in codes and not _is_code(vocab, name):
+        shape = getattr(vocab, 'code_shape', 'their shape')
         raise DataError(
             f'{key}: {name}={like}: {name!r} copies a language code but is not shaped as this '
-            f"vocabulary's codes, {vocab.code_shape}, so it would be no language code: name it "
-            'in that shape.'
+            f"vocabulary's codes, {shape}, so it would be no language code: name it in that "
+            'shape.'
         )
 
 
