@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -132,6 +133,34 @@ def added_tokens(pretrained: Pretrained, spec: str | None) -> list[tuple[str, st
     return added
 
 
+def check_pair(family: Any, pretrained: Pretrained, added: list, config: schema.Experiment) -> None:
+    """A one-line `PretrainedError` unless the pair a config names (``data.source_lang_code``
+    / ``data.target_lang_code``) is one of the run's vocabulary, its added codes included
+    (`data.added_tokens`): the recorded pair is the one ``translate`` decodes without flags.
+    The vocabulary with the added tokens is read from a temporary copy, as the run will."""
+    data = config.data
+    if not (data.source_lang_code or data.target_lang_code):
+        return
+
+    def check(tokenizer: Any) -> None:
+        data_lib.language_pair.with_pair(
+            tokenizer,
+            data.source_lang_code,
+            data.target_lang_code,
+            vocabulary=f'the vocabulary of {pretrained.directory}',
+        )
+
+    try:
+        if not added:
+            check(pretrained.tokenizer)
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            family.write_vocabulary(pretrained.tokenizer, added, scratch)
+            check(family.load_vocabulary(scratch))
+    except data_lib.DataError as e:
+        raise PretrainedError(f'--config: {e}') from None
+
+
 def convert(
     from_hf: str, workdir: str, base: Any | None = None, add_tokens: str | None = None
 ) -> schema.Experiment:
@@ -147,10 +176,11 @@ def convert(
     family = interop.family_of(from_hf)
     pretrained = family.load(from_hf)
     added = added_tokens(pretrained, add_tokens)
-    likes = data_lib.added_tokens.like_ids(pretrained.tokenizer, added)
+    likes = data_lib.added_tokens.like_rows(pretrained.tokenizer, added)
     pretrained.params = interop.add_rows(pretrained.params, likes)
     config = experiment_config(pretrained, base, len(added))
     check_fits(config, pretrained)
+    check_pair(family, pretrained, added, config)
     parent = os.path.dirname(workdir)
     os.makedirs(parent, exist_ok=True)
     problem = files.unwritable(parent)

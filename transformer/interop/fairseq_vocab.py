@@ -53,6 +53,8 @@ from transformer.interop.fairseq_codes import m2m100_token
 from transformer.interop.fairseq_config import FAIRSEQ_IDS
 from transformer.interop.fairseq_vocab_files import (
     CLASSES,
+    CODE_FORMS,
+    CODE_SHAPES,
     SPM_FILE,
     TITLES,
     TOKENIZER_JSON,
@@ -207,6 +209,17 @@ class FairseqVocabulary:
     def language_tokens(self) -> list[str]:
         """Its language codes, in id order."""
         return list(self._table.codes)
+
+    def shaped_as_code(self, name: str) -> bool:
+        """Whether a token added under ``name`` is a language code: it has the shape of the
+        family's codes (`code_shape`), which is how its files and ours tell the codes from the
+        other registered tokens (data/added_tokens.py)."""
+        return CODE_FORMS[self.kind].fullmatch(name) is not None
+
+    @property
+    def code_shape(self) -> str:
+        """The shape of its codes, as a message names it: ``'xxx_Xxxx (eng_Latn)'``."""
+        return CODE_SHAPES[self.kind]
 
     def language_id(self, code: str, key: str = 'language') -> int:
         """The id of the language ``code`` (M2M100: 'en' or its token '__en__'); a one-line

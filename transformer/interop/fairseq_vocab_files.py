@@ -54,6 +54,12 @@ CODE_FORMS = {
     'm2m100': re.compile(r'__[a-z]{2,3}__'),
     'mbart50': re.compile(r'[a-z]{2}_[A-Z]{2}'),
 }
+# The same shapes as the messages name them.
+CODE_SHAPES = {
+    'nllb': 'xxx_Xxxx (eng_Latn)',
+    'm2m100': '__xx__ or __xxx__ (__en__)',
+    'mbart50': 'xx_XX (en_XX)',
+}
 
 
 @dataclasses.dataclass

@@ -83,18 +83,24 @@ class Family:
     write: Callable[..., None]
 
 
-def add_rows(params: dict[str, Any], likes: list[int | None]) -> dict[str, Any]:
+def add_rows(params: dict[str, Any], likes: list[int | tuple[int, ...] | None]) -> dict[str, Any]:
     """``params`` with one new vocabulary row per entry of ``likes`` after the existing ones,
-    in the embedding and the output bias (transformer/data/added_tokens.py): the mean of the
-    existing rows, or a copy of row ``like`` (our id). Everything else is ``params`` as is."""
+    in the embedding and the output bias (transformer/data/added_tokens.py `like_rows`): a copy
+    of row ``like`` (our id), the mean of the rows of a tuple of ids (the language codes'), or
+    the mean of all existing rows (None). Everything else is ``params`` as is."""
     if not likes:
         return params
 
     def grown(rows: Any) -> np.ndarray:
         rows = np.asarray(rows)
-        mean = rows.mean(axis=0, dtype=np.float64).astype(rows.dtype)
-        new = [mean if like is None else rows[like] for like in likes]
-        return np.concatenate([rows, np.stack(new)])
+
+        def start(like: int | tuple[int, ...] | None) -> np.ndarray:
+            if like is not None and not isinstance(like, tuple):
+                return rows[like]
+            of = rows if like is None else rows[list(like)]
+            return of.mean(axis=0, dtype=np.float64).astype(rows.dtype)
+
+        return np.concatenate([rows, np.stack([start(like) for like in likes])])
 
     out = dict(params)
     out['shared_embedding'] = {'embedding': grown(params['shared_embedding']['embedding'])}

@@ -232,7 +232,7 @@ def start_params(start: Start, abstract: PyTree) -> PyTree:
             params = load_model(start.path, step=start.step, average_last=1, scan_layers=scanned)[3]
     except (rundir.WorkdirError, interop.PretrainedError) as e:
         raise TrainingError(f'{where}: {e}') from None
-    likes = data_lib.added_tokens.like_ids(start.tokenizer, start.added)
+    likes = data_lib.added_tokens.like_rows(start.tokenizer, start.added)
     params = interop.add_rows(params, likes)
     leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     wanted = {
