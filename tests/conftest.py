@@ -92,6 +92,31 @@ def run_dir(tmp_path_factory):
     return workdir
 
 
+@pytest.fixture(scope='session')
+def fairseq_hf_dirs(tmp_path_factory):
+    """Tiny NLLB-200, M2M100 and mBART-50 Hugging Face model directories
+    (tests/fairseq_models.py), built once for all pytest-xdist workers; read them only."""
+    from tests.fairseq_models import fairseq_models
+
+    return fairseq_models(tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def fairseq_runs(fairseq_hf_dirs, tmp_path_factory):
+    """`fairseq_hf_dirs` converted to run directories, once for all workers; read them only."""
+    from tests.fairseq_models import fairseq_runs
+
+    return fairseq_runs(tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def lines_folder(tmp_path_factory):
+    """A folder dataset of a few English-German lines (tests/fairseq_models.py), written once."""
+    from tests.fairseq_models import lines_folder
+
+    return lines_folder(tmp_path_factory)
+
+
 def _named_backend(monkeypatch, name: str) -> None:
     import jax
 

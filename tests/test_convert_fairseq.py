@@ -12,115 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.fairseq_dirs import fairseq_dirs, lines
-from tests.shared_dirs import built_once
-from transformer import api, convert, export, interop
+from tests.fairseq_dirs import lines
+from tests.fairseq_models import MODELS, convert_cli
+from transformer import api, export, interop
 from transformer.checkpoint import load_model
 from transformer.interop import fairseq_config, fairseq_vocab
 from transformer.interop.fairseq_backend import FAIRSEQ_SPECIAL
-from transformer.interop.fairseq_vocab import FairseqVocabulary
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
 torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
-# name: (tokenizer directory of tests/fairseq_dirs.py, Hugging Face classes, options, the
-# pair its ids are built for, embedding rows past the tokenizer's ids).
-MODELS = {
-    'm2m100': (
-        'm2m100',
-        ('M2M100Config', 'M2M100ForConditionalGeneration', 'M2M100Tokenizer'),
-        dict(activation_function='relu', scale_embedding=True),
-        ('en', 'de'),
-        0,
-    ),
-    'nllb': (
-        'nllb',
-        ('M2M100Config', 'M2M100ForConditionalGeneration', 'NllbTokenizer'),
-        dict(activation_function='relu', scale_embedding=True),
-        ('eng_Latn', 'deu_Latn'),
-        2,  # as NLLB-200's 256206 rows for 256204 ids
-    ),
-    'mbart50': (
-        'mbart50',
-        ('MBartConfig', 'MBartForConditionalGeneration', 'MBart50Tokenizer'),
-        dict(activation_function='gelu', scale_embedding=False),
-        ('en_XX', 'de_DE'),
-        0,
-    ),
-}
-SHAPE = dict(
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    dropout=0.0,
-    attention_dropout=0.0,
-    activation_dropout=0.0,
-    max_position_embeddings=64,
-    pad_token_id=1,
-    bos_token_id=0,
-    eos_token_id=2,
-    decoder_start_token_id=2,
-)
 
-
-def _build(path, tokenizers):
-    """Each of `MODELS`: its tokenizer files and a Hugging Face model saved beside them,
-    every weight drawn as tests/model/test_fairseq_families.py draws them."""
-    for name, (kind, classes, options, (src, tgt), extra) in MODELS.items():
-        directory = path / name
-        shutil.copytree(tokenizers / kind, directory)
-        config_class, model_class, _ = classes
-        rows = FairseqVocabulary(directory).size + extra
-        torch.manual_seed(0)
-        config = getattr(transformers, config_class)(vocab_size=rows, **SHAPE, **options)
-        model = getattr(transformers, model_class)(config).eval()
-        with torch.no_grad():
-            for key, tensor in [*model.named_parameters(), *model.named_buffers()]:
-                if 'norm' in key:
-                    tensor.normal_(1.0 if key.endswith('weight') else 0.0, 0.2)
-                elif 'embed_positions' not in key or name == 'mbart50':
-                    tensor.normal_(0.0, 0.5)
-        model.save_pretrained(directory)
-        config = json.loads((directory / 'tokenizer_config.json').read_text())
-        config.update(src_lang=src, tgt_lang=tgt)
-        (directory / 'tokenizer_config.json').write_text(json.dumps(config, indent=2))
-
-
-@pytest.fixture(scope='module')
-def hf_dirs(tmp_path_factory):
-    tokenizers = fairseq_dirs(tmp_path_factory)
-    return built_once(tmp_path_factory, 'fairseq-models', lambda p: _build(p, tokenizers))
-
-
-@pytest.fixture(scope='module')
-def runs(hf_dirs, tmp_path_factory):
-    """Each model converted, once for all workers (read them only)."""
-
-    def build(path):
-        path.mkdir()
-        for name in MODELS:
-            message = _cli(f'--from_hf={hf_dirs / name}', f'--workdir={path / name}')
-            assert message is None, message
-
-    return built_once(tmp_path_factory, 'fairseq-runs', build)
-
-
-def _cli(*args):
-    with pytest.raises(SystemExit) as info:
-        convert.cli(['convert', *args])
-    return info.value.code
-
-
-def _hf(hf_dirs, name):
+def _hf(fairseq_hf_dirs, name):
     _, (_, model_class, tokenizer_class), _, (src, tgt), _ = MODELS[name]
-    model = getattr(transformers, model_class).from_pretrained(hf_dirs / name).eval()
+    model = getattr(transformers, model_class).from_pretrained(fairseq_hf_dirs / name).eval()
     tokenizer = getattr(transformers, tokenizer_class).from_pretrained(
-        hf_dirs / name, src_lang=src, tgt_lang=tgt
+        fairseq_hf_dirs / name, src_lang=src, tgt_lang=tgt
     )
     return model, tokenizer
 
@@ -132,12 +40,12 @@ def test_the_special_ids_are_declared_once_and_are_the_tokenizers():
     assert (ids.pad, ids.eos, ids.unk, ids.decoder_start) == (1, 2, 3, 2)
 
 
-def test_each_familys_directories_are_recognised_by_exactly_one_family(hf_dirs, tmp_path):
+def test_each_familys_directories_are_recognised_by_exactly_one_family(fairseq_hf_dirs, tmp_path):
     """Model directories by config.json's model_type, vocabulary directories (a run's
     vocab/) by the files only that family has: an M2M100's vocab.json is no MarianMT's."""
     wanted = {'m2m100': 'm2m100', 'nllb': 'm2m100', 'mbart50': 'mbart'}
     for name, family in wanted.items():
-        directory = str(hf_dirs / name)
+        directory = str(fairseq_hf_dirs / name)
         assert [f.name for f in interop.FAMILIES if f.recognises(directory)] == [family]
         assert [f.name for f in interop.FAMILIES if f.holds_vocabulary(directory)] == [family]
     marian = tmp_path / 'marian'  # the files a MarianMT directory has (their names alone)
@@ -151,9 +59,9 @@ def test_each_familys_directories_are_recognised_by_exactly_one_family(hf_dirs, 
 
 
 @pytest.mark.parametrize('name', MODELS)
-def test_the_run_records_the_family_and_fairseqs_special_ids(hf_dirs, runs, name):
-    config = json.loads((runs / name / 'config.json').read_text())
-    recorded = json.loads((runs / name / 'converted_from.json').read_text())
+def test_the_run_records_the_family_and_fairseqs_special_ids(fairseq_hf_dirs, fairseq_runs, name):
+    config = json.loads((fairseq_runs / name / 'config.json').read_text())
+    recorded = json.loads((fairseq_runs / name / 'converted_from.json').read_text())
     assert recorded['family'] == {'mbart50': 'mbart'}.get(name, 'm2m100')
     data = config['data']
     assert (data['pad_id'], data['eos_id'], data['unk_id'], data['decoder_start_id']) == (
@@ -164,18 +72,20 @@ def test_the_run_records_the_family_and_fairseqs_special_ids(hf_dirs, runs, name
     )
     _, _, _, (src, tgt), extra = MODELS[name]
     assert (data['source_lang'], data['target_lang']) == (src, tgt)
-    rows = json.loads((hf_dirs / name / 'config.json').read_text())
+    rows = json.loads((fairseq_hf_dirs / name / 'config.json').read_text())
     assert data['vocab_size'] == rows['vocab_size']
 
 
 @pytest.mark.slow  # transformers' models and tokenizers are loaded
 @pytest.mark.parametrize('name', MODELS)
-def test_teacher_forced_log_probs_through_the_run_equal_hugging_faces(hf_dirs, runs, name):
+def test_teacher_forced_log_probs_through_the_run_equal_hugging_faces(
+    fairseq_hf_dirs, fairseq_runs, name
+):
     """The run's vocabulary builds a language pair's ids (`pair`): they are Hugging Face's
     tokenizer's, and the run's model gives its log-probabilities to 1e-4 on a padded batch."""
     _, _, _, (src, tgt), _ = MODELS[name]
-    hf_model, hf_tokenizer = _hf(hf_dirs, name)
-    config, tokenizer, model, params, _ = load_model(str(runs / name))
+    hf_model, hf_tokenizer = _hf(fairseq_hf_dirs, name)
+    config, tokenizer, model, params, _ = load_model(str(fairseq_runs / name))
     pairs = lines(6)
     ours = [tokenizer.pair(s, t, src, tgt) for s, t in pairs]
     batch = hf_tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True)
@@ -198,32 +108,34 @@ def test_teacher_forced_log_probs_through_the_run_equal_hugging_faces(hf_dirs, r
     real = labels != 1
     assert (inputs == 1).any() and np.abs(theirs[real]).max() > 1
     np.testing.assert_allclose(mine[real], theirs[real], atol=1e-4, rtol=0)
-    assert api.load(str(runs / name)).tokenizer.vocab_size == tokenizer.vocab_size
+    assert api.load(str(fairseq_runs / name)).tokenizer.vocab_size == tokenizer.vocab_size
 
 
 @pytest.mark.slow  # three exports, each read back by transformers
 @pytest.mark.parametrize('name', MODELS)
-def test_export_gives_back_every_tensor_and_the_tokenizer_files(hf_dirs, runs, name, tmp_path):
+def test_export_gives_back_every_tensor_and_the_tokenizer_files(
+    fairseq_hf_dirs, fairseq_runs, name, tmp_path
+):
     """--format hf: every tensor equal, config values back, and Hugging Face's tokenizer
     reads the written files with the same ids."""
     from safetensors.numpy import load_file
 
     out = tmp_path / 'hf'
     with pytest.raises(SystemExit) as info:
-        export.cli(['export', f'--workdir={runs / name}', f'--out={out}'])
+        export.cli(['export', f'--workdir={fairseq_runs / name}', f'--out={out}'])
     assert info.value.code is None, info.value.code
-    original = load_file(hf_dirs / name / 'model.safetensors')
+    original = load_file(fairseq_hf_dirs / name / 'model.safetensors')
     exported = load_file(out / 'model.safetensors')
     assert sorted(original) == sorted(exported)
     for key, value in original.items():
         np.testing.assert_array_equal(exported[key], value, err_msg=key)
-    source = json.loads((hf_dirs / name / 'config.json').read_text())
+    source = json.loads((fairseq_hf_dirs / name / 'config.json').read_text())
     written = json.loads((out / 'config.json').read_text())
     assert {k: v for k, v in written.items() if k != 'dtype'} == {
         k: v for k, v in source.items() if k not in ('dtype', 'torch_dtype')
     }
     _, _, _, (src, tgt), _ = MODELS[name]
-    _, theirs = _hf(hf_dirs, name)
+    _, theirs = _hf(fairseq_hf_dirs, name)
     back = _reread(out, name, src, tgt)
     for source_line, target_line in lines(20):
         a = theirs(source_line, text_target=target_line)
@@ -239,18 +151,20 @@ def _reread(directory, name, src, tgt):
     )
 
 
-def _copy(hf_dirs, tmp_path, name):
+def _copy(fairseq_hf_dirs, tmp_path, name):
     directory = tmp_path / name
-    shutil.copytree(hf_dirs / name, directory)
+    shutil.copytree(fairseq_hf_dirs / name, directory)
     return directory
 
 
-def test_an_m2m100_whose_vocab_json_and_config_disagree_stops_in_one_line(hf_dirs, tmp_path):
-    directory = _copy(hf_dirs, tmp_path, 'm2m100')
+def test_an_m2m100_whose_vocab_json_and_config_disagree_stops_in_one_line(
+    fairseq_hf_dirs, tmp_path
+):
+    directory = _copy(fairseq_hf_dirs, tmp_path, 'm2m100')
     config = json.loads((directory / 'config.json').read_text())
     config['vocab_size'] -= 5
     (directory / 'config.json').write_text(json.dumps(config))
-    message = _cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
+    message = convert_cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
     assert 'vocab_size' in message and 'fewer than' in message and '\n' not in message
     assert not (tmp_path / 'run').exists()
 
@@ -259,21 +173,21 @@ def test_a_directory_no_family_reads_names_the_three_families(tmp_path):
     directory = tmp_path / 'bart'
     directory.mkdir()
     (directory / 'config.json').write_text(json.dumps({'model_type': 'bart'}))
-    message = _cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
+    message = convert_cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
     assert "model_type='bart'" in message and '\n' not in message
     for family in ('marian', 'm2m100', 'mbart'):
         assert family in message
     assert not (tmp_path / 'run').exists()
 
 
-def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs):
+def test_init_from_the_directory_starts_from_its_weights(fairseq_hf_dirs, fairseq_runs):
     """``train.init_from`` of the Hugging Face directory starts from the parameters of its
     converted run (the ones proven against Hugging Face's above), every tensor equal (a run
     that trains from one: tests/test_finetune_languages.py)."""
     from transformer.training import init_from
 
-    *_, converted, _ = load_model(str(runs / 'nllb'), scan_layers=False)
-    start = init_from.start_params(init_from.read_start(str(hf_dirs / 'nllb')), converted)
+    *_, converted, _ = load_model(str(fairseq_runs / 'nllb'), scan_layers=False)
+    start = init_from.start_params(init_from.read_start(str(fairseq_hf_dirs / 'nllb')), converted)
     flat = jax.tree_util.tree_leaves_with_path
     assert [p for p, _ in flat(start)] == [p for p, _ in flat(converted)]
     for (path, a), (_, b) in zip(flat(start), flat(converted), strict=True):
@@ -282,19 +196,21 @@ def test_init_from_the_directory_starts_from_its_weights(hf_dirs, runs):
 
 @pytest.mark.slow  # a conversion and an export read back by transformers
 def test_a_language_code_added_at_conversion_exports_as_a_code_hugging_face_reads(
-    hf_dirs, tmp_path
+    fairseq_hf_dirs, tmp_path
 ):
     """``--add_tokens=abc_Latn=zul_Latn``: the new code takes the id after the model's rows,
     its row zul_Latn's; the export's NllbTokenizer takes it as a source code at that id."""
     run, out = tmp_path / 'run', tmp_path / 'hf'
-    message = _cli(
-        f'--from_hf={hf_dirs / "nllb"}', f'--workdir={run}', '--add_tokens=abc_Latn=zul_Latn'
+    message = convert_cli(
+        f'--from_hf={fairseq_hf_dirs / "nllb"}',
+        f'--workdir={run}',
+        '--add_tokens=abc_Latn=zul_Latn',
     )
     assert message is None, message
     with pytest.raises(SystemExit) as info:
         export.cli(['export', f'--workdir={run}', f'--out={out}'])
     assert info.value.code is None, info.value.code
-    rows = json.loads((hf_dirs / 'nllb' / 'config.json').read_text())['vocab_size']
+    rows = json.loads((fairseq_hf_dirs / 'nllb' / 'config.json').read_text())['vocab_size']
     tokenizer = transformers.NllbTokenizer.from_pretrained(out, src_lang='abc_Latn')
     code = tokenizer.convert_tokens_to_ids('abc_Latn')
     assert code == rows and tokenizer('A dog.')['input_ids'][0] == code

@@ -22,17 +22,16 @@ import jax
 import numpy as np
 import pytest
 
-from tests import ctranslate2_child, test_convert_fairseq
+from tests import ctranslate2_child
 from tests.fairseq_dirs import lines
+from tests.fairseq_models import MODELS
 from tests.subprocess_env import repo_env
 from transformer import decoding, export
 from transformer.checkpoint import load_model
 from transformer.commands import ctranslate2_spec
 from transformer.model import teacher_forced_logits
 
-# The Hugging Face directories and their converted runs, built once per session.
-hf_dirs, runs = test_convert_fairseq.hf_dirs, test_convert_fairseq.runs
-MODELS = test_convert_fairseq.MODELS
+# The Hugging Face directories and their converted fairseq_runs, built once per session.
 pytest.importorskip(
     'ctranslate2', reason="ctranslate2 is not installed: pip install -e '.[export]'"
 )
@@ -86,7 +85,9 @@ def _read_model_bin(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 @pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
 @pytest.mark.parametrize('name', ['nllb', 'mbart50'])
-def test_the_export_holds_what_ctranslate2s_converter_writes(hf_dirs, runs, name, tmp_path):
+def test_the_export_holds_what_ctranslate2s_converter_writes(
+    fairseq_hf_dirs, fairseq_runs, name, tmp_path
+):
     """Every variable and alias of CTranslate2's own conversion of the Hugging Face directory
     the run was converted from, equal, but two values: fairseq's computed sinusoids, ours
     1024 rows (Hugging Face computes any row; the converter writes max_position_embeddings,
@@ -97,10 +98,12 @@ def test_the_export_holds_what_ctranslate2s_converter_writes(hf_dirs, runs, name
     counted none; the NLLB-200 directory is an M2M100 model too.)"""
     ours = tmp_path / 'ours'
     with pytest.raises(SystemExit) as info:
-        export.cli(['export', f'--workdir={runs / name}', f'--out={ours}', '--format=ctranslate2'])
+        export.cli(
+            ['export', f'--workdir={fairseq_runs / name}', f'--out={ours}', '--format=ctranslate2']
+        )
     assert info.value.code is None, info.value.code
     source, theirs = tmp_path / 'hf', tmp_path / 'theirs'
-    shutil.copytree(hf_dirs / name, source)
+    shutil.copytree(fairseq_hf_dirs / name, source)
     config = json.loads((source / 'config.json').read_text())
     (source / 'config.json').write_text(json.dumps({**config, **HUB_KEYS.get(name, {})}))
     done = subprocess.run(
@@ -171,7 +174,7 @@ def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
 # mBART-50's in the long tier: its files are what CTranslate2's own converter writes (above),
 # and the search is the M2M100 run's.
 @pytest.mark.parametrize('name', ['m2m100', pytest.param('mbart50', marks=pytest.mark.long)])
-def test_ctranslate2_scores_and_translates_as_we_do(runs, name, tmp_path):
+def test_ctranslate2_scores_and_translates_as_we_do(fairseq_runs, name, tmp_path):
     """CTranslate2's log-probability of each target token (the code first) is ours to 1e-4
     on a padded batch; its greedy outputs are ours; its beam-4 outputs are ours with their
     score (to 1e-4), or a lower one: our beam search offers </s> to every alive hypothesis at
@@ -179,7 +182,7 @@ def test_ctranslate2_scores_and_translates_as_we_do(runs, name, tmp_path):
     candidates, so ours may end a hypothesis CTranslate2 never ends (their alive hypotheses
     are the same K). A random model's outputs rarely end; the decoder's closing norm's bias,
     moved along </s>'s embedding, makes them end at different lengths."""
-    config, tokenizer, model, params, _ = load_model(str(runs / name), None, None)
+    config, tokenizer, model, params, _ = load_model(str(fairseq_runs / name), None, None)
     params = jax.tree.map(np.asarray, params)
     special = tokenizer.special
     eos_row = params['shared_embedding']['embedding'][special.eos]

@@ -1,5 +1,5 @@
 """Fine-tuning a multilingual model on its language codes: a converted M2M100 directory (built
-by transformers in tests/test_convert_fairseq.py) fine-tuned on two directions from one
+by transformers in tests/fairseq_models.py) fine-tuned on two directions from one
 ``data.mix`` starts from its weights and lays every pair out with its codes; a code the
 vocabulary lacks, codes on a vocabulary without any and a multilingual start without a pair
 stop in one line before anything is written."""
@@ -11,28 +11,11 @@ import numpy as np
 import pytest
 
 from tests.fairseq_dirs import lines
-from tests.shared_dirs import built_once
-from tests.test_convert_fairseq import hf_dirs, runs  # noqa: F401 (fixtures)
+from tests.fairseq_models import TRAIN
 from transformer import data, interop, schema
 from transformer.checkpoint import load_model
 from transformer.interop.fairseq_vocab import FairseqVocabulary
 from transformer.training import steps, train_and_evaluate
-
-TRAIN = 40  # training pairs of the folder
-
-
-@pytest.fixture(scope='module')
-def folder(tmp_path_factory):
-    """A folder dataset of a few English-German lines: 40 to train on, 8 to validate and test
-    (one evaluation batch: the final validation compiles one program, not one per shape)."""
-
-    def write(path):
-        path.mkdir()
-        for split, pairs in (('train', lines(TRAIN)), ('validation', lines(8)), ('test', lines(8))):
-            (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
-            (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
-
-    return str(built_once(tmp_path_factory, 'fairseq-lines', write))
 
 
 def _config(init_from=None, **data_keys):
@@ -64,9 +47,9 @@ def _segments(batch):
 
 @pytest.mark.slow  # a conversion's fixtures and one step of training
 def test_two_directions_from_one_mix_start_from_the_converted_weights(
-    hf_dirs,  # noqa: F811 (the imported fixture)
-    runs,  # noqa: F811
-    folder,
+    fairseq_hf_dirs,
+    fairseq_runs,
+    lines_folder,
     tmp_path,
 ):
     """en->de and de->en entries over one English-German folder: the first step's NLL is the
@@ -74,11 +57,11 @@ def test_two_directions_from_one_mix_start_from_the_converted_weights(
     keeps the directory's vocabulary and special ids, and the batch holds both directions,
     each source ``[src_code] X </s>`` of its own language's text and each label
     ``[tgt_code] Y </s>``, as the vocabulary's `pair` lays them out."""
-    mix = f'ende={folder}:1:__en__->__de__,deen={folder}:1:de=__de__->en=__en__'
+    mix = f'ende={lines_folder}:1:__en__->__de__,deen={lines_folder}:1:de=__de__->en=__en__'
     config = _config(
-        str(hf_dirs / 'm2m100'),
+        str(fairseq_hf_dirs / 'm2m100'),
         dataset='folder',
-        folder=folder,
+        folder=lines_folder,
         mix=mix,
         source_lang_code='en',
         target_lang_code='de',
@@ -89,8 +72,8 @@ def test_two_directions_from_one_mix_start_from_the_converted_weights(
     assert (recorded['pad_id'], recorded['decoder_start_id']) == (1, 2)
     assert (recorded['source_lang_code'], recorded['target_lang_code']) == ('en', 'de')
     assert interop.held_vocabulary(str(run / 'vocab')).name == 'm2m100'
-    _, _, model, params, _ = load_model(str(runs / 'm2m100'), scan_layers=False)
-    vocab = FairseqVocabulary(hf_dirs / 'm2m100')
+    _, _, model, params, _ = load_model(str(fairseq_runs / 'm2m100'), scan_layers=False)
+    vocab = FairseqVocabulary(fairseq_hf_dirs / 'm2m100')
     # The run's first batch (its data section, one device), through the converted model.
     typed = schema.parse(schema.complete(config))
     batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
@@ -122,26 +105,33 @@ def _refused(config, workdir, message):
     return text
 
 
-def test_a_code_the_vocabulary_lacks_stops_in_one_line(hf_dirs, folder, tmp_path):  # noqa: F811
+def test_a_code_the_vocabulary_lacks_stops_in_one_line(fairseq_hf_dirs, lines_folder, tmp_path):
     config = _config(
-        str(hf_dirs / 'm2m100'), dataset='folder', folder=folder, source_lang_code='en'
+        str(fairseq_hf_dirs / 'm2m100'),
+        dataset='folder',
+        folder=lines_folder,
+        source_lang_code='en',
     )
     config.data.target_lang_code = 'xx_Fake'
     text = _refused(config, tmp_path / 'run', "data.target_lang_code='xx_Fake' is not a lang")
     assert '100 language codes: __af__, __am__' in text
 
 
-def test_a_multilingual_start_without_a_pair_stops_in_one_line(hf_dirs, folder, tmp_path):  # noqa: F811
-    config = _config(str(hf_dirs / 'm2m100'), dataset='folder', folder=folder)
+def test_a_multilingual_start_without_a_pair_stops_in_one_line(
+    fairseq_hf_dirs, lines_folder, tmp_path
+):
+    config = _config(str(fairseq_hf_dirs / 'm2m100'), dataset='folder', folder=lines_folder)
     text = _refused(config, tmp_path / 'run', 'is multilingual (100 language codes: __af__')
     assert 'set data.source_lang_code and data.target_lang_code' in text
 
 
-def test_codes_on_a_vocabulary_without_any_stop_in_one_line(folder, tmp_path):
+def test_codes_on_a_vocabulary_without_any_stop_in_one_line(lines_folder, tmp_path):
     """A new joint SentencePiece vocabulary has no codes: the run's pair and a mix entry's
     are refused."""
-    config = _config(dataset='folder', folder=folder, source_lang_code='eng_Latn')
+    config = _config(dataset='folder', folder=lines_folder, source_lang_code='eng_Latn')
     config.data.target_lang_code = 'deu_Latn'
     _refused(config, tmp_path / 'a', "data.source_lang_code='eng_Latn' names a language code")
-    config = _config(dataset='folder', folder=folder, mix=f'x={folder}:eng_Latn->deu_Latn')
+    config = _config(
+        dataset='folder', folder=lines_folder, mix=f'x={lines_folder}:eng_Latn->deu_Latn'
+    )
     _refused(config, tmp_path / 'b', "data.mix entry 'x': source='eng_Latn' names a language")

@@ -1,5 +1,5 @@
 """--source_lang / --target_lang on the NLLB-200, M2M100 and mBART-50 runs converted in
-tests/test_convert_fairseq.py (tiny models, every weight drawn), against transformers' own
+tests/fairseq_models.py (tiny models, every weight drawn), against transformers' own
 code: the source is the tokenizer's ``[src_code] X </s>``, the searches' output ids are
 ``generate``'s with ``forced_bos_token_id`` set to the target code, the text (evaluate's
 included) leaves the code out, and ``score`` gives the log-probability of the labels
@@ -20,9 +20,8 @@ import jax
 import numpy as np
 import pytest
 
-from tests.fairseq_dirs import fairseq_dirs, lines
-from tests.shared_dirs import built_once
-from tests.test_convert_fairseq import MODELS, _build, _cli
+from tests.fairseq_dirs import lines
+from tests.fairseq_models import MODELS
 from transformer import api, data, decoding, evaluate, score, translate
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -35,33 +34,13 @@ LINES = [s for s, _ in lines(3)]
 EXTRA = 8  # output tokens past the input's length: mBART-50's 64 positions hold them
 
 
-@pytest.fixture(scope='module')
-def hf_dirs(tmp_path_factory):
-    """tests/test_convert_fairseq.py's model directories (the same build, shared)."""
-    tokenizers = fairseq_dirs(tmp_path_factory)
-    return built_once(tmp_path_factory, 'fairseq-models', lambda p: _build(p, tokenizers))
-
-
-@pytest.fixture(scope='module')
-def runs(hf_dirs, tmp_path_factory):
-    """tests/test_convert_fairseq.py's converted runs (the same build, shared)."""
-
-    def build(path):
-        path.mkdir()
-        for name in MODELS:
-            message = _cli(f'--from_hf={hf_dirs / name}', f'--workdir={path / name}')
-            assert message is None, message
-
-    return built_once(tmp_path_factory, 'fairseq-runs', build)
-
-
-def _hf(hf_dirs, name):
+def _hf(fairseq_hf_dirs, name):
     """(Hugging Face's model, its tokenizer for `PAIRS`' source, the target code's id)."""
     _, (_, model_class, tokenizer_class), *_ = MODELS[name]
     src, tgt = PAIRS[name]
-    model = getattr(transformers, model_class).from_pretrained(hf_dirs / name).eval()
+    model = getattr(transformers, model_class).from_pretrained(fairseq_hf_dirs / name).eval()
     tokenizer = getattr(transformers, tokenizer_class).from_pretrained(
-        hf_dirs / name, src_lang=src, tgt_lang=tgt
+        fairseq_hf_dirs / name, src_lang=src, tgt_lang=tgt
     )
     code = tokenizer.get_lang_id(tgt) if name == 'm2m100' else tokenizer.convert_tokens_to_ids(tgt)
     return model, tokenizer, code
@@ -88,7 +67,9 @@ SEARCHED = [
 
 @pytest.mark.slow  # transformers' models, 2 searches compiled
 @pytest.mark.parametrize('name', SEARCHED)
-def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(hf_dirs, runs, name):
+def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(
+    fairseq_hf_dirs, fairseq_runs, name
+):
     """Greedy: ``generate(num_beams=1, forced_bos_token_id=code)``, id for id (and samples
     start with the code). Beam 4 with
     the converted run's own length rule (Hugging Face's log P / length^1.0, the generation
@@ -96,8 +77,8 @@ def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(hf_
     generated alone, with ``max_new_tokens`` = its source length + `EXTRA`, our limit for that
     row (the forced code and EOS counted in both); these random models reach that limit, where
     both end the output (eval.eos_at_limit 'none', converted from no forced_eos_token_id)."""
-    model, tokenizer, code = _hf(hf_dirs, name)
-    run = api.load(str(runs / name), source_lang=PAIRS[name][0], target_lang=PAIRS[name][1])
+    model, tokenizer, code = _hf(fairseq_hf_dirs, name)
+    run = api.load(str(fairseq_runs / name), source_lang=PAIRS[name][0], target_lang=PAIRS[name][1])
     assert run.forced == (code,) and run.config.eval.length_penalty == 'fairseq'
     inputs = _inputs(run.tokenizer)
     options = decoding.decode_options(run.config.eval, forced=run.forced)
@@ -128,16 +109,18 @@ def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(hf_
 
 @pytest.mark.slow  # transformers' models
 @pytest.mark.parametrize('name', MODELS)
-def test_score_is_hugging_faces_log_probability_of_the_labels(hf_dirs, runs, name, tmp_path):
+def test_score_is_hugging_faces_log_probability_of_the_labels(
+    fairseq_hf_dirs, fairseq_runs, name, tmp_path
+):
     """``score`` (the command and `Run.score`): log P = -loss x the label count of Hugging
     Face's model on the labels ``[tgt_code] Y </s>``, the code's own log-probability and
     token counted; each token's log-probability its log_softmax, to 1e-4."""
-    model, tokenizer, code = _hf(hf_dirs, name)
+    model, tokenizer, code = _hf(fairseq_hf_dirs, name)
     src, tgt = PAIRS[name]
     pairs = lines(4)
     sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     with jax.default_matmul_precision('float32'):
-        scored = api.load(str(runs / name)).score(
+        scored = api.load(str(fairseq_runs / name)).score(
             sources, targets, source_lang=src, target_lang=tgt
         )
     for (source, target), ours in zip(pairs, scored, strict=True):
@@ -157,8 +140,8 @@ def test_score_is_hugging_faces_log_probability_of_the_labels(hf_dirs, runs, nam
         files[key].write_text(''.join(t + '\n' for t in texts))
     out = tmp_path / 'scores.tsv'
     flags = [f'--{key}={path}' for key, path in files.items()]
-    _run(score, f'--workdir={runs / name}', *flags, f'--output={out}', f'--source_lang={src}',
-         f'--target_lang={tgt}')  # fmt: skip
+    run = f'--workdir={fairseq_runs / name}'
+    _run(score, run, *flags, f'--output={out}', f'--source_lang={src}', f'--target_lang={tgt}')
     logged = [float(row.split('\t')[1]) for row in out.read_text().splitlines()]
     np.testing.assert_allclose(logged, [s.log_prob for s in scored], atol=1e-4)
 
@@ -190,7 +173,9 @@ def files(tmp_path):
         (('--source_tag=deu_Latn',), r"^error: --source_tag='deu_Latn': this run is multiling"),
     ],
 )
-def test_a_multilingual_run_without_a_good_pair_stops_in_one_line(runs, files, args, wanted):
+def test_a_multilingual_run_without_a_good_pair_stops_in_one_line(
+    fairseq_runs, files, args, wanted
+):
     """translate, evaluate and score stop before a checkpoint is read; no output file."""
     source, out = files
     for command, named in (
@@ -198,7 +183,9 @@ def test_a_multilingual_run_without_a_good_pair_stops_in_one_line(runs, files, a
         (evaluate, (f'--source={source}', f'--reference={source}')),
         (score, (f'--source={source}', f'--target={source}')),
     ):
-        message = _run(command, f'--workdir={runs / "nllb"}', *named, f'--output={out}', *args)
+        message = _run(
+            command, f'--workdir={fairseq_runs / "nllb"}', *named, f'--output={out}', *args
+        )
         assert isinstance(message, str) and '\n' not in message, (command, message)
         assert re.match(wanted, message), (command, message)
         assert not out.exists()
@@ -215,10 +202,10 @@ def test_a_code_given_to_a_bilingual_run_stops_in_one_line(run_dir, files):
     assert not out.exists()
 
 
-def test_the_python_api_checks_the_pair_at_load_and_at_each_call(runs):
+def test_the_python_api_checks_the_pair_at_load_and_at_each_call(fairseq_runs):
     with pytest.raises(data.DataError, match=r"^--source_lang='xx' is not a language code"):
-        api.load(str(runs / 'm2m100'), source_lang='xx', target_lang='de')
-    run = api.load(str(runs / 'm2m100'))  # the pair may come with each call
+        api.load(str(fairseq_runs / 'm2m100'), source_lang='xx', target_lang='de')
+    run = api.load(str(fairseq_runs / 'm2m100'))  # the pair may come with each call
     assert run.forced == ()
     with pytest.raises(ValueError, match=r'^this run is multilingual \(100 language codes: '):
         run.translate(['A dog.'])
@@ -226,10 +213,10 @@ def test_the_python_api_checks_the_pair_at_load_and_at_each_call(runs):
         run.score(['A dog.'], ['Ein Hund.'], source_lang='en', target_lang='zz')
 
 
-def test_the_pair_a_run_records_is_the_default(runs):
+def test_the_pair_a_run_records_is_the_default(fairseq_runs):
     """``data.source_lang_code`` / ``data.target_lang_code`` in the run's data section name
     its pair where the flags do not; a flag overrides its half."""
-    vocabulary = api.load(str(runs / 'nllb')).tokenizer
+    vocabulary = api.load(str(fairseq_runs / 'nllb')).tokenizer
     recorded = types.SimpleNamespace(source_lang_code='eng_Latn', target_lang_code='deu_Latn')
     chosen = data.languages_of(vocabulary, data_config=recorded)
     code = vocabulary.language_id
@@ -243,16 +230,18 @@ def test_the_pair_a_run_records_is_the_default(runs):
 
 
 @pytest.mark.slow  # a decode, transformers' model
-def test_evaluate_with_a_pair_writes_generates_text_and_names_the_pair(hf_dirs, runs, tmp_path):
+def test_evaluate_with_a_pair_writes_generates_text_and_names_the_pair(
+    fairseq_hf_dirs, fairseq_runs, tmp_path
+):
     """evaluate --source --reference of the M2M100 run with a pair, greedy: its hypotheses
     are the text of Hugging Face's ``generate(num_beams=1, forced_bos_token_id=code)`` (the
     run's own limit: input + 50 tokens, which M2M100's sinusoidal positions take), without the
     code; the file name ends with the pair and the JSON's direction is it."""
-    model, tokenizer, code = _hf(hf_dirs, 'm2m100')
+    model, tokenizer, code = _hf(fairseq_hf_dirs, 'm2m100')
     source = tmp_path / 'in.txt'
     source.write_text(''.join(line + '\n' for line in LINES))
     workdir = tmp_path / 'run'
-    shutil.copytree(runs / 'm2m100', workdir)
+    shutil.copytree(fairseq_runs / 'm2m100', workdir)
     scores = evaluate.run(
         str(workdir),
         files=(str(source), str(source)),

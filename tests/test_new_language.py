@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from tests.fairseq_dirs import lines
-from tests.test_convert_fairseq import _cli, hf_dirs, runs  # noqa: F401 (fixtures)
-from tests.test_finetune_languages import folder  # noqa: F401 (fixture)
+from tests.fairseq_models import convert_cli
 from tests.tiny_run import tiny_run_config
 from transformer import convert, data, export, interop, translate
 from transformer.checkpoint import load_model
@@ -39,7 +38,7 @@ def _rows(run):
 
 @pytest.mark.parametrize('name', NEW)
 def test_a_new_code_is_a_code_and_starts_from_the_like_or_the_codes_mean(
-    hf_dirs,  # noqa: F811 (the imported fixture)
+    fairseq_hf_dirs,
     name,
     tmp_path,
 ):
@@ -48,13 +47,15 @@ def test_a_new_code_is_a_code_and_starts_from_the_like_or_the_codes_mean(
     code, like = NEW[name]
     second = {'nllb': 'abc_Cyrl', 'm2m100': '__ab__', 'mbart50': 'ab_AB'}[name]
     run = tmp_path / 'run'
-    message = _cli(
-        f'--from_hf={hf_dirs / name}', f'--workdir={run}', f'--add_tokens={code}={like},{second}'
+    message = convert_cli(
+        f'--from_hf={fairseq_hf_dirs / name}',
+        f'--workdir={run}',
+        f'--add_tokens={code}={like},{second}',
     )
     assert message is None, message
     vocab = FairseqVocabulary(run / 'vocab')
     rows = _rows(run)
-    before = FairseqVocabulary(hf_dirs / name).language_tokens()
+    before = FairseqVocabulary(fairseq_hf_dirs / name).language_tokens()
     assert vocab.language_tokens() == [*before, code, second]
     new = vocab.token_id(code)
     assert new == rows.shape[0] - 2 and vocab.token_id(second) == new + 1
@@ -66,23 +67,27 @@ def test_a_new_code_is_a_code_and_starts_from_the_like_or_the_codes_mean(
     assert vocab.prefixes('de' if name == 'm2m100' else like, short).target == (new,)
 
 
-def test_init_from_adds_a_code_the_pair_and_the_mix_take(hf_dirs, runs, folder):  # noqa: F811
+def test_init_from_adds_a_code_the_pair_and_the_mix_take(
+    fairseq_hf_dirs, fairseq_runs, lines_folder
+):
     """``train.init_from=DIR`` with ``train.add_tokens=xyz_Latn``: the run's vocabulary has the
     code (a pair and a mix entry's pair take it, the target code forced first); its start row
     is the mean of the codes' rows, every other row the directory's."""
-    start = init_from.read_start(str(hf_dirs / 'nllb'))
+    start = init_from.read_start(str(fairseq_hf_dirs / 'nllb'))
     start.added = data.added_tokens.parse('xyz_Latn')
     vocab = init_from.run_vocabulary(start)
     code = vocab.language_id('xyz_Latn')
     assert code == vocab.vocab_size - 1 and vocab.language_tokens()[-1] == 'xyz_Latn'
     assert data.LanguagePair(vocab, 'eng_Latn', 'xyz_Latn').forced == (code,)
     config = tiny_run_config(1).data
-    config.update(dataset='folder', folder=folder, mix=f'x={folder}:1:deu_Latn->xyz_Latn')
+    config.update(
+        dataset='folder', folder=lines_folder, mix=f'x={lines_folder}:1:deu_Latn->xyz_Latn'
+    )
     config.update(source_lang_code='eng_Latn', target_lang_code='deu_Latn')
     data.check_mix_vocabulary(config, vocab)
     with pytest.raises(data.DataError, match="^data.mix entry 'x'.*'xyz_Latn' is not a lang"):
         data.check_mix_vocabulary(config, start.tokenizer)  # the directory's own: no such code
-    *_, converted, _ = load_model(str(runs / 'nllb'), scan_layers=False)
+    *_, converted, _ = load_model(str(fairseq_runs / 'nllb'), scan_layers=False)
     rows = np.asarray(converted['shared_embedding']['embedding'])
     grown = {**converted, 'shared_embedding': {'embedding': np.zeros((code + 1, rows.shape[1]))}}
     started = init_from.start_params(start, jax.tree.map(jax.numpy.asarray, grown))
@@ -101,20 +106,24 @@ def test_init_from_adds_a_code_the_pair_and_the_mix_take(hf_dirs, runs, folder):
         ('xyz=deu_Latn', "is not shaped as this vocabulary's codes, xxx_Xxxx (eng_Latn)"),
     ],
 )
-def test_bad_new_codes_stop_in_one_line_and_write_nothing(hf_dirs, tmp_path, spec, message):  # noqa: F811
+def test_bad_new_codes_stop_in_one_line_and_write_nothing(fairseq_hf_dirs, tmp_path, spec, message):
     run = tmp_path / 'run'
-    text = _cli(f'--from_hf={hf_dirs / "nllb"}', f'--workdir={run}', f'--add_tokens={spec}')
+    text = convert_cli(
+        f'--from_hf={fairseq_hf_dirs / "nllb"}', f'--workdir={run}', f'--add_tokens={spec}'
+    )
     assert message in text and '\n' not in text.strip(), text
     assert not run.exists()
 
 
-def test_a_configs_pair_is_checked_against_the_vocabulary_with_its_new_codes(hf_dirs, tmp_path):  # noqa: F811
+def test_a_configs_pair_is_checked_against_the_vocabulary_with_its_new_codes(
+    fairseq_hf_dirs, tmp_path
+):
     """convert with a config naming ``data.target_lang_code``: a code added at the same
     conversion is recorded; one the vocabulary lacks, or half a pair, stops in one line
     naming the key and a few codes, before anything is written."""
     base = tiny_run_config(1)
     base.data.update(source_lang_code='eng_Latn', target_lang_code='xyz_Latn')
-    config = convert.convert(str(hf_dirs / 'nllb'), str(tmp_path / 'a'), base, 'xyz_Latn')
+    config = convert.convert(str(fairseq_hf_dirs / 'nllb'), str(tmp_path / 'a'), base, 'xyz_Latn')
     assert (config.data.source_lang_code, config.data.target_lang_code) == ('eng_Latn', 'xyz_Latn')
     recorded = json.loads((tmp_path / 'a' / 'config.json').read_text())['data']
     assert recorded['target_lang_code'] == 'xyz_Latn'
@@ -125,7 +134,7 @@ def test_a_configs_pair_is_checked_against_the_vocabulary_with_its_new_codes(hf_
     ):
         base.data.target_lang_code = target
         with pytest.raises(interop.PretrainedError) as info:
-            convert.convert(str(hf_dirs / 'nllb'), str(tmp_path / 'b'), base, add)
+            convert.convert(str(fairseq_hf_dirs / 'nllb'), str(tmp_path / 'b'), base, add)
         text = str(info.value)
         assert text.startswith('--config: ') and message in text and '\n' not in text, text
         assert not (tmp_path / 'b').exists()
@@ -133,8 +142,8 @@ def test_a_configs_pair_is_checked_against_the_vocabulary_with_its_new_codes(hf_
 
 @pytest.mark.slow  # a conversion, a few training steps, an export read by transformers
 def test_a_new_code_trained_and_exported_translates_in_hugging_face_as_here(
-    hf_dirs,  # noqa: F811
-    folder,  # noqa: F811
+    fairseq_hf_dirs,
+    lines_folder,
     tmp_path,
     capsys,
 ):
@@ -144,13 +153,18 @@ def test_a_new_code_trained_and_exported_translates_in_hugging_face_as_here(
     the text of our translate --target_lang xyz_Latn on every line; the CTranslate2 export's
     vocabulary holds it at that id."""
     start, run, out = tmp_path / 'start', tmp_path / 'run', tmp_path / 'hf'
-    message = _cli(
-        f'--from_hf={hf_dirs / "nllb"}', f'--workdir={start}', '--add_tokens=xyz_Latn=deu_Latn'
+    message = convert_cli(
+        f'--from_hf={fairseq_hf_dirs / "nllb"}',
+        f'--workdir={start}',
+        '--add_tokens=xyz_Latn=deu_Latn',
     )
     assert message is None, message
     config = tiny_run_config(2)
     config.data.update(
-        dataset='folder', folder=folder, source_lang_code='eng_Latn', target_lang_code='xyz_Latn'
+        dataset='folder',
+        folder=lines_folder,
+        source_lang_code='eng_Latn',
+        target_lang_code='xyz_Latn',
     )
     config.model.dropout_rate = 0.0
     config.train.update(init_from=str(start), batch_size=8, checkpoint_every=2)
