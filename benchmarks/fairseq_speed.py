@@ -101,16 +101,16 @@ def spm_with_fillers(lines: list[str], trained: int, pieces: int) -> bytes:
 def tokenizer_config(pieces: int) -> dict:
     """NLLB-200's hub tokenizer_config.json for a model of ``pieces`` SentencePiece pieces:
     fairseq's four at 0-3, the codes from ``pieces + 1`` on, ``<mask>`` last."""
-    from transformer.interop.fairseq_codes import NLLB_CODES  # jax: in a child only
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as CODES
 
-    tokens = ['<s>', '<pad>', '</s>', '<unk>', *NLLB_CODES, '<mask>']
-    ids = [*range(4), *range(pieces + 1, pieces + 2 + len(NLLB_CODES))]
+    tokens = ['<s>', '<pad>', '</s>', '<unk>', *CODES, '<mask>']
+    ids = [*range(4), *range(pieces + 1, pieces + 2 + len(CODES))]
     entry = dict(lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
     registered = {str(i): {**entry, 'content': t} for i, t in zip(ids, tokens, strict=True)}
     registered[str(ids[-1])].update(lstrip=True, normalized=True)
     return {
         'tokenizer_class': 'NllbTokenizer', 'src_lang': PAIR[0], 'tgt_lang': PAIR[1],
-        'additional_special_tokens': list(NLLB_CODES), 'added_tokens_decoder': registered,
+        'additional_special_tokens': list(CODES), 'added_tokens_decoder': registered,
         'model_max_length': 1024, 'legacy_behaviour': False,
     }  # fmt: skip
 
