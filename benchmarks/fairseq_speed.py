@@ -17,7 +17,9 @@ compilation cache) and `export --format ctranslate2`, Hugging Face's `generate` 
 deu_Latn (their decode loops timed alone too), on the first --sentences of test2016, beam 4,
 64 sentences a batch sorted by length. Random weights rarely emit EOS, so each decodes up to
 its limit, as benchmarks/marian_speed.py says; output tokens: the generated ids after the
-decoder's start, the target code and EOS included (ours: from its text, `piece_count`, + 2).
+decoder's start, the target code and EOS included (ours: from its text, `piece_count`, + the
+code, + EOS where the output ended before its limit, which the converted run's
+`eval.eos_at_limit` 'none' ends without one, as `generate` does).
 Figures: benchmarks/README.md.
 
     python benchmarks/fairseq_speed.py --out benchmarks/results/fairseq_speed.json
@@ -285,9 +287,11 @@ def token_counter(args, work: pathlib.Path, extra_length: int):
     def count(result: dict) -> None:
         name, hypotheses = result['measurement'], result.pop('hypotheses')
         write(work / f'{name}.txt', hypotheses)
-        text_pieces = sum(measured.piece_count(h, pieces, longest) for h in hypotheses)
-        if name == 'decode_ours':  # the forced code first; EOS last (forced at its limit)
-            result['output_tokens'] = text_pieces + 2 * len(hypotheses)
+        spelled = [measured.piece_count(h, pieces, longest) for h in hypotheses]
+        text_pieces = sum(spelled)
+        if name == 'decode_ours':  # the code, the text, EOS where it ended before its limit
+            ends = zip(spelled, lengths, strict=True)
+            result['output_tokens'] = sum(min(2 + n, m + extra_length) for n, m in ends)
         seconds = result.get('decode_s') or result['run_wall_time_s']
         result.update(hypotheses=len(hypotheses), limit_tokens=limits[name])
         result.update(text_pieces=text_pieces, sentences_per_s=len(hypotheses) / seconds)
