@@ -32,21 +32,19 @@ import io
 import json
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from transformer import files  # noqa: E402 (after the path above)
+from benchmarks import measured  # noqa: E402 (after the path above)
+from benchmarks.measured import batches, measure, piece_count, read, write  # noqa: E402, F401
+from transformer import files  # noqa: E402
 
 DATA = REPO.parent / 'shared' / 'data' / 'multi30k'
 SPM_VOCAB = 8000  # pieces of each SentencePiece model (fewer where the text has fewer)
 SPECIAL = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
-# A measured child runs one function of this module, which imports no jax at its top.
-CHILD = 'import sys; from benchmarks import marian_speed as m; m.child(sys.argv[1], sys.argv[2])'
 CT2_CONVERT = (
     'import sys, ctranslate2; '
     'ctranslate2.converters.TransformersConverter(sys.argv[1]).convert(sys.argv[2])'
@@ -59,17 +57,8 @@ MARK = files.Mark('marian_speed.json', 'benchmarks/marian_speed.py')
 
 
 def clear_previous(work: pathlib.Path) -> None:
-    """Removes the `MADE` directories a run before left in ``work``, when each holds this
-    script's mark and nothing it does not list; else one line, and nothing is removed."""
-    found = [work / name for name in MADE if os.path.lexists(work / name)]
-    for directory in found:
-        if directory.is_symlink() or MARK.foreign(str(directory)) != []:
-            raise SystemExit(
-                f'marian_speed.py: {directory} is not what this script made there (no '
-                f'{MARK.name} listing its files): remove it yourself, or give another --work.'
-            )
-    for directory in found:
-        shutil.rmtree(directory)
+    """Removes the `MADE` directories a run before left in ``work`` (`measured.clear_previous`)."""
+    measured.clear_previous(work, MADE, MARK)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -88,19 +77,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument('--threads', type=int, default=2, help='torch and CTranslate2 threads')
     parser.add_argument('--out', default=str(REPO / 'benchmarks/results/marian_speed.json'))
     return parser.parse_args(argv)
-
-
-def _read(path) -> list[str]:
-    with open(path, encoding='utf-8') as f:
-        return f.read().splitlines()
-
-
-def _write(path, lines: list[str]) -> None:
-    pathlib.Path(path).write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
-
-
-def _write_json(path, value) -> None:
-    pathlib.Path(path).write_text(json.dumps(value, ensure_ascii=False), encoding='utf-8')
 
 
 def _spm_pieces(spm, directory: str, side: str, lines: list[str]) -> list[str]:
@@ -144,7 +120,9 @@ def build_hf_dir(directory, result, data, d_model, layers, heads, vocab, layout)
         return staging
 
     files.write_in_place(directory, build)
-    _write_json(result, dict(zip(('pieces', 'fillers', 'parameters'), parameters, strict=True)))
+    measured.write_json(
+        result, dict(zip(('pieces', 'fillers', 'parameters'), parameters, strict=True))
+    )
 
 
 def _build_hf(staging, data, sizes, layout, summary: list) -> None:
@@ -155,13 +133,13 @@ def _build_hf(staging, data, sizes, layout, summary: list) -> None:
     d_model, layers, heads, vocab = sizes
     pieces = []
     for side, lang in (('source', 'en'), ('target', 'de')):
-        pieces += _spm_pieces(spm, staging, side, _read(f'{data}/train.{lang}'))
+        pieces += _spm_pieces(spm, staging, side, read(f'{data}/train.{lang}'))
     pieces = [p for p in dict.fromkeys(pieces) if p not in ('</s>', '<unk>', '<pad>')]
     fillers = vocab - 3 - len(pieces)
     ids_of = {p: i for i, p in enumerate(entries(pieces, vocab, layout))}
-    _write_json(f'{staging}/vocab.json', ids_of)
-    _write_json(f'{staging}/special_tokens_map.json', SPECIAL)
-    _write_json(f'{staging}/tokenizer_config.json', {
+    measured.write_json(f'{staging}/vocab.json', ids_of)
+    measured.write_json(f'{staging}/special_tokens_map.json', SPECIAL)
+    measured.write_json(f'{staging}/tokenizer_config.json', {
         'source_lang': 'en', 'target_lang': 'de', 'separate_vocabs': False,
         'model_max_length': 512, 'sp_model_kwargs': {}, 'tokenizer_class': 'MarianTokenizer',
         **SPECIAL,
@@ -205,32 +183,6 @@ def hf_dir_of(args, directory: str, work: pathlib.Path) -> dict:
     return {'measurement': 'build_hf_dir', 'reused': directory}
 
 
-def measure(name: str, command: list[str], work: pathlib.Path, no_cache: bool = False) -> dict:
-    """Runs ``command`` in a process of its own; its wall time and peak RSS. Linux counts in a
-    child's peak the RSS of this process when it started the child, so this one stays small:
-    no torch, no jax, no model until the last measurement. ``no_cache``: no persistent jax
-    compilation cache (transformer/backends/compile_cache.py), so ours compiles in the
-    command it is timed in."""
-    env = {k: v for k, v in os.environ.items() if not (no_cache and 'COMPILATION_CACHE' in k)}
-    env.update({'TRANSFORMER_COMPILATION_CACHE': 'off'} if no_cache else {})
-    log, start = work / f'{name}.log', time.perf_counter()
-    with open(log, 'w') as f:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, not the others'
-    seconds = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode:
-        tail = '\n'.join(_read(log)[-15:])
-        raise SystemExit(f'marian_speed.py: {name} failed (exit {process.returncode}):\n{tail}')
-    return {'measurement': name, 'command_s': seconds, 'peak_rss_mib': usage.ru_maxrss / 1024}
-
-
-def batches(lengths: list[int], size: int) -> list[list[int]]:
-    """Sentence indices sorted by length, ``size`` a batch."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    return [order[i : i + size] for i in range(0, len(order), size)]
-
-
 def decode_hf(hf_dir, source, result, threads, beam_size, batch_size, extra_length) -> None:
     """MarianMTModel.generate on ``source``'s lines; writes the outputs and times to ``result``."""
     import torch
@@ -241,7 +193,7 @@ def decode_hf(hf_dir, source, result, threads, beam_size, batch_size, extra_leng
     tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
     model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
     loaded = time.perf_counter()
-    lines, pad = _read(source), model.config.pad_token_id
+    lines, pad = read(source), model.config.pad_token_id
     lengths = [len(ids) for ids in tokenizer(lines)['input_ids']]  # EOS included
     hypotheses, tokens = [''] * len(lines), 0
     with torch.inference_mode():
@@ -253,7 +205,7 @@ def decode_hf(hf_dir, source, result, threads, beam_size, batch_size, extra_leng
                 tokens += sum(t != pad for t in row)
                 hypotheses[i] = tokenizer.decode(row, skip_special_tokens=True)
     times = dict(load_s=loaded - start, decode_s=time.perf_counter() - loaded)
-    _write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
+    measured.write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
 
 
 def decode_ct2(ct2_dir, hf_dir, source, result, threads, beam_size, batch_size, extra_length):
@@ -266,7 +218,7 @@ def decode_ct2(ct2_dir, hf_dir, source, result, threads, beam_size, batch_size, 
     source_spm = spm.SentencePieceProcessor(model_file=f'{hf_dir}/source.spm')
     target_spm = spm.SentencePieceProcessor(model_file=f'{hf_dir}/target.spm')
     loaded = time.perf_counter()
-    lines = _read(source)
+    lines = read(source)
     pieces = [[*source_spm.encode(line, out_type=str), '</s>'] for line in lines]
     hypotheses, tokens = [''] * len(lines), 0
     for batch in batches([len(p) for p in pieces], batch_size):
@@ -279,7 +231,7 @@ def decode_ct2(ct2_dir, hf_dir, source, result, threads, beam_size, batch_size, 
             tokens += len(r.hypotheses[0])
             hypotheses[i] = target_spm.decode_pieces([p for p in r.hypotheses[0] if p != '</s>'])
     times = dict(load_s=loaded - start, decode_s=time.perf_counter() - loaded)
-    _write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
+    measured.write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
 
 
 CHILDREN = {'build_hf_dir': build_hf_dir, 'decode_hf': decode_hf, 'decode_ct2': decode_ct2}
@@ -291,27 +243,8 @@ def child(name: str, kwargs: str) -> None:
 
 
 def run_child(name: str, kwargs: dict, work: pathlib.Path) -> dict:
-    """`measure` of `CHILDREN`'s ``name`` run with ``kwargs``, with what it wrote."""
-    file = work / f'{name}.json'
-    command = [sys.executable, '-c', CHILD, name, json.dumps(dict(kwargs, result=str(file)))]
-    return dict(measure(name, command, work), **json.loads(file.read_text()))
-
-
-def piece_count(text: str, pieces: set[str], longest: int) -> int:
-    """The fewest vocab.json pieces that spell ``text`` as SentencePiece decodes them (a known
-    piece's '▁' a space, the text's first one dropped; a piece it lacks, a filler, as written):
-    the pieces a random model's output was decoded from, as the ids Hugging Face and
-    CTranslate2 return show (their text_pieces). A character no piece spells counts 1."""
-    best = len(text) + 1
-    for spelled in (text.replace(' ', '▁'), '▁' + text.replace(' ', '▁')):
-        fewest = [0] * (len(spelled) + 1)
-        for end in range(1, len(spelled) + 1):
-            starts = range(max(0, end - longest), end - 1)
-            fewest[end] = 1 + min(
-                [fewest[end - 1], *(fewest[s] for s in starts if spelled[s:end] in pieces)]
-            )
-        best = min(best, fewest[-1])
-    return best
+    """`measured.run_child` of `CHILDREN`'s ``name``."""
+    return measured.run_child('marian_speed', name, kwargs, work)
 
 
 def decodes(args, hf_dir: str, work: pathlib.Path, extra_length: int):
@@ -324,7 +257,7 @@ def decodes(args, hf_dir: str, work: pathlib.Path, extra_length: int):
         str(args.beam_size), '--batch_size', str(args.batch_size), '--output', str(output),
     ], work, no_cache=True)  # fmt: skip
     scores = json.loads(output.with_suffix('.json').read_text())
-    yield dict(result, run_wall_time_s=scores['wall_time_s'], hypotheses=_read(output))
+    yield dict(result, run_wall_time_s=scores['wall_time_s'], hypotheses=read(output))
     ct2_dir = str(work / 'ct2')
     yield measure('convert_ct2', [sys.executable, '-c', CT2_CONVERT, hf_dir, ct2_dir], work)
     MARK.write(ct2_dir)
@@ -344,7 +277,7 @@ def token_counter(args, hf_dir: str, work: pathlib.Path, extra_length: int):
     pieces = set(vocab) - {'</s>', '<unk>', '<pad>'}
     longest = max(map(len, pieces))
     source = spm.SentencePieceProcessor(model_file=f'{hf_dir}/source.spm')
-    lengths = [len(ids) + 1 for ids in source.encode(_read(work / 'source.en'))]  # + EOS
+    lengths = [len(ids) + 1 for ids in source.encode(read(work / 'source.en'))]  # + EOS
     limits = {'decode_ours': sum(lengths) + len(lengths) * extra_length}
     limits['decode_hf'] = limits['decode_ct2'] = sum(
         len(b) * (max(lengths[i] for i in b) + extra_length)
@@ -353,7 +286,7 @@ def token_counter(args, hf_dir: str, work: pathlib.Path, extra_length: int):
 
     def count(result: dict) -> None:
         name, hypotheses = result['measurement'], result.pop('hypotheses')
-        _write(work / f'{name}.txt', hypotheses)
+        write(work / f'{name}.txt', hypotheses)
         text_pieces = sum(piece_count(h, pieces, longest) for h in hypotheses)
         if name == 'decode_ours':  # our search ends every output with EOS (forced at its limit)
             result['output_tokens'] = text_pieces + len(hypotheses)
@@ -375,8 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     hf_dir = os.path.abspath(args.hf_dir or work / 'hf')
     results = [hf_dir_of(args, hf_dir, work)]
     print(json.dumps(results[-1]), flush=True)
-    _write(work / 'source.en', _read(f'{args.data}/test2016.en')[: args.sentences])
-    _write(work / 'reference.de', _read(f'{args.data}/test2016.de')[: args.sentences])
+    write(work / 'source.en', read(f'{args.data}/test2016.en')[: args.sentences])
+    write(work / 'reference.de', read(f'{args.data}/test2016.de')[: args.sentences])
     clear_previous(work)
     command = [sys.executable, '-m', 'transformer.convert', '--from_hf', hf_dir, '--workdir']
     results.append(measure('convert_ours', [*command, str(work / 'run')], work, no_cache=True))

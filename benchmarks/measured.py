@@ -1,0 +1,98 @@
+"""What the pretrained-model benchmarks (marian_speed.py, fairseq_speed.py) share: a command
+timed in a process of its own with its peak RSS, the directories a run before made, batches
+by length, and the pieces an output's text was decoded from.
+
+Nothing here imports jax or torch: Linux counts in a child's peak RSS the RSS of the process
+that started it, so the process that measures stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+from transformer import files
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def read(path) -> list[str]:
+    with open(path, encoding='utf-8') as f:
+        return f.read().splitlines()
+
+
+def write(path, lines: list[str]) -> None:
+    pathlib.Path(path).write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+
+
+def write_json(path, value) -> None:
+    pathlib.Path(path).write_text(json.dumps(value, ensure_ascii=False), encoding='utf-8')
+
+
+def clear_previous(work: pathlib.Path, made: tuple[str, ...], mark: files.Mark) -> None:
+    """Removes the ``made`` directories a run before left in ``work``, when each holds
+    ``mark`` and nothing it does not list; else one line, and nothing is removed."""
+    found = [work / name for name in made if os.path.lexists(work / name)]
+    for directory in found:
+        if directory.is_symlink() or mark.foreign(str(directory)) != []:
+            raise SystemExit(
+                f'{mark.written_by}: {directory} is not what this script made there (no '
+                f'{mark.name} listing its files): remove it yourself, or give another --work.'
+            )
+    for directory in found:
+        shutil.rmtree(directory)
+
+
+def measure(name: str, command: list[str], work: pathlib.Path, no_cache: bool = False) -> dict:
+    """Runs ``command`` in a process of its own (its log: WORK/NAME.log); its wall time and
+    peak RSS. ``no_cache``: no persistent jax compilation cache
+    (transformer/backends/compile_cache.py), so ours compiles in the command it is timed in."""
+    env = {k: v for k, v in os.environ.items() if not (no_cache and 'COMPILATION_CACHE' in k)}
+    env.update({'TRANSFORMER_COMPILATION_CACHE': 'off'} if no_cache else {})
+    log, start = work / f'{name}.log', time.perf_counter()
+    with open(log, 'w') as f:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, not the others'
+    seconds = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        tail = '\n'.join(read(log)[-15:])
+        raise SystemExit(f'{pathlib.Path(sys.argv[0]).name}: {name} failed (exit {code}):\n{tail}')
+    return {'measurement': name, 'command_s': seconds, 'peak_rss_mib': usage.ru_maxrss / 1024}
+
+
+def run_child(module: str, name: str, kwargs: dict, work: pathlib.Path) -> dict:
+    """`measure` of ``module``'s ``child(name, kwargs)`` run with ``kwargs`` and
+    ``result=WORK/NAME.json``, with what it wrote there."""
+    file = work / f'{name}.json'
+    script = f'import sys; from benchmarks import {module} as m; m.child(sys.argv[1], sys.argv[2])'
+    command = [sys.executable, '-c', script, name, json.dumps(dict(kwargs, result=str(file)))]
+    return dict(measure(name, command, work), **json.loads(file.read_text()))
+
+
+def batches(lengths: list[int], size: int) -> list[list[int]]:
+    """Sentence indices sorted by length, ``size`` a batch."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def piece_count(text: str, pieces: set[str], longest: int) -> int:
+    """The fewest ``pieces`` that spell ``text`` as SentencePiece decodes them (a known
+    piece's '▁' a space, the text's first one dropped; a piece it lacks, a filler, as written):
+    the pieces a random model's output was decoded from, as the ids Hugging Face and
+    CTranslate2 return show (their text_pieces). A character no piece spells counts 1."""
+    best = len(text) + 1
+    for spelled in (text.replace(' ', '▁'), '▁' + text.replace(' ', '▁')):
+        fewest = [0] * (len(spelled) + 1)
+        for end in range(1, len(spelled) + 1):
+            starts = range(max(0, end - longest), end - 1)
+            fewest[end] = 1 + min(
+                [fewest[end - 1], *(fewest[s] for s in starts if spelled[s:end] in pieces)]
+            )
+        best = min(best, fewest[-1])
+    return best
