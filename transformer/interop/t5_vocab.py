@@ -36,6 +36,9 @@ TOKENIZER_JSON = 'tokenizer.json'
 TOKENIZER_CONFIG = 'tokenizer_config.json'
 TOKENIZER_CLASS = 'T5Tokenizer'
 EXTRA_IDS = 100  # transformers' default number of sentinels
+# tokenizer_config.json's record of the model's rows where they are more than the pieces and
+# sentinels (`copy_to`): a run's copy reads back with the model's vocabulary size.
+ROWS_KEY = 'model_rows'
 
 
 def _read_config(directory: str) -> dict[str, Any]:
@@ -163,6 +166,8 @@ class T5Vocabulary:
             )
         if rows is None and data_config is not None:
             rows = data_config.vocab_size
+        if rows is None and isinstance(self.config.get(ROWS_KEY), int):
+            rows = self.config[ROWS_KEY]  # a run's copy (`copy_to`)
         self.rows = self.size + self.extra_ids if rows is None else int(rows)
         if self.rows < self.size:
             raise DataError(
@@ -247,7 +252,8 @@ class T5Vocabulary:
 
     def copy_to(self, directory: str | os.PathLike) -> None:
         """Copies its tokenizer files into ``directory`` (a run's ``vocab/``, an export) with
-        a tokenizer_config.json naming T5Tokenizer and its extra_ids; files there are kept."""
+        a tokenizer_config.json naming T5Tokenizer, its extra_ids and the model's rows past
+        them (`ROWS_KEY`); files there are kept."""
         directory = os.fspath(directory)
         for name, path in self.files().items():
             if not os.path.exists(os.path.join(directory, name)):
@@ -256,6 +262,8 @@ class T5Vocabulary:
         if not os.path.exists(config_path):
             config = {**self.config, 'tokenizer_class': TOKENIZER_CLASS}
             config['extra_ids'] = self.extra_ids
+            if self.rows != self.size + self.extra_ids:
+                config[ROWS_KEY] = self.rows
             with open(config_path, 'w', encoding='utf-8') as f:
                 json.dump(config, f, indent=2)
 
