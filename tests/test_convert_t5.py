@@ -173,3 +173,47 @@ def test_bad_directories_stop_in_one_line_before_anything_is_written(
     message = _cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
     assert said in message and '\n' not in message, message
     assert not (tmp_path / 'run').exists()
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    """A folder dataset of a few lines of the test vocabulary's words: 40 to train on, 8 to
+    validate and test."""
+
+    def write(path):
+        path.mkdir()
+        for split, n in (('train', 40), ('validation', 8), ('test', 8)):
+            (path / f'{split}.en').write_text(''.join(s + '\n' for s in lines(n, seed=5)))
+            (path / f'{split}.de').write_text(''.join(t + '\n' for t in lines(n, seed=6)))
+
+    return str(built_once(tmp_path_factory, 't5-lines', write))
+
+
+@pytest.mark.slow  # one step of training
+def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs, folder, tmp_path):
+    """``train.init_from`` of T5 v1.1's directory: the run keeps its vocabulary and ids, and
+    the first step's NLL (no dropout, no smoothing) is the converted model's teacher-forced
+    NLL of that batch."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import data, schema
+    from transformer.training import steps, train_and_evaluate
+
+    config = tiny_run_config(1)
+    config.data.update(dataset='folder', folder=folder)
+    config.model.dropout_rate = 0.0
+    config.train.update(label_smoothing=0.0, batch_size=8, init_from=str(hf_dirs / 'v1.1'))
+    config.opt.update(schedule='constant', lr_scale=1e-3)
+    seen, run = [], tmp_path / 'run'
+    train_and_evaluate(config, str(run), on_step=lambda s, m: seen.append(m))
+    recorded = json.loads((run / 'config.json').read_text())
+    assert (recorded['data']['vocab_size'], recorded['model']['ffn']) == (152, 'geglu_tanh')
+    assert interop.held_vocabulary(str(run / 'vocab')).name == 't5'
+    _, _, model, params, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
+    vocab = T5Vocabulary(hf_dirs / 'v1.1')
+    typed = schema.parse(schema.complete(config))
+    batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
+    with jax.default_matmul_precision('float32'):
+        sums = steps.eval_step(params, batch, model=model, label_smoothing=0.0)
+    converted_nll = float(sums['nll']) / float(sums['tokens'])
+    assert seen[0]['nll'] == pytest.approx(converted_nll, rel=1e-4)
+    assert converted_nll > 1.0  # a model's loss, not an empty batch's
