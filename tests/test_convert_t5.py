@@ -217,3 +217,24 @@ def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs
     converted_nll = float(sums['nll']) / float(sums['tokens'])
     assert seen[0]['nll'] == pytest.approx(converted_nll, rel=1e-4)
     assert converted_nll > 1.0  # a model's loss, not an empty batch's
+
+
+@pytest.mark.slow  # a search compiles
+def test_source_tag_puts_a_madlad_tag_first_when_translating(hf_dirs, runs):
+    """``source_tag='<2de>'`` on a converted run: the outputs are the greedy search's of
+    T5Tokenizer's ids of ``'<2de> ' + line``."""
+    from transformer import api, decoding
+    from transformer.decoding import greedy_search
+
+    run = api.load(str(runs / 'v1.0'))
+    texts = lines(3, seed=9)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(hf_dirs / 'v1.0'))
+    inputs = np.array(tokenizer([f'<2de> {t}' for t in texts], padding=True).input_ids)
+    assert (inputs[:, 0] == 3).all()
+    options = decoding.decode_options(run.config.eval)
+    with jax.default_matmul_precision('float32'):
+        tagged = run.translate(texts, beam_size=1, source_tag='<2de>')
+        plain = run.translate(texts, beam_size=1)
+        ids = greedy_search(run.model, run.params, jnp.asarray(inputs), options=options)
+    assert tagged == [run.tokenizer.decode(row) for row in np.asarray(ids)]
+    assert tagged != plain

@@ -70,3 +70,21 @@ def test_a_relu_bias_that_is_not_zero_is_refused_in_one_line(runs, tmp_path):  #
         t5_export.write_hf(str(tmp_path), model.config, config, vocab, params, length_exponent=1.0)
     assert 'decoder_layer_1/ffn/wo/bias is not zero' in str(info.value)
     assert '\n' not in str(info.value) and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # transformers reads the export
+def test_a_run_without_the_source_files_exports_a_whole_config(hf_dirs, runs, tmp_path):  # noqa: F811
+    """A run fine-tuned from T5 (no converted files to write back): config.json and
+    generation_config.json are written whole, and transformers gives the original's logits."""
+    config, vocab, model, params, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
+    t5_export.write_hf(str(tmp_path), model.config, config, vocab, params, length_exponent=0.6)
+    written = json.loads((tmp_path / 'config.json').read_text())
+    assert (written['model_type'], written['feed_forward_proj']) == ('t5', 'gated-gelu')
+    assert (written['d_kv'], written['tie_word_embeddings']) == (6, False)
+    generation = json.loads((tmp_path / 'generation_config.json').read_text())
+    assert (generation['decoder_start_token_id'], generation['length_penalty']) == (0, 0.6)
+    inputs = torch.as_tensor([[5, 9, 12, 1]])
+    with torch.no_grad():
+        a = hf_model(hf_dirs / 'v1.1')(input_ids=inputs, decoder_input_ids=inputs).logits
+        b = hf_model(tmp_path)(input_ids=inputs, decoder_input_ids=inputs).logits
+    np.testing.assert_array_equal(b.numpy(), a.numpy())
