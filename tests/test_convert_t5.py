@@ -238,3 +238,38 @@ def test_source_tag_puts_a_madlad_tag_first_when_translating(hf_dirs, runs):
         ids = greedy_search(run.model, run.params, jnp.asarray(inputs), options=options)
     assert tagged == [run.tokenizer.decode(row) for row in np.asarray(ids)]
     assert tagged != plain
+
+
+@pytest.mark.parametrize(
+    ('keys', 'ffn', 'share', 'rescale'),
+    [
+        ({}, 'relu', 'all', True),  # t5-small's config: transformers' defaults
+        (
+            dict(feed_forward_proj='gated-gelu', tie_word_embeddings=False),
+            'geglu_tanh',
+            'inputs',
+            False,
+        ),
+        (
+            dict(feed_forward_proj='gated-silu', scale_decoder_outputs=False),
+            'swiglu',
+            'inputs',
+            False,
+        ),
+        (dict(feed_forward_proj='gelu', tie_word_embeddings=True), 'gelu', 'all', True),
+    ],
+)
+def test_config_keys_map_onto_the_model_section(keys, ffn, share, rescale):
+    from transformer.interop.t5 import model_settings
+
+    model = model_settings({'model_type': 't5', **keys}, 'config.json')
+    assert (model['ffn'], model['share_embeddings'], model['rescale_tied_head']) == (
+        ffn,
+        share,
+        rescale,
+    )
+    assert (model['head_dim'], model['num_decoder_layers'], model['layer_norm_epsilon']) == (
+        64,
+        6,
+        1e-6,
+    )

@@ -48,6 +48,7 @@ MODEL_TYPE = 't5'
 FEED_FORWARDS = {'relu': 'relu', 'gelu': 'gelu', 'gated-gelu': 'geglu_tanh', 'gated-silu': 'swiglu'}
 # transformers' T5Config defaults, for keys a config.json leaves out.
 DEFAULTS = {
+    'vocab_size': 32128,
     'd_model': 512,
     'd_kv': 64,
     'd_ff': 2048,
@@ -147,7 +148,7 @@ def _vocabulary(directory: str, hf: dict[str, Any], generation: dict | None) -> 
     """The directory's vocabulary with config.json's rows, checked against them, with the ids
     ``bad_words_ids`` bans never emitted (from the file ``generate`` reads it from)."""
     file = os.path.join(directory, CONFIG_FILE)
-    rows = hf.get('vocab_size', 32128)
+    rows = hf.get('vocab_size', DEFAULTS['vocab_size'])
     try:
         vocab = T5Vocabulary(directory, rows=rows)
     except DataError as e:
