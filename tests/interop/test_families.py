@@ -8,7 +8,10 @@ import pytest
 from tests.tiny_run import file_hashes, run_dir_with
 from transformer import convert, export, interop, rundir
 
-FAMILIES = "marian (model_type 'marian'), m2m100 (model_type 'm2m_100'), mbart (model_type 'mbart')"
+FAMILIES = (
+    "marian (model_type 'marian'), m2m100 (model_type 'm2m_100'), mbart (model_type 'mbart'), "
+    "t5 (model_type 't5')"
+)
 KNOWN = f'known families: {FAMILIES}.'
 
 
@@ -61,7 +64,7 @@ def test_the_marian_family_recognises_its_directories_only(tmp_path):
 
 
 def test_a_name_no_family_has_is_refused():
-    assert [f.name for f in interop.FAMILIES] == ['marian', 'm2m100', 'mbart']
+    assert [f.name for f in interop.FAMILIES] == ['marian', 'm2m100', 'mbart', 't5']
     with pytest.raises(interop.PretrainedError) as info:
         interop.family_named('nllb')
     assert str(info.value) == f"'nllb' is not a pretrained family this project knows: {FAMILIES}."

@@ -1,7 +1,8 @@
 """T5 against Hugging Face's: the bucket function equals ``T5Attention._relative_position_bucket``
 on every distance from -300 to 300, and tiny ``T5ForConditionalGeneration`` models built by
-transformers with random weights, copied into this package's Transformer by the mapping below,
-give the same teacher-forced logits to 1e-4 in float32 on right-padded rows: T5 v1.1's layout
+transformers with random weights, copied into this package's Transformer by the T5 family's
+mapping (transformer/interop/t5_params.py), give the same teacher-forced logits to 1e-4 in
+float32 on right-padded rows: T5 v1.1's layout
 (gated tanh GELU, an untied head beside shared input embeddings, d_kv unlike d_model / heads)
 and v1.0's (ReLU, the head tied and its input rescaled by d_model^-0.5).
 
@@ -14,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from transformer.interop.t5_params import params_from_state_dict
 from transformer.model import Transformer, TransformerConfig, relative_position_buckets
 
 pytestmark = pytest.mark.slow  # transformers' models are imported and built
@@ -88,50 +90,6 @@ def test_buckets_equal_hugging_faces_from_minus_300_to_300(
     assert len(np.unique(want)) >= num_buckets - 2  # every side's last bucket reached
 
 
-def _attention(w: dict, prefix: str) -> dict:
-    """q, k, v, o of torch's Linear ([out, in]) -> kernels [D, N, H] and [N, H, D]."""
-    qkv = {n: w[f'{prefix}.{n[0]}.weight'].T.reshape(D, HEADS, D_KV) for n in ('query', 'key')}
-    qkv['value'] = w[f'{prefix}.v.weight'].T.reshape(D, HEADS, D_KV)
-    qkv['out'] = w[f'{prefix}.o.weight'].T.reshape(HEADS, D_KV, D)
-    return {n: {'kernel': k} for n, k in qkv.items()}
-
-
-def _ffn(w: dict, prefix: str, gated: bool) -> dict:
-    """wi_0, wi_1, wo (gated) or wi, wo, transposed; T5's ReLU FFN has no biases: zeros."""
-    if gated:
-        return {n: {'kernel': w[f'{prefix}.{n}.weight'].T} for n in ('wi_0', 'wi_1', 'wo')}
-    ffn = {n: {'kernel': w[f'{prefix}.{n}.weight'].T} for n in ('wi', 'wo')}
-    return {n: {**p, 'bias': np.zeros(p['kernel'].shape[1], np.float32)} for n, p in ffn.items()}
-
-
-def params_from_t5(w: dict, gated: bool, tied: bool) -> dict:
-    """Our parameter tree of a T5ForConditionalGeneration state dict ``w`` (numpy)."""
-    params = {'shared_embedding': {'embedding': w['shared.weight']}}
-    if not tied:
-        params['logits_dense'] = {'kernel': w['lm_head.weight'].T}
-    sublayers = {
-        'encoder': ('self_attention', 'ffn'),
-        'decoder': ('self_attention', 'cross_attention', 'ffn'),
-    }
-    for stack, names in sublayers.items():
-        # Only block 0 holds the stack's table; every block reads it.
-        table = f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight'
-        params[f'{stack}_positions'] = {'bias': w[table]}
-        params[f'{stack}_norm'] = {'scale': w[f'{stack}.final_layer_norm.weight']}
-        for i in range(LAYERS):
-            layer = {}
-            for j, name in enumerate(names):
-                prefix = f'{stack}.block.{i}.layer.{j}'
-                layer[f'{name}_norm'] = {'scale': w[f'{prefix}.layer_norm.weight']}
-                if name == 'ffn':
-                    layer[name] = _ffn(w, f'{prefix}.DenseReluDense', gated)
-                else:
-                    kind = 'SelfAttention' if name == 'self_attention' else 'EncDecAttention'
-                    layer[name] = _attention(w, f'{prefix}.{kind}')
-            params[f'{stack}_layer_{i}'] = layer
-    return params
-
-
 def t5(version: str):
     """(Hugging Face's model, our config, our parameters): every weight drawn, torch seeded,
     the norms' scales from N(1, 0.2^2), the rest from N(0, 0.5^2)."""
@@ -150,8 +108,7 @@ def t5(version: str):
             tensor.normal_(1.0, 0.2) if 'layer_norm' in path else tensor.normal_(0.0, 0.5)
     weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     cfg = TransformerConfig(**OURS, **our_options)
-    tied = hf_options['tie_word_embeddings']
-    return model, cfg, params_from_t5(weights, gated=not tied, tied=tied)
+    return model, cfg, params_from_state_dict(weights, {**OURS, **our_options}, 'T5')
 
 
 def _tokens(seed: int, shape: tuple[int, int], lengths) -> np.ndarray:

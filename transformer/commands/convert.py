@@ -1,5 +1,5 @@
 """The convert command: a pretrained model directory (Hugging Face MarianMT/OPUS-MT, M2M100,
-NLLB-200, mBART-50) into a run directory.
+NLLB-200, mBART-50, T5 / MADLAD-400) into a run directory.
 
 ``python -m transformer.convert --from_hf DIR --workdir W [--config CONFIG]``
 (also ``transformer-convert``)
@@ -7,14 +7,15 @@ NLLB-200, mBART-50) into a run directory.
 DIR is a local model directory as the hub serves it, of a family this project reads
 (transformer/interop/, which picks the family from DIR's config.json: a MarianMT's
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json,
-tokenizer_config.json, optionally generation_config.json; an M2M100's, NLLB-200's or
-mBART-50's weights beside their tokenizer files, docs/pretrained.md); nothing is downloaded. A
-directory no family recognises stops in one line naming the families known. W becomes a run
-directory that evaluate, translate, score, visualize, export and ``api.load`` take as they
-take a trained one: its config.json (the model's settings; the data and evaluation sections
-of ``--config`` when given, with its ``--config.*`` overrides, else a data section that names
-only the language pair; of its model section, how the model is computed: `FREE_FIELDS`), the
-model's vocabulary (vocab/), and a sealed checkpoint of the parameters at step 0.
+tokenizer_config.json, optionally generation_config.json; an M2M100's, NLLB-200's,
+mBART-50's or T5's weights beside their tokenizer files, docs/pretrained.md); nothing is
+downloaded. A directory no family recognises stops in one line naming the families known.
+W becomes a run directory that evaluate, translate, score, visualize, export and
+``api.load`` take as they take a trained one: its config.json (the model's settings; the
+data and evaluation sections of ``--config`` when given, with its ``--config.*`` overrides,
+else a data section that names only the language pair; of its model section, how the model
+is computed: `FREE_FIELDS`), the model's vocabulary (vocab/), and a sealed checkpoint of the
+parameters at step 0.
 The beam size and length penalty are those Hugging Face's ``generate`` applies to DIR: from
 generation_config.json (or, without one, config.json), and where a file names none,
 transformers' defaults (one beam, length_penalty 1.0), always with Hugging Face's rule of a

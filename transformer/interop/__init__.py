@@ -1,8 +1,8 @@
-"""Pretrained model families (Hugging Face MarianMT / OPUS-MT, M2M100 / NLLB-200, mBART-50):
-one module per family owns, for that family, recognising its directory, mapping its config
-onto the ``model`` and ``eval`` sections, its vocabulary with this project's ids, its
-parameters in both directions, its refusals and its export; a small registry picks the
-family of a directory, a name or a vocabulary, so that no caller names one.
+"""Pretrained model families (Hugging Face MarianMT / OPUS-MT, M2M100 / NLLB-200, mBART-50,
+T5 / MADLAD-400): one module per family owns, for that family, recognising its directory,
+mapping its config onto the ``model`` and ``eval`` sections, its vocabulary with this
+project's ids, its parameters in both directions, its refusals and its export; a small
+registry picks the family of a directory, a name or a vocabulary, so that no caller names one.
 
 - family.py: `Family` (what a family provides), `Pretrained` (a directory read into this
   project's terms), `PretrainedError`, `add_rows` (the rows of tokens added to a vocabulary);
@@ -22,6 +22,9 @@ family of a directory, a name or a vocabulary, so that no caller names one.
   fairseq_params.py their tensors both ways, fairseq_export.py their export;
 - fairseq_family.py: their entries, `M2M100` ('m2m100': M2M100 and NLLB-200) and `MBART`
   ('mbart': mBART-50), each joining the model to its vocabulary;
+- t5.py (the T5 entry, `t5.FAMILY`: T5, T5 v1.1, MADLAD-400): its directory and config;
+  t5_params.py its tensors both ways; t5_vocab.py its vocabulary (spiece.model or
+  tokenizer.json, ids as they are); t5_export.py its export;
 - state_dict.py: a directory's weights files, whole or sharded, for every family;
   generation.py: its generation settings as ``generate`` applies them, and the ``eval``
   settings made of them.

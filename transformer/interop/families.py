@@ -12,10 +12,15 @@ import json
 import os
 from typing import Any
 
-from transformer.interop import fairseq_family, marian
+from transformer.interop import fairseq_family, marian, t5
 from transformer.interop.family import Family, PretrainedError
 
-FAMILIES: tuple[Family, ...] = (marian.FAMILY, fairseq_family.M2M100, fairseq_family.MBART)
+FAMILIES: tuple[Family, ...] = (
+    marian.FAMILY,
+    fairseq_family.M2M100,
+    fairseq_family.MBART,
+    t5.FAMILY,
+)
 # The family whose format a run trained here exports as (``export --format hf``).
 DEFAULT_FAMILY = 'marian'
 # The family of a run converted before converted_from.json named one: MarianMT was the only.

@@ -1,0 +1,275 @@
+"""transformer.convert of T5: tiny ``T5ForConditionalGeneration`` models built by transformers
+with every weight drawn (tests/t5_dirs.py: T5 v1.1's layout with a head of its own and d_kv
+unlike d_model / heads, v1.0's tied ReLU, v1.1 in sharded safetensors beside tokenizer.json
+alone) become run directories that give Hugging Face's log-probabilities and greedy outputs,
+start fine-tuning from their weights and export back to the same tensors and files."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.shared_dirs import built_once
+from tests.t5_dirs import build_models, build_vocab_dirs, hf_model, lines
+from transformer import convert, interop
+from transformer.checkpoint import load_model
+from transformer.decoding import DecodeOptions, greedy_search
+from transformer.interop.t5_vocab import T5Vocabulary
+
+_SKIP = "{} is not installed: pip install -e '.[export]'"
+torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
+transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
+NAMES = ('v1.1', 'v1.0', 'v1.1_sharded')
+STEPS = 12  # greedy tokens compared
+
+
+@pytest.fixture(scope='module')
+def hf_dirs(tmp_path_factory):
+    vocab = built_once(tmp_path_factory, 't5_vocab', build_vocab_dirs)
+    return built_once(tmp_path_factory, 't5-models', lambda p: build_models(p, vocab))
+
+
+def _cli(*args):
+    with pytest.raises(SystemExit) as info:
+        convert.cli(['convert', *args])
+    return info.value.code
+
+
+@pytest.fixture(scope='module')
+def runs(hf_dirs, tmp_path_factory):
+    """Each model converted, once for all workers (read them only)."""
+
+    def build(path):
+        path.mkdir()
+        for name in NAMES:
+            message = _cli(f'--from_hf={hf_dirs / name}', f'--workdir={path / name}')
+            assert message is None, message
+
+    return built_once(tmp_path_factory, 't5-runs', build)
+
+
+def test_t5_directories_are_recognised_by_the_t5_family_alone(hf_dirs):
+    for name in NAMES:
+        directory = str(hf_dirs / name)
+        assert [f.name for f in interop.FAMILIES if f.recognises(directory)] == ['t5']
+        assert [f.name for f in interop.FAMILIES if f.holds_vocabulary(directory)] == ['t5']
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_the_run_records_t5s_settings_and_ids(hf_dirs, runs, name):
+    config = json.loads((runs / name / 'config.json').read_text())
+    assert json.loads((runs / name / 'converted_from.json').read_text())['family'] == 't5'
+    data, model = config['data'], config['model']
+    assert (data['pad_id'], data['eos_id'], data['unk_id'], data['decoder_start_id']) == (
+        0,
+        1,
+        2,
+        0,
+    )
+    assert (
+        data['vocab_size'] == json.loads((hf_dirs / name / 'config.json').read_text())['vocab_size']
+    )
+    tied = name == 'v1.0'
+    assert model['share_embeddings'] == ('all' if tied else 'inputs')
+    assert model['rescale_tied_head'] is tied
+    assert model['ffn'] == ('relu' if tied else 'geglu_tanh')
+    assert (model['head_dim'], model['num_decoder_layers'], model['positions']) == (
+        6,
+        3,
+        't5_relative',
+    )
+
+
+def _batch(tokenizer):
+    pairs = list(zip(lines(5, seed=3), lines(5, seed=4), strict=True))
+    batch = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True)
+    return np.array(batch['input_ids']), np.array(batch['labels'])
+
+
+@pytest.mark.slow  # transformers' models are loaded
+@pytest.mark.parametrize('name', NAMES)
+def test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces(hf_dirs, runs, name):
+    """The run's vocabulary gives T5Tokenizer's ids; its model Hugging Face's teacher-forced
+    log-probabilities to 1e-4 on a right-padded batch (float32 products), and its greedy
+    search ``generate(num_beams=1)``'s tokens."""
+    theirs = hf_model(hf_dirs / name)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(hf_dirs / 'v1.1'))
+    inputs, labels = _batch(tokenizer)
+    config, vocab, model, params, _ = load_model(str(runs / name))
+    assert [[*vocab.encode(s), 1] for s in lines(5, seed=3)] == [
+        [i for i in row if i != 0] for row in inputs.tolist()
+    ]
+    with torch.no_grad():
+        logits = theirs(
+            input_ids=torch.as_tensor(inputs),
+            attention_mask=torch.as_tensor(inputs != 0).long(),
+            labels=torch.as_tensor(np.where(labels == 0, -100, labels)),
+        ).logits
+    want = torch.log_softmax(logits, -1).numpy()
+    with jax.default_matmul_precision('float32'):
+        ours = model.apply({'params': params}, jnp.asarray(inputs), jnp.asarray(labels))
+    ours = np.asarray(jax.nn.log_softmax(ours, -1))
+    real = labels != 0
+    assert (inputs == 0).any() and np.abs(want[real]).max() > 1
+    np.testing.assert_allclose(ours[real], want[real], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        out = theirs.generate(
+            input_ids=torch.as_tensor(inputs),
+            attention_mask=torch.as_tensor(inputs != 0).long(),
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=STEPS,
+            bad_words_ids=[[0]],  # pad, which our searches never emit
+            use_cache=False,  # transformers 5's cache has num_layers (2) of the decoder's 3
+        )
+    want = out.numpy()[:, 1:]
+    options = DecodeOptions(extra_length=STEPS, max_decode_len=STEPS, eos_at_limit='none')
+    with jax.default_matmul_precision('float32'):
+        mine = np.asarray(greedy_search(model, params, jnp.asarray(inputs), options=options))
+    assert len(np.unique(want)) >= 4  # not one token over and over
+    width = max(mine.shape[1], want.shape[1])
+    mine, want = (np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in (mine, want))
+    np.testing.assert_array_equal(mine, want)
+
+
+def test_sharded_safetensors_convert_as_one_file(runs):
+    """v1.1 in two shards beside tokenizer.json alone: the same parameters as in one file
+    beside spiece.model, and the same vocabulary's ids."""
+    *_, one, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
+    _, vocab, _, sharded, _ = load_model(str(runs / 'v1.1_sharded'), scan_layers=False)
+    flat = jax.tree_util.tree_leaves_with_path
+    assert [p for p, _ in flat(one)] == [p for p, _ in flat(sharded)]
+    for (path, a), (_, b) in zip(flat(one), flat(sharded), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+    assert isinstance(vocab, T5Vocabulary) and vocab.vocab_size == 152
+
+
+def _edited(hf_dirs, tmp_path, name, **changes):
+    directory = tmp_path / name
+    shutil.copytree(hf_dirs / name, directory)
+    config = json.loads((directory / 'config.json').read_text())
+    config.update(changes)
+    (directory / 'config.json').write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ('changes', 'said'),
+    [
+        (dict(dtype='float16'), 'T5 overflows in float16'),
+        (dict(vocab_size=500), 'vocab_size=500 is more than'),
+        (dict(vocab_size=40), 'fewer than the 48 pieces'),
+        (dict(feed_forward_proj='gated-relu6'), 'feed_forward_proj'),
+        (dict(decoder_start_token_id=1), "decoder_start_token_id=1 is not T5's 0"),
+    ],
+)
+def test_bad_directories_stop_in_one_line_before_anything_is_written(
+    hf_dirs, tmp_path, changes, said
+):
+    directory = _edited(hf_dirs, tmp_path, 'v1.0', **changes)
+    message = _cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
+    assert said in message and '\n' not in message, message
+    assert not (tmp_path / 'run').exists()
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    """A folder dataset of a few lines of the test vocabulary's words: 40 to train on, 8 to
+    validate and test."""
+
+    def write(path):
+        path.mkdir()
+        for split, n in (('train', 40), ('validation', 8), ('test', 8)):
+            (path / f'{split}.en').write_text(''.join(s + '\n' for s in lines(n, seed=5)))
+            (path / f'{split}.de').write_text(''.join(t + '\n' for t in lines(n, seed=6)))
+
+    return str(built_once(tmp_path_factory, 't5-lines', write))
+
+
+@pytest.mark.slow  # one step of training
+def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs, folder, tmp_path):
+    """``train.init_from`` of T5 v1.1's directory: the run keeps its vocabulary and ids, and
+    the first step's NLL (no dropout, no smoothing) is the converted model's teacher-forced
+    NLL of that batch."""
+    from tests.tiny_run import tiny_run_config
+    from transformer import data, schema
+    from transformer.training import steps, train_and_evaluate
+
+    config = tiny_run_config(1)
+    config.data.update(dataset='folder', folder=folder)
+    config.model.dropout_rate = 0.0
+    config.train.update(label_smoothing=0.0, batch_size=8, init_from=str(hf_dirs / 'v1.1'))
+    config.opt.update(schedule='constant', lr_scale=1e-3)
+    seen, run = [], tmp_path / 'run'
+    train_and_evaluate(config, str(run), on_step=lambda s, m: seen.append(m))
+    recorded = json.loads((run / 'config.json').read_text())
+    assert (recorded['data']['vocab_size'], recorded['model']['ffn']) == (152, 'geglu_tanh')
+    assert interop.held_vocabulary(str(run / 'vocab')).name == 't5'
+    _, _, model, params, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
+    vocab = T5Vocabulary(hf_dirs / 'v1.1')
+    typed = schema.parse(schema.complete(config))
+    batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
+    with jax.default_matmul_precision('float32'):
+        sums = steps.eval_step(params, batch, model=model, label_smoothing=0.0)
+    converted_nll = float(sums['nll']) / float(sums['tokens'])
+    assert seen[0]['nll'] == pytest.approx(converted_nll, rel=1e-4)
+    assert converted_nll > 1.0  # a model's loss, not an empty batch's
+
+
+@pytest.mark.slow  # a search compiles
+def test_source_tag_puts_a_madlad_tag_first_when_translating(hf_dirs, runs):
+    """``source_tag='<2de>'`` on a converted run: the outputs are the greedy search's of
+    T5Tokenizer's ids of ``'<2de> ' + line``."""
+    from transformer import api, decoding
+    from transformer.decoding import greedy_search
+
+    run = api.load(str(runs / 'v1.0'))
+    texts = lines(3, seed=9)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(hf_dirs / 'v1.0'))
+    inputs = np.array(tokenizer([f'<2de> {t}' for t in texts], padding=True).input_ids)
+    assert (inputs[:, 0] == 3).all()
+    options = decoding.decode_options(run.config.eval)
+    with jax.default_matmul_precision('float32'):
+        tagged = run.translate(texts, beam_size=1, source_tag='<2de>')
+        plain = run.translate(texts, beam_size=1)
+        ids = greedy_search(run.model, run.params, jnp.asarray(inputs), options=options)
+    assert tagged == [run.tokenizer.decode(row) for row in np.asarray(ids)]
+    assert tagged != plain
+
+
+@pytest.mark.parametrize(
+    ('keys', 'ffn', 'share', 'rescale'),
+    [
+        ({}, 'relu', 'all', True),  # t5-small's config: transformers' defaults
+        (
+            dict(feed_forward_proj='gated-gelu', tie_word_embeddings=False),
+            'geglu_tanh',
+            'inputs',
+            False,
+        ),
+        (
+            dict(feed_forward_proj='gated-silu', scale_decoder_outputs=False),
+            'swiglu',
+            'inputs',
+            False,
+        ),
+        (dict(feed_forward_proj='gelu', tie_word_embeddings=True), 'gelu', 'all', True),
+    ],
+)
+def test_config_keys_map_onto_the_model_section(keys, ffn, share, rescale):
+    from transformer.interop.t5 import model_settings
+
+    model = model_settings({'model_type': 't5', **keys}, 'config.json')
+    assert (model['ffn'], model['share_embeddings'], model['rescale_tied_head']) == (
+        ffn,
+        share,
+        rescale,
+    )
+    assert (model['head_dim'], model['num_decoder_layers'], model['layer_norm_epsilon']) == (
+        64,
+        6,
+        1e-6,
+    )
