@@ -28,7 +28,8 @@ has each option our model has.
   the linear branch (``ffn_glu=True``).
 * Positions (row p of a table: what our model adds at p), the embedding scale and mBART's
   ``layernorm_embedding``: ctranslate2_embeddings.py. Rotary positions: ``rotary_dim=0``
-  (every channel), ``rotary_interleave=False`` (pairs (j, j + H/2)), base 10000, no table.
+  (every channel), ``rotary_interleave=False`` (pairs (j, j + H/2)), base 10000, no table;
+  T5's relative buckets, unscaled logits and tied-head rescale: ctranslate2_t5.py.
 * Embeddings: the target table or ``logits_dense`` is the decoder's ``projection``,
   ``model.logits_bias`` (mBART's final_logits_bias) its bias. The decoder starts from the
   embedding of the vocabulary's start token (the joint vocabulary's <pad>, id 0; fairseq's
@@ -38,8 +39,7 @@ has each option our model has.
   holds its language code (``[src_code] X </s>``), the target's is the ``target_prefix``.
 
 What the spec holds of a model is declared once, `WRITES` (transformer/formats.py): the values
-of each variant field and numeric setting mapped above; any other is refused in one line
-before anything is written.
+of each field mapped above; any other is refused in one line before anything is written.
 """
 
 from __future__ import annotations
@@ -52,15 +52,17 @@ from typing import Any
 
 import numpy as np
 
+from transformer.commands import ctranslate2_t5
 from transformer.commands.ctranslate2_embeddings import stack_inputs
 from transformer.formats import EVERY_VALUE, ExportError, Format, Writes, max_length
 
 SPM_FILES = ('source.spm', 'target.spm')
 WEIGHTS, REQUEST = 'ctranslate2_weights.npz', 'ctranslate2_request.json'
-# CTranslate2's common_spec.Activation of each model.ffn value (transformer/model/
-# feed_forward.py): the gated ones' gate. Its GELU is the exact erf form, as ours.
+# common_spec.Activation of each model.ffn (model/feed_forward.py; a gated one's gate); GELU: erf's.
 ACTIVATIONS = {'relu': 'RELU', 'swish': 'SWISH', 'gelu': 'GELU', 'swiglu': 'SWISH', 'geglu': 'GELU'}
-GATED = ('swiglu', 'geglu')
+ACTIVATIONS['geglu_tanh'] = 'GELUTanh'  # T5 v1.1's gated-gelu (ctranslate2_t5.py)
+GATED = ('swiglu', 'geglu', 'geglu_tanh')
+POSITIONS = ('sinusoidal', 'rope', 'fairseq_sinusoidal', 'bart_learned', ctranslate2_t5.POSITIONS)
 ROTARY_BASE = 10000.0  # transformer/model/positions.py BASE
 
 
@@ -87,9 +89,9 @@ WRITES = Format(
         'ffn': Writes(tuple(ACTIVATIONS)),
         'norm': Writes(('layer_norm', 'rms_norm')),  # rms_norm=True: gamma alone
         'pre_layer_norm': Writes((False, True)),
-        'share_embeddings': Writes(('all', 'target', 'none')),
+        'share_embeddings': Writes(('all', 'target', 'none', 'inputs')),
         'logits_bias': Writes((False, True)),
-        'positions': Writes(('sinusoidal', 'rope', 'fairseq_sinusoidal', 'bart_learned')),
+        'positions': Writes(POSITIONS),
         'max_positions': EVERY_VALUE,  # a learned table's rows
         'layernorm_embedding': Writes((False, True)),
         'scale_embedding': Writes((True, False)),
@@ -97,12 +99,7 @@ WRITES = Format(
         'num_kv_heads': EVERY_VALUE,
         'attention_bias': Writes((False, True)),
         'qk_norm': Writes(check=_qk_norm),
-        # Its attention spec has a ``queries_scale`` (its T5 converter writes 1.0), but an
-        # encoder-decoder model written with one fails to load in CTranslate2 4.8 ("storage is
-        # not a scalar"), so the export writes the default only.
-        'attention_scale': Writes(
-            (None,), 'the CTranslate2 export writes the logits scale 1/sqrt(head_dim) only'
-        ),
+        **ctranslate2_t5.FIELDS,  # attention_scale; T5's buckets and head rescale
     },
 )
 
@@ -133,6 +130,7 @@ def spec_options(cfg: Any) -> dict[str, dict[str, Any]]:
         'rotary_dim': 0 if rope else None,
         'rotary_interleave': False,
         'rotary_base': ROTARY_BASE,
+        **ctranslate2_t5.options(cfg),
     }
     return {
         'encoder': {'num_layers': cfg.num_encoder_layers, **common},
@@ -241,7 +239,7 @@ def spec_weights(params: Any, cfg: Any, max_positions: int) -> dict[str, np.ndar
     if cfg.pre_layer_norm:
         out |= _scoped('encoder/layer_norm', _norm(params['encoder_norm']))
         out |= _scoped('decoder/layer_norm', _norm(params['decoder_norm']))
-    return out | stack_inputs(params, cfg, max_positions)
+    return out | stack_inputs(params, cfg, max_positions) | ctranslate2_t5.weights(params, cfg)
 
 
 def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
@@ -254,7 +252,9 @@ def vocabulary_and_tokens(tokenizer: Any) -> tuple[list[str], dict[str, str]]:
             'separate source and target vocabularies (separate_vocabs): this CTranslate2 '
             'export writes one vocabulary for both sides; export with --format hf.'
         )
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces = ctranslate2_t5.named_rows(
+        [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    )
     if len(set(pieces)) != len(pieces):
         raise ValueError('the vocabulary has duplicate pieces; CTranslate2 needs unique ones.')
     special = tokenizer.special
