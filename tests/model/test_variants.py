@@ -199,8 +199,8 @@ def test_flops_and_memory_bound_follow_the_registered_variant(toys, part, pre_la
 REFUSALS = {
     ('ffn', 'hf'): "MarianMT's feed-forward has no gate, and its activation is named by "
     "transformers; only ffn='relu', 'swish' or 'gelu' exports to it.",
-    ('ffn', 'ctranslate2'): "CTranslate2 writes ffn='relu', 'swish', 'gelu', 'swiglu' or "
-    "'geglu' only.",
+    ('ffn', 'ctranslate2'): "CTranslate2 writes ffn='relu', 'swish', 'gelu', 'swiglu', "
+    "'geglu' or 'geglu_tanh' only.",
     ('norm', 'hf'): "MarianMT's norms are LayerNorms; only norm='layer_norm' exports to it.",
     ('norm', 'ctranslate2'): "CTranslate2 writes norm='layer_norm' or 'rms_norm' only.",
 }
@@ -274,7 +274,8 @@ def test_every_format_refuses_an_entry_it_does_not_declare_before_writing(
     reasons = {
         'hf': 'MarianMT adds sinusoids to the embeddings; only '
         "positions='sinusoidal' exports to it.",
-        'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
+        'ctranslate2': "CTranslate2 writes positions='sinusoidal', 'rope', 'fairseq_sinusoidal', "
+        "'bart_learned' or 't5_relative' only.",
     }
     for format in export.FORMATS:
         line = f"model.positions='toy' cannot be exported as --format={format}: {reasons[format]}"

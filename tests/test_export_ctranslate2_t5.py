@@ -1,0 +1,149 @@
+"""The CTranslate2 export of converted T5 runs (transformer/commands/ctranslate2_t5.py), on the
+runs of tests/test_convert_t5.py:
+
+* its model.bin holds what CTranslate2's own T5 converter (``T5Loader``) writes of the same
+  Hugging Face model, variable for variable, but where that converter is wrong or writes the
+  same thing in another type (the test's docstring);
+* CTranslate2 translating our export greedily gives our greedy outputs.
+
+CTranslate2 runs only in processes of its own (tests/ctranslate2_child.py, and its converter in
+a subprocess); this process never imports it.
+"""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tests import ctranslate2_child
+from tests.subprocess_env import repo_env
+from tests.t5_dirs import lines
+from tests.test_convert_t5 import hf_dirs, runs  # noqa: F401 (fixtures)
+from tests.test_export_ctranslate2_fairseq import _read_model_bin
+from tests.tiny_run import run_dir_with
+from transformer import decoding, export
+from transformer.checkpoint import load_model
+from transformer.formats import ExportError
+
+pytest.importorskip(
+    'ctranslate2', reason="ctranslate2 is not installed: pip install -e '.[export]'"
+)
+pytest.importorskip(
+    'transformers', reason="transformers is not installed: pip install -e '.[export]'"
+)
+
+# CTranslate2's T5Loader over transformers' model with the head of its own (tests/t5_dirs.py
+# hf_model: transformers 5 ties it whatever the config says).
+_CONVERT = (
+    'import os, sys\n'
+    'import transformers\n'
+    'from ctranslate2.converters.transformers import T5Loader\n'
+    'from tests.t5_dirs import hf_model\n'
+    'model = hf_model(__import__("pathlib").Path(sys.argv[1]))\n'
+    'tokenizer = transformers.T5Tokenizer.from_pretrained(sys.argv[1])\n'
+    'loader = T5Loader()\n'
+    'spec = loader.get_model_spec(model)\n'
+    'loader.set_config(spec.config, model, tokenizer)\n'
+    'loader.set_vocabulary(spec, loader.get_vocabulary(model, tokenizer))\n'
+    'spec.validate(); spec.optimize(None); os.makedirs(sys.argv[2]); spec.save(sys.argv[2])\n'
+)
+
+
+def _export(run, out):
+    with pytest.raises(SystemExit) as info:
+        export.cli(['export', f'--workdir={run}', f'--out={out}', '--format=ctranslate2'])
+    assert info.value.code is None, info.value.code
+
+
+@pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
+@pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
+def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, name, tmp_path):  # noqa: F811
+    """Every variable and alias of CTranslate2's conversion, equal, but: (1) ``head_dim`` on
+    every attention, which ours writes and the converter does not (it never reads ``d_kv``,
+    so its model of d_kv 6 != d_model / heads 8 has the wrong head size); (2) the stacks'
+    ``scale_embeddings``, ours the float 1.0, the converter's False (int8 0): no scale both;
+    (3) the decoder's ``scale_outputs`` of v1.1, which the converter writes from
+    transformers 5's ``tie_word_embeddings`` (true whatever config.json says) though the head
+    is its own, and ours does not; (4) v1.0's zero ReLU biases, which our tree holds."""
+    ours, theirs = tmp_path / 'ours', tmp_path / 'theirs'
+    _export(runs / name, ours)
+    done = subprocess.run(
+        [sys.executable, '-c', _CONVERT, str(hf_dirs / name), str(theirs)],
+        env=repo_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (mine, my_aliases), (their, their_aliases) = (
+        _read_model_bin(d / 'model.bin') for d in (ours, theirs)
+    )
+    extra = {k for k in set(mine) | set(my_aliases) if k not in their and k not in their_aliases}
+    extra = {k for k in extra if not k.endswith('/head_dim')}
+    assert {k: v for k, v in my_aliases.items() if k not in extra} == their_aliases
+    assert 'encoder/layer_1/self_attention/relative_attention_bias' in my_aliases
+    if name == 'v1.0':
+        assert extra and all(k.endswith('/bias') for k in extra)
+        assert not any(mine[k].any() for k in extra if k in mine)
+    else:
+        assert not extra
+    assert set(their) - set(mine) == ({'decoder/scale_outputs'} if name == 'v1.1' else set())
+    assert all(mine[k] == 6 for k in mine if k.endswith('/head_dim'))
+    for key, value in their.items():
+        if key.endswith('scale_embeddings'):
+            assert mine[key] == 1.0 and value == 0
+        elif key in mine:
+            np.testing.assert_array_equal(mine[key], value, err_msg=key)
+
+
+def _padded(rows, pad=0):
+    out = np.full((len(rows), max(map(len, rows))), pad, np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+@pytest.mark.slow  # a converted run exported and decoded by both
+@pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
+def test_ctranslate2_translates_our_t5_export_as_we_do(runs, name, tmp_path):  # noqa: F811
+    """CTranslate2's greedy outputs of our export (relative buckets both ways in the
+    encoder, causal in the decoder, unscaled logits, the gated tanh GELU or the tied
+    rescaled head) are our greedy search's tokens, </s> included."""
+    limit = 16
+    out = tmp_path / 'ct2'
+    _export(runs / name, out)
+    config, tokenizer, model, params, _ = load_model(str(runs / name))
+    eos = tokenizer.special.eos
+    sources = [[*tokenizer.encode(line), eos] for line in lines(8, seed=5)]
+    options = decoding.DecodeOptions(limit, max_decode_len=limit, eos_at_limit='none')
+    with jax.default_matmul_precision('float32'):
+        greedy = decoding.greedy_search(model, params, _padded(sources), options=options)
+    pieces = lambda ids: [tokenizer.id_to_piece(int(i)) for i in ids if i != 0]  # noqa: E731
+    ours = [pieces(row) for row in np.asarray(greedy)]
+    theirs = ctranslate2_child.translate(
+        out,
+        [pieces(row) for row in sources],
+        beam_size=1,
+        max_decoding_length=limit,
+        suppress_sequences=[['<pad>']],  # ours never emits padding
+        return_end_token=True,
+    )
+    assert len({p for row in ours for p in row}) >= 4  # not one token over and over
+    assert theirs == ours
+
+
+def test_unscaled_logits_without_t5s_buckets_are_refused_in_one_line(tmp_path):
+    """CTranslate2 takes ``queries_scale`` with a relative bias only (its T5 layout): another
+    scale, or 1.0 with other positions, is refused naming the field, before anything is
+    written."""
+    workdir, _ = run_dir_with(tmp_path, attention_scale=1.0)
+    out = tmp_path / 'out'
+    with pytest.raises(ExportError) as info:
+        export.export(str(workdir), str(out), format='ctranslate2')
+    assert str(info.value) == (
+        'model.attention_scale=1.0 cannot be exported as --format=ctranslate2: the CTranslate2 '
+        'export writes the logits scale 1/sqrt(head_dim), or 1.0 with '
+        "positions='t5_relative' (T5's) only."
+    )
+    assert not out.exists()
