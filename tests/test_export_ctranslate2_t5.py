@@ -67,7 +67,8 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, n
     ``scale_embeddings``, ours the float 1.0, the converter's False (int8 0): no scale both;
     (3) the decoder's ``scale_outputs`` of v1.1, which the converter writes from
     transformers 5's ``tie_word_embeddings`` (true whatever config.json says) though the head
-    is its own, and ours does not; (4) v1.0's zero ReLU biases, which our tree holds."""
+    is its own, and ours does not; (4) v1.0's zero ReLU biases, which our tree holds. Ours
+    holds the run's spiece.model besides."""
     ours, theirs = tmp_path / 'ours', tmp_path / 'theirs'
     _export(runs / name, ours)
     done = subprocess.run(
@@ -91,6 +92,8 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, n
         assert not extra
     assert set(their) - set(mine) == ({'decoder/scale_outputs'} if name == 'v1.1' else set())
     assert all(mine[k] == 6 for k in mine if k.endswith('/head_dim'))
+    # The run's SentencePiece model, to tokenize for it.
+    assert (ours / 'spiece.model').read_bytes() == (hf_dirs / name / 'spiece.model').read_bytes()
     for key, value in their.items():
         if key.endswith('scale_embeddings'):
             assert mine[key] == 1.0 and value == 0

@@ -40,7 +40,12 @@ from transformer.interop.generation import (
 from transformer.interop.json_files import read_object
 from transformer.interop.state_dict import read_state_dict
 from transformer.interop.t5_params import T5Error, params_from_state_dict
-from transformer.interop.t5_vocab import T5Vocabulary, load_vocabulary, write_vocabulary
+from transformer.interop.t5_vocab import (
+    T5Vocabulary,
+    load_vocabulary,
+    tokenizer_files,
+    write_vocabulary,
+)
 
 MODEL_TYPE = 't5'
 # feed_forward_proj -> model.ffn, as transformers' T5Config reads it ('gated-gelu' is
@@ -200,7 +205,7 @@ FAMILY = Family(
     holds_vocabulary=T5Vocabulary.holds,
     load_vocabulary=load_vocabulary,
     write_vocabulary=write_vocabulary,
-    tokenizer_files=lambda vocabulary: {},  # CTranslate2's T5 layout is not written
+    tokenizer_files=tokenizer_files,
     writes=t5_export.WRITES,
     write=t5_export.write_hf,
 )

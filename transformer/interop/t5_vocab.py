@@ -282,3 +282,10 @@ def write_vocabulary(vocab: T5Vocabulary, added: list, directory: str) -> None:
     if added:
         raise DataError(f'train.add_tokens: {vocab.no_added_tokens}')
     vocab.copy_to(directory)
+
+
+def tokenizer_files(vocab: T5Vocabulary) -> dict[str, str]:
+    """Its SentencePiece model by its name in a model directory ({} for a directory of
+    tokenizer.json alone) (`Family.tokenizer_files`: what the CTranslate2 export copies)."""
+    path = os.path.join(vocab.directory, SPM_FILE)
+    return {SPM_FILE: path} if os.path.isfile(path) else {}
