@@ -6,9 +6,8 @@ tables), one shard at a time (``--shards`` files listed by model.safetensors.ind
 config.json (gated-gelu, untied head) and a SentencePiece model trained on a few words whose
 pieces are padded with fillers to ``--vocab`` - 100 (T5's 100 sentinels make up the rest).
 ``python -m transformer.convert --from_hf DIR --workdir W`` then runs in a process of its own
-(benchmarks/measured.py: its peak RSS from wait4), and so does a process that only imports
-the convert command, which is what the interpreter, jax and the rest cost before any tensor is
-read. Figures: benchmarks/README.md.
+(benchmarks/measured.py: its peak RSS from wait4), and so does ``convert --help``, which is
+what the interpreter and the imports cost before any tensor is read. Figures: benchmarks/README.md.
 
     python benchmarks/convert_memory.py --out /tmp/convert_memory.json   # d_model 512, 4 + 4
 """
@@ -28,7 +27,6 @@ from benchmarks.measured import measure  # noqa: E402 (after the path above)
 
 MIB = 2**20
 SENTINELS = 100
-IMPORT_ONLY = 'import transformer.commands.convert, jax; jax.numpy.zeros(1).block_until_ready()'
 
 
 def tensor_shapes(d: int, heads: int, d_kv: int, d_ff: int, layers: int, vocab: int, buckets=32):
@@ -114,9 +112,10 @@ def run(work: pathlib.Path, shape: dict, shards: int) -> dict:
     work.mkdir(parents=True)
     model_bytes = write_model(work / 'hf', shape, shards)
     python = sys.executable
-    base = measure('import_only', [python, '-c', IMPORT_ONLY], work)
-    command = [python, '-m', 'transformer.convert', '--from_hf', str(work / 'hf')]
-    convert = measure('convert', [*command, '--workdir', str(work / 'run')], work)
+    command = [python, '-m', 'transformer.convert']
+    base = measure('import_only', [*command, '--help'], work)
+    command += ['--from_hf', str(work / 'hf'), '--workdir', str(work / 'run')]
+    convert = measure('convert', command, work)
     model_mib = model_bytes / MIB
     return {
         'shape': shape,
