@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import shutil
+import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -110,8 +112,13 @@ def run(work: pathlib.Path, shape: dict, shards: int) -> dict:
     """Writes the directory under ``work`` (emptied first), converts it; the figures."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    model_bytes = write_model(work / 'hf', shape, shards)
     python = sys.executable
+    # Written in a process of its own: a child's peak RSS starts at this process's RSS.
+    script = 'import json, pathlib, sys; from benchmarks import convert_memory as m; '
+    script += 'm.write_model(pathlib.Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]))'
+    written = [python, '-c', script, str(work / 'hf'), json.dumps(shape), str(shards)]
+    subprocess.run(written, cwd=REPO, check=True)
+    model_bytes = sum(4 * math.prod(s) for s in tensor_shapes(**shape).values())
     command = [python, '-m', 'transformer.convert']
     base = measure('import_only', [*command, '--help'], work)
     command += ['--from_hf', str(work / 'hf'), '--workdir', str(work / 'run')]
