@@ -38,7 +38,7 @@ from transformer.interop.generation import (
     single_token_bans,
 )
 from transformer.interop.json_files import read_object
-from transformer.interop.state_dict import read_state_dict
+from transformer.interop.state_dict import open_state_dict
 from transformer.interop.t5_params import T5Error, params_from_state_dict
 from transformer.interop.t5_vocab import (
     T5Vocabulary,
@@ -186,7 +186,7 @@ def load(directory: str, weights: bool = True) -> Pretrained:
     tokenizer = _vocabulary(directory, hf, generation_file)
     params = None
     if weights:
-        state = read_state_dict(directory, 'T5', T5Error)
+        state = open_state_dict(directory, 'T5', T5Error)
         sized = {**model, 'vocab_size': tokenizer.vocab_size}
         params = params_from_state_dict(state, sized, directory)
     files = {CONFIG_FILE: hf, GENERATION_FILE: generation_file}

@@ -13,6 +13,7 @@ biases are not zero does not write back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ class T5Error(PretrainedError):
 class _Reader:
     """The tensors of a state dict, each checked against the shape the config gives."""
 
-    def __init__(self, state: dict[str, np.ndarray], model: dict[str, Any], where: str):
+    def __init__(self, state: Mapping[str, np.ndarray], model: dict[str, Any], where: str):
         self.state, self.where = state, where
         self.d, self.n, self.h = model['d_model'], model['num_heads'], model['head_dim']
 
@@ -63,11 +64,18 @@ class _Reader:
         shapes = {'wi': (d_ff, self.d), 'wi_0': (d_ff, self.d), 'wi_1': (d_ff, self.d)}
         shapes['wo'] = (self.d, d_ff)
         names = GATED if gated else UNGATED
-        ffn = {n: {'kernel': self.take(f'{prefix}.{n}.weight', shapes[n]).T} for n in names}
+        ffn = {n: {'kernel': _ours(self.take(f'{prefix}.{n}.weight', shapes[n]).T)} for n in names}
         if not gated:  # ours has biases; T5's are zero
             for p in ffn.values():
                 p['bias'] = np.zeros(p['kernel'].shape[1], np.float32)
         return ffn
+
+
+def _ours(value: np.ndarray) -> np.ndarray:
+    """A transposed tensor as an array of its own: the tensor read is let go as it is
+    converted (the state dict may read each when taken), and the checkpoint's writer gets
+    contiguous arrays it does not copy again."""
+    return np.ascontiguousarray(value)
 
 
 def is_gated(model: dict[str, Any]) -> bool:
@@ -75,11 +83,12 @@ def is_gated(model: dict[str, Any]) -> bool:
 
 
 def params_from_state_dict(
-    state: dict[str, np.ndarray], model: dict[str, Any], where: str
+    state: Mapping[str, np.ndarray], model: dict[str, Any], where: str
 ) -> dict[str, Any]:
     """Our parameter tree (nested dicts of float32 arrays, one subtree per layer) of a T5
     state dict; ``model``: the ``model`` section its config.json maps onto (t5.py),
-    ``where`` names the directory in errors. Vocabulary rows as they are."""
+    ``where`` names the directory in errors; each tensor is taken from ``state`` once and
+    converted as it is taken (`state_dict.open_state_dict`). Vocabulary rows as they are."""
     read = _Reader(state, model, where)
     rows, d = model['vocab_size'], model['d_model']
     shared = read.take('shared.weight', (rows, d))
@@ -88,7 +97,7 @@ def params_from_state_dict(
         # Without a head of its own, transformers 5 ties it to the shared table.
         has_head = 'lm_head.weight' in state
         head = read.take('lm_head.weight', (rows, d)) if has_head else shared
-        params['logits_dense'] = {'kernel': head.T}
+        params['logits_dense'] = {'kernel': _ours(head.T)}
     buckets = (model['relative_attention_num_buckets'], model['num_heads'])
     for stack, names in SUBLAYERS.items():
         params[f'{stack}_positions'] = {'bias': read.take(TABLE.format(stack=stack), buckets)}
