@@ -110,6 +110,23 @@ def fairseq_runs(fairseq_hf_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope='session')
+def t5_hf_dirs(tmp_path_factory):
+    """Tiny T5 v1.1, v1.0 and sharded v1.1 Hugging Face model directories (tests/t5_dirs.py),
+    built once for all workers; read them only."""
+    from tests.t5_dirs import t5_models
+
+    return t5_models(tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def t5_runs(t5_hf_dirs, tmp_path_factory):
+    """`t5_hf_dirs` converted to run directories, once for all workers; read them only."""
+    from tests.t5_dirs import t5_runs
+
+    return t5_runs(tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
 def lines_folder(tmp_path_factory):
     """A folder dataset of a few English-German lines (tests/fairseq_models.py), written once."""
     from tests.fairseq_models import lines_folder

@@ -11,11 +11,9 @@ import json
 import pathlib
 import shutil
 
-import pytest
-
+from tests.cli import convert_cli
 from tests.fairseq_dirs import fairseq_dirs, lines
 from tests.shared_dirs import built_once
-from transformer import convert
 from transformer.interop.fairseq_vocab import FairseqVocabulary
 
 # name: (tokenizer directory of tests/fairseq_dirs.py, Hugging Face classes, options, the
@@ -86,13 +84,6 @@ def build_models(path, tokenizers):
         config = json.loads((directory / 'tokenizer_config.json').read_text())
         config.update(src_lang=src, tgt_lang=tgt)
         (directory / 'tokenizer_config.json').write_text(json.dumps(config, indent=2))
-
-
-def convert_cli(*args):
-    """``transformer.convert`` with ``args``: its exit code (None: it succeeded)."""
-    with pytest.raises(SystemExit) as info:
-        convert.cli(['convert', *args])
-    return info.value.code
 
 
 def fairseq_models(tmp_path_factory) -> pathlib.Path:

@@ -152,3 +152,31 @@ def hf_model(directory: Path):
             if 'lm_head.weight' in f.keys():
                 model.lm_head.weight = torch.nn.Parameter(f.get_tensor('lm_head.weight'))
     return model
+
+
+NAMES = ('v1.1', 'v1.0', 'v1.1_sharded')  # the directories of `build_models`
+
+
+def t5_models(tmp_path_factory) -> Path:
+    """DIR/<name> for each of `NAMES` (`build_models`), built once per test session for every
+    worker (tests/shared_dirs.py); read them only."""
+    from tests.shared_dirs import built_once
+
+    vocab = built_once(tmp_path_factory, 't5_vocab', build_vocab_dirs)
+    return built_once(tmp_path_factory, 't5-models', lambda p: build_models(p, vocab))
+
+
+def t5_runs(tmp_path_factory) -> Path:
+    """DIR/<name>: each of `t5_models` converted to a run directory, once per session."""
+    from tests.cli import convert_cli
+    from tests.shared_dirs import built_once
+
+    models = t5_models(tmp_path_factory)
+
+    def build(path):
+        path.mkdir()
+        for name in NAMES:
+            message = convert_cli(f'--from_hf={models / name}', f'--workdir={path / name}')
+            assert message is None, message
+
+    return built_once(tmp_path_factory, 't5-runs', build)

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.cli import convert_cli
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
 from tests.tiny_run import tiny_run_config
-from transformer import api, convert, export, rundir
+from transformer import api, export, rundir
 from transformer.checkpoint import load_model
 from transformer.training import TrainingError, train_and_evaluate
 
@@ -20,12 +21,6 @@ pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 TAGS = '<bt>,<ft>=<unk>'
-
-
-def _cli(*args):
-    with pytest.raises(SystemExit) as info:
-        convert.cli(['convert', *args])
-    return info.value.code
 
 
 @pytest.fixture(scope='module')
@@ -37,8 +32,11 @@ def hf_dir(tmp_path_factory):
 def converted(hf_dir, tmp_path_factory):
     """The run directories of one MarianMT converted without and with the two tokens."""
     out = tmp_path_factory.mktemp('added')
-    assert _cli(f'--from_hf={hf_dir}', f'--workdir={out / "plain"}') is None
-    assert _cli(f'--from_hf={hf_dir}', f'--workdir={out / "tags"}', f'--add_tokens={TAGS}') is None
+    assert convert_cli(f'--from_hf={hf_dir}', f'--workdir={out / "plain"}') is None
+    assert (
+        convert_cli(f'--from_hf={hf_dir}', f'--workdir={out / "tags"}', f'--add_tokens={TAGS}')
+        is None
+    )
     return out / 'plain', out / 'tags'
 
 
@@ -106,7 +104,7 @@ def test_bad_tokens_stop_in_one_line_and_write_nothing(hf_dir, tmp_path, spec, m
     import re
 
     out = tmp_path / 'run'
-    text = _cli(f'--from_hf={hf_dir}', f'--workdir={out}', f'--add_tokens={spec}')
+    text = convert_cli(f'--from_hf={hf_dir}', f'--workdir={out}', f'--add_tokens={spec}')
     assert re.search(message, text) and '\n' not in text, text
     assert not out.exists() and os.listdir(tmp_path) == []
 
@@ -254,7 +252,7 @@ def test_the_tc_layout_puts_the_new_tokens_after_every_piece(tc_dir, tmp_path):
     from transformer.interop.marian_vocab import MarianVocabulary
 
     out = tmp_path / 'run'
-    assert _cli(f'--from_hf={tc_dir}', f'--workdir={out}', '--add_tokens=<bt>,<ft>') is None
+    assert convert_cli(f'--from_hf={tc_dir}', f'--workdir={out}', '--add_tokens=<bt>,<ft>') is None
     vocab = MarianVocabulary(rundir.path(str(out), rundir.VOCAB_DIR))
     size = vocab.vocab_size - 2
     for n, tag in enumerate(('<bt>', '<ft>')):

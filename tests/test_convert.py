@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests import ctranslate2_child
+from tests.cli import convert_cli
 from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
 from tests.shared_dirs import built_once
 from transformer import api, convert, export
@@ -25,15 +26,8 @@ MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.Marian
 LINES = [s for s, _ in synthetic_lines()]
 
 
-def _cli(*args):
-    """Runs the convert command in-process; returns its exit message (None on success)."""
-    with pytest.raises(SystemExit) as info:
-        convert.cli(['convert', *args])
-    return info.value.code
-
-
 def _convert(hf_dir, out, *args):
-    message = _cli(f'--from_hf={hf_dir}', f'--workdir={out}', *args)
+    message = convert_cli(f'--from_hf={hf_dir}', f'--workdir={out}', *args)
     assert message is None, message
     return str(out)
 
@@ -317,7 +311,7 @@ def _edit_copy(hf_dir, tmp_path, edit_config=None, remove=None):
 def test_bad_input_stops_in_one_line_and_writes_nothing(hf_dir, tmp_path, edit, remove, message):
     copy = _edit_copy(hf_dir, tmp_path, edit, remove)
     out = tmp_path / 'run'
-    error = _cli(f'--from_hf={copy}', f'--workdir={out}')
+    error = convert_cli(f'--from_hf={copy}', f'--workdir={out}')
     assert error.startswith('error: ') and message in error and '\n' not in error, error
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hf']  # no staging left behind
@@ -327,7 +321,7 @@ def test_an_existing_workdir_is_refused(hf_dir, tmp_path):
     out = tmp_path / 'run'
     out.mkdir()
     (out / 'notes.txt').write_text('mine')
-    error = _cli(f'--from_hf={hf_dir}', f'--workdir={out}')
+    error = convert_cli(f'--from_hf={hf_dir}', f'--workdir={out}')
     assert 'exists and is not empty' in error
     assert [p.name for p in out.iterdir()] == ['notes.txt']
 

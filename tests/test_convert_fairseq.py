@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.cli import convert_cli
 from tests.fairseq_dirs import lines
-from tests.fairseq_models import MODELS, convert_cli
+from tests.fairseq_models import MODELS
 from transformer import api, export, interop
 from transformer.checkpoint import load_model
 from transformer.interop import fairseq_config, fairseq_vocab

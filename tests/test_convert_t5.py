@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.cli import convert_cli
 from tests.shared_dirs import built_once
-from tests.t5_dirs import build_models, build_vocab_dirs, hf_model, lines
-from transformer import convert, interop
+from tests.t5_dirs import NAMES, hf_model, lines
+from transformer import interop
 from transformer.checkpoint import load_model
 from transformer.decoding import DecodeOptions, greedy_search
 from transformer.interop.t5_vocab import T5Vocabulary
@@ -22,46 +23,20 @@ from transformer.interop.t5_vocab import T5Vocabulary
 _SKIP = "{} is not installed: pip install -e '.[export]'"
 torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
-NAMES = ('v1.1', 'v1.0', 'v1.1_sharded')
 STEPS = 12  # greedy tokens compared
 
 
-@pytest.fixture(scope='module')
-def hf_dirs(tmp_path_factory):
-    vocab = built_once(tmp_path_factory, 't5_vocab', build_vocab_dirs)
-    return built_once(tmp_path_factory, 't5-models', lambda p: build_models(p, vocab))
-
-
-def _cli(*args):
-    with pytest.raises(SystemExit) as info:
-        convert.cli(['convert', *args])
-    return info.value.code
-
-
-@pytest.fixture(scope='module')
-def runs(hf_dirs, tmp_path_factory):
-    """Each model converted, once for all workers (read them only)."""
-
-    def build(path):
-        path.mkdir()
-        for name in NAMES:
-            message = _cli(f'--from_hf={hf_dirs / name}', f'--workdir={path / name}')
-            assert message is None, message
-
-    return built_once(tmp_path_factory, 't5-runs', build)
-
-
-def test_t5_directories_are_recognised_by_the_t5_family_alone(hf_dirs):
+def test_t5_directories_are_recognised_by_the_t5_family_alone(t5_hf_dirs):
     for name in NAMES:
-        directory = str(hf_dirs / name)
+        directory = str(t5_hf_dirs / name)
         assert [f.name for f in interop.FAMILIES if f.recognises(directory)] == ['t5']
         assert [f.name for f in interop.FAMILIES if f.holds_vocabulary(directory)] == ['t5']
 
 
 @pytest.mark.parametrize('name', NAMES)
-def test_the_run_records_t5s_settings_and_ids(hf_dirs, runs, name):
-    config = json.loads((runs / name / 'config.json').read_text())
-    assert json.loads((runs / name / 'converted_from.json').read_text())['family'] == 't5'
+def test_the_run_records_t5s_settings_and_ids(t5_hf_dirs, t5_runs, name):
+    config = json.loads((t5_runs / name / 'config.json').read_text())
+    assert json.loads((t5_runs / name / 'converted_from.json').read_text())['family'] == 't5'
     data, model = config['data'], config['model']
     assert (data['pad_id'], data['eos_id'], data['unk_id'], data['decoder_start_id']) == (
         0,
@@ -70,7 +45,8 @@ def test_the_run_records_t5s_settings_and_ids(hf_dirs, runs, name):
         0,
     )
     assert (
-        data['vocab_size'] == json.loads((hf_dirs / name / 'config.json').read_text())['vocab_size']
+        data['vocab_size']
+        == json.loads((t5_hf_dirs / name / 'config.json').read_text())['vocab_size']
     )
     tied = name == 'v1.0'
     assert model['share_embeddings'] == ('all' if tied else 'inputs')
@@ -91,14 +67,14 @@ def _batch(tokenizer):
 
 @pytest.mark.slow  # transformers' models are loaded
 @pytest.mark.parametrize('name', NAMES)
-def test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces(hf_dirs, runs, name):
+def test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces(t5_hf_dirs, t5_runs, name):
     """The run's vocabulary gives T5Tokenizer's ids; its model Hugging Face's teacher-forced
     log-probabilities to 1e-4 on a right-padded batch (float32 products), and its greedy
     search ``generate(num_beams=1)``'s tokens."""
-    theirs = hf_model(hf_dirs / name)
-    tokenizer = transformers.T5Tokenizer.from_pretrained(str(hf_dirs / 'v1.1'))
+    theirs = hf_model(t5_hf_dirs / name)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(t5_hf_dirs / 'v1.1'))
     inputs, labels = _batch(tokenizer)
-    config, vocab, model, params, _ = load_model(str(runs / name))
+    config, vocab, model, params, _ = load_model(str(t5_runs / name))
     assert [[*vocab.encode(s), 1] for s in lines(5, seed=3)] == [
         [i for i in row if i != 0] for row in inputs.tolist()
     ]
@@ -135,11 +111,11 @@ def test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces(hf_dirs
     np.testing.assert_array_equal(mine, want)
 
 
-def test_sharded_safetensors_convert_as_one_file(runs):
+def test_sharded_safetensors_convert_as_one_file(t5_runs):
     """v1.1 in two shards beside tokenizer.json alone: the same parameters as in one file
     beside spiece.model, and the same vocabulary's ids."""
-    *_, one, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
-    _, vocab, _, sharded, _ = load_model(str(runs / 'v1.1_sharded'), scan_layers=False)
+    *_, one, _ = load_model(str(t5_runs / 'v1.1'), scan_layers=False)
+    _, vocab, _, sharded, _ = load_model(str(t5_runs / 'v1.1_sharded'), scan_layers=False)
     flat = jax.tree_util.tree_leaves_with_path
     assert [p for p, _ in flat(one)] == [p for p, _ in flat(sharded)]
     for (path, a), (_, b) in zip(flat(one), flat(sharded), strict=True):
@@ -147,9 +123,9 @@ def test_sharded_safetensors_convert_as_one_file(runs):
     assert isinstance(vocab, T5Vocabulary) and vocab.vocab_size == 152
 
 
-def _edited(hf_dirs, tmp_path, name, **changes):
+def _edited(t5_hf_dirs, tmp_path, name, **changes):
     directory = tmp_path / name
-    shutil.copytree(hf_dirs / name, directory)
+    shutil.copytree(t5_hf_dirs / name, directory)
     config = json.loads((directory / 'config.json').read_text())
     config.update(changes)
     (directory / 'config.json').write_text(json.dumps(config))
@@ -167,10 +143,10 @@ def _edited(hf_dirs, tmp_path, name, **changes):
     ],
 )
 def test_bad_directories_stop_in_one_line_before_anything_is_written(
-    hf_dirs, tmp_path, changes, said
+    t5_hf_dirs, tmp_path, changes, said
 ):
-    directory = _edited(hf_dirs, tmp_path, 'v1.0', **changes)
-    message = _cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
+    directory = _edited(t5_hf_dirs, tmp_path, 'v1.0', **changes)
+    message = convert_cli(f'--from_hf={directory}', f'--workdir={tmp_path / "run"}')
     assert said in message and '\n' not in message, message
     assert not (tmp_path / 'run').exists()
 
@@ -190,7 +166,9 @@ def folder(tmp_path_factory):
 
 
 @pytest.mark.slow  # one step of training
-def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs, folder, tmp_path):
+def test_init_from_the_directory_starts_from_the_converted_weights(
+    t5_hf_dirs, t5_runs, folder, tmp_path
+):
     """``train.init_from`` of T5 v1.1's directory: the run keeps its vocabulary and ids, and
     the first step's NLL (no dropout, no smoothing) is the converted model's teacher-forced
     NLL of that batch."""
@@ -201,15 +179,15 @@ def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs
     config = tiny_run_config(1)
     config.data.update(dataset='folder', folder=folder)
     config.model.dropout_rate = 0.0
-    config.train.update(label_smoothing=0.0, batch_size=8, init_from=str(hf_dirs / 'v1.1'))
+    config.train.update(label_smoothing=0.0, batch_size=8, init_from=str(t5_hf_dirs / 'v1.1'))
     config.opt.update(schedule='constant', lr_scale=1e-3)
     seen, run = [], tmp_path / 'run'
     train_and_evaluate(config, str(run), on_step=lambda s, m: seen.append(m))
     recorded = json.loads((run / 'config.json').read_text())
     assert (recorded['data']['vocab_size'], recorded['model']['ffn']) == (152, 'geglu_tanh')
     assert interop.held_vocabulary(str(run / 'vocab')).name == 't5'
-    _, _, model, params, _ = load_model(str(runs / 'v1.1'), scan_layers=False)
-    vocab = T5Vocabulary(hf_dirs / 'v1.1')
+    _, _, model, params, _ = load_model(str(t5_runs / 'v1.1'), scan_layers=False)
+    vocab = T5Vocabulary(t5_hf_dirs / 'v1.1')
     typed = schema.parse(schema.complete(config))
     batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
     with jax.default_matmul_precision('float32'):
@@ -220,15 +198,15 @@ def test_init_from_the_directory_starts_from_the_converted_weights(hf_dirs, runs
 
 
 @pytest.mark.slow  # a search compiles
-def test_source_tag_puts_a_madlad_tag_first_when_translating(hf_dirs, runs):
+def test_source_tag_puts_a_madlad_tag_first_when_translating(t5_hf_dirs, t5_runs):
     """``source_tag='<2de>'`` on a converted run: the outputs are the greedy search's of
     T5Tokenizer's ids of ``'<2de> ' + line``."""
     from transformer import api, decoding
     from transformer.decoding import greedy_search
 
-    run = api.load(str(runs / 'v1.0'))
+    run = api.load(str(t5_runs / 'v1.0'))
     texts = lines(3, seed=9)
-    tokenizer = transformers.T5Tokenizer.from_pretrained(str(hf_dirs / 'v1.0'))
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(t5_hf_dirs / 'v1.0'))
     inputs = np.array(tokenizer([f'<2de> {t}' for t in texts], padding=True).input_ids)
     assert (inputs[:, 0] == 3).all()
     options = decoding.decode_options(run.config.eval)

@@ -1,5 +1,5 @@
 """The CTranslate2 export of converted T5 runs (transformer/commands/ctranslate2_t5.py), on the
-runs of tests/test_convert_t5.py:
+runs of tests/t5_dirs.py:
 
 * its model.bin holds what CTranslate2's own T5 converter (``T5Loader``) writes of the same
   Hugging Face model, variable for variable, but where that converter is wrong or writes the
@@ -20,7 +20,6 @@ import pytest
 from tests import ctranslate2_child
 from tests.subprocess_env import repo_env
 from tests.t5_dirs import lines
-from tests.test_convert_t5 import hf_dirs, runs  # noqa: F401 (fixtures)
 from tests.test_export_ctranslate2_fairseq import _read_model_bin
 from tests.tiny_run import run_dir_with
 from transformer import decoding, export
@@ -60,7 +59,9 @@ def _export(run, out):
 
 @pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
 @pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
-def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, name, tmp_path):  # noqa: F811
+def test_the_export_holds_what_ctranslate2s_t5_converter_writes(
+    t5_hf_dirs, t5_runs, name, tmp_path
+):
     """Every variable and alias of CTranslate2's conversion, equal, but: (1) ``head_dim`` on
     every attention, which ours writes and the converter does not (it never reads ``d_kv``,
     so its model of d_kv 6 != d_model / heads 8 has the wrong head size); (2) the stacks'
@@ -70,9 +71,9 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, n
     is its own, and ours does not; (4) v1.0's zero ReLU biases, which our tree holds. Ours
     holds the run's spiece.model besides."""
     ours, theirs = tmp_path / 'ours', tmp_path / 'theirs'
-    _export(runs / name, ours)
+    _export(t5_runs / name, ours)
     done = subprocess.run(
-        [sys.executable, '-c', _CONVERT, str(hf_dirs / name), str(theirs)],
+        [sys.executable, '-c', _CONVERT, str(t5_hf_dirs / name), str(theirs)],
         env=repo_env(),
         capture_output=True,
         text=True,
@@ -93,7 +94,7 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(hf_dirs, runs, n
     assert set(their) - set(mine) == ({'decoder/scale_outputs'} if name == 'v1.1' else set())
     assert all(mine[k] == 6 for k in mine if k.endswith('/head_dim'))
     # The run's SentencePiece model, to tokenize for it.
-    assert (ours / 'spiece.model').read_bytes() == (hf_dirs / name / 'spiece.model').read_bytes()
+    assert (ours / 'spiece.model').read_bytes() == (t5_hf_dirs / name / 'spiece.model').read_bytes()
     for key, value in their.items():
         if key.endswith('scale_embeddings'):
             assert mine[key] == 1.0 and value == 0
@@ -118,14 +119,14 @@ FIRST_TOKEN_NOT_EOS = decoding.Constraints(min_length=1)
 
 @pytest.mark.slow  # a converted run exported and decoded by both
 @pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
-def test_ctranslate2_translates_our_t5_export_as_we_do(runs, name, tmp_path):  # noqa: F811
+def test_ctranslate2_translates_our_t5_export_as_we_do(t5_runs, name, tmp_path):
     """CTranslate2's greedy outputs of our export (relative buckets both ways in the
     encoder, causal in the decoder, unscaled logits, the gated tanh GELU or the tied
     rescaled head) are our greedy search's tokens, </s> included. A random model's outputs
     rarely end; </s>'s output row, scaled (`EOS_SCALE`), makes them end at different
     lengths."""
     limit = 16
-    config, tokenizer, model, params, _ = load_model(str(runs / name))
+    config, tokenizer, model, params, _ = load_model(str(t5_runs / name))
     params = jax.tree.map(np.array, params)
     eos = tokenizer.special.eos
     if 'logits_dense' in params:

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests.cli import convert_cli
 from tests.fairseq_dirs import lines
-from tests.fairseq_models import convert_cli
 from tests.tiny_run import tiny_run_config
 from transformer import convert, data, export, interop, translate
 from transformer.checkpoint import load_model
