@@ -169,7 +169,13 @@ def _into_jax(tree: dict[str, Any]) -> dict[str, Any]:
     benchmarks/convert_memory.py)."""
     host = jax.devices('cpu')[0]  # not an accelerator's memory: the arrays are only written
     for key, value in tree.items():
-        tree[key] = _into_jax(value) if isinstance(value, dict) else jax.device_put(value, host)
+        # A copy jax owns: an array aliasing numpy's buffer (device_put's default on a CPU)
+        # crashed a later test of the same process (a worker lost in 2 of 2 runs).
+        tree[key] = (
+            _into_jax(value)
+            if isinstance(value, dict)
+            else jax.device_put(value, host, may_alias=False)
+        )
         del value
     return tree
 
