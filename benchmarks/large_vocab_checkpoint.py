@@ -4,18 +4,20 @@ peak host memory of each against the memory bound training checks first.
 The model is the one converting NLLB-200-distilled-600M gives (12 + 12 layers, d_model 1024,
 FFN 4096, 16 heads, V = 256206; pre-LN with final norms, biased attention, fairseq's
 sinusoids, one tied table: transformer/interop/fairseq_config.py's model section, which
-tests/benchmarks/test_large_vocab_checkpoint.py holds this one to), with random weights from
-its own initializers and Adam's moments (the state training saves: parameters and two
-moments, 3 x 4 bytes a parameter). Each phase runs in a process of its own, with its own peak
-RSS (`os.wait4`): ``save`` builds the state and saves it with `checkpoint.Checkpoints` (Orbax,
-then the manifest), ``restore`` restores it into the layout one device holds, as a resume
-does, and checks every leaf's sum against the saved one. The bound is
+tests/benchmarks/test_large_vocab_checkpoint.py holds this one to). Its state as training saves
+it (parameters and Adam's two moments, 3 x 4 bytes a parameter) gets random values, drawn
+leaf by leaf. Each phase runs in a process of its own, with its own peak RSS (`os.wait4`):
+``save`` builds the state and saves it with `checkpoint.Checkpoints` (Orbax, then the
+manifest), ``restore`` restores it into the layout one device holds, as a resume does, and
+checks every leaf's sum against the saved one. The bound is
 `training.memory_needs`' weights (the layers' and the embeddings': value, gradient and two
 moments, 4 x 4 bytes a parameter), which each phase's peak beyond the runtime's own (the
 ``baseline`` phase: jax and the modules imported, the state's shapes traced, no array) must
 fit.
 
     python benchmarks/large_vocab_checkpoint.py --out benchmarks/results/large_vocab_checkpoint.json
+    python benchmarks/large_vocab_checkpoint.py --size narrow \
+        --out benchmarks/results/large_vocab_checkpoint_narrow.json
     python benchmarks/large_vocab_checkpoint.py --size tiny --work /tmp/lvc_tiny --out /tmp/lvc.json
 """
 
@@ -53,9 +55,13 @@ NLLB = {
     'positions': 'fairseq_sinusoidal',
     'logits_bias': False,
 }
+NARROW = {**NLLB, 'd_model': 256, 'num_heads': 4, 'd_ff': 1024}
+NARROW |= {'num_encoder_layers': 2, 'num_decoder_layers': 2}
 TINY = {**NLLB, 'd_model': 16, 'num_heads': 2, 'd_ff': 32}
 TINY |= {'num_encoder_layers': 1, 'num_decoder_layers': 1}
-SIZES = {'600m': (NLLB, 256_206), 'tiny': (TINY, 70_000)}  # model section, vocabulary
+# model section, vocabulary: 'narrow' (69M parameters, the embedding 95% of them) fits a host
+# shared with other work.
+SIZES = {'600m': (NLLB, 256_206), 'narrow': (NARROW, 256_206), 'tiny': (TINY, 70_000)}
 CHILD = 'import sys; from benchmarks import large_vocab_checkpoint as m; m.child(*sys.argv[1:])'
 GiB = 2**30
 
@@ -73,39 +79,52 @@ def experiment(size: str):
 
 
 def _state(size: str):
-    """(config, the state's init function) of ``size``: the model's initial parameters and
-    Adam's moments drawn at random (a fresh state's zeros would compress on disk as a trained
-    state's moments do not)."""
+    """(config, the train state's shapes) of ``size``: the model's parameters and Adam's
+    state, as training builds them (`training.init_state`), traced, nothing allocated."""
     import jax
-    import jax.numpy as jnp
 
     from transformer import training
 
     exp = experiment(size)
     model = training.build_model(exp, exp.data.vocab_size)
     tx, _ = training.make_optimizer(exp.opt, exp.model.d_model, exp.train.num_steps)
-
-    @jax.jit
-    def init():
-        state = training.init_state(model, tx, jax.random.key(0), 8)
-        leaves, tree = jax.tree.flatten(state.opt_state)
-        keys = jax.random.split(jax.random.key(1), len(leaves))
-        moments = [
-            1e-3 * jax.random.normal(k, x.shape, x.dtype)
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else x
-            for k, x in zip(keys, leaves, strict=True)
-        ]
-        return state.replace(opt_state=tree.unflatten(moments))
-
-    return exp, init
+    return exp, jax.eval_shape(lambda: training.init_state(model, tx, jax.random.key(0), 8))
 
 
-def _sums(state) -> list[float]:
+def _random(shapes):
+    """A state of ``shapes`` with random values, drawn leaf by leaf on the host and placed one
+    at a time, so that building it holds the state and one leaf at most (the model's jitted
+    initializers held 4x the state in XLA's temporaries). The moments are random too: a fresh
+    state's zeros would compress on disk as a trained state's moments do not."""
     import jax
     import numpy as np
 
-    return [float(np.asarray(leaf, np.float64).sum()) for leaf in jax.tree.leaves(state)]
+    leaves, tree = jax.tree.flatten(shapes)
+    placed = []
+    for i, leaf in enumerate(leaves):
+        if np.issubdtype(leaf.dtype, np.floating):
+            value = np.random.default_rng(i).standard_normal(leaf.shape, np.float32)
+            value *= 0.02
+        else:
+            value = np.zeros(leaf.shape, leaf.dtype)
+        placed.append(jax.device_put(value.astype(leaf.dtype, copy=False)))
+        del value
+    return tree.unflatten(placed)
+
+
+def _sums(state) -> list[float]:
+    """Each leaf's sum, accumulated in float64 without a float64 copy of the leaf."""
+    import jax
+    import numpy as np
+
+    return [float(np.sum(np.asarray(leaf), dtype=np.float64)) for leaf in jax.tree.leaves(state)]
+
+
+def _peak_gib() -> float:
+    """This process's peak RSS so far (Linux counts ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def child(phase: str, size: str, work: str, out: str) -> None:
@@ -114,26 +133,27 @@ def child(phase: str, size: str, work: str, out: str) -> None:
 
     from transformer.checkpoint import Checkpoints
 
-    exp, init = _state(size)
+    exp, shapes = _state(size)
     start = time.perf_counter()
     if phase == 'baseline':  # the runtime alone: jax, the modules, the state's shapes
-        found = {'shapes': len(jax.tree.leaves(jax.eval_shape(init)))}
+        found = {'shapes': len(jax.tree.leaves(shapes))}
     elif phase == 'save':
-        state = jax.block_until_ready(init())
-        built = time.perf_counter() - start
+        state = jax.block_until_ready(_random(shapes))
+        built, built_peak = time.perf_counter() - start, _peak_gib()
         sums = _sums(state)
         start = time.perf_counter()
         checkpoints = Checkpoints(work, exp)
         checkpoints.save(state, {})
         checkpoints.seal()
-        found = {'build_s': built, 'save_s': time.perf_counter() - start, 'sums': sums}
+        found = {'build_s': built, 'build_peak_rss_gib': built_peak}
+        found |= {'save_s': time.perf_counter() - start, 'sums': sums}
     else:
         device = jax.devices()[0]
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(
                 x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
             ),
-            jax.eval_shape(init),
+            shapes,
         )
         state, _, step = Checkpoints(work, exp).restore_latest(abstract)
         jax.block_until_ready(state)
