@@ -49,6 +49,71 @@ def test_the_bound_counts_the_logits_and_their_gradient_once_the_vocabulary_is_k
     footprint.check(chunked, devices, vocab_size=37000)
 
 
+def test_the_embeddings_count_once_the_vocabulary_is_known_and_grow_with_it():
+    """configs/base.py shares one [V, D] table (Sec. 3.4): 4 float32 copies (value, gradient,
+    Adam's two moments) of V x D; the logits add rows x T x 8 bytes a piece; a 2-way model
+    axis halves both (it splits the vocabulary)."""
+    base = _experiment('base')
+    rows, length, d = base.train.batch_size, base.data.max_len, base.model.d_model
+    assert footprint.EMBEDDINGS not in footprint.needs(base, 1)
+    for vocab in (8000, 37000, 256206):
+        parts = footprint.needs(base, 1, vocab_size=vocab)
+        assert parts[footprint.EMBEDDINGS][0] == 4 * 4 * vocab * d
+        assert parts[footprint.LOGITS][0] == rows * length * vocab * 8
+        assert f'{vocab} pieces' in parts[footprint.EMBEDDINGS][1]
+    untied = dataclasses.replace(
+        base, model=dataclasses.replace(base.model, share_embeddings='none')
+    )
+    assert footprint.needs(untied, 1, 37000)[footprint.EMBEDDINGS][0] == 3 * 4 * 4 * 37000 * d
+    model_2 = _experiment('base', parallelism='sharding', model_parallelism=2)
+    halves = footprint.needs(model_2, 2, vocab_size=37000)
+    assert halves[footprint.EMBEDDINGS][0] == 4 * 4 * 37000 * d // 2
+    assert halves[footprint.LOGITS][0] == rows * length * 37000 * 8 // 2
+    with pytest.raises(schema.ConfigError, match=r"the embeddings with their gradient and Adam's"):
+        footprint.check(base, [_Device(4 * 4 * 256206 * d - 1)], vocab_size=256206)
+
+
+# NLLB-200-distilled-600M's config.json (the keys that set its shape).
+NLLB_600M = {
+    'model_type': 'm2m_100',
+    'vocab_size': 256206,
+    'd_model': 1024,
+    'encoder_layers': 12,
+    'decoder_layers': 12,
+    'encoder_attention_heads': 16,
+    'decoder_attention_heads': 16,
+    'encoder_ffn_dim': 4096,
+    'decoder_ffn_dim': 4096,
+    'scale_embedding': True,
+    'activation_function': 'relu',
+}
+
+
+def test_a_600m_nllb_model_counts_its_checkpoints_parameters():
+    """The model section that converting NLLB-200-distilled-600M gives (pre-LN, biased
+    attention, final norms, fairseq's sinusoids, one tied table): the bound's weights are 4
+    copies of its float32 checkpoint, 615,073,792 parameters counted here by hand, the
+    embedding's 262M of them counted only once the vocabulary is known."""
+    from transformer.interop import fairseq_config
+
+    config = configs.load('base')
+    config.model.update(fairseq_config.model_settings(NLLB_600M, 'config.json'))
+    config.data.vocab_size = v = NLLB_600M['vocab_size']
+    experiment = schema.parse(config)
+    d, f, layers = 1024, 4096, 12
+    attention = 4 * (d * d + d)  # query, key, value, output: kernels and biases
+    ffn, norm = d * f + f + f * d + d, 2 * d
+    encoder = attention + ffn + 2 * norm
+    decoder = 2 * attention + ffn + 3 * norm
+    params = layers * (encoder + decoder) + v * d + 2 * norm  # + the table, the final norms
+    assert params == 615_073_792
+    parts = footprint.needs(experiment, 1, vocab_size=v)
+    weights = parts["the layers' weights with their gradient and Adam's moments"][0]
+    assert weights + parts[footprint.EMBEDDINGS][0] == 4 * (4 * params)  # 4 checkpoints' bytes
+    assert parts[footprint.EMBEDDINGS][0] == 4 * 4 * (v * d + 2 * norm)
+    assert footprint.EMBEDDINGS not in footprint.needs(experiment, 1)
+
+
 @pytest.mark.parametrize('name', configs.names())
 def test_the_bound_passes_every_shipped_config_on_a_24_gib_host(name, monkeypatch):
     """The documented CPU commands run on a 24 GiB host: the bound with the logits must not

@@ -72,11 +72,14 @@ def test_the_state_keeps_its_layout_step_after_step_and_the_old_one_is_freed(lay
 # metric sums in two all-reduces; FSDP gathers every parameter (31 all-gathers, the fused
 # query/key/value kernel one of them); model 2 has the all-reduces of tensor parallelism and
 # nothing that moves a kernel (the fused projection concatenated on the head axis added 12
-# collective-permutes and 22 all-to-alls of kernel and output shards).
+# collective-permutes and 22 all-to-alls of kernel and output shards). Its vocabulary (32
+# pieces) is split too: the embedding lookups' [rows, T, D] sums and the softmax's [rows, T]
+# max and sum are all-reduced (11 all-reduces -> 16), and each half's best token and its
+# logit ([rows, T, 2], the accuracy's argmax) gathered; the table itself never moves.
 WANT = {
     'data': {'all-reduce': 2},
     'fsdp': {'all-reduce': 3, 'all-gather': 31, 'all-to-all': 4},
-    'model 2': {'all-reduce': 11},
+    'model 2': {'all-reduce': 16, 'all-gather': 2},
 }
 
 

@@ -101,8 +101,8 @@ def _per_device_bytes(state, device) -> int:
 )
 def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
     """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each
-    device holds the parameter bytes the layout implies: heads and d_ff split on 'model',
-    d_model split on 'data' under FSDP."""
+    device holds the parameter bytes the layout implies: heads, d_ff and the vocabulary (32
+    pieces: the axis divides them) split on 'model', d_model split on 'data' under FSDP."""
     got = _run('sharding', jax.devices('cpu'), 1, model_parallelism=model_parallelism, fsdp=fsdp)
     _assert_same_training(got, _reference())
     specs = parallel.logical_specs(tiny_model(), optim.make_optimizer(base.get_config().opt, 32)[0])
@@ -114,7 +114,7 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
         strict=True,
     ):
         divide = 1
-        if {'heads', 'mlp'} & set(spec):
+        if {'heads', 'mlp', 'vocab'} & set(spec):
             divide *= model_parallelism
         if fsdp and 'embed' in spec:
             divide *= data_shards

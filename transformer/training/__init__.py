@@ -34,6 +34,7 @@ from transformer.training.config_checks import (
 from transformer.training.config_checks import check as check_config
 from transformer.training.decode_layout import ParallelSettings, decode_layout, training_layout
 from transformer.training.footprint import check_decoding
+from transformer.training.footprint import needs as memory_needs
 from transformer.training.loop import train_and_evaluate
 from transformer.training.loss import fused_cross_entropy
 from transformer.training.optim import make_optimizer
@@ -65,6 +66,7 @@ __all__ = [
     'init_distributed',
     'init_state',
     'make_optimizer',
+    'memory_needs',
     'prepare_data',
     'setup',
     'train_and_evaluate',

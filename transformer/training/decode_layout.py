@@ -2,9 +2,9 @@
 mesh and sharding rules (transformer/training/parallel.py) as a `decoding.DecodeLayout`.
 
 A run trained with ``train.parallelism='sharding'`` decodes on its ('data', 'model') mesh with
-its parameters placed as in training (FSDP shards on ``data``, heads and d_ff on ``model``); a
-run trained with ``'pmap'`` decodes on a data-only mesh over all devices, parameters
-replicated, as its pmap held them.
+its parameters placed as in training (FSDP shards on ``data``; heads, d_ff and a vocabulary
+the axis divides on ``model``); a run trained with ``'pmap'`` decodes on a data-only mesh over
+all devices, parameters replicated, as its pmap held them.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def decode_layout(
             lambda _: NamedSharding(mesh, P()), specs, is_leaf=lambda x: isinstance(x, P)
         )
     else:
-        shardings = logical_shardings(specs, mesh, parallel.rules(fsdp))
+        split = parallel.vocab_layout(model.config.vocab_size, model_axis)
+        shardings = logical_shardings(specs, mesh, parallel.rules(fsdp, split))
     return DecodeLayout(mesh, shardings, groups, gather_params)
 
 

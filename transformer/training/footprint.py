@@ -6,9 +6,11 @@ fail after the run directory was written, in numpy's or XLA's allocator ("Unable
 lower bounds, not a model of XLA's temporaries: only what a step cannot do without (the
 layers' weights with their gradient and Adam's two moments, the residual stream entering
 every layer, kept for the backward pass under every ``model.remat`` policy, the host's batch
-arrays, a decoder's key/value cache and, once the vocabulary is known and the loss is not
-chunked, the [tokens, vocabulary] logits with their gradient), so a config refused here can
-never run, and one that passes may still run out of memory.
+arrays, a decoder's key/value cache and, once the vocabulary is known, the [V, D] embeddings
+with their gradient and Adam's moments and, where the loss is not chunked, the float32
+[tokens, vocabulary] logits with their gradient), so a config refused here can never run, and
+one that passes may still run out of memory. At NLLB-200's 256206 pieces the embedding is
+262M of the 600M model's 615M parameters.
 
 Training therefore also checks the step itself: `step_refusal` compares XLA's memory
 analysis of the compiled step (what it needs beyond its arguments, which are in memory
@@ -25,11 +27,12 @@ feed-forward's products; 'attention' also the attention's output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from transformer.model import layer_param_count
+from transformer.model import layer_param_count, param_count
 from transformer.model import settings as model_settings
 from transformer.schema import ConfigError, Experiment
 
@@ -41,6 +44,7 @@ _BATCH_ARRAYS = 6
 _PARAM_COPIES = 4
 HOST = 'the batch arrays'  # the part that lives in host memory
 LOGITS = 'the logits and their gradient'
+EMBEDDINGS = "the embeddings with their gradient and Adam's moments"
 # The share of the host's free memory a CPU step may take: the process also holds what
 # XLA's analysis does not count (the runtime, the data pipeline, validation's buffers), and
 # MemAvailable is an estimate that other processes move: configs/tiny.py's step at
@@ -57,6 +61,14 @@ def layer_params(experiment: Experiment) -> int:
     return layer_param_count(experiment.model)
 
 
+def outer_params(experiment: Experiment, vocab_size: int) -> int:
+    """The parameters outside the layers with a vocabulary of ``vocab_size`` pieces: the
+    [V, D] embedding tables (one, or two and the [D, V] output projection, by
+    model.share_embeddings), a [V] logits bias, final norms, a learned position table."""
+    m = dataclasses.replace(experiment.model, vocab_size=vocab_size)
+    return param_count(m) - layer_param_count(m)
+
+
 def _itemsize(dtype: Any) -> int:
     import jax.numpy as jnp
 
@@ -68,32 +80,24 @@ def needs(
 ) -> dict[str, tuple[int, str]]:
     """Bytes each part of a training run needs at least, per device (`HOST`: in host
     memory), with the settings that decide it: {part: (bytes, settings)}. ``vocab_size``: the
-    vocabulary's real size, once known (it may end up below data.vocab_size); with it and
-    ``train.loss_chunk_tokens=0`` the float32 logits and their gradient count too."""
+    vocabulary's real size, once known (it may end up below data.vocab_size); with it the
+    embeddings (`EMBEDDINGS`) count, and with ``train.loss_chunk_tokens=0`` the float32 logits
+    and their gradient (`LOGITS`) too."""
     m, tc = experiment.model, experiment.train
     length = experiment.data.max_len
     model_parallel = tc.model_parallelism if tc.parallelism == 'sharding' else 1
     data_parallel = max(1, num_devices // model_parallel)
     rows = max(1, tc.batch_size // (data_parallel * tc.grad_accum_steps))
     size = _itemsize(m.dtype)
-    params = _PARAM_COPIES * layer_params(experiment) * _itemsize(m.param_dtype)
-    if tc.fsdp or model_parallel > 1:
-        params //= max(1, model_parallel * (data_parallel if tc.fsdp else 1))
+    # A device's share of the weights: 'model' splits heads, d_ff and the vocabulary (where it
+    # divides: transformer/training/parallel.py), FSDP d_model over 'data'; never less.
+    shards = max(1, model_parallel * (data_parallel if tc.fsdp else 1))
+    copies = _PARAM_COPIES * _itemsize(m.param_dtype)
+    params = copies * layer_params(experiment) // shards
     layers = m.num_encoder_layers + m.num_decoder_layers
     ev = experiment.eval
     # A search runs for the source's length + extra_length steps, and a source has a token.
     cache = decode_cache_bytes(experiment, ev.batch_size, ev.beam_size, 1 + ev.extra_length)
-    logits = {}
-    if vocab_size and not tc.loss_chunk_tokens:
-        # float32 [rows, T, V] logits and their gradient: the largest term of a big-vocabulary
-        # step (8 GB for configs/base.py), which train.loss_chunk_tokens never builds.
-        logits[LOGITS] = (
-            rows * length * vocab_size * 8,
-            f'train.batch_size={tc.batch_size} rows (over {data_parallel} data-parallel '
-            f'devices, train.grad_accum_steps={tc.grad_accum_steps}) x data.max_len={length} '
-            f'tokens x {vocab_size} pieces (data.vocab_size={experiment.data.vocab_size}) '
-            'with train.loss_chunk_tokens=0',
-        )
     return {
         "the layers' weights with their gradient and Adam's moments": (
             params,
@@ -116,8 +120,44 @@ def needs(
             f'eval.batch_size={ev.batch_size} sentences x eval.beam_size={ev.beam_size} x '
             f'(1 + eval.extra_length={ev.extra_length}) tokens',
         ),
-        **logits,
+        **_vocabulary_parts(experiment, vocab_size, rows, shards, (data_parallel, model_parallel)),
     }
+
+
+def _vocabulary_parts(
+    experiment: Experiment,
+    vocab_size: int | None,
+    rows: int,
+    shards: int,
+    parallel: tuple[int, int],
+) -> dict[str, tuple[int, str]]:
+    """`needs`' parts that grow with the vocabulary, once its size is known: the embeddings
+    (a device's 1/``shards`` of them) and, unless the loss is chunked, the logits of a
+    device's ``rows``. ``parallel``: the data- and model-parallel device counts; the 'model'
+    axis splits the vocabulary where it divides it (transformer/training/parallel.py), so the
+    logits count 1/model-parallel of it: a lower bound either way."""
+    m, tc, length = experiment.model, experiment.train, experiment.data.max_len
+    data_parallel, model_parallel = parallel
+    if not vocab_size:
+        return {}
+    pieces = f'{vocab_size} pieces (data.vocab_size={experiment.data.vocab_size})'
+    weights = _PARAM_COPIES * _itemsize(m.param_dtype) * outer_params(experiment, vocab_size)
+    parts = {
+        EMBEDDINGS: (
+            weights // shards,
+            f'{pieces} x model.d_model={m.d_model}, model.share_embeddings={m.share_embeddings!r}',
+        )
+    }
+    if not tc.loss_chunk_tokens:
+        # float32 [rows, T, V] logits and their gradient: the largest term of a big-vocabulary
+        # step (8 GB for configs/base.py), which train.loss_chunk_tokens never builds.
+        parts[LOGITS] = (
+            rows * length * vocab_size * 8 // model_parallel,
+            f'train.batch_size={tc.batch_size} rows (over {data_parallel} data-parallel '
+            f'devices, train.grad_accum_steps={tc.grad_accum_steps}) x data.max_len={length} '
+            f'tokens x {pieces} with train.loss_chunk_tokens=0',
+        )
+    return parts
 
 
 def decode_cache_bytes(experiment: Experiment, sentences: int, beam: int, length: int) -> int:

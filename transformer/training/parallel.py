@@ -6,7 +6,8 @@ Two modes (``train.parallelism``):
   of every process's devices, with ``NamedSharding``: the batch is split on ``'data'``;
   parameters and optimizer state follow the logical axis names each parameter declares where
   it is created (transformer/model/: projections.py, layers.py, transformer.py), mapped onto
-  mesh axes by one rules table (`rules`): heads and d_ff on ``'model'``, and with
+  mesh axes by one rules table (`rules`): heads, d_ff and the vocabulary (where the axis
+  divides it: `splits_vocab`) on ``'model'``, and with
   ``train.fsdp`` the d_model axis of every parameter on ``'data'`` (FSDP / ZeRO-3: each
   device holds 1/data of the parameters and of Adam's moments). XLA inserts the collectives.
 - ``'pmap'``: the train state is replicated on every device, each device takes its slice of
@@ -58,9 +59,10 @@ PyTree = Any
 MODES = PARALLELISMS  # see the module docstring
 
 
-def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
+def rules(fsdp: bool = False, split_vocab: bool = False) -> tuple[tuple[str, str | None], ...]:
     """Logical axis -> mesh axis (None = replicated): the one table that decides every layout,
-    of parameters and activations (model/constraints.py); a mesh axis goes to the first rule."""
+    of parameters and activations (model/constraints.py); a mesh axis goes to the first rule.
+    ``split_vocab``: the vocabulary on 'model' too (`splits_vocab`)."""
     return (
         ('batch', 'data'),  # B, activations only: before 'embed' takes 'data' (FSDP)
         ('length', None),  # T / S, activations only
@@ -68,11 +70,33 @@ def rules(fsdp: bool = False) -> tuple[tuple[str, str | None], ...]:
         ('mlp', 'model'),  # F: the FFN's inner width
         ('embed', 'data' if fsdp else None),  # D: every parameter has it but biases of wi
         ('kv', None),  # H
-        ('vocab', None),  # V
+        ('vocab', 'model' if split_vocab else None),  # V: the [V, D] tables and the logits
         ('positions', None),  # a learned position table's rows (model.positions='bart_learned')
         ('relpos_buckets', None),  # T5's relative position buckets (model.positions='t5_relative')
         ('layers', None),  # L, the stacked layers' axis (model.scan_layers): every layer here
     )
+
+
+def splits_vocab(vocab_size: int, model_parallelism: int) -> bool:
+    """Whether the 'model' axis splits the vocabulary axis (the [V, D] embedding, a [D, V]
+    output projection, the [V] logits bias, the logits): where the axis has more than one
+    device and divides V. Otherwise V stays whole on every device: jit's shardings need equal
+    shards, and padding V would change the parameters' shapes that checkpoints and exports
+    hold (NLLB-200's 256206 pieces split over 2 devices, not over 4)."""
+    return model_parallelism > 1 and vocab_size % model_parallelism == 0
+
+
+def vocab_layout(vocab_size: int, model_parallelism: int) -> bool:
+    """`splits_vocab`, with a log line where a 'model' axis leaves the vocabulary whole."""
+    split = splits_vocab(vocab_size, model_parallelism)
+    if model_parallelism > 1 and not split:
+        logging.info(
+            "The vocabulary's %d pieces stay whole on each device: the model axis of %d does "
+            'not divide them (heads and d_ff are split).',
+            vocab_size,
+            model_parallelism,
+        )
+    return split
 
 
 def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> TrainState:
@@ -85,9 +109,11 @@ def logical_specs(model: Transformer, tx: optax.GradientTransformation) -> Train
     return logical_partition_specs(model, state)
 
 
-def state_shardings(mesh: jax.sharding.Mesh, specs: PyTree, fsdp: bool = False) -> PyTree:
+def state_shardings(
+    mesh: jax.sharding.Mesh, specs: PyTree, fsdp: bool = False, split_vocab: bool = False
+) -> PyTree:
     """NamedShardings of the train state: ``specs`` (from `logical_specs`) through `rules`."""
-    return logical_shardings(specs, mesh, rules(fsdp))
+    return logical_shardings(specs, mesh, rules(fsdp, split_vocab))
 
 
 def check_layout(model: Transformer, model_parallelism: int, data_shards: int, fsdp: bool):
@@ -174,9 +200,10 @@ class Parallel:
         if mode == 'pmap':
             self._step, self._eval = self._pmapped(step, evaluate, specs)
         else:
-            self.shardings = state_shardings(self.mesh, specs, fsdp)
+            split = vocab_layout(model.config.vocab_size, model_parallelism)
+            self.shardings = state_shardings(self.mesh, specs, fsdp, split)
             self._batch_sharding = NamedSharding(self.mesh, P('data'))
-            self._step, self._eval = self._sharded(step, evaluate, rules(fsdp))
+            self._step, self._eval = self._sharded(step, evaluate, rules(fsdp, split))
 
     def _pmapped(self, step: Callable, evaluate: Callable, specs) -> tuple[Callable, Callable]:
         """The pmap mode's train step (one copy of the state per local device, the batch
