@@ -18,6 +18,7 @@ from transformer import fields, interop
 from transformer.backends import segment_attention
 from transformer.commands import ctranslate2_spec
 from transformer.interop.fairseq_config import FAIRSEQ_IDS, SPECS
+from transformer.interop.t5 import model_settings as t5_model_settings
 from transformer.model import TransformerConfig, export_refusal, settings
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.dot_product import attend, logits_scale, pallas_refusal
@@ -185,7 +186,8 @@ def test_packed_rows_with_a_bias_equal_the_examples_alone(impl):
 
 def test_the_setting_is_checked_and_refused_by_what_cannot_hold_it():
     """model.attention_scale: a float > 0 or None, a bad value refused in one line; MarianMT,
-    the CTranslate2 export and the PyTorch peer take only the default."""
+    fairseq's families, the CTranslate2 export (but for T5's buckets) and the PyTorch peer
+    take only the default, T5's Hugging Face export only 1.0."""
     cfg = TransformerConfig(vocab_size=32, attention_scale=1.0)
     assert TransformerConfig(vocab_size=32).attention_scale is None
     assert TransformerConfig(vocab_size=32, attention_scale=1).attention_scale == 1
@@ -199,13 +201,21 @@ def test_the_setting_is_checked_and_refused_by_what_cannot_hold_it():
     options = {spec.name: spec.options | both for spec in SPECS.values()}
     options['mbart']['max_positions'] = 64  # its learned table's rows
     for format, name in (
-        *((f.writes, f.name) for f in interop.FAMILIES),
+        *((f.writes, f.name) for f in interop.FAMILIES if f.name != 't5'),
         (ctranslate2_spec.WRITES, None),
     ):
         base = TransformerConfig(vocab_size=32, **options.get(name, {}))
         refusal = export_refusal(dataclasses.replace(base, attention_scale=1.0), format)
         assert refusal.startswith('model.attention_scale=1.0 cannot be exported'), refusal
         assert export_refusal(base, format) is None
+    # T5's export the other way round: its logits unscaled, the default refused.
+    (t5,) = (f for f in interop.FAMILIES if f.name == 't5')
+    settings_t5 = t5_model_settings({'d_model': 16, 'num_heads': 2, 'd_kv': 8, 'd_ff': 32}, 'x')
+    keep = {f.name for f in dataclasses.fields(TransformerConfig)}
+    base = TransformerConfig(vocab_size=32, **{k: v for k, v in settings_t5.items() if k in keep})
+    assert export_refusal(base, t5.writes) is None
+    refusal = export_refusal(dataclasses.replace(base, attention_scale=None), t5.writes)
+    assert refusal.startswith('model.attention_scale=None cannot be exported'), refusal
     assert 'is not built by the PyTorch peer' in settings.peer_refusal(cfg)
 
 

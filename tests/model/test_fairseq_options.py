@@ -270,59 +270,50 @@ def test_the_options_add_no_parameters_and_bad_values_are_one_line():
     assert schema.parse(config).model.max_positions == 32
 
 
-# What each export format and the PyTorch peer say of each option: none writes it.
+# What the Hugging Face export (MarianMT's layout, for a run of no pretrained family) says of
+# each option, naming the format that writes it: CTranslate2's writer does
+# (tests/test_export_ctranslate2.py's option cases).
 REFUSED = {
     'positions': (
         'fairseq_sinusoidal',
-        {
-            'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
-            'exports to it.',
-            'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
-        },
+        "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' exports to it; "
+        "--format=ctranslate2 writes positions='fairseq_sinusoidal'.",
     ),
     'positions_learned': (
         'bart_learned',
-        {
-            'hf': "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' "
-            'exports to it.',
-            'ctranslate2': "CTranslate2 writes positions='sinusoidal' or 'rope' only.",
-        },
+        "MarianMT adds sinusoids to the embeddings; only positions='sinusoidal' exports to it; "
+        "--format=ctranslate2 writes positions='bart_learned'.",
     ),
     'layernorm_embedding': (
         True,
-        {
-            'hf': 'MarianMT writes layernorm_embedding=False only.',
-            'ctranslate2': 'CTranslate2 writes layernorm_embedding=False only.',
-        },
+        'MarianMT writes layernorm_embedding=False only; --format=ctranslate2 writes '
+        'layernorm_embedding=True.',
     ),
     'scale_embedding': (
         False,
-        {
-            'hf': 'MarianMT writes scale_embedding=True only.',
-            'ctranslate2': 'CTranslate2 writes scale_embedding=True only.',
-        },
+        'MarianMT writes scale_embedding=True only; --format=ctranslate2 writes '
+        'scale_embedding=False.',
     ),
 }
 
 
 @pytest.mark.parametrize('field', REFUSED)
-def test_every_export_refuses_the_option_before_writing(field, tmp_path, monkeypatch):
+def test_the_hf_export_refuses_the_option_before_writing_and_names_the_format_that_writes_it(
+    field, tmp_path, monkeypatch
+):
     import importlib.util
 
     from transformer.commands import export
 
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
-    value, reasons = REFUSED[field]
+    value, reason = REFUSED[field]
     field = field.removesuffix('_learned')
     table = {'max_positions': 64} if value == 'bart_learned' else {}
     workdir, _ = run_dir_with(tmp_path, **{field: value}, **table)
-    for format in export.FORMATS:
-        with pytest.raises(export.ExportError) as info:
-            export.export(str(workdir), str(tmp_path / 'out'), format=format)
-        assert str(info.value) == (
-            f'model.{field}={value!r} cannot be exported as --format={format}: {reasons[format]}'
-        )
-        assert not (tmp_path / 'out').exists()
+    with pytest.raises(export.ExportError) as info:
+        export.export(str(workdir), str(tmp_path / 'out'), format='hf')
+    assert str(info.value) == f'model.{field}={value!r} cannot be exported as --format=hf: {reason}'
+    assert not (tmp_path / 'out').exists()
 
 
 @pytest.mark.parametrize('field', ['positions', 'layernorm_embedding', 'scale_embedding'])
