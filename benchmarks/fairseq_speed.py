@@ -234,11 +234,6 @@ def decode_ct2(ct2_dir, source, result, threads, beam_size, batch_size, extra_le
 CHILDREN = {'build_hf_dir': build_hf_dir, 'decode_hf': decode_hf, 'decode_ct2': decode_ct2}
 
 
-def child(name: str, kwargs: str) -> None:
-    """The body of a measured child process: `CHILDREN`'s ``name`` with the JSON ``kwargs``."""
-    CHILDREN[name](**json.loads(kwargs))
-
-
 def run_child(name: str, kwargs: dict, work: pathlib.Path) -> dict:
     """`measured.run_child` of `CHILDREN`'s ``name``."""
     return measured.run_child('fairseq_speed', name, kwargs, work)

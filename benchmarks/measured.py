@@ -67,10 +67,13 @@ def measure(name: str, command: list[str], work: pathlib.Path, no_cache: bool = 
 
 
 def run_child(module: str, name: str, kwargs: dict, work: pathlib.Path) -> dict:
-    """`measure` of ``module``'s ``child(name, kwargs)`` run with ``kwargs`` and
-    ``result=WORK/NAME.json``, with what it wrote there."""
+    """`measure` of ``module``'s ``CHILDREN[name]`` run in a process of its own with
+    ``kwargs`` and ``result=WORK/NAME.json``, with what it wrote there."""
     file = work / f'{name}.json'
-    script = f'import sys; from benchmarks import {module} as m; m.child(sys.argv[1], sys.argv[2])'
+    script = (
+        f'import json, sys; from benchmarks import {module} as m; '
+        'm.CHILDREN[sys.argv[1]](**json.loads(sys.argv[2]))'
+    )
     command = [sys.executable, '-c', script, name, json.dumps(dict(kwargs, result=str(file)))]
     return dict(measure(name, command, work), **json.loads(file.read_text()))
 
