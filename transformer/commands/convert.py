@@ -170,7 +170,8 @@ def _into_jax(tree: dict[str, Any]) -> dict[str, Any]:
     host = jax.devices('cpu')[0]  # not an accelerator's memory: the arrays are only written
     for key, value in tree.items():
         # A copy jax owns: an array aliasing numpy's buffer (device_put's default on a CPU)
-        # crashed a later test of the same process (a worker lost in 2 of 2 runs).
+        # crashed a later test of the same process (a worker lost in 3 of 3 runs of the
+        # convert tests together).
         tree[key] = (
             _into_jax(value)
             if isinstance(value, dict)
