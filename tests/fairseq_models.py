@@ -105,6 +105,21 @@ def fairseq_runs(tmp_path_factory) -> pathlib.Path:
     return built_once(tmp_path_factory, 'fairseq-runs', build)
 
 
+# NLLB-200-distilled-600M's config.json (the keys that set its shape).
+NLLB_600M_CONFIG = {
+    'model_type': 'm2m_100',
+    'vocab_size': 256206,
+    'd_model': 1024,
+    'encoder_layers': 12,
+    'decoder_layers': 12,
+    'encoder_attention_heads': 16,
+    'decoder_attention_heads': 16,
+    'encoder_ffn_dim': 4096,
+    'decoder_ffn_dim': 4096,
+    'scale_embedding': True,
+    'activation_function': 'relu',
+}
+
 TRAIN = 40  # training pairs of `lines_folder`
 
 

@@ -7,27 +7,13 @@ import json
 import pytest
 
 from benchmarks import large_vocab_checkpoint as bench
+from tests.fairseq_models import NLLB_600M_CONFIG
 from transformer.interop import fairseq_config
-
-# NLLB-200-distilled-600M's config.json (the keys that set its shape).
-NLLB_CONFIG = {
-    'model_type': 'm2m_100',
-    'vocab_size': 256206,
-    'd_model': 1024,
-    'encoder_layers': 12,
-    'decoder_layers': 12,
-    'encoder_attention_heads': 16,
-    'decoder_attention_heads': 16,
-    'encoder_ffn_dim': 4096,
-    'decoder_ffn_dim': 4096,
-    'scale_embedding': True,
-    'activation_function': 'relu',
-}
 
 
 def test_the_model_is_the_one_converting_nllb_gives():
-    assert fairseq_config.model_settings(NLLB_CONFIG, 'config.json') == bench.NLLB
-    assert bench.SIZES['600m'][1] == NLLB_CONFIG['vocab_size']
+    assert fairseq_config.model_settings(NLLB_600M_CONFIG, 'config.json') == bench.NLLB
+    assert bench.SIZES['600m'][1] == NLLB_600M_CONFIG['vocab_size']
     bound = bench._bound('600m')
     assert bound['params'] == 615_073_792  # counted by hand: tests/training/test_footprint.py
     assert bound['bound_gib'] * 2**30 == 16 * bound['params']

@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import pytest
 
+from tests.fairseq_models import NLLB_600M_CONFIG
 from transformer import configs, schema
 from transformer.backends import host_memory
 from transformer.training import footprint
@@ -73,22 +74,6 @@ def test_the_embeddings_count_once_the_vocabulary_is_known_and_grow_with_it():
         footprint.check(base, [_Device(4 * 4 * 256206 * d - 1)], vocab_size=256206)
 
 
-# NLLB-200-distilled-600M's config.json (the keys that set its shape).
-NLLB_600M = {
-    'model_type': 'm2m_100',
-    'vocab_size': 256206,
-    'd_model': 1024,
-    'encoder_layers': 12,
-    'decoder_layers': 12,
-    'encoder_attention_heads': 16,
-    'decoder_attention_heads': 16,
-    'encoder_ffn_dim': 4096,
-    'decoder_ffn_dim': 4096,
-    'scale_embedding': True,
-    'activation_function': 'relu',
-}
-
-
 def test_a_600m_nllb_model_counts_its_checkpoints_parameters():
     """The model section that converting NLLB-200-distilled-600M gives (pre-LN, biased
     attention, final norms, fairseq's sinusoids, one tied table): the bound's weights are 4
@@ -97,8 +82,8 @@ def test_a_600m_nllb_model_counts_its_checkpoints_parameters():
     from transformer.interop import fairseq_config
 
     config = configs.load('base')
-    config.model.update(fairseq_config.model_settings(NLLB_600M, 'config.json'))
-    config.data.vocab_size = v = NLLB_600M['vocab_size']
+    config.model.update(fairseq_config.model_settings(NLLB_600M_CONFIG, 'config.json'))
+    config.data.vocab_size = v = NLLB_600M_CONFIG['vocab_size']
     experiment = schema.parse(config)
     d, f, layers = 1024, 4096, 12
     attention = 4 * (d * d + d)  # query, key, value, output: kernels and biases
