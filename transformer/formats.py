@@ -65,6 +65,36 @@ def _every(cfg: Config) -> None:
 EVERY_VALUE = Writes(check=_every)
 
 
+def heads_of_d_model(who: str) -> Writes:
+    """``head_dim`` written only as d_model / num_heads (None or that value): ``who`` names
+    the format's model in the refusal ("MarianMT")."""
+
+    def check(cfg: Config) -> str | None:
+        if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
+            return None
+        return (
+            f'{who} fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; '
+            'only head_dim=None (or equal to that) exports.'
+        )
+
+    return Writes(check=check)
+
+
+def one_kv_head_per_query(who: str) -> Writes:
+    """``num_kv_heads`` written only as num_heads (None or that value): no grouped keys and
+    values in ``who``'s model."""
+
+    def check(cfg: Config) -> str | None:
+        if cfg.num_kv_heads in (None, cfg.num_heads):
+            return None
+        return (
+            f'{who} has one key/value head per query head; only num_kv_heads=None (or '
+            'num_heads) exports.'
+        )
+
+    return Writes(check=check)
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
     """One export format's declaration of what it writes.

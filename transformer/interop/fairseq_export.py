@@ -12,7 +12,14 @@ import json
 import os
 from typing import Any
 
-from transformer.formats import EVERY_VALUE, ExportError, Format, Writes
+from transformer.formats import (
+    EVERY_VALUE,
+    ExportError,
+    Format,
+    Writes,
+    heads_of_d_model,
+    one_kv_head_per_query,
+)
 from transformer.interop.fairseq_config import FAIRSEQ_IDS, SPECS
 from transformer.interop.fairseq_params import state_dict_from_params
 from transformer.interop.generation import CONFIG_FILE, GENERATION_FILE
@@ -31,21 +38,6 @@ DERIVED_KEYS = (
 MAX_POSITIONS = 1024
 
 
-def _head_dim(cfg: Any) -> str | None:
-    if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
-        return None
-    return (
-        f'M2M100 and mBART fix head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; '
-        'only head_dim=None (or equal to that) exports.'
-    )
-
-
-def _kv_heads(cfg: Any) -> str | None:
-    if cfg.num_kv_heads in (None, cfg.num_heads):
-        return None
-    return 'M2M100 and mBART have a key/value head per query head; only num_kv_heads=None exports.'
-
-
 # What both families' files hold: a LayerNorm before each sub-layer and one closing each
 # stack, biased attention projections, one tied table, either embedding scale.
 _BOTH = {
@@ -56,8 +48,8 @@ _BOTH = {
     'pre_layer_norm': Writes((True,), 'they are pre-LN, a layer norm closing each stack'),
     'share_embeddings': Writes(('all',), 'their embeddings and output are one tied matrix'),
     'attention_bias': Writes((True,), 'their attention projections have biases'),
-    'head_dim': Writes(check=_head_dim),
-    'num_kv_heads': Writes(check=_kv_heads),
+    'head_dim': heads_of_d_model('M2M100 or mBART'),
+    'num_kv_heads': one_kv_head_per_query('M2M100 or mBART'),
     'scale_embedding': EVERY_VALUE,
 }
 WRITES = {

@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 
 from transformer.data import Tokenizer
-from transformer.formats import ExportError, Format, Writes, max_length
+from transformer.formats import (
+    ExportError,
+    Format,
+    Writes,
+    heads_of_d_model,
+    max_length,
+    one_kv_head_per_query,
+)
 from transformer.interop.marian_params import marian_channel_order
 from transformer.interop.marian_vocab import MarianVocabulary
 from transformer.model import TransformerConfig, export_refusal
@@ -50,24 +57,6 @@ DERIVED_KEYS = (
     *('decoder_ffn_dim', 'pad_token_id', 'eos_token_id', 'decoder_start_token_id', 'dtype'),
     'share_encoder_decoder_embeddings',
 )
-
-
-def _head_dim(cfg: TransformerConfig) -> str | None:
-    if cfg.head_dim is None or cfg.head_dim * cfg.num_heads == cfg.d_model:
-        return None
-    return (
-        f'MarianMT fixes head_dim = d_model / num_heads = {cfg.d_model // cfg.num_heads}; only '
-        'head_dim=None (or equal to that) exports.'
-    )
-
-
-def _kv_heads(cfg: TransformerConfig) -> str | None:
-    if cfg.num_kv_heads in (None, cfg.num_heads):
-        return None
-    return (
-        'MarianMT has one key/value head per query head; only num_kv_heads=None (or num_heads) '
-        'exports.'
-    )
 
 
 # What the MarianMT files hold of a model (transformer/formats.py): the values of each variant
@@ -92,8 +81,8 @@ WRITES = Format(
         ),
         'logits_bias': Writes((False, True)),  # final_logits_bias, zeros without
         'positions': Writes(('sinusoidal',), 'MarianMT adds sinusoids to the embeddings'),
-        'head_dim': Writes(check=_head_dim),
-        'num_kv_heads': Writes(check=_kv_heads),
+        'head_dim': heads_of_d_model('MarianMT'),
+        'num_kv_heads': one_kv_head_per_query('MarianMT'),
         'attention_bias': Writes((False, True)),  # zeros without
         'qk_norm': Writes((False,), 'MarianMT has no norm on queries and keys'),
     },

@@ -15,7 +15,13 @@ import json
 import os
 from typing import Any
 
-from transformer.formats import EVERY_VALUE, ExportError, Format, Writes
+from transformer.formats import (
+    EVERY_VALUE,
+    ExportError,
+    Format,
+    Writes,
+    one_kv_head_per_query,
+)
 from transformer.interop.generation import CONFIG_FILE, GENERATION_FILE
 from transformer.interop.t5_params import nonzero_ffn_bias, state_dict_from_params
 from transformer.interop.t5_vocab import T5Vocabulary
@@ -29,12 +35,6 @@ def _tied_rescale(cfg: Any) -> str | None:
         "T5 rescales a tied head's input and no head of its own: only rescale_tied_head="
         f'{cfg.share_embeddings == "all"} exports with share_embeddings={cfg.share_embeddings!r}.'
     )
-
-
-def _kv_heads(cfg: Any) -> str | None:
-    if cfg.num_kv_heads in (None, cfg.num_heads):
-        return None
-    return 'T5 has a key/value head per query head; only num_kv_heads=None exports.'
 
 
 WRITES = Format(
@@ -54,7 +54,7 @@ WRITES = Format(
         'scale_embedding': Writes((False,), 'T5 does not scale its embeddings'),
         'attention_scale': Writes((1.0,), "T5's attention logits are unscaled"),
         'head_dim': EVERY_VALUE,
-        'num_kv_heads': Writes(check=_kv_heads),
+        'num_kv_heads': one_kv_head_per_query('T5'),
         'relative_attention_num_buckets': EVERY_VALUE,
         'relative_attention_max_distance': EVERY_VALUE,
         'rescale_tied_head': Writes(check=_tied_rescale),
