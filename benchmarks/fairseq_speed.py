@@ -28,9 +28,9 @@ Figures: benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
-import io
 import json
 import os
 import pathlib
@@ -72,32 +72,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def spm_with_fillers(lines: list[str], trained: int, pieces: int) -> bytes:
-    """A BPE SentencePiece model of up to ``trained`` pieces learnt from ``lines``, with fillers
-    appended up to ``pieces`` in all (scored below every learnt piece, and all of one length,
-    so that no merge of two pieces makes one: text never encodes to them, decoding spells
-    them)."""
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=trained,
-        model_type='bpe', character_coverage=0.9995, hard_vocab_limit=False,
-        input_sentence_size=0, num_threads=2, minloglevel=2,
-    )  # fmt: skip
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model.getvalue())
-    fillers = pieces - len(proto.pieces)
-    if fillers < 0:
-        least = len(proto.pieces) + NOT_PIECES + EXTRA_ROWS
+    """`measured.spm_with_fillers` (BPE), with a --vocab too small for what was learnt one line."""
+    try:
+        return measured.spm_with_fillers(lines, trained, pieces)
+    except ValueError as error:
+        least = int(str(error)) + NOT_PIECES + EXTRA_ROWS
         raise SystemExit(
-            f'fairseq_speed.py: --vocab must be at least {least} for the '
-            f'{len(proto.pieces)} pieces trained (or give a smaller --spm_pieces).'
-        )
-    lowest = min(p.score for p in proto.pieces)
-    for i in range(1, fillers + 1):
-        proto.pieces.add(piece=f'▁fill{i:06d}', score=lowest - i, type=1)
-    return proto.SerializeToString()
+            f'fairseq_speed.py: --vocab must be at least {least} for the {error} pieces '
+            'trained (or give a smaller --spm_pieces).'
+        ) from None
 
 
 def tokenizer_config(pieces: int) -> dict:
@@ -234,19 +217,36 @@ def decode_ct2(ct2_dir, source, result, threads, beam_size, batch_size, extra_le
 CHILDREN = {'build_hf_dir': build_hf_dir, 'decode_hf': decode_hf, 'decode_ct2': decode_ct2}
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What the decode loop (`decodes`, `token_counter`, `decode_and_report`) needs to know of
+    a benchmark's family of models."""
+
+    module: str  # the benchmarks module whose CHILDREN hold its decode_hf and decode_ct2
+    spm_file: str  # the SentencePiece model in its Hugging Face directory
+    target_flags: tuple[str, ...]  # evaluate's flags that choose the target language
+    code_first: bool  # each output starts with the target's code (an output token)
+    mark: files.Mark  # what the script writes in each directory it makes (`MADE`)
+
+
+NLLB = Family(
+    'fairseq_speed', SPM_FILE, ('--source_lang', PAIR[0], '--target_lang', PAIR[1]), True, MARK
+)
+
+
 def run_child(name: str, kwargs: dict, work: pathlib.Path) -> dict:
     """`measured.run_child` of `CHILDREN`'s ``name``."""
     return measured.run_child('fairseq_speed', name, kwargs, work)
 
 
-def decodes(args, work: pathlib.Path, extra_length: int):
+def decodes(args, work: pathlib.Path, extra_length: int, family: Family):
     """Yields each measurement of decoding (and of our CTranslate2 export) as it ends; the
     decodes with their ``hypotheses``."""
     source, output = work / 'source.en', work / 'ours.txt'
     result = measure('decode_ours', [
         sys.executable, '-m', 'transformer.evaluate', '--workdir', str(work / 'run'),
         '--source', str(source), '--reference', str(work / 'reference.de'),
-        '--source_lang', PAIR[0], '--target_lang', PAIR[1], '--beam_size', str(args.beam_size),
+        *family.target_flags, '--beam_size', str(args.beam_size),
         '--batch_size', str(args.batch_size), '--output', str(output),
     ], work, no_cache=True)  # fmt: skip
     scores = json.loads(output.with_suffix('.json').read_text())
@@ -256,23 +256,26 @@ def decodes(args, work: pathlib.Path, extra_length: int):
         sys.executable, '-m', 'transformer.export', '--workdir', str(work / 'run'),
         '--out', ct2_dir, '--format', 'ctranslate2',
     ], work)  # fmt: skip
-    MARK.write(ct2_dir)
+    family.mark.write(ct2_dir)
     shared = dict(source=str(source), threads=args.threads, beam_size=args.beam_size)
     shared.update(batch_size=args.batch_size, extra_length=extra_length)
-    yield run_child('decode_hf', dict(shared, hf_dir=args.hf_dir), work)
-    yield run_child('decode_ct2', dict(shared, ct2_dir=ct2_dir), work)
+    for name, directory in (
+        ('decode_hf', {'hf_dir': args.hf_dir}),
+        ('decode_ct2', {'ct2_dir': ct2_dir}),
+    ):
+        yield measured.run_child(family.module, name, dict(shared, **directory), work)
 
 
-def token_counter(args, work: pathlib.Path, extra_length: int):
+def token_counter(args, work: pathlib.Path, extra_length: int, family: Family):
     """A function that adds to a decode's measurement its output tokens, the sum of its limits
     and its speeds: over the decode alone (ours: over the evaluate run's wall_time_s,
     compilation included) and over the whole command."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=f'{args.hf_dir}/{SPM_FILE}')
-    pieces = {sp.id_to_piece(i) for i in range(len(sp))} - {'<s>', '</s>', '<unk>'}
+    sp = spm.SentencePieceProcessor(model_file=f'{args.hf_dir}/{family.spm_file}')
+    pieces = {sp.id_to_piece(i) for i in range(len(sp))} - {'<s>', '</s>', '<unk>', '<pad>'}
     longest = max(map(len, pieces))
-    lengths = [len(ids) + 2 for ids in sp.encode(read(work / 'source.en'))]  # + code, EOS
+    lengths = [len(ids) + 2 for ids in sp.encode(read(work / 'source.en'))]  # code/tag, EOS
     limits = {'decode_ours': sum(lengths) + len(lengths) * extra_length}
     limits['decode_hf'] = limits['decode_ct2'] = sum(
         len(b) * (max(lengths[i] for i in b) + extra_length)
@@ -285,8 +288,8 @@ def token_counter(args, work: pathlib.Path, extra_length: int):
         spelled = [measured.piece_count(h, pieces, longest) for h in hypotheses]
         text_pieces = sum(spelled)
         if name == 'decode_ours':  # the code, the text, EOS where it ended before its limit
-            ends = zip(spelled, lengths, strict=True)
-            result['output_tokens'] = sum(min(2 + n, m + extra_length) for n, m in ends)
+            ends, code = zip(spelled, lengths, strict=True), int(family.code_first)
+            result['output_tokens'] = sum(min(code + n + 1, m + extra_length) for n, m in ends)
         seconds = result.get('decode_s') or result['run_wall_time_s']
         result.update(hypotheses=len(hypotheses), limit_tokens=limits[name])
         result.update(text_pieces=text_pieces, sentences_per_s=len(hypotheses) / seconds)
@@ -294,6 +297,32 @@ def token_counter(args, work: pathlib.Path, extra_length: int):
         result['tokens_per_command_s'] = result['output_tokens'] / result['command_s']
 
     return count
+
+
+def decode_and_report(args, work, results: list, family: Family, load_before: float, **report):
+    """After our convert into WORK/run: each decode measured and counted (printed as it
+    ends), and the report written to ``args.out`` with ``results``, the settings, the host
+    (the 1-minute load average ``load_before`` the run and after it), the packages' versions
+    and ``report``'s fields."""
+    from benchmarks import common
+
+    extra_length = json.loads((work / 'run/config.json').read_text())['eval']['extra_length']
+    count = token_counter(args, work, extra_length, family)
+    for result in decodes(args, work, extra_length, family):
+        if 'hypotheses' in result:
+            count(result)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    packages = ('jax', 'torch', 'transformers', 'ctranslate2')
+    common.write_report(args.out, {
+        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
+        'extra_length': extra_length, **report,
+        'cpu': common.cpu_model(), 'cpu_count': os.cpu_count(),
+        'load_average_1min_before_after': [load_before, os.getloadavg()[0]],
+        **{name: importlib.metadata.version(name) for name in packages},
+        'date': datetime.datetime.now().isoformat(timespec='seconds'),
+        'results': results,
+    })  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -312,24 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     results.append(measure('convert_ours', [*command, '--workdir', str(work / 'run')], work))
     MARK.write(str(work / 'run'))
     print(json.dumps(results[-1]), flush=True)
-    extra_length = json.loads((work / 'run/config.json').read_text())['eval']['extra_length']
-    count = token_counter(args, work, extra_length)
-    for result in decodes(args, work, extra_length):
-        if 'hypotheses' in result:
-            count(result)
-        results.append(result)
-        print(json.dumps(result), flush=True)
-    from benchmarks import common
-
-    packages = ('jax', 'torch', 'transformers', 'ctranslate2')
-    common.write_report(args.out, {
-        'settings': {k: v for k, v in vars(args).items() if k != 'out'},
-        'extra_length': extra_length, 'cpu': common.cpu_model(), 'cpu_count': os.cpu_count(),
-        'load_average_1min_before_after': [load_before, os.getloadavg()[0]],
-        **{name: importlib.metadata.version(name) for name in packages},
-        'date': datetime.datetime.now().isoformat(timespec='seconds'),
-        'results': results,
-    })  # fmt: skip
+    decode_and_report(args, work, results, NLLB, load_before)
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
-"""What the pretrained-model benchmarks (marian_speed.py, fairseq_speed.py) share: a command
-timed in a process of its own with its peak RSS, the directories a run before made, batches
-by length, and the pieces an output's text was decoded from.
+"""What the pretrained-model benchmarks (marian_speed.py, fairseq_speed.py, t5_speed.py) share:
+a command timed in a process of its own with its peak RSS, the directories a run before made,
+a SentencePiece model padded with fillers to a large vocabulary, batches by length, and the
+pieces an output's text was decoded from.
 
 Nothing here imports jax or torch: Linux counts in a child's peak RSS the RSS of the process
 that started it, so the process that measures stays small.
@@ -8,6 +9,7 @@ that started it, so the process that measures stays small.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -99,3 +101,31 @@ def piece_count(text: str, pieces: set[str], longest: int) -> int:
             )
         best = min(best, fewest[-1])
     return best
+
+
+def spm_with_fillers(lines: list[str], trained: int, pieces: int, **options) -> bytes:
+    """A SentencePiece model of up to ``trained`` pieces learnt from ``lines`` (BPE unless
+    ``options``, SentencePieceTrainer's, say otherwise), with fillers ('▁fill000001', ...)
+    appended up to ``pieces`` in all, scored below every learnt piece and all of one length, so
+    that no merge of two pieces makes one: text never encodes to them, decoding spells them.
+
+    Raises:
+      ValueError: more than ``pieces`` were learnt; its message is their number.
+    """
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=trained,
+        **{'model_type': 'bpe', **options}, character_coverage=0.9995,
+        hard_vocab_limit=False, input_sentence_size=0, num_threads=2, minloglevel=2,
+    )  # fmt: skip
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    if len(proto.pieces) > pieces:
+        raise ValueError(str(len(proto.pieces)))
+    lowest = min(p.score for p in proto.pieces)
+    for i in range(1, pieces - len(proto.pieces) + 1):
+        proto.pieces.add(piece=f'▁fill{i:06d}', score=lowest - i, type=1)
+    return proto.SerializeToString()
