@@ -23,14 +23,17 @@ EOS, so each decodes up to its limit, as benchmarks/marian_speed.py says; output
 same for the three: the generated ids after the decoder's start, EOS included where produced
 (ours: from its text, `measured.piece_count`, + EOS where the output ended before its limit,
 which the converted run's ``eval.eos_at_limit`` 'none' ends without one, as ``generate``
-does; `fairseq_speed.token_counter`).
+does; `fairseq_speed.token_counter`). A sentinel has no text: ours' count leaves out any it
+emits, the others' do not (`text_pieces`, the pieces of the text, is one count for all three).
 
 The projection: convert's peak RSS and command time at --small_layers and --layers taken as
 linear in the layers per stack, from these two measurements (not from the parameter counts):
 per layer (an encoder and a decoder layer) their difference over the layers between, fixed
 the rest (the interpreter and imports, the embedding and the head, the vocabulary), projected
 to --project_layers (MADLAD-400-3B: 32 + 32), beside the float32 size of each model from its
-tensor shapes (benchmarks/convert_memory.py). Figures: benchmarks/README.md.
+tensor shapes (benchmarks/convert_memory.py). At the default sizes (826M parameters at 4 + 4,
+675M at 2 + 2, 2.94B at 32 + 32) the directories under --work take about 15 GiB: each model in
+float32 as hf and run, and 4 + 4's CTranslate2 export. Figures: benchmarks/README.md.
 
     python benchmarks/t5_speed.py --out benchmarks/results/t5_speed.json
 """

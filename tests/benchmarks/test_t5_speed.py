@@ -64,8 +64,6 @@ def test_the_random_directory_is_sharded_untied_and_of_the_counted_size(tmp_path
     config.json says tie_word_embeddings false as the hub's does."""
     from safetensors import safe_open
 
-    texts = [t for pair in synthetic_lines(60) for t in pair]
-    (tmp_path / t5_speed.SPM_FILE).write_bytes(t5_speed.spiece_model(texts, 60, 400))
     args = t5_speed._parse_args([*TINY, '--layers=2', '--small_layers=1'])
     shape = t5_speed.shape_of(args, 2)
     summary = t5_speed._build_hf(tmp_path, shape, '20KB')
