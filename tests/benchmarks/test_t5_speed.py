@@ -106,7 +106,7 @@ def test_two_sizes_to_measure_convert_at_or_one_line(layers):
     assert '\n' not in str(e.value)
 
 
-@pytest.mark.long  # ~35 s: eight processes, one compiling a beam search
+@pytest.mark.long  # 32-48 s: eight processes, one compiling a beam search
 def test_t5_speed_times_counts_and_projects(tmp_path, capsys):
     _data(tmp_path / 'data')
     out = tmp_path / 't5_speed.json'
