@@ -150,8 +150,8 @@ def test_beam_4_equals_generates_but_where_generate_stops_early(t5_hf_dirs, t5_r
     * with the directory's default (``early_stopping`` false: generate ends an example once
       its best live hypothesis's log P / current length is below its K finished ones', though
       a longer continuation may still score higher, docs/pretrained.md): the same, or on a
-      line where it stops early (two of these 8, each model) an output of ours with a higher
-      score.
+      line where it stops early (2 of these 8 with v1.1, 1 with v1.0) an output of ours with
+      a higher score.
 
     </s>'s output row is scaled on both sides (tests/t5_dirs.py `EOS_SCALE`) so that outputs
     end at different lengths. v1.0's in the long tier: the v1.1 case runs the same search,
