@@ -154,6 +154,36 @@ def hf_model(directory: Path):
     return model
 
 
+# What </s>'s output row is multiplied by (v1.1's head's, v1.0's tied table's row, its input
+# embedding too) for the searches' tests: a random model's outputs rarely end; so scaled,
+# some outputs of each model end before a limit of 16 tokens and some do not.
+EOS_SCALE = {'v1.1': 2.0, 'v1.0': -4.0}
+
+
+def eos_scaled(params, name: str):
+    """A copy of the parameters of the converted run ``name`` (numpy arrays), </s>'s output
+    row scaled by `EOS_SCALE`."""
+    import jax
+    import numpy as np
+
+    params = jax.tree.map(np.array, params)
+    if 'logits_dense' in params:
+        params['logits_dense']['kernel'][:, 1] *= EOS_SCALE[name]
+    else:
+        params['shared_embedding']['embedding'][1] *= EOS_SCALE[name]
+    return params
+
+
+def hf_eos_scaled(model, name: str):
+    """transformers' model of ``name`` (`hf_model`), </s>'s row of its head (v1.0's: the
+    shared table) scaled by `EOS_SCALE` in place, as `eos_scaled` scales ours."""
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight[1] *= EOS_SCALE[name]
+    return model
+
+
 NAMES = ('v1.1', 'v1.0', 'v1.1_sharded')  # the directories of `build_models`
 
 

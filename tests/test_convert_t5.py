@@ -4,6 +4,7 @@ unlike d_model / heads, v1.0's tied ReLU, v1.1 in sharded safetensors beside tok
 alone) become run directories that give Hugging Face's log-probabilities and greedy outputs,
 start fine-tuning from their weights and export back to the same tensors and files."""
 
+import dataclasses
 import json
 import shutil
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.cli import convert_cli
 from tests.shared_dirs import built_once
-from tests.t5_dirs import NAMES, hf_model, lines
+from tests.t5_dirs import NAMES, eos_scaled, hf_eos_scaled, hf_model, lines
 from transformer import interop
 from transformer.checkpoint import load_model
 from transformer.decoding import DecodeOptions, greedy_search
@@ -24,6 +25,7 @@ _SKIP = "{} is not installed: pip install -e '.[export]'"
 torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 STEPS = 12  # greedy tokens compared
+BEAM_STEPS = 16  # beam search's limit, in tokens
 
 
 def test_t5_directories_are_recognised_by_the_t5_family_alone(t5_hf_dirs):
@@ -109,6 +111,82 @@ def test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces(t5_hf_d
     width = max(mine.shape[1], want.shape[1])
     mine, want = (np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in (mine, want))
     np.testing.assert_array_equal(mine, want)
+
+
+def _cut(row) -> list[int]:
+    """A row's ids to its first </s> (1), the padding after it left out."""
+    row = [int(i) for i in row if i != 0]
+    return row[: row.index(1) + 1] if 1 in row else row
+
+
+def _generate_beam_4(model, inputs, **flags):
+    """generate(num_beams=4)'s best outputs (cut at </s>) and their ``sequences_scores``."""
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.as_tensor(inputs).long(),
+            attention_mask=torch.as_tensor(inputs != 0).long(),
+            num_beams=4,
+            do_sample=False,
+            max_new_tokens=BEAM_STEPS,
+            bad_words_ids=[[0]],  # pad, which our searches never emit
+            use_cache=False,  # (the greedy test's reason)
+            output_scores=True,
+            return_dict_in_generate=True,
+            **flags,
+        )
+    return [_cut(row[1:]) for row in out.sequences.numpy()], out.sequences_scores.numpy()
+
+
+@pytest.mark.slow  # transformers' model loaded, a beam search compiled
+@pytest.mark.parametrize('name', ['v1.1', pytest.param('v1.0', marks=pytest.mark.long)])
+def test_beam_4_equals_generates_but_where_generate_stops_early(t5_hf_dirs, t5_runs, name):
+    """Beam 4 with the run's own settings (generate's defaults, recorded by the conversion:
+    log P / length^1.0, an output at the limit ending there, scores not renormalised) on 8
+    lines, limited to 16 tokens, against ``generate(num_beams=4)``:
+
+    * with ``early_stopping='never'`` (generate's exact stopping rule, ours: an example ends
+      when no live hypothesis can still win at any length up to the limit): its outputs and
+      ``sequences_scores`` (to 1e-5) on every line;
+    * with the directory's default (``early_stopping`` false: generate ends an example once
+      its best live hypothesis's log P / current length is below its K finished ones', though
+      a longer continuation may still score higher, docs/pretrained.md): the same, or on a
+      line where it stops early (2 of these 8 with v1.1, 1 with v1.0) an output of ours with
+      a higher score.
+
+    </s>'s output row is scaled on both sides (tests/t5_dirs.py `EOS_SCALE`) so that outputs
+    end at different lengths. v1.0's in the long tier: the v1.1 case runs the same search,
+    and v1.0's network (the tied rescaled head, ReLU) is checked by
+    test_teacher_forced_log_probs_and_greedy_outputs_equal_hugging_faces."""
+    from transformer import api, decoding
+
+    theirs = hf_eos_scaled(hf_model(t5_hf_dirs / name), name)
+    assert not theirs.generation_config.early_stopping
+    run = api.load(str(t5_runs / name))
+    ev = run.config.eval
+    settings = (ev.alpha, ev.length_penalty, ev.eos_at_limit, ev.renormalize)
+    assert settings == (1.0, 'fairseq', 'none', False)
+    rows = [[*run.tokenizer.encode(line), 1] for line in lines(20, seed=5)[12:]]
+    inputs = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+        inputs[i, : len(row)] = row
+    options = decoding.decode_options(ev)
+    options = dataclasses.replace(options, extra_length=BEAM_STEPS, max_decode_len=BEAM_STEPS)
+    params = eos_scaled(run.params, name)
+    with jax.default_matmul_precision('float32'):
+        sequences, scores = decoding.beam_search(
+            run.model, params, inputs, beam_size=4, options=options
+        )
+    ours, mine = [_cut(row) for row in np.asarray(sequences)[:, 0]], np.asarray(scores)[:, 0]
+    assert 0 < sum(row[-1] == 1 for row in ours) < len(rows)
+
+    exact, exact_scores = _generate_beam_4(theirs, inputs, early_stopping='never')
+    assert ours == exact
+    np.testing.assert_allclose(mine, exact_scores, atol=1e-5, rtol=0)
+    want, hf = _generate_beam_4(theirs, inputs)
+    same = np.array([a == b for a, b in zip(ours, want, strict=True)])
+    np.testing.assert_allclose(mine[same], hf[same], atol=1e-5, rtol=0)
+    assert len(rows) // 2 <= same.sum() < len(rows)  # both cases seen
+    assert (mine[~same] > hf[~same] + 1e-5).all()
 
 
 def test_sharded_safetensors_convert_as_one_file(t5_runs):

@@ -22,14 +22,13 @@ import jax
 import numpy as np
 import pytest
 
-from tests import ctranslate2_child
+from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal
 from tests.fairseq_dirs import lines
 from tests.fairseq_models import MODELS
 from tests.subprocess_env import repo_env
 from transformer import decoding, export
 from transformer.checkpoint import load_model
 from transformer.commands import ctranslate2_spec
-from transformer.model import teacher_forced_logits
 
 # The Hugging Face directories and their converted fairseq_runs, built once per session.
 pytest.importorskip(
@@ -163,13 +162,6 @@ CT2_OPTIONS = dict(
 EOS_SHIFT = {'m2m100': 3.0, 'mbart50': 8.0}
 
 
-def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
-    out = np.full((len(rows), max(map(len, rows))), pad, np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
-
-
 @pytest.mark.slow  # a converted run decoded by both
 # mBART-50's in the long tier: its files are what CTranslate2's own converter writes (above),
 # and the search is the M2M100 run's.
@@ -177,10 +169,9 @@ def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
 def test_ctranslate2_scores_and_translates_as_we_do(fairseq_runs, name, tmp_path):
     """CTranslate2's log-probability of each target token (the code first) is ours to 1e-4
     on a padded batch; its greedy outputs are ours; its beam-4 outputs are ours with their
-    score (to 1e-4), or a lower one: our beam search offers </s> to every alive hypothesis at
-    each step (as Tensor2Tensor's), CTranslate2's only where </s> is among the K best
-    candidates, so ours may end a hypothesis CTranslate2 never ends (their alive hypotheses
-    are the same K). A random model's outputs rarely end; the decoder's closing norm's bias,
+    score (to 1e-4), or a lower one where ours ends a hypothesis CTranslate2 never offers
+    </s> (tests/ctranslate2_compare.py). A random model's outputs rarely end; the decoder's
+    closing norm's bias,
     moved along </s>'s embedding, makes them end at different lengths."""
     config, tokenizer, model, params, _ = load_model(str(fairseq_runs / name), None, None)
     params = jax.tree.map(np.asarray, params)
@@ -195,45 +186,15 @@ def test_ctranslate2_scores_and_translates_as_we_do(fairseq_runs, name, tmp_path
     pairs = lines(LINES)
     sources = [[*prefixes.source, *tokenizer.encode(en), special.eos] for en, _ in pairs]
     targets = [[*prefixes.target, *tokenizer.encode(de), special.eos] for _, de in pairs]
-    inputs = _padded(sources, special.pad)
     pieces = lambda ids: [tokenizer.id_to_piece(int(i)) for i in ids if i != special.pad]  # noqa: E731
-    batch = [pieces(row) for row in sources]
-
-    logits = teacher_forced_logits(model, params, inputs, _padded(targets, special.pad))
-    log_probs = np.asarray(jax.nn.log_softmax(logits))
-    scored = ctranslate2_child.score(directory, batch, [pieces(t[:-1]) for t in targets])
-    for row, (target, theirs) in enumerate(zip(targets, scored, strict=True)):
-        want = log_probs[row, np.arange(len(target)), target]
-        np.testing.assert_allclose(theirs, want, atol=1e-4, err_msg=f'{name} row {row}')
+    assert_scores_equal(directory, model, params, sources, targets, pieces, special.pad)
 
     code = tokenizer.id_to_piece(prefixes.target[0])
-    prefix = [[code]] * LINES
     options = decoding.DecodeOptions(LIMIT, max_decode_len=LIMIT, forced=prefixes.target, **OPTIONS)
     constraints = decoding.Constraints(min_length=2)
-    greedy = decoding.greedy_search(model, params, inputs, options=options, constraints=constraints)
-    ours = [pieces(row) for row in np.asarray(greedy)]
-    theirs = ctranslate2_child.translate(
-        directory, batch, target_prefix=prefix, beam_size=1, **CT2_OPTIONS
+    prefix = dict(target_prefix=[[code]] * LINES)
+    ours = assert_searches_equal(
+        directory, model, params, sources, pieces, options, constraints, **prefix, **CT2_OPTIONS
     )
-    assert theirs == ours
     ended = sum(out[-1] == '</s>' for out in ours)
     assert 0 < ended < LINES and all(out[0] == code for out in ours)
-
-    sequences, scores = decoding.beam_search(
-        model, params, inputs, beam_size=4, options=options, constraints=constraints
-    )
-    ours = [pieces(row) for row in np.asarray(sequences)[:, 0]]
-    # patience: CTranslate2 searches up to the limit, not only until K hypotheses have ended.
-    theirs = ctranslate2_child.translate_scored(
-        directory, batch, target_prefix=prefix, beam_size=4, patience=100.0, **CT2_OPTIONS
-    )
-    same = 0
-    for row, (mine, score, (tokens, their_score)) in enumerate(
-        zip(ours, np.asarray(scores)[:, 0], theirs, strict=True)
-    ):
-        if tokens == mine:
-            same += 1
-            np.testing.assert_allclose(their_score, score, atol=1e-4, err_msg=f'row {row}')
-        else:
-            assert mine[-1] == '</s>' and score > their_score, (row, mine, tokens)
-    assert same >= LINES // 2

@@ -4,7 +4,8 @@ runs of tests/t5_dirs.py:
 * its model.bin holds what CTranslate2's own T5 converter (``T5Loader``) writes of the same
   Hugging Face model, variable for variable, but where that converter is wrong or writes the
   same thing in another type (the test's docstring);
-* CTranslate2 translating our export greedily gives our greedy outputs.
+* CTranslate2's scores of our export are ours, its greedy and beam-4 outputs ours (each
+  difference of beam search explained by the two searches' rules).
 
 CTranslate2 runs only in processes of its own (tests/ctranslate2_child.py, and its converter in
 a subprocess); this process never imports it.
@@ -13,13 +14,12 @@ a subprocess); this process never imports it.
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 
-from tests import ctranslate2_child
+from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal
 from tests.subprocess_env import repo_env
-from tests.t5_dirs import lines
+from tests.t5_dirs import eos_scaled, lines
 from tests.test_export_ctranslate2_fairseq import _read_model_bin
 from tests.tiny_run import run_dir_with
 from transformer import decoding, export
@@ -102,58 +102,52 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(
             np.testing.assert_array_equal(mine[key], value, err_msg=key)
 
 
-def _padded(rows, pad=0):
-    out = np.full((len(rows), max(map(len, rows))), pad, np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
-
-
-# What </s>'s output row is multiplied by (the head's column, v1.0's tied table's row): enough
-# that some greedy outputs of each random model end before the limit and some do not.
-EOS_SCALE = {'v1.1': 2.0, 'v1.0': -4.0}
-# CTranslate2 ends no output before its first token (with min_decoding_length 0 too: this
-# test failed so without the constraint); ours is held to the same.
+# CTranslate2 ends no output before its first token (with min_decoding_length 0 too: the
+# greedy comparison failed so without the constraint); ours is held to the same.
 FIRST_TOKEN_NOT_EOS = decoding.Constraints(min_length=1)
+LIMIT = 16
+# Our searches as CTranslate2's (tests/ctranslate2_compare.py): length^1, log-probabilities
+# over the tokens allowed, an output at the limit ending there.
+OPTIONS = dict(alpha=1.0, length_penalty='fairseq', eos_at_limit='none', renormalize=True)
+CT2_OPTIONS = dict(
+    length_penalty=1.0,
+    min_decoding_length=1,
+    max_decoding_length=LIMIT,
+    suppress_sequences=[['<pad>']],  # ours never emits padding
+    return_end_token=True,
+)
 
 
 @pytest.mark.slow  # a converted run exported and decoded by both
-@pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
-def test_ctranslate2_translates_our_t5_export_as_we_do(t5_runs, name, tmp_path):
-    """CTranslate2's greedy outputs of our export (relative buckets both ways in the
-    encoder, causal in the decoder, unscaled logits, the gated tanh GELU or the tied
-    rescaled head) are our greedy search's tokens, </s> included. A random model's outputs
-    rarely end; </s>'s output row, scaled (`EOS_SCALE`), makes them end at different
-    lengths."""
-    limit = 16
+@pytest.mark.parametrize(
+    ('name', 'beam'),
+    [('v1.1', True), ('v1.0', False), pytest.param('v1.0', True, marks=pytest.mark.long)],
+)
+def test_ctranslate2_scores_and_translates_our_t5_export_as_we_do(t5_runs, name, beam, tmp_path):
+    """Of our export (relative buckets both ways in the encoder, causal in the decoder,
+    unscaled logits, the gated tanh GELU or the tied rescaled head): CTranslate2's
+    log-probability of each target token is ours to 1e-4 on a padded batch; its greedy
+    outputs are our greedy search's tokens, </s> included; its beam-4 outputs are ours with
+    their score (to 1e-4), or a lower one where ours ends a hypothesis CTranslate2 never
+    offers </s> (tests/ctranslate2_compare.py). </s>'s output row is scaled (tests/t5_dirs.py
+    `EOS_SCALE`) so that outputs end at different lengths.
+
+    v1.0's beam search in the long tier: the v1.1 case runs the same search, and v1.0's
+    network (the tied rescaled head, ReLU) is checked by its scores and greedy outputs."""
     config, tokenizer, model, params, _ = load_model(str(t5_runs / name))
-    params = jax.tree.map(np.array, params)
-    eos = tokenizer.special.eos
-    if 'logits_dense' in params:
-        params['logits_dense']['kernel'][:, eos] *= EOS_SCALE[name]
-    else:
-        params['shared_embedding']['embedding'][eos] *= EOS_SCALE[name]
+    params = eos_scaled(params, name)
     directory = ctranslate2_spec.write_ctranslate2(
         str(tmp_path), model.config, config, tokenizer, params
     )
+    eos = tokenizer.special.eos
     sources = [[*tokenizer.encode(line), eos] for line in lines(8, seed=5)]
-    options = decoding.DecodeOptions(limit, max_decode_len=limit, eos_at_limit='none')
-    with jax.default_matmul_precision('float32'):
-        greedy = decoding.greedy_search(
-            model, params, _padded(sources), options=options, constraints=FIRST_TOKEN_NOT_EOS
-        )
+    targets = [[*tokenizer.encode(line), eos] for line in lines(8, seed=6)]
     pieces = lambda ids: [tokenizer.id_to_piece(int(i)) for i in ids if i != 0]  # noqa: E731
-    ours = [pieces(row) for row in np.asarray(greedy)]
-    theirs = ctranslate2_child.translate(
-        directory,
-        [pieces(row) for row in sources],
-        beam_size=1,
-        max_decoding_length=limit,
-        suppress_sequences=[['<pad>']],  # ours never emits padding
-        return_end_token=True,
-        min_decoding_length=1,
+    assert_scores_equal(directory, model, params, sources, targets, pieces, pad=0)
+    options = decoding.DecodeOptions(LIMIT, max_decode_len=LIMIT, **OPTIONS)
+    ours = assert_searches_equal(
+        directory, model, params, sources, pieces, options, FIRST_TOKEN_NOT_EOS, beam, **CT2_OPTIONS
     )
-    assert theirs == ours
     ended = sum(row[-1] == '</s>' for row in ours)
     assert 0 < ended < len(ours) and len({p for row in ours for p in row}) >= 4
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.model.cached_greedy import cached_greedy, hf_greedy
 from transformer.interop.fairseq_params import params_from_state_dict
 from transformer.model import Transformer, TransformerConfig
 from transformer.tokens import SpecialIds
@@ -147,53 +148,12 @@ def test_greedy_steps_with_the_cache_equal_hugging_faces_generation(name):
     same start, nothing forced, no end) with the same scores to 1e-4: cached decoding at the
     step's position is the family's (fairseq's sinusoids from the padding id + 1, mBART's row
     p + 2)."""
-    from transformer.model import init_cache
-
     model, cfg, params = family(name)
     inputs = _tokens(6, (2, 6), lengths=[6, 3])  # a source whose outputs are not one token
     steps = 7
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=torch.from_numpy(inputs).long(),
-            attention_mask=torch.from_numpy(inputs != PAD).long(),
-            decoder_start_token_id=EOS,
-            num_beams=1,
-            do_sample=False,
-            max_new_tokens=steps,
-            min_new_tokens=0,
-            eos_token_id=None,
-            forced_bos_token_id=None,
-            forced_eos_token_id=None,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    want_tokens = out.sequences.numpy()[:, 1:]
-    want_scores = np.stack([s.numpy() for s in out.scores], axis=1)
+    flags = dict(decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None)
+    want_tokens, want_scores = hf_greedy(model, inputs, PAD, steps, **flags)
     assert len(np.unique(want_tokens)) >= 3  # not one token over and over
-    ours = Transformer(cfg)
-
-    @jax.jit
-    def step(cache, previous):
-        return ours.apply(
-            {'params': params, 'cache': cache},
-            encoded,
-            inputs,
-            previous,
-            decode=True,
-            method=Transformer.decode,
-            mutable=['cache'],
-        )
-
-    with jax.default_matmul_precision('float32'):
-        encoded = ours.apply({'params': params}, inputs, method=Transformer.encode)
-        cache = init_cache(ours, params, encoded, inputs, steps)
-        previous = np.full((2, 1), cfg.special.decoder_start, np.int32)
-        tokens, scores = [], []
-        for _ in range(steps):
-            logits, state = step(cache, previous)
-            cache = state['cache']
-            scores.append(np.asarray(logits[:, 0]))
-            previous = np.argmax(scores[-1], axis=-1)[:, None].astype(np.int32)
-            tokens.append(previous[:, 0])
-    np.testing.assert_array_equal(np.stack(tokens, axis=1), want_tokens)
-    np.testing.assert_allclose(np.stack(scores, axis=1), want_scores, atol=1e-4, rtol=0)
+    tokens, scores = cached_greedy(cfg, params, inputs, steps)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-4, rtol=0)

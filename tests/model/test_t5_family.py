@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.model.cached_greedy import cached_greedy, hf_greedy
 from transformer.interop.t5_params import params_from_state_dict
 from transformer.model import Transformer, TransformerConfig, relative_position_buckets
 
@@ -146,40 +147,14 @@ def test_greedy_steps_with_the_cache_equal_hugging_faces_generation():
     each step's argmax, choose Hugging Face's greedy tokens (`generate`, num_beams=1, nothing
     forced, no end) with the same scores to 1e-4, past max_distance (20) steps: each step's
     query against every cached key's position."""
-    from transformer.model import decode_step, encode, init_cache
-
     model, cfg, params = t5('v1.1')
     inputs = _tokens(6, (2, 8), lengths=[8, 5])
     steps = 22
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=torch.from_numpy(inputs).long(),
-            attention_mask=torch.from_numpy(inputs != PAD).long(),
-            num_beams=1,
-            do_sample=False,
-            max_new_tokens=steps,
-            min_new_tokens=steps,
-            eos_token_id=None,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    want_tokens = out.sequences.numpy()[:, 1:]
-    want_scores = np.stack([s.numpy() for s in out.scores], axis=1)
+    want_tokens, want_scores = hf_greedy(model, inputs, PAD, steps)
     assert len(np.unique(want_tokens)) >= 3  # not one token over and over
-    ours = Transformer(cfg)
-    step = jax.jit(decode_step, static_argnums=0)
-    with jax.default_matmul_precision('float32'):
-        encoded = jax.jit(encode, static_argnums=0)(ours, params, inputs)
-        cache = jax.jit(init_cache, static_argnums=(0, 4))(ours, params, encoded, inputs, steps)
-        previous = np.full((2,), cfg.special.decoder_start, np.int32)
-        tokens, scores = [], []
-        for _ in range(steps):
-            logits, cache = step(ours, params, cache, encoded, inputs, previous)
-            scores.append(np.asarray(logits))
-            previous = np.argmax(scores[-1], axis=-1).astype(np.int32)
-            tokens.append(previous)
-    np.testing.assert_array_equal(np.stack(tokens, axis=1), want_tokens)
-    np.testing.assert_allclose(np.stack(scores, axis=1), want_scores, atol=1e-4, rtol=0)
+    tokens, scores = cached_greedy(cfg, params, inputs, steps)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-4, rtol=0)
 
 
 def test_a_madlad_400_3b_shaped_model_has_hugging_faces_parameter_count():

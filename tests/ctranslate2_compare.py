@@ -1,0 +1,90 @@
+"""CTranslate2's outputs of an export against ours, for the export tests of each family
+(tests/test_export_ctranslate2_fairseq.py, test_export_ctranslate2_t5.py): teacher-forced
+log-probabilities against its ``score_batch``, greedy search and beam 4 against its
+``translate_batch`` (tests/ctranslate2_child.py runs it).
+
+Our beam search is set as CTranslate2's by the caller (length^1 with 'fairseq', ``renormalize``:
+CTranslate2 takes log-probabilities over the tokens allowed) and CTranslate2 searches to the
+limit (``patience``: it otherwise stops once ``beam_size`` hypotheses have ended). One rule
+still differs: ours offers </s> to every live hypothesis at each step (as Tensor2Tensor's),
+CTranslate2 only where </s> is among the K best candidates, so ours may end a hypothesis
+CTranslate2 never ends, with a higher score (their live hypotheses are the same K).
+"""
+
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from tests import ctranslate2_child
+from transformer import decoding
+from transformer.model import teacher_forced_logits
+
+BEAM = 4
+
+
+def padded(rows: list[list[int]], pad: int) -> np.ndarray:
+    out = np.full((len(rows), max(map(len, rows))), pad, np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def assert_scores_equal(directory, model, params, sources, targets, pieces, pad: int) -> None:
+    """CTranslate2's log-probability of each token of each target (</s> last, the id lists
+    ``targets``) is ours to 1e-4 on a padded batch; ``pieces`` turns ids into its tokens."""
+    with jax.default_matmul_precision('float32'):
+        logits = teacher_forced_logits(model, params, padded(sources, pad), padded(targets, pad))
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    batch = [pieces(row) for row in sources]
+    scored = ctranslate2_child.score(directory, batch, [pieces(t[:-1]) for t in targets])
+    for row, (target, theirs) in enumerate(zip(targets, scored, strict=True)):
+        want = log_probs[row, np.arange(len(target)), target]
+        np.testing.assert_allclose(theirs, want, atol=1e-4, err_msg=f'row {row}')
+
+
+def assert_searches_equal(
+    directory,
+    model,
+    params,
+    sources: list[list[int]],
+    pieces: Callable,
+    options: decoding.DecodeOptions,
+    constraints: decoding.Constraints,
+    beam: bool = True,
+    **translate,
+) -> list[list[str]]:
+    """CTranslate2's greedy outputs (``translate``: its options, ours' equivalents in
+    ``options`` and ``constraints``) are ours, token for token; its beam-4 outputs are ours
+    with their score (to 1e-4), or a lower one where ours ends a hypothesis with </s> that
+    CTranslate2 never offers (the module's docstring), in half the rows at most; ``beam``
+    False: greedy alone. Returns our greedy outputs (tokens)."""
+    inputs = padded(sources, model.config.special.pad)
+    batch = [pieces(row) for row in sources]
+    with jax.default_matmul_precision('float32'):
+        greedy = decoding.greedy_search(
+            model, params, inputs, options=options, constraints=constraints
+        )
+    ours = [pieces(row) for row in np.asarray(greedy)]
+    assert ctranslate2_child.translate(directory, batch, beam_size=1, **translate) == ours
+    if not beam:
+        return ours
+    with jax.default_matmul_precision('float32'):
+        sequences, scores = decoding.beam_search(
+            model, params, inputs, beam_size=BEAM, options=options, constraints=constraints
+        )
+    best = [pieces(row) for row in np.asarray(sequences)[:, 0]]
+    theirs = ctranslate2_child.translate_scored(
+        directory, batch, beam_size=BEAM, patience=100.0, **translate
+    )
+    same = 0
+    for row, (mine, score, (tokens, their_score)) in enumerate(
+        zip(best, np.asarray(scores)[:, 0], theirs, strict=True)
+    ):
+        if tokens == mine:
+            same += 1
+            np.testing.assert_allclose(their_score, score, atol=1e-4, err_msg=f'row {row}')
+        else:
+            assert mine[-1] == '</s>' and score > their_score, (row, mine, tokens)
+    assert same >= len(sources) // 2
+    return ours
