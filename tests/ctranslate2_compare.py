@@ -11,6 +11,7 @@ CTranslate2 only where </s> is among the K best candidates, so ours may end a hy
 CTranslate2 never ends, with a higher score (their live hypotheses are the same K).
 """
 
+import struct
 from collections.abc import Callable
 
 import jax
@@ -21,6 +22,38 @@ from transformer import decoding
 from transformer.model import teacher_forced_logits
 
 BEAM = 4
+
+# model.bin's data types, in CTranslate2's order (include/ctranslate2/types.h).
+_DTYPES = ('float32', 'int8', 'int16', 'int32', 'float16', 'bfloat16')
+
+
+def read_model_bin(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """({variable: array}, {alias: variable}) of a model.bin as ctranslate2.specs'
+    ``ModelSpec._serialize`` writes it."""
+    data, pos = open(path, 'rb').read(), 0
+
+    def take(fmt):
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def string():
+        nonlocal pos
+        size = take('H')
+        pos += size
+        return data[pos - size : pos - 1].decode()
+
+    take('I'), string(), take('I')  # binary version, spec name, spec revision
+    variables = {}
+    for _ in range(take('I')):
+        name = string()
+        shape = [take('I') for _ in range(take('B'))]
+        dtype, size = _DTYPES[take('B')], take('I')
+        variables[name] = np.frombuffer(data[pos : pos + size], dtype).reshape(shape)
+        pos += size
+    aliases = {string(): string() for _ in range(take('I'))}
+    return variables, aliases
 
 
 def padded(rows: list[list[int]], pad: int) -> np.ndarray:

@@ -14,7 +14,6 @@ in a subprocess); this process never imports it.
 
 import json
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal
+from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
 from tests.fairseq_dirs import lines
 from tests.fairseq_models import MODELS
 from tests.subprocess_env import repo_env
@@ -49,37 +48,6 @@ _CONVERT = (
     'from ctranslate2.converters import TransformersConverter\n'
     'TransformersConverter(sys.argv[1]).convert(sys.argv[2])\n'
 )
-# model.bin's data types, in CTranslate2's order (include/ctranslate2/types.h).
-_DTYPES = ('float32', 'int8', 'int16', 'int32', 'float16', 'bfloat16')
-
-
-def _read_model_bin(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """({variable: array}, {alias: variable}) of a model.bin as ctranslate2.specs'
-    ``ModelSpec._serialize`` writes it."""
-    data, pos = open(path, 'rb').read(), 0
-
-    def take(fmt):
-        nonlocal pos
-        (value,) = struct.unpack_from(fmt, data, pos)
-        pos += struct.calcsize(fmt)
-        return value
-
-    def string():
-        nonlocal pos
-        size = take('H')
-        pos += size
-        return data[pos - size : pos - 1].decode()
-
-    take('I'), string(), take('I')  # binary version, spec name, spec revision
-    variables = {}
-    for _ in range(take('I')):
-        name = string()
-        shape = [take('I') for _ in range(take('B'))]
-        dtype, size = _DTYPES[take('B')], take('I')
-        variables[name] = np.frombuffer(data[pos : pos + size], dtype).reshape(shape)
-        pos += size
-    aliases = {string(): string() for _ in range(take('I'))}
-    return variables, aliases
 
 
 @pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
@@ -114,7 +82,7 @@ def test_the_export_holds_what_ctranslate2s_converter_writes(
     assert done.returncode == 0, done.stderr[-3000:]
 
     (mine, my_aliases), (their, their_aliases) = (
-        _read_model_bin(d / 'model.bin') for d in (ours, theirs)
+        read_model_bin(d / 'model.bin') for d in (ours, theirs)
     )
     assert sorted(mine) == sorted(their) and my_aliases == their_aliases
     for key, value in their.items():

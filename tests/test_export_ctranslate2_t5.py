@@ -17,10 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal
+from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
 from tests.subprocess_env import repo_env
 from tests.t5_dirs import eos_scaled, lines
-from tests.test_export_ctranslate2_fairseq import _read_model_bin
 from tests.tiny_run import run_dir_with
 from transformer import decoding, export
 from transformer.checkpoint import load_model
@@ -80,7 +79,7 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (mine, my_aliases), (their, their_aliases) = (
-        _read_model_bin(d / 'model.bin') for d in (ours, theirs)
+        read_model_bin(d / 'model.bin') for d in (ours, theirs)
     )
     extra = {k for k in set(mine) | set(my_aliases) if k not in their and k not in their_aliases}
     extra = {k for k in extra if not k.endswith('/head_dim')}
