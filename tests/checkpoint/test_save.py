@@ -9,6 +9,7 @@ from jax import monitoring
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tests.tiny_run import tiny_run_config
+from transformer.checkpoint import arrays
 from transformer.checkpoint.directory import checkpoint_manager
 
 # Shapes no other test saves (each with an axis that 8 devices divide, as replica-parallel
@@ -38,14 +39,12 @@ def test_a_replicated_state_saves_without_compiling_and_restores_equal(tmp_path)
     manager = checkpoint_manager(str(tmp_path), tiny_run_config(2))
     monitoring.register_event_duration_secs_listener(count)
     try:
-        manager.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(state)))
+        manager.save(1, args=ocp.args.Composite(params=arrays.save_args(state)))
         manager.wait_until_finished()
     finally:
         monitoring.unregister_event_duration_listener(count)
     assert compiled == []
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-    restored = manager.restore(
-        1, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
-    )['params']
+    restored = arrays.restore(manager, 1, {'params': abstract})['params']
     for name, value in state.items():
         np.testing.assert_array_equal(np.asarray(restored[name]), np.asarray(value))

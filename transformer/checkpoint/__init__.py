@@ -12,6 +12,10 @@ best checkpoint. Callers use the names below, not the modules behind them:
   `average_params`, and the errors `CorruptCheckpoint` and `CheckpointRemoved` (both
   `transformer.rundir.WorkdirError`s, one line each).
 
+Memory. A save or a restore holds at most one float32 copy of the parameters beyond the
+train state, the memory check's bound (arrays.py: arrays written uncompressed, read back in
+batches).
+
 Integrity. Orbax commits a step atomically (written under a temporary name, then renamed)
 but does not checksum the data, so a flipped or truncated file loads silently. Every step
 therefore gets ``checkpoints/<step>/manifest.json``: the size and sha256 of each of its

@@ -15,7 +15,7 @@ from absl import logging
 from etils import epath
 
 from transformer import schema
-from transformer.checkpoint import checksums
+from transformer.checkpoint import arrays, checksums
 from transformer.model import STACKED_KEYS
 from transformer.rundir import (
     BEST,
@@ -29,8 +29,6 @@ from transformer.rundir import (
 )
 
 PyTree = Any
-
-_ITEMS = ('params', 'opt_state', 'meta')
 
 # What Orbax raises for a checkpoint that is missing pieces or does not fit the target tree
 # (ValueError, KeyError, TypeError, FileNotFoundError), and for a file TensorStore cannot read
@@ -101,7 +99,9 @@ def checkpoint_manager(
             # A save killed half-way leaves `<step>.orbax-checkpoint-tmp-*`, never read again.
             cleanup_tmp_directories=True,
         )
-    return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
+    return ocp.CheckpointManager(
+        directory, options=options, handler_registry=arrays.handler_registry()
+    )
 
 
 def read_meta(workdir: str, step: int) -> dict[str, Any]:

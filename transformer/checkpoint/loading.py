@@ -11,11 +11,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import data as data_lib
 from transformer import schema
+from transformer.checkpoint import arrays
 from transformer.checkpoint.directory import (
     RESTORE_ERRORS,
     CheckpointRemoved,
@@ -136,9 +136,7 @@ def restore_params(
     try:
         verify_step(workdir, step, items=('params',), best=best)
         check_params_fit(workdir, step, target, best=best)
-        restored = checkpoint_manager(workdir, best=best).restore(
-            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
-        )
+        restored = arrays.restore(checkpoint_manager(workdir, best=best), step, {'params': target})
     except RESTORE_ERRORS as e:
         removed = removed_error(workdir, step, best)
         if removed is not None:

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import multihost
+from transformer.checkpoint import arrays
 from transformer.checkpoint.directory import (
     RESTORE_ERRORS,
     CorruptCheckpoint,
@@ -73,13 +74,11 @@ def restore_state(
         return _restore_converted(manager, step, abstract_state, workdir, stacked)
     try:
         check_params_fit(workdir, step, abstract_state.params)
-        restored = manager.restore(
+        restored = arrays.restore(
+            manager,
             step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_state.params),
-                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
-                meta=ocp.args.JsonRestore(),
-            ),
+            {'params': abstract_state.params, 'opt_state': abstract_state.opt_state},
+            meta=ocp.args.JsonRestore(),
         )
     except RESTORE_ERRORS as e:
         raise RestoreFailed(

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from transformer import multihost, schema
-from transformer.checkpoint import resume
+from transformer.checkpoint import arrays, resume
 from transformer.checkpoint.directory import (
     CorruptCheckpoint,
     checkpoint_manager,
@@ -81,8 +81,8 @@ class Checkpoints:
             self._manager.save(
                 step,
                 args=ocp.args.Composite(
-                    params=ocp.args.StandardSave(state.params),
-                    opt_state=ocp.args.StandardSave(state.opt_state),
+                    params=arrays.save_args(state.params),
+                    opt_state=arrays.save_args(state.opt_state),
                     meta=ocp.args.JsonSave({'step': step, **meta}),
                 ),
             )
@@ -167,7 +167,7 @@ class Checkpoints:
         manager.save(
             step,
             args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(dict(meta))
+                params=arrays.save_args(params), meta=ocp.args.JsonSave(dict(meta))
             ),
         )
         manager.wait_until_finished()  # rare (an improved BLEU): sealing it at once is cheap
@@ -182,7 +182,7 @@ def save_params(workdir: str, config: schema.Experiment, step: int, params: PyTr
     manager.save(
         step,
         args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
+            params=arrays.save_args(params),
             meta=ocp.args.JsonSave({'step': step, **meta}),
         ),
     )
