@@ -272,6 +272,17 @@ def test_a_missing_config_json_stops_every_command(command, run_dir, tmp_path, m
     assert MISSING_CONFIG[command] in line, line
 
 
+def test_a_run_without_config_json_is_named_so_whatever_else_it_holds(
+    run_dir, tmp_path, monkeypatch, capsys
+):
+    """A file its user put there (an evaluation's output) does not make a run whose
+    config.json is gone a directory of foreign files: training names the missing file."""
+    workdir = _damaged(run_dir, tmp_path, _remove(CONFIG))
+    (workdir / 'notes.txt').write_text('mine\n')
+    line = _one_line('train', workdir, tmp_path, monkeypatch, capsys)
+    assert MISSING_CONFIG['train'] in line, line
+
+
 def test_a_resume_without_the_vocabulary_stops(run_dir, tmp_path, monkeypatch, capsys):
     """Training would have made a new vocabulary that does not fit the checkpoints."""
     workdir = _damaged(run_dir, tmp_path, _remove(rundir.VOCAB_FILE))

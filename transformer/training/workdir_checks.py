@@ -89,7 +89,9 @@ def check_workdir(workdir: str, config: schema.Experiment | None = None) -> None
         raise TrainingError(
             f"{workdir} holds a pretrained model's files ({named}), not a run: {fine_tune}."
         )
-    if foreign and found is None:  # (a run's config.json: what else it holds is its user's)
+    # A run's config.json, or its checkpoints (a run whose config.json is gone, which a
+    # later check names): what else it holds is its user's.
+    if foreign and found is None and not rundir.has_checkpoints(workdir):
         raise TrainingError(
             f'{workdir} holds files that no run writes ({named}): train in a new or empty '
             '--workdir (a model to start from goes in --config.train.init_from).'
