@@ -69,18 +69,21 @@ def _assert_same_training(got, reference) -> None:
         # The same run as test_layouts_equal_one_device_and_hold_their_share's data-only
         # layout (sharding, 8 devices, no accumulation), which also checks its bytes.
         pytest.param('sharding', 8, 1, 0, marks=pytest.mark.long),
-        ('pmap', 4, 2, 5),  # a device's micro-batch: 1 row; 5 positions a chunk
+        # pmap with accumulation and the chunked loss: its mode is ('pmap', 8, 1, 0)'s, its
+        # options ('sharding', 4, 2, 20)'s (the same 5 positions a chunk).
+        pytest.param('pmap', 4, 2, 5, marks=pytest.mark.long),  # a device's micro-batch: 1 row
         ('sharding', 4, 2, 20),  # a micro-batch: 4 global rows; 5 positions a chunk
-        ('sharding', 1, 4, 0),
+        # Accumulation on one device (long tier): ('sharding', 4, 2, 20) accumulates too.
+        pytest.param('sharding', 1, 4, 0, marks=pytest.mark.long),
     ],
 )
 def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
     or without gradient accumulation (the loss is normalised by the global token count). The
-    accumulation over 4 data devices computes the chunked loss in both modes (``chunk``
-    tokens: 5 of the 12 positions of every row at a time, the last chunk padded) and trains as
-    one device with the full logits (that the config's key reaches the compiled step:
-    `test_the_config_chooses_the_loss`)."""
+    accumulation over 4 data devices computes the chunked loss in both modes (pmap's in the
+    long tier; ``chunk`` tokens: 5 of the 12 positions of every row at a time, the last chunk
+    padded) and trains as one device with the full logits (that the config's key reaches the
+    compiled step: `test_the_config_chooses_the_loss`)."""
     assert len(jax.devices('cpu')) == 8, 'conftest should give 8 CPU devices'
     got = _run(mode, jax.devices('cpu')[:num_devices], accum, loss_chunk_tokens=chunk)
     _assert_same_training(got, _reference())
@@ -97,7 +100,10 @@ def _per_device_bytes(state, device) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    'model_parallelism,fsdp', [(1, False), (2, False), (1, True), (2, True)], ids=str
+    'model_parallelism,fsdp',
+    # Both at once (long tier): each of its splits is checked by (2, False) or (1, True).
+    [(1, False), (2, False), (1, True), pytest.param(2, True, marks=pytest.mark.long)],
+    ids=str,
 )
 def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
     """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each

@@ -88,9 +88,9 @@ def _steps(mode, devices, num_steps=2):
     return out, jax.device_get(par.global_state(state).params)
 
 
-def test_sharding_over_devices_equals_one_device_and_pmap_runs():
+def test_sharding_over_devices_equals_one_device():
     """jit + sharding over 2 data devices draws the same masks as 1 device (the batch is
-    global): same losses and KL; pmap (each device its own key) trains with a finite KL > 0."""
+    global): same losses and KL."""
     cpus = jax.devices('cpu')
     (one, params_one), (two, params_two) = (
         _steps('sharding', cpus[:1]),
@@ -102,7 +102,14 @@ def test_sharding_over_devices_equals_one_device_and_pmap_runs():
         assert a[rdrop.KL_KEY] > 0
     for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    pmapped, _ = _steps('pmap', cpus[:2], num_steps=1)
+
+
+@pytest.mark.long
+def test_pmap_runs():
+    """pmap (each device its own key) trains with a finite KL > 0. Long tier: R-Drop's step is
+    test_sharding_over_devices_equals_one_device's, pmap's tests/training/test_parallel.py's
+    test_data_parallel_equals_one_device[pmap-8-1-0]."""
+    pmapped, _ = _steps('pmap', jax.devices('cpu')[:2], num_steps=1)
     assert np.isfinite(pmapped[0]['loss']) and pmapped[0][rdrop.KL_KEY] > 0
 
 
