@@ -62,8 +62,14 @@ def _assert_same_step(got, want) -> None:
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
+# 'full' in the suite; the other policies are the same `nn.remat` wrapper with another
+# policy function, and the suite runs each in a training step equal to its unrolled model's
+# (tests/model/test_scan_layers.py: pmap2-dots, fsdp_model8-attention): in the long tier.
+MESH_POLICIES = [p if p == 'full' else pytest.param(p, marks=pytest.mark.long) for p in POLICIES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('policy', POLICIES)
+@pytest.mark.parametrize('policy', MESH_POLICIES)
 def test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh(policy):
     """Packed rows, ('data': 4, 'model': 2): the summed loss to 1e-6 and every gradient (of
     the token-normalised loss) to 1e-6 absolute and 1e-5 relative, float32."""

@@ -170,19 +170,20 @@ def test_stacked_norm_scales_and_biases_do_not_decay():
 
 
 def test_the_scanned_step_holds_one_layers_program_whatever_the_depth(monkeypatch):
-    """The lowered train step's op histogram (tests/model/snapshots.py): a scanned 12 + 12
-    model's equals a scanned 2 + 2 model's; the unrolled one grows with depth."""
+    """The lowered train step's op histogram (tests/model/snapshots.py): a scanned 6 + 6
+    model's equals a scanned 2 + 2 model's; the unrolled one grows with depth (three times
+    the layers: over 2.5 times the products)."""
     from tests.model import snapshots
 
-    for layers in (2, 12):
+    for layers in (2, 6):
         for scan in (False, True):
             fields = {'num_encoder_layers': layers, 'num_decoder_layers': layers}
             monkeypatch.setitem(
                 snapshots.CASES, f'{layers}_{scan}', {**fields, 'scan_layers': scan}
             )
-    assert snapshots.op_histogram('12_True') == snapshots.op_histogram('2_True')
-    unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('12_False')
-    assert deeper['stablehlo.dot_general'] > 5 * unrolled['stablehlo.dot_general']
+    assert snapshots.op_histogram('6_True') == snapshots.op_histogram('2_True')
+    unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('6_False')
+    assert deeper['stablehlo.dot_general'] > 2.5 * unrolled['stablehlo.dot_general']
 
 
 @pytest.mark.slow
