@@ -255,9 +255,12 @@ def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
         np.testing.assert_array_equal(ours[key], value)
 
 
-@pytest.mark.parametrize('remat', ['none', 'full'])
+@pytest.mark.parametrize('remat', [pytest.param('none', marks=pytest.mark.long), 'full'])
 def test_gradients_equal_the_unrolled_models(remat):
-    """One batch's loss and gradients, dropout off, in float32 products: equal to 1e-6."""
+    """One batch's loss and gradients, dropout off, in float32 products: equal to 1e-6.
+    'none' is in the long tier: 'full' differentiates the same scan of the same layers, each
+    wrapped in `nn.remat` (whose gradients are the plain layers': tests/model/test_remat.py),
+    and test_relative_positions.py's scanned case differentiates a scan without it."""
     unrolled, scanned = _pair(remat=remat)
     params = _random_params(unrolled, seed=4)
     batch = {k: jnp.asarray(v) for k, v in packed_batch(0).items()}
