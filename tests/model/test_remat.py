@@ -78,8 +78,8 @@ def test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh(policy)
 
 @pytest.mark.long
 def test_a_policy_gives_the_plain_models_gradients_in_pmap_mode():
-    """In the long tier, a second parallel mode of the same wrapped layers: each policy's
-    loss and gradients equal the plain model's on a mesh
+    """In the long tier, a second parallel mode of the same wrapped layers: a policy's loss
+    and gradients equal the plain model's on a mesh
     (test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh), and a pmap step
     of the 'dots' policy runs and equals its unrolled model's step (tests/model/
     test_scan_layers.py: test_a_training_step_equals_the_unrolled_models, pmap2-dots)."""
