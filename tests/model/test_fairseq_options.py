@@ -150,7 +150,9 @@ def cached_equals_teacher_forced(cfg, atol: float = 1e-5) -> None:
     inputs = padded_tokens(3, (b, 5), lengths=[5, 3])
     targets = padded_tokens(4, (b, t), lengths=[6, 4])
     full = np.asarray(jax.jit(functools.partial(_forward, cfg))(params, inputs, targets))
-    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    # Compiled: one program costs less than the encoder's ops run one by one.
+    encode = jax.jit(functools.partial(model.apply, method=Transformer.encode))
+    encoded = encode({'params': params}, inputs)
 
     @jax.jit
     def step(cache, token):
@@ -245,9 +247,15 @@ def test_the_learned_tables_and_norms_are_declared_counted_and_replicated():
     assert dict(parallel.rules(fsdp=False))['positions'] is None
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize('overrides', [M2M100, MBART], ids=['m2m100', 'mbart'])
 def test_cached_decoding_equals_teacher_forcing(overrides):
+    """In the long tier: the families' own networks with these options decode through the
+    cache step by step to Hugging Face's greedy tokens and scores, and their teacher-forced
+    logits are Hugging Face's (tests/model/test_fairseq_families.py:
+    test_greedy_steps_with_the_cache_equal_hugging_faces_generation and
+    test_teacher_forced_logits_equal_hugging_faces): cached steps and teacher forcing agree
+    through both."""
     cached_equals_teacher_forced(tiny_config(num_decoder_layers=2, **overrides))
 
 

@@ -189,8 +189,14 @@ def test_train_speed_out_of_memory_is_one_line_error(tmp_path):
     """A step that passes the config check but cannot fit (rows of 2^17 tokens: attention
     scores of a TiB) ends train_speed.py with one `error: out of memory` line naming the keys
     to lower, not a traceback; the child's address space capped (`memory_capped`) so that the
-    allocation fails on every machine, overcommitting ones too."""
-    done = _train_speed(tmp_path, f'--config.data.max_len={2**17}', '--data=random', memory_gib=32)
+    allocation fails on every machine, overcommitting ones too. The model of tests/tiny_run.py
+    (one layer each side, width 32): the scores are as large, the program cheaper to build."""
+    from tests.tiny_run import SMALL
+
+    model = [f'--config.{key}={value}' for key, value in SMALL.items() if key.startswith('model.')]
+    done = _train_speed(
+        tmp_path, f'--config.data.max_len={2**17}', *model, '--data=random', memory_gib=32
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith('error: out of memory allocating ') and 'train.batch_size' in last

@@ -230,9 +230,14 @@ def test_cached_decoding_equals_the_full_forward_and_the_caches_hold_k_heads():
     np.testing.assert_allclose(np.stack(stepwise, 1)[real], np.asarray(full)[real], atol=1e-5)
 
 
+@pytest.mark.long
 def test_greedy_and_beam_search_run_with_one_key_value_head():
     """Multi-query attention (K = 1) through both searches (beam search shares one cache
-    between a source's beams)."""
+    between a source's beams). In the long tier: the cache of one key/value head decodes as
+    the full forward (test_cached_decoding_equals_the_full_forward_and_the_caches_hold_k_heads),
+    and both searches run over grouped heads' caches, beams sharing one, shrinking as examples
+    end (tests/model/test_scan_layers.py::test_logits_and_decoding_equal_the_unrolled_models,
+    num_kv_heads 2)."""
     cfg = tiny_config(num_kv_heads=1)
     model, params = Transformer(cfg), random_params(cfg)
     inputs = random_tokens(5, (2, 4), [4, 2])

@@ -292,7 +292,7 @@ def test_packed_row_equals_examples_run_separately(overrides):
     [
         ({}, 'float32', 1e-5),
         ({'pre_layer_norm': True}, 'float32', 1e-5),
-        ({}, 'bfloat16', 4),
+        pytest.param({}, 'bfloat16', 4, marks=pytest.mark.long),
         (MODERN, 'float32', 1e-5),
         pytest.param(
             {**MODERN, 'ffn': 'geglu', 'pre_layer_norm': False},
@@ -310,9 +310,11 @@ def test_cached_decoding_equals_full_forward(overrides, dtype, atol):
     its keys and values only from the cache that `init_cache` filled. In bfloat16 (the CPU's
     16-bit products of transformer/backends/products.py, one-row products included; a GPU's
     fused kernels) the two agree to bfloat16 rounding: ``atol`` bfloat16 steps at the logits'
-    largest magnitude (an H100 showed 3). The modern parts with GeGLU after each sub-layer
-    (post-LN) are in the long tier: the modern case decodes their norms, rotations and grouped
-    heads, the post-LN case that placement, and a feed-forward reads no cache."""
+    largest magnitude (an H100 showed 3). In the long tier: the bfloat16 case, a second dtype
+    of the same steps (the float32 cases decode them; tests/backends/test_products.py checks
+    the bfloat16 products), and the modern parts with GeGLU after each sub-layer (post-LN):
+    the modern case decodes their norms, rotations and grouped heads, the post-LN case that
+    placement, and a feed-forward reads no cache."""
     cfg = tiny_config(num_decoder_layers=2, dtype=dtype, **overrides)
     model = Transformer(cfg)
     params = random_params(cfg)

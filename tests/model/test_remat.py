@@ -62,16 +62,27 @@ def _assert_same_step(got, want) -> None:
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
+# 'full' in the suite; the other policies are the same `nn.remat` wrapper with another
+# policy function, and the suite runs each in a training step equal to its unrolled model's
+# (tests/model/test_scan_layers.py: pmap2-dots, fsdp_model8-attention): in the long tier.
+MESH_POLICIES = [p if p == 'full' else pytest.param(p, marks=pytest.mark.long) for p in POLICIES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('policy', POLICIES)
+@pytest.mark.parametrize('policy', MESH_POLICIES)
 def test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh(policy):
     """Packed rows, ('data': 4, 'model': 2): the summed loss to 1e-6 and every gradient (of
     the token-normalised loss) to 1e-6 absolute and 1e-5 relative, float32."""
     _assert_same_step(_one_step(policy, 'sharding'), _one_step('none', 'sharding'))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_policy_gives_the_plain_models_gradients_in_pmap_mode():
+    """In the long tier, a second parallel mode of the same wrapped layers: a policy's loss
+    and gradients equal the plain model's on a mesh
+    (test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh), and a pmap step
+    of the 'dots' policy runs and equals its unrolled model's step (tests/model/
+    test_scan_layers.py: test_a_training_step_equals_the_unrolled_models, pmap2-dots)."""
     _assert_same_step(_one_step('dots', 'pmap'), _one_step('none', 'pmap'))
 
 

@@ -105,13 +105,16 @@ MODES = {
     'model4': ('sharding', 4, {'model_parallelism': 2}),
 }
 # In the suite, the modes whose step does more than one device's with the layer axis:
-# replicas kept by pmap, the stacked parameters sharded over fsdp's and the model's axes, with
-# the policies the gradient test below leaves out. The others are in the long tier. One
-# device's step under 'none' and 'full' repeats test_gradients_equal_the_unrolled_models (the
-# same loss and gradients, compiled once each) and test_stacked_norm_scales_and_biases_do_not_
-# decay (the update's mask); two data-parallel devices split the batch of a replicated state,
-# as tests/training/test_parallel.py's data-parallel cases check for the unrolled step.
-SUITE = [('pmap2', 'dots'), ('fsdp4', 'attention'), ('model4', 'none')]
+# replicas kept by pmap, and the stacked parameters sharded over fsdp's and the model's axes
+# at once (one program: ('data': 4, 'model': 2), fsdp on), with the policies the gradient test
+# below leaves out. The others are in the long tier: fsdp4 and model4 each shard over one of
+# the merged case's axes; one device's step under 'none' and 'full' repeats
+# test_gradients_equal_the_unrolled_models (the same loss and gradients, compiled once each)
+# and test_stacked_norm_scales_and_biases_do_not_decay (the update's mask); two data-parallel
+# devices split the batch of a replicated state, as tests/training/test_parallel.py's
+# data-parallel cases check for the unrolled step.
+SUITE_MODES = {'fsdp_model8': ('sharding', 8, {'fsdp': True, 'model_parallelism': 2})}
+SUITE = [('pmap2', 'dots'), ('fsdp_model8', 'attention')]
 LONG = [(m, p) for m in MODES for p in ('none', 'full', 'dots', 'attention') if (m, p) not in SUITE]
 
 
@@ -119,7 +122,7 @@ LONG = [(m, p) for m in MODES for p in ('none', 'full', 'dots', 'attention') if 
 @pytest.mark.parametrize('mode, remat', SUITE)
 def test_a_training_step_equals_the_unrolled_models(mode, remat):
     """Dropout off: the same loss and, unstacked, the same parameters after two steps."""
-    _assert_the_same_two_steps(*MODES[mode], remat)
+    _assert_the_same_two_steps(*(MODES | SUITE_MODES)[mode], remat)
 
 
 @pytest.mark.long
@@ -167,19 +170,20 @@ def test_stacked_norm_scales_and_biases_do_not_decay():
 
 
 def test_the_scanned_step_holds_one_layers_program_whatever_the_depth(monkeypatch):
-    """The lowered train step's op histogram (tests/model/snapshots.py): a scanned 12 + 12
-    model's equals a scanned 2 + 2 model's; the unrolled one grows with depth."""
+    """The lowered train step's op histogram (tests/model/snapshots.py): a scanned 6 + 6
+    model's equals a scanned 2 + 2 model's; the unrolled one grows with depth (three times
+    the layers: over 2.5 times the products)."""
     from tests.model import snapshots
 
-    for layers in (2, 12):
+    for layers in (2, 6):
         for scan in (False, True):
             fields = {'num_encoder_layers': layers, 'num_decoder_layers': layers}
             monkeypatch.setitem(
                 snapshots.CASES, f'{layers}_{scan}', {**fields, 'scan_layers': scan}
             )
-    assert snapshots.op_histogram('12_True') == snapshots.op_histogram('2_True')
-    unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('12_False')
-    assert deeper['stablehlo.dot_general'] > 5 * unrolled['stablehlo.dot_general']
+    assert snapshots.op_histogram('6_True') == snapshots.op_histogram('2_True')
+    unrolled, deeper = snapshots.op_histogram('2_False'), snapshots.op_histogram('6_False')
+    assert deeper['stablehlo.dot_general'] > 2.5 * unrolled['stablehlo.dot_general']
 
 
 @pytest.mark.slow
@@ -226,10 +230,13 @@ def test_checkpoints_of_either_layout_resume_decode_average_and_export(run_dir, 
     _, _, model, exported, _ = export.load_run(run, 6, 1)
     assert not model.config.scan_layers and 'decoder_layer_0' in exported
     written = []
-    for flag in ('--scan_layers', '--noscan_layers'):  # evaluate decodes in either layout
+    # evaluate decodes in either layout: greedy, a few lines (the searches' parity in either
+    # layout is above and in test_logits_and_decoding_equal_the_unrolled_models).
+    for flag in ('--scan_layers', '--noscan_layers'):
         out = tmp_path / f'{flag}.txt'
+        args = [f'--workdir={run}', '--step=6', f'--output={out}', flag]
         with pytest.raises(SystemExit) as info:
-            evaluate.cli(['evaluate', f'--workdir={run}', '--step=6', f'--output={out}', flag])
+            evaluate.cli(['evaluate', *args, '--beam_size=1', '--max_examples=4'])
         assert not info.value.code
         written.append(out.read_text())
     assert written[0] == written[1]  # (a 6-step model: short outputs; parity itself is above)
@@ -248,9 +255,12 @@ def test_attention_maps_of_a_scanned_model_are_the_unrolled_ones():
         np.testing.assert_array_equal(ours[key], value)
 
 
-@pytest.mark.parametrize('remat', ['none', 'full'])
+@pytest.mark.parametrize('remat', [pytest.param('none', marks=pytest.mark.long), 'full'])
 def test_gradients_equal_the_unrolled_models(remat):
-    """One batch's loss and gradients, dropout off, in float32 products: equal to 1e-6."""
+    """One batch's loss and gradients, dropout off, in float32 products: equal to 1e-6.
+    'none' is in the long tier: 'full' differentiates the same scan of the same layers, each
+    wrapped in `nn.remat` (whose gradients are the plain layers': tests/model/test_remat.py),
+    and test_relative_positions.py's scanned case differentiates a scan without it."""
     unrolled, scanned = _pair(remat=remat)
     params = _random_params(unrolled, seed=4)
     batch = {k: jnp.asarray(v) for k, v in packed_batch(0).items()}
