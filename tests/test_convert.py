@@ -259,9 +259,16 @@ def test_a_float16_checkpoint_converts_and_translates_alike(hf_dir, loaded, gree
     assert api.load(run_dir).translate(LINES[:TRAINED_LINES], beam_size=1) == greedy[0]
 
 
-def test_multilingual_source_tag_goes_first_as_its_id(tmp_path_factory, tmp_path):
+@pytest.fixture(scope='module')
+def multilingual(tmp_path_factory):
+    """(Hugging Face directory, converted run) of a multilingual MarianMT: converted once for
+    the tests that read it (translating writes nothing into the run)."""
     hf_dir = marian_dir(tmp_path_factory, multilingual=True)
-    run_dir = _convert(hf_dir, tmp_path / 'run')
+    return hf_dir, _convert(hf_dir, tmp_path_factory.mktemp('multilingual') / 'run')
+
+
+def test_multilingual_source_tag_goes_first_as_its_id(multilingual):
+    hf_dir, run_dir = multilingual
     hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
     with pytest.raises(ValueError, match=r'multilingual \(3 such tokens: >>'):
         api.load(run_dir).translate(['a'])
@@ -341,11 +348,11 @@ def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
     assert hypotheses == greedy[0]
 
 
-def test_translate_command_takes_the_source_tag(tmp_path_factory, tmp_path, capsys):
+def test_translate_command_takes_the_source_tag(multilingual, tmp_path, capsys):
     """The command line: a multilingual run stops without --source_tag, translates with it."""
     from transformer import translate
 
-    run_dir = _convert(marian_dir(tmp_path_factory, multilingual=True), tmp_path / 'run')
+    run_dir = multilingual[1]
     source = tmp_path / 'in.txt'
     source.write_text(LINES[0] + '\n')
 
