@@ -204,7 +204,9 @@ def test_ctranslate2_export_with_the_tokens_translates_as_ours(converted, runs, 
 
     run_dir, out = converted[1], tmp_path / 'ct2'
     export.export(str(run_dir), str(out), format='ctranslate2')
-    lines = [s for s, _ in synthetic_lines()[:TRAINED_LINES]]
+    # 8 of the learned lines: fewer stages of the greedy search's shrinking batch to compile
+    # (a program each) than 32, and enough lines for a tag to change some output.
+    lines = [s for s, _ in synthetic_lines()[:8]]
     source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
     target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
     run = api.load(str(run_dir))
