@@ -12,7 +12,7 @@ import pytest
 
 from tests import ctranslate2_child
 from tests.cli import convert_cli
-from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
+from tests.marian_dir import hf_log_probs, marian_dir, synthetic_lines
 from tests.shared_dirs import built_once
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
@@ -24,6 +24,9 @@ transformers = pytest.importorskip('transformers', reason=_SKIP.format('transfor
 MarianMTModel, MarianTokenizer = transformers.MarianMTModel, transformers.MarianTokenizer
 
 LINES = [s for s, _ in synthetic_lines()]
+# The greedy comparisons decode the first 8 of the lines the model learned (marian_dir's
+# TRAINED_LINES): fewer stages of the search's shrinking batch to compile than with 32.
+GREEDY = 8
 
 
 def _convert(hf_dir, out, *args):
@@ -64,11 +67,11 @@ def run(run_dir):
 
 @pytest.fixture(scope='module')
 def greedy(request, tmp_path_factory):
-    """(ours, Hugging Face's) greedy outputs of the lines the model learned: decoded once for
-    both pytest-xdist workers (tests/shared_dirs.py), whose tests of this module may split."""
+    """(ours, Hugging Face's) greedy outputs of `GREEDY` lines the model learned: decoded once
+    for both pytest-xdist workers (tests/shared_dirs.py), whose tests of this module may split."""
 
     def decode(path):
-        lines = LINES[:TRAINED_LINES]
+        lines = LINES[:GREEDY]
         hf = [request.getfixturevalue(name) for name in ('hf_model', 'hf_tokenizer')]
         ours = request.getfixturevalue('run').translate(lines, beam_size=1)
         path.mkdir()
@@ -211,7 +214,7 @@ def test_ctranslate2_export_of_a_converted_run_translates_as_ours(run_dir, greed
     with pytest.raises(SystemExit) as info:
         export.cli(['export', f'--workdir={run_dir}', f'--out={out}', '--format=ctranslate2'])
     assert info.value.code is None, info.value.code
-    lines = LINES[:TRAINED_LINES]
+    lines = LINES[:GREEDY]
     source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
     target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
     hypotheses = ctranslate2_child.translate(
@@ -256,12 +259,19 @@ def test_a_float16_checkpoint_converts_and_translates_alike(hf_dir, loaded, gree
     run_dir = _convert(copy, tmp_path / 'run')
     rounded = jax.tree.map(lambda x: np.asarray(x, np.float16).astype(np.float32), loaded[3])
     jax.tree.map(np.testing.assert_array_equal, load_model(run_dir)[3], rounded)
-    assert api.load(run_dir).translate(LINES[:TRAINED_LINES], beam_size=1) == greedy[0]
+    assert api.load(run_dir).translate(LINES[:GREEDY], beam_size=1) == greedy[0]
 
 
-def test_multilingual_source_tag_goes_first_as_its_id(tmp_path_factory, tmp_path):
+@pytest.fixture(scope='module')
+def multilingual(tmp_path_factory):
+    """(Hugging Face directory, converted run) of a multilingual MarianMT: converted once for
+    the tests that read it (translating writes nothing into the run)."""
     hf_dir = marian_dir(tmp_path_factory, multilingual=True)
-    run_dir = _convert(hf_dir, tmp_path / 'run')
+    return hf_dir, _convert(hf_dir, tmp_path_factory.mktemp('multilingual') / 'run')
+
+
+def test_multilingual_source_tag_goes_first_as_its_id(multilingual):
+    hf_dir, run_dir = multilingual
     hf_tokenizer = MarianTokenizer.from_pretrained(hf_dir)
     with pytest.raises(ValueError, match=r'multilingual \(3 such tokens: >>'):
         api.load(run_dir).translate(['a'])
@@ -329,7 +339,7 @@ def test_an_existing_workdir_is_refused(hf_dir, tmp_path):
 def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
     from transformer import evaluate
 
-    pairs = synthetic_lines()[:TRAINED_LINES]
+    pairs = synthetic_lines()[:GREEDY]
     source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
     source.write_text(''.join(s + '\n' for s, _ in pairs))
     reference.write_text(''.join(t + '\n' for _, t in pairs))
@@ -341,11 +351,11 @@ def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
     assert hypotheses == greedy[0]
 
 
-def test_translate_command_takes_the_source_tag(tmp_path_factory, tmp_path, capsys):
+def test_translate_command_takes_the_source_tag(multilingual, tmp_path, capsys):
     """The command line: a multilingual run stops without --source_tag, translates with it."""
     from transformer import translate
 
-    run_dir = _convert(marian_dir(tmp_path_factory, multilingual=True), tmp_path / 'run')
+    run_dir = multilingual[1]
     source = tmp_path / 'in.txt'
     source.write_text(LINES[0] + '\n')
 
