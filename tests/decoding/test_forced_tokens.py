@@ -20,6 +20,7 @@ from tests.decoding.test_special_ids import (
     NATIVE,
     PAD,
     _length,
+    _padded,
     _params,
     _stepped_log_probs,
 )
@@ -120,10 +121,11 @@ def test_a_scored_target_counts_the_forced_ids_as_a_teacher_forced_loss_does():
         MODEL, _params(), _Numbers(), sources, targets, options=options, batch_size=4
     )
     labels = [[*FORCED, 5, 6, EOS], [*FORCED, 8, 9, 10, EOS]]
+    # Both pairs (and INPUTS' third row, fed EOS) in the searches' shape: the stepped
+    # decoder compiled for them; a step reads only the tokens fed before it.
+    steps = _stepped_log_probs(MODEL, INPUTS, _padded([*labels, [EOS]]))
     for pair, row, tokens in zip(scored, range(2), labels, strict=True):
-        target = np.array([tokens], np.int32)
-        steps = _stepped_log_probs(MODEL, INPUTS[row : row + 1], target)[0]
-        want = steps[np.arange(len(tokens)), tokens]
+        want = steps[row, np.arange(len(tokens)), tokens]
         assert pair.tokens == len(tokens)
         np.testing.assert_allclose(pair.token_log_probs, want, atol=1e-4)
         np.testing.assert_allclose(pair.log_prob, want.sum(), atol=1e-4)

@@ -62,7 +62,17 @@ def _one_device(beam_size: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(('name', 'beam_size'), [('data', 1), ('fsdp', 3), ('model2', 1)])
+@pytest.mark.parametrize(
+    ('name', 'beam_size'),
+    [
+        ('data', 1),
+        ('fsdp', 3),
+        # Long tier: the scanned model's model-axis case decodes on this mesh, and
+        # tests/evaluation/test_evaluate_mesh.py's greedy evaluate with a model axis of 2
+        # gives one device's tokens.
+        pytest.param('model2', 1, marks=pytest.mark.long),
+    ],
+)
 def test_mesh_decodes_the_tokens_of_one_device(name, beam_size):
     """Greedy on data-only and model-axis meshes, beam search with FSDP (and with data only
     in `test_nbest_on_a_mesh_equals_one_device`): the tokens of one device."""
@@ -153,7 +163,16 @@ def _kernel_of(params):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(('name', 'beam_size'), [('data', 3), ('fsdp', 1), ('model2', 3)])
+@pytest.mark.parametrize(
+    ('name', 'beam_size'),
+    [
+        # Long tier: the model-axis case runs the scanned beam search with its rows split over
+        # a data axis, and `test_nbest_on_a_mesh_equals_one_device` the data-only layout's.
+        pytest.param('data', 3, marks=pytest.mark.long),
+        ('fsdp', 1),
+        ('model2', 3),
+    ],
+)
 def test_a_scanned_model_on_a_mesh_decodes_the_tokens_of_one_device(name, beam_size):
     """model.scan_layers: the stacked parameters and caches (their layer axis first) on each
     mesh, rows still split over the data axis as the search shrinks its batch."""

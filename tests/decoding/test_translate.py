@@ -63,32 +63,46 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
 
 @pytest.mark.slow
 def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(run_dir, tmp_path):
-    """--nbest K: K rows per line, best first; log_prob is the teacher-forced log P(y|x) of
-    the hypothesis (recomputed here with a full forward pass), score = log_prob / penalty,
-    and rank 1 is the plain translation with the same beam."""
+    """--nbest K: K rows per line, best first (K = 2 of a beam of 3); log_prob is the
+    teacher-forced log P(y|x) of the hypothesis (recomputed here with a full forward pass),
+    score = log_prob / penalty, and rank 1 is the plain translation with the same beam. The
+    API is called with the command's run, options and batch size, so the command's search is
+    the program the API compiled, and its rows are the API's."""
     from transformer import decoding
+    from transformer.commands import decoding_run
 
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
-    _, tokenizer, model, params, _ = load_model(str(run_dir))
-    kwargs = dict(options=DecodeOptions(10), batch_size=4, max_input_tokens=32)
+    loaded = decoding_run.load_run(str(run_dir))
+    tokenizer, model, params = loaded.tokenizer, loaded.model, loaded.params
+    kwargs = dict(
+        options=loaded.options(None, None),
+        batch_size=loaded.config.eval.batch_size,
+        max_input_tokens=32,
+        layout=loaded.layout,
+    )
     lines = [sources[2], '', sources[3]]
     nbest = translation.translate_lines(
-        lines, tokenizer, model, params, beam_size=3, nbest=3, **kwargs
+        lines, tokenizer, model, params, beam_size=3, nbest=2, **kwargs
     )
     plain = translation.translate_lines(lines, tokenizer, model, params, beam_size=3, **kwargs)
     assert nbest[1] == [] and plain[1] == ''
     for line, hypotheses, best in zip(lines, nbest, plain, strict=True):
         if not line:
             continue
-        assert 1 <= len(hypotheses) <= 3 and hypotheses[0].text == best
+        assert 1 <= len(hypotheses) <= 2 and hypotheses[0].text == best
         scores = [h.score for h in hypotheses]
         assert scores == sorted(scores, reverse=True)
-        pairs = [([*tokenizer.encode(line), 1], [*tokenizer.encode(h.text), 1]) for h in hypotheses]
-        forward = _target_log_probs(model, params, pairs).sum(-1)
-        for h, log_prob, (_, target) in zip(hypotheses, forward, pairs, strict=True):
-            np.testing.assert_allclose(h.log_prob, log_prob, rtol=1e-4, atol=1e-4)
-            penalty = float(decoding.length_penalty(len(target), 0.6))
-            np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
+    found = [h for hypotheses in nbest for h in hypotheses]
+    pairs = [
+        ([*tokenizer.encode(line), 1], [*tokenizer.encode(h.text), 1])
+        for line, hypotheses in zip(lines, nbest, strict=True)
+        for h in hypotheses
+    ]
+    forward = _target_log_probs(model, params, pairs).sum(-1)  # every line's in one pass
+    for h, log_prob, (_, target) in zip(found, forward, pairs, strict=True):
+        np.testing.assert_allclose(h.log_prob, log_prob, rtol=1e-4, atol=1e-4)
+        penalty = float(decoding.length_penalty(len(target), 0.6))
+        np.testing.assert_allclose(h.score, h.log_prob / penalty, rtol=1e-5)
 
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'out.tsv'
     infile.write_text('\n'.join(lines) + '\n')
@@ -100,6 +114,7 @@ def test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation(ru
     assert all(len(row) == 5 for row in rows)
     assert [(r[0], r[1]) for r in rows] == [('0', '1'), ('0', '2'), ('2', '1'), ('2', '2')]
     assert float(rows[0][2]) >= float(rows[1][2])
+    assert [(r[2], r[4]) for r in rows] == [(f'{h.score:.4f}', h.text) for h in found]
 
 
 def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
@@ -131,11 +146,19 @@ def test_translate_survives_hostile_stdin(run_dir, monkeypatch, capsys, caplog):
     assert 'Line 8 has' in warned  # the over-long line, cut to max_len tokens
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_translate_ensemble_log_probs_are_the_mixtures(run_dir, tmp_path):
     """`translate --ensemble` with --nbest: the run at step 4 and the same run at step 2 (two
     different models) decode as one; every log_prob is the log of the two models' mean
-    teacher-forced probability of the hypothesis, token by token."""
+    teacher-forced probability of the hypothesis, token by token.
+
+    Long tier: its parts each keep a default-tier test: a mixture's beam scores
+    (tests/decoding/test_decode.py::test_ensemble_scores_are_the_mixtures_log_probs), an
+    ensemble on the commands' mesh (tests/decoding/test_mesh.py::
+    test_an_ensemble_on_a_mesh_equals_one_device), ``--ensemble`` loaded and decoded by a
+    command (tests/evaluation/test_evaluate.py::test_evaluate_ensemble_of_runs) and n-best
+    log_probs as teacher-forced sums
+    (`test_nbest_scores_are_the_model_log_probs_and_rank_one_is_the_translation`)."""
     sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
     # The run's step 2 as a run of its own: copy everything but checkpoint 4.
     earlier = tmp_path / 'earlier'

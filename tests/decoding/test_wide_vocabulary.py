@@ -90,8 +90,8 @@ def test_a_beam_as_wide_as_every_prefix_equals_exhaustive_search():
     )
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     width = sequences.shape[-1]
-    for b, limit in enumerate((4, 2)):
-        candidates = np.array(
+    every_candidate = [
+        np.array(
             [
                 [*prefix, EOS_ID] + [PAD_ID] * (width - n - 1)
                 for n in range(limit)
@@ -99,9 +99,17 @@ def test_a_beam_as_wide_as_every_prefix_equals_exhaustive_search():
             ],
             np.int32,
         )
-        inputs = np.repeat(INPUTS[b : b + 1], len(candidates), axis=0)
+        for limit in (4, 2)
+    ]
+    # Both sources' candidates in one forward pass (one compiled shape).
+    counts = [len(c) for c in every_candidate]
+    log_probs = _sequence_log_probs(
+        np.repeat(INPUTS, counts, axis=0), np.concatenate(every_candidate)
+    )
+    log_probs = np.split(log_probs, [counts[0]])
+    for b, candidates in enumerate(every_candidate):
         lengths = (candidates != PAD_ID).sum(-1)
-        every = _sequence_log_probs(inputs, candidates) / ((5.0 + lengths) / 6.0) ** 0.6
+        every = log_probs[b] / ((5.0 + lengths) / 6.0) ** 0.6
         best = np.argsort(-every, kind='stable')[:beam]
         found = len(best)  # 27 of the 40 sequences for limit 4; all 4 for limit 2
         np.testing.assert_array_equal(sequences[b, :found], candidates[best])

@@ -120,27 +120,31 @@ def test_eval_sweep_scores_each_setting_on_validation_and_refuses_test(run_dir, 
 def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     """`evaluate --ensemble`: two copies of a run decode as the run alone (the mean of equal
     distributions); runs with another vocabulary or another model are refused in one line,
-    while another dropout rate (training only) is accepted and decodes as the run alone."""
+    while another dropout rate (training only) is accepted and decodes as the run alone.
+    Everything decodes the validation split's first 6 sentences, as
+    `test_eval_sweep_scores_each_setting_on_validation_and_refuses_test` does: the run alone
+    and eval_sweep's ensemble run the programs compiled before them."""
     import shutil
 
     from sentencepiece import sentencepiece_model_pb2
 
     copy = tmp_path / 'copy'
     shutil.copytree(run_dir, copy)
-    argv = ['evaluate', f'--workdir={run_dir}', '--beam_size=2', '--max_examples=7', '--step=4']
+    argv = ['evaluate', f'--workdir={run_dir}', '--beam_size=2', '--max_examples=6', '--step=4']
+    argv.append('--split=validation')  # eval_sweep's split
     alone, together = tmp_path / 'alone.txt', tmp_path / 'together.txt'
     for out, extra in ((alone, []), (together, [f'--ensemble={copy}'])):
         with pytest.raises(SystemExit) as exit_info:
             evaluate.cli([*argv, f'--output={out}', *extra])
         assert not exit_info.value.code
     assert together.read_text() == alone.read_text()
-    assert len(alone.read_text().splitlines()) == 7
+    assert len(alone.read_text().splitlines()) == 6
     scores = json.loads(together.with_suffix('.json').read_text())
     assert scores['ensemble'] == [str(run_dir), str(copy)]
     assert scores['ensemble_steps'] == [[4], [4]]
     sweep = _eval_sweep().main(
         ['--workdir', str(run_dir), '--ensemble', str(copy), '--beam_size', '2']
-        + ['--max_examples', '7']
+        + ['--max_examples', '6']
     )
     assert sweep[0]['ensemble'] == [str(run_dir), str(copy)]
     assert (
@@ -152,7 +156,13 @@ def test_evaluate_ensemble_of_runs(run_dir, tmp_path):
     (copy / 'config.json').write_text(json.dumps(config))
     # The search above again: its compiled program is reused, and the outputs must not move.
     evaluate.run(
-        str(run_dir), step=4, beam_size=2, max_examples=7, output=str(together), ensemble=[copy]
+        str(run_dir),
+        step=4,
+        split='validation',
+        beam_size=2,
+        max_examples=6,
+        output=str(together),
+        ensemble=[copy],
     )
     assert together.read_text() == alone.read_text()
 
