@@ -169,19 +169,10 @@ def decode_hf(hf_dir, source, result, threads, beam_size, batch_size, extra_leng
     model = transformers.M2M100ForConditionalGeneration.from_pretrained(hf_dir).eval()
     forced = tokenizer.convert_tokens_to_ids(PAIR[1])
     loaded = time.perf_counter()
-    lines, pad = read(source), model.config.pad_token_id
-    lengths = [len(ids) for ids in tokenizer(lines)['input_ids']]  # the code and EOS included
-    hypotheses, tokens = [''] * len(lines), 0
-    with torch.inference_mode():
-        for batch in batches(lengths, batch_size):
-            inputs = tokenizer([lines[i] for i in batch], padding=True, return_tensors='pt')
-            out = model.generate(
-                **inputs, num_beams=beam_size, forced_bos_token_id=forced,
-                max_new_tokens=max(lengths[i] for i in batch) + extra_length,
-            )  # fmt: skip
-            for i, row in zip(batch, out[:, 1:].tolist(), strict=True):  # without the start
-                tokens += sum(t != pad for t in row)
-                hypotheses[i] = tokenizer.decode(row, skip_special_tokens=True)
+    hypotheses, tokens = measured.generate(  # (the code and EOS count in the limit)
+        tokenizer, model, read(source), beam_size, batch_size, extra_length,
+        forced_bos_token_id=forced,
+    )  # fmt: skip
     times = dict(load_s=loaded - start, decode_s=time.perf_counter() - loaded)
     measured.write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
 

@@ -86,6 +86,34 @@ def batches(lengths: list[int], size: int) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
+def generate(
+    tokenizer,
+    model,
+    lines: list[str],
+    beam_size: int,
+    batch_size: int,
+    extra_length: int,
+    **options,
+) -> tuple[list[str], int]:
+    """Hugging Face ``model.generate`` of ``lines`` by batches sorted by length, each up to its
+    longest input (its tokenizer's ids, EOS included) + ``extra_length`` new tokens (``options``:
+    more of generate's arguments): the texts, and the output tokens after the decoder's start
+    (padding not counted)."""
+    import torch
+
+    lengths = [len(ids) for ids in tokenizer(lines)['input_ids']]
+    hypotheses, tokens, pad = [''] * len(lines), 0, model.config.pad_token_id
+    with torch.inference_mode():
+        for batch in batches(lengths, batch_size):
+            inputs = tokenizer([lines[i] for i in batch], padding=True, return_tensors='pt')
+            limit = max(lengths[i] for i in batch) + extra_length
+            out = model.generate(**inputs, num_beams=beam_size, max_new_tokens=limit, **options)
+            for i, row in zip(batch, out[:, 1:].tolist(), strict=True):  # without the start
+                tokens += sum(t != pad for t in row)
+                hypotheses[i] = tokenizer.decode(row, skip_special_tokens=True)
+    return hypotheses, tokens
+
+
 def piece_count(text: str, pieces: set[str], longest: int) -> int:
     """The fewest ``pieces`` that spell ``text`` as SentencePiece decodes them (a known
     piece's '▁' a space, the text's first one dropped; a piece it lacks, a filler, as written):

@@ -189,17 +189,10 @@ def decode_hf(hf_dir, source, result, threads, beam_size, batch_size, extra_leng
     tokenizer = transformers.T5Tokenizer.from_pretrained(hf_dir)
     model = transformers.T5ForConditionalGeneration.from_pretrained(hf_dir).eval()
     loaded = time.perf_counter()
-    lines, pad = [f'{TAG} {line}' for line in read(source)], model.config.pad_token_id
-    lengths = [len(ids) for ids in tokenizer(lines)['input_ids']]  # the tag and EOS included
-    hypotheses, tokens = [''] * len(lines), 0
-    with torch.inference_mode():
-        for batch in batches(lengths, batch_size):
-            inputs = tokenizer([lines[i] for i in batch], padding=True, return_tensors='pt')
-            limit = max(lengths[i] for i in batch) + extra_length
-            out = model.generate(**inputs, num_beams=beam_size, max_new_tokens=limit)
-            for i, row in zip(batch, out[:, 1:].tolist(), strict=True):  # without the start
-                tokens += sum(t != pad for t in row)
-                hypotheses[i] = tokenizer.decode(row, skip_special_tokens=True)
+    lines = [f'{TAG} {line}' for line in read(source)]  # (the tag counts in the limit)
+    hypotheses, tokens = measured.generate(
+        tokenizer, model, lines, beam_size, batch_size, extra_length
+    )
     times = dict(load_s=loaded - start, decode_s=time.perf_counter() - loaded)
     measured.write_json(result, dict(times, output_tokens=tokens, hypotheses=hypotheses))
 
