@@ -26,7 +26,9 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   backend compiler's optimizations are off (``--xla_backend_optimization_level=0``, LLVM's
   -O0; XLA's own graph passes still run). On 2 cores it cut the time of tests/decoding and
   tests/model by 29% (250 s to 178 s, ``pytest -n 2``); a comparison between two programs
-  compiles both with it, so no tolerance changes.
+  compiles both with it, so no tolerance changes. XLA's older CPU code generators
+  (``--xla_cpu_use_fusion_emitters=false``) compile faster still, but with them an 8-device
+  program's collectives sometimes wait on each other for good (docs/experiments.md).
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.
