@@ -54,24 +54,18 @@ import subprocess
 import sys
 import tempfile
 
-# The CPU's older code generators, where this XLA has them (XLA aborts a process whose XLA_FLAGS
-# name a flag it does not know, so a process with jax's CPU backend alone tries them first),
-# with one thread per product (below). The answer is kept in the environment: pytest-xdist
-# workers and the processes tests start inherit it and ask no more.
-_OLDER_EMITTERS = ('--xla_cpu_use_fusion_emitters=false', '--xla_cpu_multi_thread_eigen=false')
+# The CPU's older code generators, where this XLA has them: XLA aborts a process whose XLA_FLAGS
+# name a flag it does not know, so a process with jax's CPU backend alone tries it first. The
+# answer is kept in the environment: pytest-xdist workers and the processes tests start inherit
+# it and ask no more.
+_OLDER_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
 if 'TRANSFORMER_TESTS_OLDER_EMITTERS' not in os.environ:
     _probe = subprocess.run(
         [sys.executable, '-c', 'import jax; jax.devices()'],
-        env={**os.environ, 'XLA_FLAGS': ' '.join(_OLDER_EMITTERS), 'JAX_PLATFORMS': 'cpu'},
+        env={**os.environ, 'XLA_FLAGS': _OLDER_EMITTERS, 'JAX_PLATFORMS': 'cpu'},
         capture_output=True,
     )
     os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] = str(int(_probe.returncode == 0))
-_older = os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] == '1'
-if _older:
-    # XLA's CPU thread pool sized for the 8 devices' collectives (NPROC: XLA's count of the
-    # cores a process may use), not for this machine's cores; a product keeps to one thread,
-    # so the larger pool does not run more products than there are cores.
-    os.environ.setdefault('NPROC', '16')
 
 # Added to any XLA_FLAGS already set (pytest-xdist workers inherit the controller's).
 _flags = os.environ.get('XLA_FLAGS', '').split()
@@ -79,11 +73,14 @@ for _flag in (
     '--xla_force_host_platform_device_count=8',
     '--xla_gpu_deterministic_ops=true',
     '--xla_backend_optimization_level=0',
-    *(_OLDER_EMITTERS if _older else ()),
+    *([_OLDER_EMITTERS] if os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] == '1' else []),
 ):
     if not any(f.split('=')[0] == _flag.split('=')[0] for f in _flags):
         _flags.append(_flag)
 os.environ['XLA_FLAGS'] = ' '.join(_flags)
+# XLA's CPU thread pool sized for the 8 devices' collectives (NPROC: XLA's count of the cores
+# a process may use), not for this machine's cores: see "Programs are compiled" above.
+os.environ.setdefault('NPROC', '16')
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
