@@ -27,12 +27,8 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   -O0; XLA's own graph passes still run). On 2 cores it cut the time of tests/decoding and
   tests/model by 29% (250 s to 178 s, ``pytest -n 2``); a comparison between two programs
   compiles both with it, so no tolerance changes. XLA's older CPU code generators
-  (``--xla_cpu_use_fusion_emitters=false``, where this XLA knows the flag) compile them
-  about 30% faster again. With them, on 2 cores, an 8-device program's collectives
-  deadlocked in about half the runs of tests/test_convert*.py (XLA's rendezvous gave up
-  after 40 s): its thread pool, sized by the machine's cores, had no thread left for the
-  devices that had not arrived. ``NPROC=16`` sizes the pool for 8 devices; none deadlocked
-  since (docs/experiments.md).
+  (``--xla_cpu_use_fusion_emitters=false``) compile faster still, but with them an 8-device
+  program's collectives sometimes wait on each other for good (docs/experiments.md).
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.
@@ -50,22 +46,7 @@ cache's file lock, so concurrent processes never read a half-written entry.
 import atexit
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-
-# The CPU's older code generators, where this XLA has them: XLA aborts a process whose XLA_FLAGS
-# name a flag it does not know, so a process with jax's CPU backend alone tries it first. The
-# answer is kept in the environment: pytest-xdist workers and the processes tests start inherit
-# it and ask no more.
-_OLDER_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
-if 'TRANSFORMER_TESTS_OLDER_EMITTERS' not in os.environ:
-    _probe = subprocess.run(
-        [sys.executable, '-c', 'import jax; jax.devices()'],
-        env={**os.environ, 'XLA_FLAGS': _OLDER_EMITTERS, 'JAX_PLATFORMS': 'cpu'},
-        capture_output=True,
-    )
-    os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] = str(int(_probe.returncode == 0))
 
 # Added to any XLA_FLAGS already set (pytest-xdist workers inherit the controller's).
 _flags = os.environ.get('XLA_FLAGS', '').split()
@@ -73,14 +54,10 @@ for _flag in (
     '--xla_force_host_platform_device_count=8',
     '--xla_gpu_deterministic_ops=true',
     '--xla_backend_optimization_level=0',
-    *([_OLDER_EMITTERS] if os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] == '1' else []),
 ):
     if not any(f.split('=')[0] == _flag.split('=')[0] for f in _flags):
         _flags.append(_flag)
 os.environ['XLA_FLAGS'] = ' '.join(_flags)
-# XLA's CPU thread pool sized for the 8 devices' collectives (NPROC: XLA's count of the cores
-# a process may use), not for this machine's cores: see "Programs are compiled" above.
-os.environ.setdefault('NPROC', '16')
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
