@@ -70,7 +70,8 @@ def _scatters(grad) -> list[str]:
         return (embedding.lookup(t, k, jnp.float32, grad) * c).sum()
 
     # The program as lowered, before the backend compiler: what a CPU compiles a scatter into
-    # (one fused op, or a loop of updates) depends on XLA's settings (tests/conftest.py).
+    # depends on XLA's code generators (one fused op by default, a loop of updates under
+    # --xla_cpu_use_fusion_emitters=false).
     text = jax.jit(jax.grad(loss)).lower(table, tokens, cotangent).as_text()
     return re.findall(r'stablehlo\.scatter', text)
 
