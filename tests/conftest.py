@@ -27,16 +27,9 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   -O0; XLA's own graph passes still run). On 2 cores it cut the time of tests/decoding and
   tests/model by 29% (250 s to 178 s, ``pytest -n 2``); a comparison between two programs
   compiles both with it, so no tolerance changes. XLA's older CPU code generators
-  (``--xla_cpu_use_fusion_emitters=false``, where this XLA knows the flag) compile faster
-  again: tests/decoding/test_decode.py, test_beam.py, tests/training/test_parallel.py and
-  tests/model/test_model.py took 113 s of CPU instead of 248 s, the two run side by side
-  (docs/experiments.md). With them alone, an 8-device program's collectives sometimes waited
-  on each other for good (XLA's rendezvous gave up after 40 s): XLA sizes its CPU thread
-  pools by the larger of the cores and the devices, 8 here, and these programs needed more
-  threads than that. ``NPROC=16`` (XLA's count of the cores a process may use) gives the
-  pools 16, and a product keeps to one thread (``--xla_cpu_multi_thread_eigen=false``), so
-  the larger pool does not run more products than there are cores; with both the same tests
-  took the same CPU time.
+  (``--xla_cpu_use_fusion_emitters=false``) compile faster still, but with them an 8-device
+  program's collectives sometimes wait on each other for good, and ``NPROC=16``, which
+  stopped that, cost the time they saved (docs/experiments.md).
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.
@@ -54,26 +47,7 @@ cache's file lock, so concurrent processes never read a half-written entry.
 import atexit
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-
-# The CPU's older code generators, where this XLA has them (XLA aborts a process whose XLA_FLAGS
-# name a flag it does not know, so a process with jax's CPU backend alone tries them first),
-# with one thread per product and XLA's thread pools sized for 8 devices' collectives (see
-# "Programs are compiled" above). The answer is kept in the environment: pytest-xdist workers
-# and the processes tests start inherit it and ask no more.
-_OLDER_EMITTERS = ('--xla_cpu_use_fusion_emitters=false', '--xla_cpu_multi_thread_eigen=false')
-if 'TRANSFORMER_TESTS_OLDER_EMITTERS' not in os.environ:
-    _probe = subprocess.run(
-        [sys.executable, '-c', 'import jax; jax.devices()'],
-        env={**os.environ, 'XLA_FLAGS': ' '.join(_OLDER_EMITTERS), 'JAX_PLATFORMS': 'cpu'},
-        capture_output=True,
-    )
-    os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] = str(int(_probe.returncode == 0))
-_older = os.environ['TRANSFORMER_TESTS_OLDER_EMITTERS'] == '1'
-if _older:
-    os.environ.setdefault('NPROC', '16')
 
 # Added to any XLA_FLAGS already set (pytest-xdist workers inherit the controller's).
 _flags = os.environ.get('XLA_FLAGS', '').split()
@@ -81,7 +55,6 @@ for _flag in (
     '--xla_force_host_platform_device_count=8',
     '--xla_gpu_deterministic_ops=true',
     '--xla_backend_optimization_level=0',
-    *(_OLDER_EMITTERS if _older else ()),
 ):
     if not any(f.split('=')[0] == _flag.split('=')[0] for f in _flags):
         _flags.append(_flag)
