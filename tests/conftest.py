@@ -29,7 +29,7 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   compiles both with it, so no tolerance changes. XLA's older CPU code generators
   (``--xla_cpu_use_fusion_emitters=false``) compile faster still, but with them an 8-device
   program's collectives sometimes wait on each other for good (one thread per product does
-  not stop that), and ``NPROC=16``, which did, cost the suite the time they saved: the files
+  not stop that), and ``NPROC=16``, which does, cost the suite the time they saved: the files
   that run commands slowed as much as the decoding and model files sped up
   (docs/experiments.md).
 - On a GPU each process allocates device memory as it needs it
