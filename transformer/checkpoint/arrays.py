@@ -96,7 +96,8 @@ def restore(
     sizes = [_nbytes(flat[name][0][i]) for name, i in leaves]
     restored = {name: list(values) for name, (values, _) in flat.items()}
     others_restored: dict[str, Any] = {}
-    for n, batch in enumerate(batches(sizes)):
+    groups = batches(sizes)
+    for n, batch in enumerate(groups):
         wanted: dict[str, set[int]] = {}
         for k in batch:
             wanted.setdefault(leaves[k][0], set()).add(leaves[k][1])
@@ -116,8 +117,11 @@ def restore(
             for i in indices:
                 restored[name][i] = values[i]
         # Orbax's host buffers live on until the copies onto the devices finish and the
-        # cycles holding them are collected: left to later, the next batch joined them.
+        # cycles holding them are collected: left to later, the next batch joined them. A
+        # full collection takes a large process a fraction of a second, so the last batch's
+        # buffers (at most one batch, within the bound) are left to the next one Python runs.
         jax.block_until_ready([restored[name] for name in wanted])
         del got, values
-        gc.collect()
+        if n + 1 < len(groups):
+            gc.collect()
     return others_restored | {name: flat[name][1].unflatten(restored[name]) for name in flat}
