@@ -119,11 +119,21 @@ def restore_error(workdir: str, step: int, error: Exception, what: str) -> Workd
     )
 
 
-def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = False) -> None:
-    """ValueError naming the first parameter whose saved shape differs from abstract ``params``,
-    before any array is read (a restore failing half-way left tensorstore reads in flight,
-    which printed tracebacks after the error line)."""
-    saved = _saved_params(workdir, step, best)
+def saved_params(workdir: str, step: int, *, best: bool = False) -> PyTree | None:
+    """The metadata tree (shapes, no values) of the parameters saved at ``step``, or None
+    where it cannot be read (the restore then says what is wrong). Read once per restore:
+    `is_stacked` and `check_params_fit` take it."""
+    item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
+    try:
+        return ocp.StandardCheckpointHandler().metadata(item)
+    except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
+        return None
+
+
+def check_params_fit(saved: PyTree | None, params: PyTree) -> None:
+    """ValueError naming the first parameter whose ``saved`` shape (`saved_params`) differs
+    from abstract ``params``, before any array is read (a restore failing half-way left
+    tensorstore reads in flight, which printed tracebacks after the error line)."""
     if saved is None:
         return
     have, want = (
@@ -137,21 +147,10 @@ def check_params_fit(workdir: str, step: int, params: PyTree, *, best: bool = Fa
         )
 
 
-def saved_stacked(workdir: str, step: int, *, best: bool = False) -> bool | None:
-    """Whether the parameters saved at ``step`` hold a scanned model's stacked layers
-    (``encoder_layers``: model.scan_layers); None where the metadata cannot be read."""
-    saved = _saved_params(workdir, step, best)
+def is_stacked(saved: PyTree | None) -> bool | None:
+    """Whether ``saved`` (`saved_params`) holds a scanned model's stacked layers
+    (``encoder_layers``: model.scan_layers); None where the metadata could not be read."""
     return None if saved is None else any(key in saved for key in STACKED_KEYS)
-
-
-def _saved_params(workdir: str, step: int, best: bool) -> PyTree | None:
-    """The saved parameters' metadata tree (shapes, no values), or None where it cannot be
-    read (the restore then says what is wrong)."""
-    item = epath.Path(step_dir(workdir, step, best=best)) / 'params'
-    try:
-        return ocp.StandardCheckpointHandler().metadata(item)
-    except Exception:  # noqa: BLE001 - no readable metadata: the restore says what is wrong
-        return None
 
 
 def _leaves(tree: PyTree) -> list:

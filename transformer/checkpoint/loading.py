@@ -21,9 +21,10 @@ from transformer.checkpoint.directory import (
     CheckpointRemoved,
     check_params_fit,
     checkpoint_manager,
+    is_stacked,
     removed_error,
     restore_error,
-    saved_stacked,
+    saved_params,
     verify_step,
 )
 from transformer.model import Transformer, config_from_dict, convert_layer_layout
@@ -120,7 +121,8 @@ def restore_params(
     (default: on one local device) whatever the saving run's device count. Saved in the other
     layout of the layers (model.scan_layers), they are restored in it on one device and
     converted (one line says so)."""
-    stacked = saved_stacked(workdir, step, best=best)
+    saved = saved_params(workdir, step, best=best)
+    stacked = is_stacked(saved)
     if stacked is not None and stacked != model.config.scan_layers:
         other = Transformer(dataclasses.replace(model.config, scan_layers=stacked))
         params = restore_params(workdir, step, other, best=best)
@@ -135,7 +137,7 @@ def restore_params(
     target = abstract_params(model, shardings)
     try:
         verify_step(workdir, step, items=('params',), best=best)
-        check_params_fit(workdir, step, target, best=best)
+        check_params_fit(saved, target)
         restored = arrays.restore(checkpoint_manager(workdir, best=best), step, {'params': target})
     except RESTORE_ERRORS as e:
         removed = removed_error(workdir, step, best)

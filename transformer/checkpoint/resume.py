@@ -25,8 +25,9 @@ from transformer.checkpoint.directory import (
     CorruptCheckpoint,
     check_params_fit,
     is_sealed,
+    is_stacked,
     restore_error,
-    saved_stacked,
+    saved_params,
     verify_step,
 )
 from transformer.model import STACKED_KEYS, convert_layer_layout
@@ -68,12 +69,13 @@ def restore_state(
 ) -> tuple[State, dict[str, Any]]:
     """The train state saved at ``step`` (into the layout of ``abstract_state``) and its meta;
     `restore_latest` verifies the step first."""
-    stacked = saved_stacked(workdir, step)
+    saved = saved_params(workdir, step)
+    stacked = is_stacked(saved)
     scanned = STACKED_KEYS[0] in abstract_state.params  # this run's layout of the layers
     if stacked is not None and stacked != scanned:
         return _restore_converted(manager, step, abstract_state, workdir, stacked)
     try:
-        check_params_fit(workdir, step, abstract_state.params)
+        check_params_fit(saved, abstract_state.params)
         restored = arrays.restore(
             manager,
             step,
