@@ -67,7 +67,19 @@ def logical_partition_specs(
     'kv', 'mlp', 'vocab'), or of every leaf of ``build(params)``: a tree built leaf by leaf
     from the parameters (a train state whose optimizer moments inherit their parameter's
     names); a leaf not made from one gets ``PartitionSpec()``. Abstract: nothing is
-    allocated."""
+    allocated. The parameters' own (``build`` None) are traced once per configuration in a
+    process, as `abstract_params` is."""
+    if build is None:
+        return jax.tree.map(lambda x: x, _partition_specs(model.config))
+    return _traced_partition_specs(model, build)
+
+
+@functools.lru_cache(maxsize=16)
+def _partition_specs(config: TransformerConfig) -> PyTree:
+    return _traced_partition_specs(Transformer(config), None)
+
+
+def _traced_partition_specs(model: Transformer, build: Callable[[PyTree], PyTree] | None):
     dummy = jnp.ones((1, _INIT_LENGTH), jnp.int32)
 
     def described():
