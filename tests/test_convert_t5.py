@@ -5,6 +5,7 @@ alone) become run directories that give Hugging Face's log-probabilities and gre
 start fine-tuning from their weights and export back to the same tensors and files."""
 
 import dataclasses
+import functools
 import json
 import shutil
 
@@ -271,7 +272,9 @@ def test_init_from_the_directory_starts_from_the_converted_weights(
     typed = schema.parse(schema.complete(config))
     batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
     with jax.default_matmul_precision('float32'):
-        sums = steps.eval_step(params, batch, model=model, label_smoothing=0.0)
+        # One program: eagerly, each operation compiles on its own.
+        evaluate = functools.partial(steps.eval_step, model=model, label_smoothing=0.0)
+        sums = jax.jit(evaluate)(params, batch)
     converted_nll = float(sums['nll']) / float(sums['tokens'])
     assert seen[0]['nll'] == pytest.approx(converted_nll, rel=1e-4)
     assert converted_nll > 1.0  # a model's loss, not an empty batch's
