@@ -66,8 +66,9 @@ def padded(rows: list[list[int]], pad: int) -> np.ndarray:
 def assert_scores_equal(directory, model, params, sources, targets, pieces, pad: int) -> None:
     """CTranslate2's log-probability of each token of each target (</s> last, the id lists
     ``targets``) is ours to 1e-4 on a padded batch; ``pieces`` turns ids into its tokens."""
+    forward = jax.jit(teacher_forced_logits, static_argnums=0)  # eagerly, each op compiles
     with jax.default_matmul_precision('float32'):
-        logits = teacher_forced_logits(model, params, padded(sources, pad), padded(targets, pad))
+        logits = forward(model, params, padded(sources, pad), padded(targets, pad))
     log_probs = np.asarray(jax.nn.log_softmax(logits))
     batch = [pieces(row) for row in sources]
     scored = ctranslate2_child.score(directory, batch, [pieces(t[:-1]) for t in targets])

@@ -24,6 +24,7 @@ import pytest
 from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
 from tests.fairseq_dirs import lines
 from tests.fairseq_models import MODELS
+from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env
 from transformer import decoding, export
 from transformer.checkpoint import load_model
@@ -43,17 +44,45 @@ HUB_KEYS = {
         normalize_before=True, normalize_embedding=True, tokenizer_class='MBart50Tokenizer'
     )
 }
+# CTranslate2's converter of each (directory, out) pair of the arguments.
 _CONVERT = (
     'import sys\n'
     'from ctranslate2.converters import TransformersConverter\n'
-    'TransformersConverter(sys.argv[1]).convert(sys.argv[2])\n'
+    'for source, out in zip(sys.argv[1::2], sys.argv[2::2]):\n'
+    '    TransformersConverter(source).convert(out)\n'
 )
+CONVERTED = ('nllb', 'mbart50')
+
+
+@pytest.fixture(scope='module')
+def their_exports(fairseq_hf_dirs, tmp_path_factory):
+    """DIR/<name>: CTranslate2's conversion of each of `CONVERTED` (its directory with
+    `HUB_KEYS` added, DIR/<name>-hf), in one process (it imports torch, transformers and
+    ctranslate2 once for both), once for all workers; read them only."""
+
+    def convert(path):
+        pairs = []
+        for name in CONVERTED:
+            source = path / f'{name}-hf'
+            shutil.copytree(fairseq_hf_dirs / name, source)
+            config = json.loads((source / 'config.json').read_text())
+            (source / 'config.json').write_text(json.dumps({**config, **HUB_KEYS.get(name, {})}))
+            pairs += [str(source), str(path / name)]
+        done = subprocess.run(
+            [sys.executable, '-c', _CONVERT, *pairs],
+            env=repo_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return built_once(tmp_path_factory, 'ctranslate2-fairseq-converted', convert)
 
 
 @pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
-@pytest.mark.parametrize('name', ['nllb', 'mbart50'])
+@pytest.mark.parametrize('name', CONVERTED)
 def test_the_export_holds_what_ctranslate2s_converter_writes(
-    fairseq_hf_dirs, fairseq_runs, name, tmp_path
+    fairseq_runs, their_exports, name, tmp_path
 ):
     """Every variable and alias of CTranslate2's own conversion of the Hugging Face directory
     the run was converted from, equal, but two values: fairseq's computed sinusoids, ours
@@ -69,17 +98,7 @@ def test_the_export_holds_what_ctranslate2s_converter_writes(
             ['export', f'--workdir={fairseq_runs / name}', f'--out={ours}', '--format=ctranslate2']
         )
     assert info.value.code is None, info.value.code
-    source, theirs = tmp_path / 'hf', tmp_path / 'theirs'
-    shutil.copytree(fairseq_hf_dirs / name, source)
-    config = json.loads((source / 'config.json').read_text())
-    (source / 'config.json').write_text(json.dumps({**config, **HUB_KEYS.get(name, {})}))
-    done = subprocess.run(
-        [sys.executable, '-c', _CONVERT, str(source), str(theirs)],
-        env=repo_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = their_exports / name
 
     (mine, my_aliases), (their, their_aliases) = (
         read_model_bin(d / 'model.bin') for d in (ours, theirs)

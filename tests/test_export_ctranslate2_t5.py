@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
+from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env
 from tests.t5_dirs import eos_scaled, lines
 from tests.tiny_run import run_dir_with
@@ -34,20 +35,41 @@ pytest.importorskip(
 )
 
 # CTranslate2's T5Loader over transformers' model with the head of its own (tests/t5_dirs.py
-# hf_model: transformers 5 ties it whatever the config says).
+# hf_model: transformers 5 ties it whatever the config says), of each (directory, out) pair
+# of the arguments.
 _CONVERT = (
-    'import os, sys\n'
+    'import os, pathlib, sys\n'
     'import transformers\n'
     'from ctranslate2.converters.transformers import T5Loader\n'
     'from tests.t5_dirs import hf_model\n'
-    'model = hf_model(__import__("pathlib").Path(sys.argv[1]))\n'
-    'tokenizer = transformers.T5Tokenizer.from_pretrained(sys.argv[1])\n'
-    'loader = T5Loader()\n'
-    'spec = loader.get_model_spec(model)\n'
-    'loader.set_config(spec.config, model, tokenizer)\n'
-    'loader.set_vocabulary(spec, loader.get_vocabulary(model, tokenizer))\n'
-    'spec.validate(); spec.optimize(None); os.makedirs(sys.argv[2]); spec.save(sys.argv[2])\n'
+    'for source, out in zip(sys.argv[1::2], sys.argv[2::2]):\n'
+    '    model = hf_model(pathlib.Path(source))\n'
+    '    tokenizer = transformers.T5Tokenizer.from_pretrained(source)\n'
+    '    loader = T5Loader()\n'
+    '    spec = loader.get_model_spec(model)\n'
+    '    loader.set_config(spec.config, model, tokenizer)\n'
+    '    loader.set_vocabulary(spec, loader.get_vocabulary(model, tokenizer))\n'
+    '    spec.validate(); spec.optimize(None); os.makedirs(out); spec.save(out)\n'
 )
+CONVERTED = ('v1.1', 'v1.0')
+
+
+@pytest.fixture(scope='module')
+def their_exports(t5_hf_dirs, tmp_path_factory):
+    """DIR/<name>: CTranslate2's conversion of each of `CONVERTED`, in one process (it imports
+    torch, transformers and ctranslate2 once for both), once for all workers; read them only."""
+
+    def convert(path):
+        pairs = [str(arg) for name in CONVERTED for arg in (t5_hf_dirs / name, path / name)]
+        done = subprocess.run(
+            [sys.executable, '-c', _CONVERT, *pairs],
+            env=repo_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return built_once(tmp_path_factory, 'ctranslate2-t5-converted', convert)
 
 
 def _export(run, out):
@@ -57,9 +79,9 @@ def _export(run, out):
 
 
 @pytest.mark.slow  # an export and a conversion by CTranslate2 (torch, transformers)
-@pytest.mark.parametrize('name', ['v1.1', 'v1.0'])
+@pytest.mark.parametrize('name', CONVERTED)
 def test_the_export_holds_what_ctranslate2s_t5_converter_writes(
-    t5_hf_dirs, t5_runs, name, tmp_path
+    t5_hf_dirs, t5_runs, their_exports, name, tmp_path
 ):
     """Every variable and alias of CTranslate2's conversion, equal, but: (1) ``head_dim`` on
     every attention, which ours writes and the converter does not (it never reads ``d_kv``,
@@ -69,15 +91,8 @@ def test_the_export_holds_what_ctranslate2s_t5_converter_writes(
     transformers 5's ``tie_word_embeddings`` (true whatever config.json says) though the head
     is its own, and ours does not; (4) v1.0's zero ReLU biases, which our tree holds. Ours
     holds the run's spiece.model besides."""
-    ours, theirs = tmp_path / 'ours', tmp_path / 'theirs'
+    ours, theirs = tmp_path / 'ours', their_exports / name
     _export(t5_runs / name, ours)
-    done = subprocess.run(
-        [sys.executable, '-c', _CONVERT, str(t5_hf_dirs / name), str(theirs)],
-        env=repo_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
     (mine, my_aliases), (their, their_aliases) = (
         read_model_bin(d / 'model.bin') for d in (ours, theirs)
     )

@@ -4,9 +4,11 @@ by transformers in tests/fairseq_models.py) fine-tuned on two directions from on
 vocabulary lacks, codes on a vocabulary without any and a multilingual start without a pair
 stop in one line before anything is written."""
 
+import functools
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -77,7 +79,9 @@ def test_two_directions_from_one_mix_start_from_the_converted_weights(
     # The run's first batch (its data section, one device), through the converted model.
     typed = schema.parse(schema.complete(config))
     batch = next(data.make_train_iterator(typed.data, vocab, batch_size=8, seed=0))
-    sums = steps.eval_step(params, batch, model=model, label_smoothing=0.0)
+    # One program: eagerly, each operation compiles on its own.
+    evaluate = functools.partial(steps.eval_step, model=model, label_smoothing=0.0)
+    sums = jax.jit(evaluate)(params, batch)
     converted_nll = float(sums['nll']) / float(sums['tokens'])
     assert seen[0]['nll'] == pytest.approx(converted_nll, rel=1e-4)
     en, de = vocab.language_id('en'), vocab.language_id('de')

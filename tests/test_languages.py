@@ -248,6 +248,7 @@ def test_evaluate_with_a_pair_writes_generates_text_and_names_the_pair(
         source_lang='en',
         target_lang='fr',
         beam_size=1,
+        batch_size=8,  # under 16 rows: the search compiles one loop (`stage_sizes`), not three
     )
     (written,) = (workdir / 'eval').glob('*.txt')
     assert written.name.endswith('-en-fr.txt') and scores['direction'] == 'en->fr'
