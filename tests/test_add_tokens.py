@@ -11,7 +11,7 @@ import pytest
 
 from tests.cli import convert_cli
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import DECODE_BATCH, tiny_run_config
 from transformer import api, export, rundir
 from transformer.checkpoint import load_model
 from transformer.training import TrainingError, train_and_evaluate
@@ -21,9 +21,6 @@ pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 TAGS = '<bt>,<ft>=<unk>'
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 
 
 @pytest.fixture(scope='module')
@@ -222,11 +219,15 @@ def test_ctranslate2_export_with_the_tokens_translates_as_ours(converted, runs, 
         batch = [[tag, *source.encode(line, out_type=str), '</s>'] for line in lines]
         hypotheses = ctranslate2_child.translate(out, batch, beam_size=1)
         theirs = [target.decode([p for p in h if p != '<unk>']) for h in hypotheses]
-        ours = run.translate([f'{tag} {line}' for line in lines], beam_size=1, batch_size=BATCH)
+        ours = run.translate(
+            [f'{tag} {line}' for line in lines], beam_size=1, batch_size=DECODE_BATCH
+        )
         assert ours == theirs, tag
     assert any(
         a != b
-        for a, b in zip(ours, run.translate(lines, beam_size=1, batch_size=BATCH), strict=True)
+        for a, b in zip(
+            ours, run.translate(lines, beam_size=1, batch_size=DECODE_BATCH), strict=True
+        )
     )
 
 

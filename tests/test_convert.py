@@ -14,6 +14,7 @@ from tests import ctranslate2_child
 from tests.cli import convert_cli
 from tests.marian_dir import hf_log_probs, marian_dir, synthetic_lines
 from tests.shared_dirs import built_once
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID
@@ -27,9 +28,6 @@ LINES = [s for s, _ in synthetic_lines()]
 # The greedy comparisons decode the first 8 of the lines the model learned (marian_dir's
 # TRAINED_LINES): fewer stages of the search's shrinking batch to compile than with 32.
 GREEDY = 8
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 
 
 def _convert(hf_dir, out, *args):
@@ -76,7 +74,7 @@ def greedy(request, tmp_path_factory):
     def decode(path):
         lines = LINES[:GREEDY]
         hf = [request.getfixturevalue(name) for name in ('hf_model', 'hf_tokenizer')]
-        ours = request.getfixturevalue('run').translate(lines, beam_size=1, batch_size=BATCH)
+        ours = request.getfixturevalue('run').translate(lines, beam_size=1, batch_size=DECODE_BATCH)
         path.mkdir()
         (path / 'greedy.json').write_text(json.dumps([ours, _generate(*hf, lines, 1)]))
 
@@ -262,7 +260,10 @@ def test_a_float16_checkpoint_converts_and_translates_alike(hf_dir, loaded, gree
     run_dir = _convert(copy, tmp_path / 'run')
     rounded = jax.tree.map(lambda x: np.asarray(x, np.float16).astype(np.float32), loaded[3])
     jax.tree.map(np.testing.assert_array_equal, load_model(run_dir)[3], rounded)
-    assert api.load(run_dir).translate(LINES[:GREEDY], beam_size=1, batch_size=BATCH) == greedy[0]
+    assert (
+        api.load(run_dir).translate(LINES[:GREEDY], beam_size=1, batch_size=DECODE_BATCH)
+        == greedy[0]
+    )
 
 
 @pytest.fixture(scope='module')
@@ -350,7 +351,7 @@ def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
         run_dir,
         files=(str(source), str(reference)),
         beam_size=1,
-        batch_size=BATCH,
+        batch_size=DECODE_BATCH,
         output=str(tmp_path / 'h.txt'),
     )
     assert scores['split'] == 'src.txt' and scores['sacrebleu'] > 50
@@ -374,6 +375,9 @@ def test_translate_command_takes_the_source_tag(multilingual, tmp_path, capsys):
     error = translated()
     assert 'multilingual (3 such tokens' in error and "--source_tag='>>fra<<'" in error
     capsys.readouterr()
-    assert translated('--source_tag=>>deu<<', '--beam_size=1', f'--batch_size={BATCH}') in (None, 0)
+    assert translated('--source_tag=>>deu<<', '--beam_size=1', f'--batch_size={DECODE_BATCH}') in (
+        None,
+        0,
+    )
     assert capsys.readouterr().out.count('\n') == 1
     assert "'>>xx<<' is not a token" in translated('--source_tag=>>xx<<')

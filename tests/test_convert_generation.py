@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -17,9 +18,6 @@ torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 LINES = [s for s, _ in synthetic_lines()][:TRAINED_LINES][:12]
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 
 
 @pytest.fixture(scope='module')
@@ -93,7 +91,7 @@ def test_banned_words_are_never_emitted_and_greedy_equals_generate(banned):
     tokenizer, out = _generate(directory, num_beams=1)
     assert not (out == piece).any()
     theirs = tokenizer.batch_decode(out, skip_special_tokens=True)
-    assert api.load(run).translate(LINES, beam_size=1, batch_size=BATCH) == theirs
+    assert api.load(run).translate(LINES, beam_size=1, batch_size=DECODE_BATCH) == theirs
 
 
 @pytest.mark.long
@@ -108,7 +106,7 @@ def test_banned_words_beam_equals_generate_or_finds_a_better_hypothesis(banned):
     tokenizer, out = _generate(directory, output_scores=True, return_dict_in_generate=True)
     assert not (out.sequences == piece).any()
     theirs = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-    ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=BATCH)]
+    ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=DECODE_BATCH)]
     same = [a.text == b for a, b in zip(ours, theirs, strict=True)]
     assert sum(same) >= len(LINES) // 2, same
     for a, b, score, equal in zip(ours, theirs, out.sequences_scores.numpy(), same, strict=True):
@@ -222,7 +220,7 @@ def test_beam_scores_follow_renormalize_logits_as_generate(renormalized, banned)
         tokenizer, out = _generate(directory, **flags)
         assert not (out.sequences == banned[1]).any()
         theirs = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-        ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=BATCH)]
+        ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=DECODE_BATCH)]
         same = [a.text == b for a, b in zip(ours, theirs, strict=True)]
         assert sum(same) >= len(LINES) // 2, same
         mine, hf = np.array([h.score for h in ours]), out.sequences_scores.numpy()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -23,9 +24,6 @@ torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 PAIRS = synthetic_lines()
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 # Unknown pieces and characters, special-token strings in the text.
 ODD = ['Ze BLAND 42 .', 'ze </s> bland<unk> <pad> .', '>>fra<< ze']
 SOURCE_SIZE, TARGET_SIZE = 147, 127  # the fixture's vocab.json and target_vocab.json
@@ -157,7 +155,7 @@ def test_greedy_outputs_equal_generates(run_dir, loaded, hf):
         out = hf_model.generate(**batch, num_beams=1)
     expected = _hf_greedy_texts(loaded[1], out)
     assert len(set(expected)) > len(lines) // 2  # distinct outputs, not one repeated
-    assert api.load(run_dir).translate(lines, beam_size=1, batch_size=BATCH) == expected
+    assert api.load(run_dir).translate(lines, beam_size=1, batch_size=DECODE_BATCH) == expected
 
 
 @pytest.mark.slow

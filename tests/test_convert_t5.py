@@ -17,6 +17,7 @@ import pytest
 from tests.cli import convert_cli
 from tests.shared_dirs import built_once
 from tests.t5_dirs import NAMES, eos_scaled, hf_eos_scaled, hf_model, lines
+from tests.tiny_run import DECODE_BATCH
 from transformer import interop
 from transformer.checkpoint import load_model
 from transformer.decoding import DecodeOptions, greedy_search
@@ -27,9 +28,6 @@ torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 STEPS = 12  # greedy tokens compared
 BEAM_STEPS = 16  # beam search's limit, in tokens
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 
 
 def test_t5_directories_are_recognised_by_the_t5_family_alone(t5_hf_dirs):
@@ -297,8 +295,8 @@ def test_source_tag_puts_a_madlad_tag_first_when_translating(t5_hf_dirs, t5_runs
     assert (inputs[:, 0] == 3).all()
     options = decoding.decode_options(run.config.eval)
     with jax.default_matmul_precision('float32'):
-        tagged = run.translate(texts, beam_size=1, source_tag='<2de>', batch_size=BATCH)
-        plain = run.translate(texts, beam_size=1, batch_size=BATCH)
+        tagged = run.translate(texts, beam_size=1, source_tag='<2de>', batch_size=DECODE_BATCH)
+        plain = run.translate(texts, beam_size=1, batch_size=DECODE_BATCH)
         ids = greedy_search(run.model, run.params, jnp.asarray(inputs), options=options)
     assert tagged == [run.tokenizer.decode(row) for row in np.asarray(ids)]
     assert tagged != plain

@@ -21,6 +21,7 @@ from tests.marian_dir import (
     marian_dir,
     synthetic_lines,
 )
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -30,9 +31,6 @@ torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 PAIRS = synthetic_lines()
-# Decoding batches of 8 rows: a batch under 16 rows does not shrink as its examples finish
-# (`decoding.next_token.stage_sizes`), so each search compiles one loop, not three.
-BATCH = 8
 # Sources as the model was trained on them: each with its language code (tests/marian_dir.py).
 TAGGED = [(f'{LANGUAGE_TOKENS[i % 3]} {s}', t) for i, (s, t) in enumerate(PAIRS)]
 # Unknown pieces and characters, a code not at the start, an unknown code, special-token text.
@@ -137,7 +135,7 @@ def test_greedy_outputs_equal_generates(run_dir, hf):
     expected = theirs.batch_decode(out, skip_special_tokens=True)
     assert len(set(expected)) > len(lines) // 2  # distinct outputs, not one repeated
     assert (
-        api.load(run_dir).translate(lines, beam_size=1, source_tag=code, batch_size=BATCH)
+        api.load(run_dir).translate(lines, beam_size=1, source_tag=code, batch_size=DECODE_BATCH)
         == expected
     )
 
@@ -162,7 +160,10 @@ def test_beam_outputs_and_scores_equal_generates(run_dir, hf):
     assert hf_model.generation_config.num_beams == 4
     expected = theirs.batch_decode(out.sequences, skip_special_tokens=True)
     best = [
-        h[0] for h in api.load(run_dir).translate(lines, nbest=1, source_tag=code, batch_size=BATCH)
+        h[0]
+        for h in api.load(run_dir).translate(
+            lines, nbest=1, source_tag=code, batch_size=DECODE_BATCH
+        )
     ]
     assert [h.text for h in best] == expected
     ours = np.array([h.score for h in best])
@@ -206,7 +207,8 @@ def test_ctranslate2_export_translates_as_ours(run_dir, tmp_path):
     hypotheses = ctranslate2_child.translate(out, batch, beam_size=1)
     theirs = [target.decode([p for p in h if p != '<unk>']) for h in hypotheses]
     assert (
-        api.load(run_dir).translate(lines, beam_size=1, source_tag=code, batch_size=BATCH) == theirs
+        api.load(run_dir).translate(lines, beam_size=1, source_tag=code, batch_size=DECODE_BATCH)
+        == theirs
     )
 
 

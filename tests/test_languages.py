@@ -22,6 +22,7 @@ import pytest
 
 from tests.fairseq_dirs import lines
 from tests.fairseq_models import MODELS
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, data, decoding, evaluate, score, translate
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -248,7 +249,7 @@ def test_evaluate_with_a_pair_writes_generates_text_and_names_the_pair(
         source_lang='en',
         target_lang='fr',
         beam_size=1,
-        batch_size=8,  # under 16 rows: the search compiles one loop (`stage_sizes`), not three
+        batch_size=DECODE_BATCH,
     )
     (written,) = (workdir / 'eval').glob('*.txt')
     assert written.name.endswith('-en-fr.txt') and scores['direction'] == 'en->fr'

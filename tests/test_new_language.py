@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli import convert_cli
 from tests.fairseq_dirs import lines
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import DECODE_BATCH, tiny_run_config
 from transformer import convert, data, export, interop, translate
 from transformer.checkpoint import load_model
 from transformer.interop.fairseq_vocab import FairseqVocabulary
@@ -197,8 +197,7 @@ def test_a_new_code_trained_and_exported_translates_in_hugging_face_as_here(
         translate.cli(
             ['translate', f'--workdir={run}', f'--input={source}', '--beam_size=1']
             + ['--source_lang=eng_Latn', '--target_lang=xyz_Latn']
-            # Under 16 rows: the search compiles one loop (`stage_sizes`), not three.
-            + ['--batch_size=8']
+            + [f'--batch_size={DECODE_BATCH}']
         )
     assert info.value.code in (None, 0), info.value.code
     here = capsys.readouterr().out.splitlines()
