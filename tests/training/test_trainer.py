@@ -30,28 +30,30 @@ def _params_at(run_dir, step):
 
 @pytest.mark.slow
 def test_resume_continues_exactly(run_dir, tmp_path):
-    """4 steps (conftest's run, stopped there), restarted to 6 == 6 uninterrupted steps: same
-    losses (so the same batches and dropout masks) and the same final parameters."""
+    """Conftest's 4-step run, copied with its step 4 removed, restarted at step 2 == its 4
+    uninterrupted steps: the same losses at steps 3 and 4 (so the same batches and dropout
+    masks) and the same final parameters."""
     import shutil
 
-    config = tiny_run_config(6)
-    config.train.checkpoint_every = 2  # the command that trained conftest's run, longer
-    straight, resumed = {}, {}
-    trainer.train_and_evaluate(
-        config, str(tmp_path / 'a'), on_step=lambda s, m: straight.update({s: m})
-    )
+    config = tiny_run_config(4)
+    config.train.checkpoint_every = 2  # the command that trained conftest's run
+    straight = {
+        r['step']: r
+        for r in map(json.loads, (run_dir / 'metrics.jsonl').open())
+        if r['split'] == 'train'
+    }
+    assert sorted(straight) == [1, 2, 3, 4]
     shutil.copytree(run_dir, tmp_path / 'b')
+    shutil.rmtree(tmp_path / 'b' / rundir.CHECKPOINTS / '4')
+    resumed = {}
     final = trainer.train_and_evaluate(
         config, str(tmp_path / 'b'), on_step=lambda s, m: resumed.update({s: m})
     )
-    records = [json.loads(line) for line in (tmp_path / 'b' / 'metrics.jsonl').open()]
-    first = {r['step']: r for r in records if r['split'] == 'train' and r['step'] <= 4}
-    assert sorted(first) == [1, 2, 3, 4] and sorted(resumed) == [5, 6]
-    assert final['steps_this_run'] == 2
-    for step in range(1, 7):
-        got = (first | resumed)[step]['loss']
+    assert sorted(resumed) == [3, 4] and final['steps_this_run'] == 2
+    for step in (3, 4):
+        got = resumed[step]['loss']
         np.testing.assert_allclose(got, straight[step]['loss'], rtol=1e-6, err_msg=f'step {step}')
-    a, b = _params_at(tmp_path / 'a', 6), _params_at(tmp_path / 'b', 6)
+    a, b = _params_at(run_dir, 4), _params_at(tmp_path / 'b', 4)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
@@ -86,64 +88,67 @@ def test_resume_with_another_model_is_a_clear_error_and_keeps_the_run(run_dir, t
 
 
 @pytest.mark.slow
-def test_resume_with_other_settings_keeps_the_record(tmp_path, caplog):
+def test_resume_with_other_settings_keeps_the_record(run_dir, tmp_path, caplog):
     """config.json stays what the run started with; a resume that changes training settings
     applies them, says so in one line each and appends them to config_history.jsonl, which
     the commands read back; resuming again with the same settings records nothing new; the
-    path to the same data files may change freely. A run started with dropout_prng 'rbg' and
-    resumed with the default 'threefry' draws other masks from then on: one warning line naming
-    both and the flag that keeps the saved one, and none on the next resume. The last resume
-    reads a config.json as 2698791-9f56641 wrote it, with settings since removed
-    (train.loss_pass 'float32', dropped; model.attention_impl 'cudnn_packed', loaded as 'auto'
-    with a warning, no change recorded)."""
-    first = tiny_run_config(2)
-    first.train.dropout_prng = 'rbg'
-    trainer.train_and_evaluate(first, str(tmp_path))
-    started = (tmp_path / 'config.json').read_text()
-    changed = tiny_run_config(3)
+    path to the same data files may change freely. A run started with the default dropout_prng
+    'threefry' (a copy of conftest's 4-step run) and resumed with 'rbg' draws other masks from
+    then on: one warning line naming both and the flag that keeps the saved one, and none on
+    the next resume. The last resume reads a config.json as 2698791-9f56641 wrote it, with
+    settings since removed (train.loss_pass 'float32', dropped; model.attention_impl
+    'cudnn_packed', loaded as 'auto' with a warning, no change recorded)."""
+    import shutil
+
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    started = (run / 'config.json').read_text()
+    changed = tiny_run_config(5)
+    changed.train.checkpoint_every = 2  # as conftest's run: not a change
+    changed.train.dropout_prng = 'rbg'
     changed.opt.warmup_steps = 100
     changed.eval.beam_size = 2
     changed.data.cache_dir = str(tmp_path / 'cache')
     with caplog.at_level('INFO'):
-        final = trainer.train_and_evaluate(changed, str(tmp_path))
+        final = trainer.train_and_evaluate(changed, str(run))
     assert final['steps_this_run'] == 1
-    assert (tmp_path / 'config.json').read_text() == started
+    assert (run / 'config.json').read_text() == started
     warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
     prng = [w for w in warnings if 'dropout_prng' in w]
     assert len(prng) == 1 and '\n' not in prng[0]
-    assert "'rbg'" in prng[0] and '--config.train.dropout_prng=rbg' in prng[0]
+    assert "'threefry'" in prng[0] and '--config.train.dropout_prng=threefry' in prng[0]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Resuming at')]
     assert lines == [
-        f"Resuming at step 2 with data.cache_dir='{tmp_path}/cache' (was None).",
-        'Resuming at step 2 with eval.beam_size=2 (was 4).',
-        'Resuming at step 2 with opt.warmup_steps=100 (was 200).',
-        "Resuming at step 2 with train.dropout_prng='threefry' (was 'rbg').",
-        'Resuming at step 2 with train.num_steps=3 (was 2).',
+        f"Resuming at step 4 with data.cache_dir='{tmp_path}/cache' (was None).",
+        'Resuming at step 4 with eval.beam_size=2 (was 4).',
+        'Resuming at step 4 with opt.warmup_steps=100 (was 200).',
+        "Resuming at step 4 with train.dropout_prng='rbg' (was 'threefry').",
+        'Resuming at step 4 with train.num_steps=5 (was 4).',
     ]
-    history = rundir.read_history(str(tmp_path))
+    history = rundir.read_history(str(run))
     assert history == [
-        {'step': 2, 'key': 'data.cache_dir', 'old': None, 'new': str(tmp_path / 'cache')},
-        {'step': 2, 'key': 'eval.beam_size', 'old': 4, 'new': 2},
-        {'step': 2, 'key': 'opt.warmup_steps', 'old': 200, 'new': 100},
-        {'step': 2, 'key': 'train.dropout_prng', 'old': 'rbg', 'new': 'threefry'},
-        {'step': 2, 'key': 'train.num_steps', 'old': 2, 'new': 3},
+        {'step': 4, 'key': 'data.cache_dir', 'old': None, 'new': str(tmp_path / 'cache')},
+        {'step': 4, 'key': 'eval.beam_size', 'old': 4, 'new': 2},
+        {'step': 4, 'key': 'opt.warmup_steps', 'old': 200, 'new': 100},
+        {'step': 4, 'key': 'train.dropout_prng', 'old': 'threefry', 'new': 'rbg'},
+        {'step': 4, 'key': 'train.num_steps', 'old': 4, 'new': 5},
     ]
-    effective = rundir.read_config(str(tmp_path))
+    effective = rundir.read_config(str(run))
     assert (effective.opt.warmup_steps, effective.eval.beam_size) == (100, 2)
     saved = json.loads(started)
     saved['train']['loss_pass'] = 'float32'
     saved['model']['attention_impl'] = 'cudnn_packed'
-    (tmp_path / 'config.json').write_text(json.dumps(saved))
-    changed.train.num_steps = 4
+    (run / 'config.json').write_text(json.dumps(saved))
+    changed.train.num_steps = 6
     caplog.clear()
     with caplog.at_level('WARNING'):
-        trainer.train_and_evaluate(changed, str(tmp_path))
-    assert rundir.read_history(str(tmp_path))[5:] == [
-        {'step': 3, 'key': 'train.num_steps', 'old': 3, 'new': 4}
+        trainer.train_and_evaluate(changed, str(run))
+    assert rundir.read_history(str(run))[5:] == [
+        {'step': 5, 'key': 'train.num_steps', 'old': 5, 'new': 6}
     ]
     assert any("'cudnn_packed' was removed" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if 'dropout_prng' in r.getMessage()]
-    assert checkpoint_steps(str(tmp_path)) == [4]  # the removed settings' run trained on
+    assert checkpoint_steps(str(run)) == [6]  # the removed settings' run trained on
 
 
 def test_train_py_smoke(tmp_path, monkeypatch):
@@ -270,6 +275,8 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
     config = tiny.get_config()
     config.update_from_flattened_dict(_KILL_OVERRIDES)
+    # Saved once, at the last step, the one compared: saves do not change what is trained.
+    config.train.checkpoint_every = config.train.num_steps
     trainer.train_and_evaluate(config, str(tmp_path / 'straight'))
     killed = tmp_path / 'killed'
     ckpts = killed / 'checkpoints'
