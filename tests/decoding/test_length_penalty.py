@@ -126,18 +126,15 @@ def test_the_rule_flows_through_evaluate_translate_and_eval_sweep(run_dir, tmp_p
     from benchmarks import eval_sweep
     from transformer import data as data_lib
     from transformer import evaluate, rundir, translate
-    from transformer.checkpoint import load_model
 
+    # One decode a rule: fairseq's named, GNMT's the run's default (eval.length_penalty).
     common = dict(split='validation', beam_size=2, alpha=1.0, max_examples=5)
     direct = {
-        rule: evaluate.run(
-            str(run_dir), length_penalty=rule, output=str(tmp_path / f'{rule}.txt'), **common
-        )
-        for rule in ('gnmt', 'fairseq')
+        rule: evaluate.run(str(run_dir), **named, output=str(tmp_path / f'{rule}.txt'), **common)
+        for rule, named in (('gnmt', {}), ('fairseq', {'length_penalty': 'fairseq'}))
     }
     assert direct['fairseq']['length_penalty'] == 'fairseq'
-    default = evaluate.run(str(run_dir), output=str(tmp_path / 'default.txt'), **common)
-    assert default['length_penalty'] == 'gnmt'  # the run's eval.length_penalty
+    assert direct['gnmt']['length_penalty'] == 'gnmt'  # the run's eval.length_penalty
     rows = eval_sweep.main(
         ['--workdir', str(run_dir), '--beam_size=2', '--alpha=1.0', '--max_examples=5']
         + ['--length_penalty', 'gnmt', 'fairseq']
@@ -149,14 +146,17 @@ def test_the_rule_flows_through_evaluate_translate_and_eval_sweep(run_dir, tmp_p
     assert (sweep / 'validation-step4-avg1-beam2-alpha1.0-fairseq.txt').is_file()
     assert '| 1 (steps 4-4) | 2 | 1.0 | fairseq |' in capsys.readouterr().out
 
-    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
+    config = rundir.read_config(str(run_dir))
+    sources, _ = data_lib.load_text(config.data, 'test')
     infile, outfile = tmp_path / 'in.txt', tmp_path / 'nbest.tsv'
     infile.write_text('\n'.join(sources[:2]) + '\n')
     argv = ['translate', f'--workdir={run_dir}', f'--input={infile}', f'--output={outfile}']
+    # Beam 2: the n-best search of test_api.py's translate test, the same compiled program.
+    argv += ['--beam_size=2', '--nbest=2', '--alpha=1.0', '--length_penalty=fairseq']
     with pytest.raises(SystemExit) as exit_info:
-        translate.cli([*argv, '--nbest=2', '--alpha=1.0', '--length_penalty=fairseq'])
+        translate.cli(argv)
     assert not exit_info.value.code
-    tokenizer = load_model(str(run_dir))[1]
+    tokenizer = rundir.load_tokenizer(config, str(run_dir))  # no checkpoint to restore for it
     rows = [line.split('\t') for line in outfile.read_text().splitlines()]
     assert len(rows) == 4
     for _, _, score, log_prob, text in rows:

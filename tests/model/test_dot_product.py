@@ -14,6 +14,7 @@ import pytest
 from flax import linen as nn
 
 from tests.model import test_masks
+from tests.random_params import fill_random
 from transformer import fields, interop
 from transformer.backends import segment_attention
 from transformer.commands import ctranslate2_spec
@@ -110,9 +111,11 @@ def _module(scale, impl='einsum'):
     return MultiHeadAttention(num_heads=N, num_kv_heads=K, scale=scale, attention_impl=impl)
 
 
-def _params(module, x, seed=4):
-    params = nn.unbox(module.init(jax.random.key(seed), x)['params'])
-    return jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(5), p.shape), params)
+def _params(module, *inputs, seed=4):
+    """Random values (tests/random_params.py) on the module's parameter tree: compiling its
+    initialisers and drawing with jax, op by op, cost seconds."""
+    shapes = jax.eval_shape(module.init, jax.random.key(0), *inputs)['params']
+    return fill_random(nn.unbox(shapes), seed)
 
 
 @pytest.mark.slow
@@ -126,13 +129,14 @@ def test_cached_decoding_with_a_bias_equals_the_full_forward():
     bias = _normal(7, (1, N, T, T))
     module = _module(SCALE)
     params = _params(module, x)
-    full = module.apply({'params': params}, x, None, AttentionInputs(causal, bias=bias))
-    fused = _module(SCALE, 'fused').apply(
-        {'params': params}, x, None, AttentionInputs(causal, bias=bias)
-    )
+    # Compiled: op by op, every operation of each call is compiled on its own.
+    apply, fused = jax.jit(module.apply), jax.jit(_module(SCALE, 'fused').apply)
+    full = apply({'params': params}, x, None, AttentionInputs(causal, bias=bias))
+    fused = fused({'params': params}, x, None, AttentionInputs(causal, bias=bias))
     np.testing.assert_allclose(fused, full, atol=1e-5)
-    cache = module.init(jax.random.key(0), x, decode=True)['cache']
     step = jax.jit(functools.partial(module.apply, decode=True, mutable=['cache']))
+    _, made = step({'params': params}, x, None, AttentionInputs())  # as init: sizes the cache
+    cache = made['cache']
     steps = []
     for t in range(T):
         inputs = AttentionInputs(bias=bias[:, :, t : t + 1])
@@ -140,7 +144,7 @@ def test_cached_decoding_with_a_bias_equals_the_full_forward():
         cache = made['cache']
         steps.append(y)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
-    unbiased = module.apply({'params': params}, x, None, AttentionInputs(causal))
+    unbiased = apply({'params': params}, x, None, AttentionInputs(causal))
     assert np.abs(np.asarray(unbiased - full)).max() > 1e-2
 
 
@@ -151,15 +155,14 @@ def test_cross_attention_decoding_step_takes_the_bias():
     x_kv, x_q = _normal(8, (2, s, D)), _normal(9, (2, 1, D))
     bias = _normal(10, (2, N, 1, s))
     module = _module(SCALE)
-    params = nn.unbox(module.init(jax.random.key(4), x_q, x_kv)['params'])
-    expected = module.apply({'params': params}, x_q, x_kv, AttentionInputs(bias=bias))
-    _, made = module.apply(
-        {'params': params}, x_q, x_kv, decode=True, static_kv=True, mutable=['cache']
+    params = _params(module, x_q, x_kv)
+    # Compiled: op by op, every operation of each call is compiled on its own.
+    expected = jax.jit(module.apply)({'params': params}, x_q, x_kv, AttentionInputs(bias=bias))
+    decode = functools.partial(module.apply, decode=True, static_kv=True)
+    _, made = jax.jit(functools.partial(decode, mutable=['cache']))({'params': params}, x_q, x_kv)
+    step = jax.jit(decode)(
+        {'params': params, 'cache': made['cache']}, x_q, x_kv, AttentionInputs(bias=bias)
     )
-    step = module.apply(
-        {'params': params, 'cache': made['cache']}, x_q, x_kv, AttentionInputs(bias=bias),
-        decode=True, static_kv=True,
-    )  # fmt: skip
     np.testing.assert_allclose(step, expected, atol=1e-5)
 
 
@@ -174,13 +177,14 @@ def test_packed_rows_with_a_bias_equal_the_examples_alone(impl):
     packed = AttentionMask(segments > 0, segments > 0, segments, segments, causal=True)
     module = _module(SCALE, impl)
     params = _params(module, x)
-    out = module.apply({'params': params}, x, None, AttentionInputs(packed, bias=bias))
+    apply = jax.jit(module.apply)  # op by op, every operation would be compiled on its own
+    out = apply({'params': params}, x, None, AttentionInputs(packed, bias=bias))
     for start, end in ((0, 3), (3, 7)):
         valid = jnp.ones((1, end - start), bool)
         alone = AttentionInputs(
             AttentionMask(valid, valid, causal=True), bias=bias[:, :, start:end, start:end]
         )
-        own = module.apply({'params': params}, x[:, start:end], None, alone)
+        own = apply({'params': params}, x[:, start:end], None, alone)
         np.testing.assert_allclose(out[:, start:end], own, atol=1e-5)
 
 
