@@ -12,16 +12,30 @@ CTranslate2 never ends, with a higher score (their live hypotheses are the same 
 """
 
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from tests import ctranslate2_child
+from tests.subprocess_env import repo_env
 from transformer import decoding
 from transformer.model import teacher_forced_logits
 
 BEAM = 4
+
+
+def convert_in_child(script: str, pairs: list[str]) -> None:
+    """``python -c script`` on (source, out) ``pairs`` (CTranslate2's converter, which imports
+    torch, transformers and ctranslate2: once for all of them); AssertionError with its
+    stderr if it fails."""
+    done = subprocess.run(
+        [sys.executable, '-c', script, *pairs], env=repo_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
 
 # model.bin's data types, in CTranslate2's order (include/ctranslate2/types.h).
 _DTYPES = ('float32', 'int8', 'int16', 'int32', 'float16', 'bfloat16')

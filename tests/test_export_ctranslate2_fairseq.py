@@ -14,18 +14,20 @@ in a subprocess); this process never imports it.
 
 import json
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
+from tests.ctranslate2_compare import (
+    assert_scores_equal,
+    assert_searches_equal,
+    convert_in_child,
+    read_model_bin,
+)
 from tests.fairseq_dirs import lines
 from tests.fairseq_models import MODELS
 from tests.shared_dirs import built_once
-from tests.subprocess_env import repo_env
 from transformer import decoding, export
 from transformer.checkpoint import load_model
 from transformer.commands import ctranslate2_spec
@@ -68,13 +70,7 @@ def their_exports(fairseq_hf_dirs, tmp_path_factory):
             config = json.loads((source / 'config.json').read_text())
             (source / 'config.json').write_text(json.dumps({**config, **HUB_KEYS.get(name, {})}))
             pairs += [str(source), str(path / name)]
-        done = subprocess.run(
-            [sys.executable, '-c', _CONVERT, *pairs],
-            env=repo_env(),
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        convert_in_child(_CONVERT, pairs)
 
     return built_once(tmp_path_factory, 'ctranslate2-fairseq-converted', convert)
 

@@ -11,15 +11,16 @@ CTranslate2 runs only in processes of its own (tests/ctranslate2_child.py, and i
 a subprocess); this process never imports it.
 """
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tests.ctranslate2_compare import assert_scores_equal, assert_searches_equal, read_model_bin
+from tests.ctranslate2_compare import (
+    assert_scores_equal,
+    assert_searches_equal,
+    convert_in_child,
+    read_model_bin,
+)
 from tests.shared_dirs import built_once
-from tests.subprocess_env import repo_env
 from tests.t5_dirs import eos_scaled, lines
 from tests.tiny_run import run_dir_with
 from transformer import decoding, export
@@ -61,13 +62,7 @@ def their_exports(t5_hf_dirs, tmp_path_factory):
 
     def convert(path):
         pairs = [str(arg) for name in CONVERTED for arg in (t5_hf_dirs / name, path / name)]
-        done = subprocess.run(
-            [sys.executable, '-c', _CONVERT, *pairs],
-            env=repo_env(),
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        convert_in_child(_CONVERT, pairs)
 
     return built_once(tmp_path_factory, 'ctranslate2-t5-converted', convert)
 
