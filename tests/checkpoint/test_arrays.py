@@ -59,10 +59,15 @@ def test_a_restore_reads_one_batch_per_call_and_gives_back_every_leaf(tmp_path, 
 
     monkeypatch.setattr(manager, 'restore', counted)
     monkeypatch.setattr(arrays, 'MIN_BATCH_BYTES', 1)
+    collections = []
+    monkeypatch.setattr(arrays.gc, 'collect', lambda: collections.append(len(calls)))
     targets = {'params': _abstract(params), 'opt_state': _abstract(opt_state)}
     got = arrays.restore(manager, 1, targets, meta=ocp.args.JsonRestore())
     # 9 leaves; the largest (64 x 16 floats, three of them) each alone, the rest in one.
     assert calls == [4096, 4096, 4096, 3 * (512 + 32)]
+    # Garbage is collected between batches, not after the last (a restore in one batch,
+    # a small model's, runs no full collection).
+    assert collections == [1, 2, 3]
     assert got['meta'] == {'step': 1}
     back = jax.tree.leaves((got['params'], got['opt_state']))
     for saved, value in zip(jax.tree.leaves((params, opt_state)), back, strict=True):
