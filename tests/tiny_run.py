@@ -63,13 +63,13 @@ def packed_batch(seed: int) -> dict[str, np.ndarray]:
     return batch
 
 
-# configs/tiny.py shrunk to seconds, as dotted config keys: applied by `tiny_run_config` and
-# passed as --config.KEY=VALUE flags (`command_line`) by the tests that run train.py itself.
 # The rows of a batch that tests decode a few lines in: a batch under 16 rows does not shrink
 # as its examples finish (`decoding.next_token.stage_sizes`), so each search compiles one
-# loop, not three (a batch of 64 rows, the tiny configs' default, compiles three).
+# loop, not three (a batch of eval.batch_size's default 64 rows compiles three).
 DECODE_BATCH = 8
 
+# configs/tiny.py shrunk to seconds, as dotted config keys: applied by `tiny_run_config` and
+# passed as --config.KEY=VALUE flags (`command_line`) by the tests that run train.py itself.
 SMALL = {
     'model.d_model': 32,
     'model.num_heads': 4,
