@@ -218,7 +218,11 @@ def test_ctranslate2_export_with_the_tokens_translates_as_ours(converted, runs, 
     for tag in ('<bt>', '<ft>'):
         batch = [[tag, *source.encode(line, out_type=str), '</s>'] for line in lines]
         hypotheses = ctranslate2_child.translate(out, batch, beam_size=1)
-        theirs = [target.decode([p for p in h if p != '<unk>']) for h in hypotheses]
+        # <ft>'s rows are copies of <unk>'s, so their scores tie exactly wherever <unk> is
+        # the best: our search takes the first of tied ids (<unk>, dropped from our text),
+        # CTranslate2 either, by its CPU's vector code (<ft> on an AMD EPYC host).
+        tied = {'<unk>', '<ft>'}
+        theirs = [target.decode([p for p in h if p not in tied]) for h in hypotheses]
         ours = run.translate(
             [f'{tag} {line}' for line in lines], beam_size=1, batch_size=DECODE_BATCH
         )
