@@ -9,6 +9,7 @@ import pytest
 
 from transformer import data as data_lib
 from transformer import rundir, translate
+from transformer.backends import platform
 from transformer.checkpoint import checkpoint_steps, load_model
 from transformer.decoding import DecodeOptions, translation
 
@@ -59,6 +60,42 @@ def test_translate_keeps_blank_lines_and_survives_overlong_lines(run_dir, tmp_pa
         max_input_tokens=24,
     )
     assert alone == [out[4]]
+
+
+def test_fewer_lines_than_a_batch_decode_in_rows_sized_to_them(run_dir, monkeypatch):
+    """On a CPU, lines that fit in one batch decode in the smallest power of two rows that
+    holds them (one search loop, where a batch of 16 compiles two) and translate as in the
+    padded batch; elsewhere the batch keeps its size (one shape for any number of lines)."""
+    lines = [1, 2, 3, 5, 9, 16, 40]
+    for backend, want in (('cpu', [1, 2, 4, 8, 16, 16, 16]), ('gpu', [16] * 7)):
+        monkeypatch.setattr(platform.jax, 'default_backend', lambda b=backend: b)
+        assert [translation.batch_rows(n, 16) for n in lines] == want
+    monkeypatch.undo()
+    sources, _ = data_lib.load_text(rundir.read_config(str(run_dir)).data, 'test')
+    _, tokenizer, model, params, _ = load_model(str(run_dir))
+    rows, batch_examples = [], data_lib.batch_examples
+
+    def recorded(*args):
+        batches = batch_examples(*args)
+        rows.extend(b['inputs'].shape[0] for b in batches)
+        return batches
+
+    monkeypatch.setattr(translation.data_lib, 'batch_examples', recorded)
+    decode = functools.partial(
+        translation.translate_lines,
+        sources[:3],
+        tokenizer,
+        model,
+        params,
+        beam_size=1,
+        options=DecodeOptions(),
+        batch_size=16,
+        max_input_tokens=32,
+    )
+    fitted = decode()
+    monkeypatch.setattr(translation.backends, 'fitted_lone_batch', lambda: False)
+    assert decode() == fitted
+    assert rows == [4 if jax.default_backend() == 'cpu' else 16, 16]
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from transformer.backends.platform import (
     attention_impl,
     cache_chunks,
     embedding_grad,
+    fitted_lone_batch,
     on_cpu,
     staged_search,
 )
@@ -35,6 +36,7 @@ __all__ = [
     'einsum',
     'embedding_grad',
     'fetch',
+    'fitted_lone_batch',
     'host_memory',
     'logits_layout',
     'on_cpu',

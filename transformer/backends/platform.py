@@ -63,3 +63,12 @@ def staged_search() -> bool:
     on a CPU each finished row is work saved; on an accelerator the extra loops cost compile
     time (the first decode of a command) for little."""
     return on_cpu()
+
+
+def fitted_lone_batch() -> bool:
+    """Whether lines that fit in one decoding batch decode in a batch sized to them (the
+    smallest power of two that holds them) rather than padded to ``eval.batch_size``: on a CPU
+    every filler row is work, and a batch under 16 rows compiles one loop (`staged_search`);
+    on an accelerator filler rows cost little, and one shape per length serves calls of any
+    number of lines with one compilation."""
+    return on_cpu()

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import logging
 
+from transformer import backends
 from transformer import data as data_lib
 from transformer.decoding.constraints import Constraints
 from transformer.decoding.mesh import DecodeLayout, decode
@@ -241,6 +242,15 @@ def check_options(
     return constraints if constraints is not None and constraints.active else None
 
 
+def batch_rows(lines: int, batch_size: int) -> int:
+    """Rows of each decoding batch of ``lines`` sentences: ``batch_size``, or on a CPU
+    (`backends.fitted_lone_batch`) for fewer lines than that the smallest power of two that
+    holds them (1, 2, 4, ...: one search compiled per size)."""
+    if lines >= batch_size or not backends.fitted_lone_batch():
+        return batch_size
+    return 1 << (lines - 1).bit_length()
+
+
 def translate_lines(
     lines: Sequence[str],
     tokenizer: data_lib.Tokenizer,
@@ -268,7 +278,7 @@ def translate_lines(
       beam_size: 1 = greedy.
       options: how the searches decode (`DecodeOptions`: the length limit and its rule, the
         length penalty, the forced first ids, ...).
-      batch_size: sentences per decoding batch.
+      batch_size: sentences per decoding batch (fewer lines than that: `batch_rows`).
       max_input_tokens: longer inputs are cut to this many tokens (EOS included).
       nbest: 0 = one translation per line; K > 0 = the K best hypotheses of each (beam search
         with max(beam_size, K) beams).
@@ -291,7 +301,8 @@ def translate_lines(
         options = options.with_prefixes(ids)
     search = dict(sampling=sampling, constraints=constraints, line_indices=todo, layout=layout)
     search['options'] = options
-    batches = data_lib.batch_examples(sources, None, batch_size, tokenizer.special)
+    rows = batch_rows(len(sources), batch_size)
+    batches = data_lib.batch_examples(sources, None, rows, tokenizer.special)
     if many:
         hypotheses = nbest_batches(
             model, params, tokenizer, batches, nbest=nbest, beam_size=beam_size, **search
