@@ -80,6 +80,38 @@ def test_build_makes_the_model_of_the_parsed_config():
     assert model.config == dataclasses.replace(experiment.model, vocab_size=40)
 
 
+def test_logits_compile_one_program_per_model_and_shapes():
+    """`api.logits` is one compiled program (run op by op, each operation compiled on its
+    own): its first call compiles it alone, a call with new values of the same shapes
+    compiles nothing."""
+    import jax
+    import numpy as np
+
+    from tests.random_params import fill_random
+    from tests.tiny_run import tiny_model
+    from transformer.model import abstract_params
+
+    model = tiny_model()
+    params = fill_random(abstract_params(model))
+    inputs, targets = np.array([[5, 6, 7, 1]]), np.array([[8, 9, 1]])
+    compiled = []
+
+    def count(event, duration, **kwargs):
+        if event == '/jax/core/compile/backend_compile_duration':
+            compiled.append(kwargs.get('fun_name', ''))
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        first = api.logits(model, params, inputs, targets)
+        assert compiled == ['jit(teacher_forced_logits)']
+        again = api.logits(model, params, inputs + 1, targets + 1)
+        assert compiled == ['jit(teacher_forced_logits)']
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert first.shape == again.shape == (1, 3, model.config.vocab_size)
+    assert not np.array_equal(first, again)
+
+
 @pytest.mark.slow
 def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
     """``length_penalty`` reaches the search (n-best scores are log_prob over that rule's

@@ -109,9 +109,26 @@ def test_config_by_name_or_path():
         console.resolve_config_arg(['t', '--config', 'nosuch'])
 
 
+# One process for the three checks (each process starts jax and compiles the search again).
+# It evaluates conftest's run first at the default verbosity, then with --verbosity=1, each
+# after a marker line on stderr, jax's backend first started inside the quiet one; then it
+# trains, evaluates, translates and reads text files, and prints the TensorFlow modules loaded.
 _CORE_RUN = """
 import json, sys
-from transformer import data, evaluate, schema
+from transformer import evaluate
+
+def evaluate_command(*flags):
+    print(MARKER, file=sys.stderr, flush=True)
+    try:
+        evaluate.cli(['evaluate', *sys.argv[1:], *flags])
+    except SystemExit as e:
+        assert not e.code, e.code
+
+evaluate_command()
+evaluate_command('--verbosity=1')
+print(MARKER, file=sys.stderr, flush=True)
+
+from transformer import data, schema
 from transformer.commands import train as trainer
 from transformer.checkpoint import load_model
 from transformer.decoding import DecodeOptions, translation
@@ -136,29 +153,27 @@ data.load_text(folder, 'train'), data.load_text(multi30k, 'test2016')
 tf = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets'))
 print(json.dumps(tf))
 """
+_MARKER = '--- next part ---'
 
 
 @pytest.mark.slow
 def test_core_never_imports_tensorflow_and_prints_no_library_noise(run_dir, tmp_path):
-    """Training (with TensorBoard events and validation BLEU), evaluating and translating on
-    synthetic data, and reading folder and Multi30k files, import neither TensorFlow nor
-    TFDS; `evaluate` prints none of the libraries' noise (and loads a run saved on another
-    number of devices), and --verbosity=1 brings the noise back."""
-    done = _python(_CORE_RUN, tmp_path)
+    """`evaluate` prints none of the libraries' noise (and loads a run saved on another
+    number of devices), and --verbosity=1 brings the noise back; training (with TensorBoard
+    events and validation BLEU), evaluating and translating on synthetic data, and reading
+    folder and Multi30k files, import neither TensorFlow nor TFDS (the evaluate command's
+    imports included)."""
+    # run_dir was trained on 8 (simulated) devices, and is evaluated here on one.
+    args = (f'--workdir={run_dir}', '--max_examples=3', '--beam_size=2', '--output=h.txt')
+    done = _python(f'MARKER = {_MARKER!r}\n{_CORE_RUN}', tmp_path, *args)
     assert done.returncode == 0, done.stderr[-3000:]
+    before, quiet, verbose, _ = done.stderr.split(_MARKER + '\n')
+    quiet = before + quiet  # the process's stderr up to the verbose command
+    assert 'Evaluating' in quiet  # our own progress lines stay
+    assert not [f for f in NOISE_FRAGMENTS if f in quiet], quiet
+    assert 'Given directory is read only' in verbose, verbose
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert list((tmp_path / 'run' / 'tensorboard').iterdir())
-
-    # run_dir was trained on 8 (simulated) devices, and is evaluated here on one.
-    evaluate = 'from transformer import evaluate; evaluate.cli()'
-    args = (f'--workdir={run_dir}', '--max_examples=3', '--beam_size=2', '--output=h.txt')
-    quiet = _python(evaluate, tmp_path, *args)
-    assert quiet.returncode == 0, quiet.stderr[-3000:]
-    assert 'Evaluating' in quiet.stderr  # our own progress lines stay
-    assert not [f for f in NOISE_FRAGMENTS if f in quiet.stderr], quiet.stderr
-    verbose = _python(evaluate, tmp_path, *args, '--verbosity=1')
-    assert verbose.returncode == 0, verbose.stderr[-3000:]
-    assert 'Given directory is read only' in verbose.stderr
 
 
 def test_out_of_memory_line_words_xla_errors_and_leaves_others():

@@ -42,13 +42,15 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
-    """The lines the MarianMT fixture learned, as every split of a folder dataset; one folder
-    for all workers (`finetuned`'s config names it)."""
+    """The lines the MarianMT fixture learned, as a folder dataset that validates and tests on
+    the first 8 of them (one evaluation batch: each run's final validation compiles one
+    program, where the 32 lines' two lengths compiled two); one folder for all workers
+    (`finetuned`'s config names it)."""
 
     def write(path):
         path.mkdir()
-        pairs = synthetic_lines()[:TRAINED_LINES]
-        for split in ('train', 'validation', 'test'):
+        for split, count in (('train', TRAINED_LINES), ('validation', 8), ('test', 8)):
+            pairs = synthetic_lines()[:count]
             (path / f'{split}.en').write_text(''.join(s + '\n' for s, _ in pairs))
             (path / f'{split}.de').write_text(''.join(t + '\n' for _, t in pairs))
 
