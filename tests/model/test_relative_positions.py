@@ -220,8 +220,10 @@ def test_cached_decoding_equals_teacher_forcing(beam):
 def test_a_search_that_narrows_its_batch_keeps_the_caches_key_positions():
     """Greedy search narrows its batch as examples end (their rows of every cache array
     taken, `next_token.take_examples`, as beam search's are), here at each source's length + 2
-    tokens: the outputs equal those of the search that keeps the whole batch, and the scanned
-    model's too. (Beams sharing a cache: test_cached_decoding_equals_teacher_forcing.)"""
+    tokens, from 8 rows to 4 (each batch size is a loop to compile; a second narrowing takes
+    rows by the same code: tests/decoding/test_decode.py narrows twice): the outputs equal
+    those of the search that keeps the whole batch, and the scanned model's too. (Beams
+    sharing a cache: test_cached_decoding_equals_teacher_forcing.)"""
     from transformer.decoding import DecodeOptions, greedy_search
 
     model = _model()
@@ -232,9 +234,9 @@ def test_a_search_that_narrows_its_batch_keeps_the_caches_key_positions():
     inputs[np.arange(9)[None, :] >= rng.integers(2, 10, (8, 1))] = 0  # lengths 2 to 9
     options = DecodeOptions(extra_length=2)
     whole = greedy_search(model, params, inputs, options=options, min_stage_batch=8)
-    narrowed = greedy_search(model, params, inputs, options=options, min_stage_batch=2)
+    narrowed = greedy_search(model, params, inputs, options=options, min_stage_batch=4)
     np.testing.assert_array_equal(narrowed, whole)
-    scan = greedy_search(scanned, stack_layers(params), inputs, options=options, min_stage_batch=2)
+    scan = greedy_search(scanned, stack_layers(params), inputs, options=options, min_stage_batch=4)
     np.testing.assert_array_equal(scan, whole)
     assert len(set(map(tuple, np.asarray(whole)))) > 4  # outputs of different lengths, words
 
@@ -274,10 +276,13 @@ def test_a_rescaled_tied_head_is_t5_v1_0s():
     rng = np.random.default_rng(7)
     inputs, targets = rng.integers(3, 32, (2, 6)), rng.integers(3, 32, (2, 5))
     want = _logits(plain, params, inputs, targets) * 32**-0.5
-    got = _logits(rescaled, params, inputs, targets)
+
+    @jax.jit  # the rescaled head's logits and projection: one program, one compilation
+    def logits_and_projection(params):
+        logits = teacher_forced_logits(rescaled, params, inputs, targets)
+        return logits, hidden_and_projection(rescaled, params, inputs, targets)[1]
+
+    got, (weight, bias) = logits_and_projection(params)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    _, (weight, bias) = jax.jit(hidden_and_projection, static_argnums=0)(
-        rescaled, params, inputs, targets
-    )
     assert bias is None
     np.testing.assert_allclose(weight, params['shared_embedding']['embedding'] * 32**-0.5, 1e-6)
