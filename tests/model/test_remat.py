@@ -64,7 +64,8 @@ def _assert_same_step(got, want) -> None:
 
 # 'full' in the suite; the other policies are the same `nn.remat` wrapper with another
 # policy function, and the suite runs each in a training step equal to its unrolled model's
-# (tests/model/test_scan_layers.py: pmap2-dots, fsdp_model8-attention): in the long tier.
+# (tests/model/test_scan_layers.py: 'dots' in pmap mode on 2 devices, 'attention' with fsdp and
+# the model axis on 8): in the long tier.
 MESH_POLICIES = [p if p == 'full' else pytest.param(p, marks=pytest.mark.long) for p in POLICIES]
 
 
@@ -81,8 +82,8 @@ def test_a_policy_gives_the_plain_models_gradients_in_pmap_mode():
     """In the long tier, a second parallel mode of the same wrapped layers: a policy's loss
     and gradients equal the plain model's on a mesh
     (test_each_policy_gives_the_plain_models_loss_and_gradients_on_a_mesh), and a pmap step
-    of the 'dots' policy runs and equals its unrolled model's step (tests/model/
-    test_scan_layers.py: test_a_training_step_equals_the_unrolled_models, pmap2-dots)."""
+    of the 'dots' policy runs and equals the unrolled model's step (tests/model/
+    test_scan_layers.py: test_a_training_step_equals_the_unrolled_models, its pmap case)."""
     _assert_same_step(_one_step('dots', 'pmap'), _one_step('none', 'pmap'))
 
 
