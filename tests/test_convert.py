@@ -15,6 +15,7 @@ from tests.cli import convert_cli
 from tests.marian_dir import hf_log_probs, marian_dir, synthetic_lines
 from tests.shared_dirs import built_once
 from tests.tiny_run import DECODE_BATCH
+from tests.torch_threads import torch_on_one_thread  # noqa: F401 (autouse: one torch thread)
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID

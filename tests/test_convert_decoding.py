@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.torch_threads import torch_on_one_thread  # noqa: F401 (autouse: one torch thread)
 from transformer import api, convert
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"

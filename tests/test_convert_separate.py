@@ -15,6 +15,7 @@ import pytest
 
 from tests.marian_dir import TRAINED_LINES, hf_log_probs, marian_dir, synthetic_lines
 from tests.tiny_run import DECODE_BATCH
+from tests.torch_threads import torch_on_one_thread  # noqa: F401 (autouse: one torch thread)
 from transformer import api, convert, export
 from transformer.checkpoint import load_model
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
