@@ -3,7 +3,7 @@
 torch's CPU operations run on as many threads as the machine has cores by default: beside a
 jax computation or another pytest-xdist worker, each of its small operations waits for a
 thread that another process holds. On 2 busy cores, generate's greedy search of 120 lines of
-tests/test_export.py's model took 8-19 s on torch's 2 threads and 0.7 s on one. A module
+tests/test_export.py's model took 6-20 s on torch's 2 threads and 0.7 s on one. A module
 imports the fixture (autouse), which gives the process its threads back after the module."""
 
 import pytest
