@@ -69,6 +69,11 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # tests) lost that worker in 3 of 5 runs of tests/test_convert.py and its neighbours, and made
 # them slower (95 s against 55-63 s); tests/backends/test_host_memory.py sets it itself.
 os.environ.setdefault('TRANSFORMER_MALLOC', 'system')
+# torch on one thread (its default is a thread per core): beside a jax computation or the other
+# pytest-xdist worker, each of its small operations waited for a thread another process held
+# (generate's greedy search of tests/test_export.py's 120 lines: 6-20 s on 2 busy cores, 0.7 s
+# on one thread). The processes tests start inherit it.
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix='transformer-tests-jax-cache-')
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
+from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -185,7 +186,8 @@ def test_beam_outputs_and_scores_equal_generates_defaults(variant_dirs, converte
         variant_dirs['opus_generation'], output_scores=True, return_dict_in_generate=True
     )
     theirs = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-    best = [h[0] for h in api.load(converted['opus_generation'][0]).translate(LINES, nbest=1)]
+    run = api.load(converted['opus_generation'][0])
+    best = [h[0] for h in run.translate(LINES, nbest=1, batch_size=DECODE_BATCH)]
     assert [h.text for h in best] == theirs
     ours = np.array([h.score for h in best])
     np.testing.assert_allclose(ours, out.sequences_scores.numpy(), atol=1e-5, rtol=0)
@@ -201,7 +203,7 @@ def test_greedy_outputs_equal_generates_defaults(variant_dirs, converted):
     of ours."""
     tokenizer, out = _generate(variant_dirs['nothing'])
     theirs = tokenizer.batch_decode(out, skip_special_tokens=True)
-    ours = api.load(converted['nothing'][0]).translate(LINES)
+    ours = api.load(converted['nothing'][0]).translate(LINES, batch_size=DECODE_BATCH)
     limit = out.shape[1] - 1  # the tokens after the start token
     assert limit == 20
     cut = [(out[i] != tokenizer.pad_token_id).sum() == limit for i in range(len(LINES))]

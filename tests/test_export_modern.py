@@ -4,6 +4,7 @@ values; QK-norm left out, which CTranslate2 4.8 computes otherwise with several 
 export refuses) translates greedily the same, token for token, in ours and in CTranslate2; its
 beam outputs are compared as docs/export.md explains their differences."""
 
+import jax
 import pytest
 
 from tests import ctranslate2_child
@@ -32,7 +33,9 @@ def modern_run(tmp_path_factory):
         config.train.update(batch_size=32, checkpoint_every=200, log_every=100)
         config.data.vocab_size = 1000  # every word of the pair: no <unk> in the outputs
         config.data.synthetic.update(num_train=3000, num_test=NUM_TEST)
-        trainer.train_and_evaluate(config, str(workdir))
+        # One device: the 8 host devices' data-parallel step costs more on a CPU's few cores
+        # (tests/test_export.py's run, 300 steps: 28 s of CPU against 21 s on 2 cores).
+        trainer.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
 
     return built_once(tmp_path_factory, 'modern_run', train)
 
