@@ -8,26 +8,18 @@ import pytest
 
 from tests.random_params import fill_random
 from tests.subprocess_env import repo_env, xla_flags
-from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
+from tests.tiny_run import LEARNING_WARMUP, LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
 from transformer.model import abstract_params
 from transformer.training import optim, parallel, steps
 
 
 def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
-    model = tiny_model()
-    opt = base.get_config().opt
-    opt.warmup_steps = 10
-    tx, schedule = optim.make_optimizer(opt, d_model=32)
-    par = parallel.Parallel(
-        mode,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=0.1,
-        accum_steps=accum,
-        devices=devices,
-        **layout,
+    # The warm-up under which the tiny model learns in 3 steps; tests/training/test_layouts.py
+    # and `test_the_step_compiled_ahead_is_the_one_that_runs` build the same steps, which the
+    # suite's compilation cache (tests/conftest.py) then compiles once for all of them.
+    par, model, tx = tiny_parallel(
+        devices, mode, accum_steps=accum, warmup_steps=LEARNING_WARMUP, **layout
     )
     state = par.put_state(
         par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
@@ -131,21 +123,26 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('accum', [1, 2, pytest.param(4, marks=pytest.mark.long)])
-def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
+@pytest.mark.parametrize(
+    'num_devices, accum', [(8, 1), (2, 2), pytest.param(2, 4, marks=pytest.mark.long)]
+)
+def test_accumulation_splits_every_micro_batch_over_all_data_devices(num_devices, accum):
     """In sharding mode each micro-step computes rows / (devices x A) rows on every device
     (read from the compiled step's [rows, T, V] logits), with no all-gather of the batch.
-    A = 4 (long tier) runs the same scan over micro-batches as A = 2."""
+    A = 4 (long tier) runs the same scan over micro-batches as A = 2. A = 1 on 8 devices is
+    the data-only layout's step of `test_layouts_equal_one_device_and_hold_their_share`
+    (the same warm-up), which the suite's compilation cache compiles once for both."""
     import re
 
     from tests.tiny_run import ROWS, VOCAB
 
-    par, model, tx = tiny_parallel(jax.devices('cpu')[:2], accum_steps=accum)
+    devices = jax.devices('cpu')[:num_devices]
+    par, model, tx = tiny_parallel(devices, accum_steps=accum, warmup_steps=LEARNING_WARMUP)
     state = par.abstract_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     compiled = par.lower_step(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
     hlo = compiled.as_text()
     rows = {int(r) for r in re.findall(rf'f32\[(\d+),{LEN},{VOCAB}\]', hlo)}
-    assert rows == {ROWS // (2 * accum)}
+    assert rows == {ROWS // (num_devices * accum)}
     assert 'all-gather' not in hlo
 
 
@@ -305,7 +302,8 @@ def test_the_config_chooses_the_loss(chunk_tokens, scans):
 def test_the_step_compiled_ahead_is_the_one_that_runs():
     """`compile_step` compiles once (XLA's memory analysis is read from it before the first
     step); `train_step` then runs that executable and compiles nothing again."""
-    par, model, tx = tiny_parallel(jax.devices('cpu')[:1])
+    # The reference run's step (`_reference`): compiled once for both through the cache.
+    par, model, tx = tiny_parallel(jax.devices('cpu')[:1], warmup_steps=LEARNING_WARMUP)
     state = jax.device_put(_random_state(model, tx), par.shardings)
     compiles = []
 
