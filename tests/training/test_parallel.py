@@ -1,12 +1,11 @@
 """Data parallelism (pmap / sharding == one device) and the tensor-parallel layout."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest
 
 from tests.random_params import fill_random
+from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env, xla_flags
 from tests.tiny_run import LEARNING_WARMUP, LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
@@ -40,9 +39,18 @@ def _random_state(model, tx) -> steps.TrainState:
     return steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
 
 
-@functools.cache
-def _reference():
-    return _run('sharding', jax.devices('cpu')[:1], accum=1)[:2]
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    """(losses, parameter leaves) of one device's 3 steps: run once for all pytest-xdist
+    workers (tests/shared_dirs.py), which each read them from its .npz file."""
+
+    def train(path):
+        losses, params, _ = _run('sharding', jax.devices('cpu')[:1], accum=1)
+        path.mkdir()
+        np.savez(path / 'run.npz', losses, *jax.tree.leaves(params))
+
+    with np.load(built_once(tmp_path_factory, 'parallel_reference', train) / 'run.npz') as run:
+        return run['arr_0'], [run[f'arr_{i}'] for i in range(1, len(run.files))]
 
 
 def _assert_same_training(got, reference) -> None:
@@ -69,7 +77,7 @@ def _assert_same_training(got, reference) -> None:
         pytest.param('sharding', 1, 4, 0, marks=pytest.mark.long),
     ],
 )
-def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
+def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk, reference):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
     or without gradient accumulation (the loss is normalised by the global token count). The
     accumulation over 4 data devices computes the chunked loss in both modes (pmap's in the
@@ -78,7 +86,7 @@ def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
     compiled step: `test_the_config_chooses_the_loss`)."""
     assert len(jax.devices('cpu')) == 8, 'conftest should give 8 CPU devices'
     got = _run(mode, jax.devices('cpu')[:num_devices], accum, loss_chunk_tokens=chunk)
-    _assert_same_training(got, _reference())
+    _assert_same_training(got, reference)
 
 
 def _per_device_bytes(state, device) -> int:
@@ -97,12 +105,12 @@ def _per_device_bytes(state, device) -> int:
     [(1, False), (2, False), (1, True), pytest.param(2, True, marks=pytest.mark.long)],
     ids=str,
 )
-def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
+def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp, reference):
     """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each
     device holds the parameter bytes the layout implies: heads, d_ff and the vocabulary (32
     pieces: the axis divides them) split on 'model', d_model split on 'data' under FSDP."""
     got = _run('sharding', jax.devices('cpu'), 1, model_parallelism=model_parallelism, fsdp=fsdp)
-    _assert_same_training(got, _reference())
+    _assert_same_training(got, reference)
     specs = parallel.logical_specs(tiny_model(), optim.make_optimizer(base.get_config().opt, 32)[0])
     data_shards = 8 // model_parallelism
     expected = 0
