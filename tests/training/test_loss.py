@@ -49,19 +49,19 @@ def test_chunked_loss_and_gradients_equal_full_logits(share):
     model, params = _model_and_params(share, seed=1)
     batch = packed_batch(0)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def grads(chunk, params):
-        return jax.grad(steps.loss_sums, has_aux=True)(params, batch, model, EPS, None, chunk)
+    @jax.jit  # both sides and the evaluation step in one program: one compilation
+    def sides(params):
+        def grads(chunk):
+            return jax.grad(steps.loss_sums, has_aux=True)(params, batch, model, EPS, None, chunk)
 
-    want_grads, want_sums = grads(0, params)
-    got_grads, got_sums = grads(43, params)
+        chunked = dict(model=model, label_smoothing=EPS, loss_chunk_tokens=43)
+        return grads(0), grads(43), steps.eval_step(params, batch, **chunked)
+
+    (want_grads, want_sums), (got_grads, got_sums), evaluated = sides(params)
     assert want_sums['tokens'] == 56
     _assert_trees_close(got_sums, want_sums)
     _assert_trees_close(got_grads, want_grads)
-    evaluate = jax.jit(
-        functools.partial(steps.eval_step, model=model, label_smoothing=EPS, loss_chunk_tokens=43)
-    )
-    _assert_trees_close(evaluate(params, batch), want_sums)
+    _assert_trees_close(evaluated, want_sums)
 
 
 def test_chunked_loss_under_gradient_accumulation():
@@ -70,12 +70,12 @@ def test_chunked_loss_under_gradient_accumulation():
     model, params = _model_and_params('all', seed=2)
     batch = packed_batch(1)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def accumulated(chunk):
-        return steps.accumulated_grads(params, batch, model, EPS, jax.random.key(3), 2, chunk)
+    @jax.jit  # both sides in one program: one compilation
+    def sides(params, batch):
+        key = jax.random.key(3)
+        return [steps.accumulated_grads(params, batch, model, EPS, key, 2, c) for c in (0, 20)]
 
-    want_grads, want_sums = accumulated(0)
-    got_grads, got_sums = accumulated(20)
+    (want_grads, want_sums), (got_grads, got_sums) = sides(params, batch)
     _assert_trees_close(got_sums, want_sums)
     _assert_trees_close(got_grads, want_grads)
 
