@@ -106,6 +106,7 @@ def _steps(mode, num_devices, num_steps=2):
     return out, jax.device_get(par.global_state(state).params)
 
 
+@pytest.mark.slow  # two R-Drop steps compiled: its file runs among the first under -n
 def test_sharding_over_devices_equals_one_device():
     """jit + sharding over 2 data devices draws the same masks as 1 device (the batch is
     global): same losses, KL and parameters; each of the 2 micro-batches' sums adds a KL > 0
