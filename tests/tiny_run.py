@@ -28,14 +28,29 @@ def tiny_model(**overrides) -> Transformer:
     )
 
 
-def tiny_parallel(devices, mode: str = 'sharding', model: Transformer | None = None, **kwargs):
+# A warm-up under which the tiny model's parameters change in 3 steps (the base config's
+# 4000 steps give it a learning rate of about 1e-6): for tests that compare trained runs.
+LEARNING_WARMUP = 10
+
+
+def tiny_parallel(
+    devices,
+    mode: str = 'sharding',
+    model: Transformer | None = None,
+    warmup_steps: int | None = None,
+    **kwargs,
+):
     """(`Parallel`, model, optimizer) of ``model`` (default `tiny_model()`) with the base
-    config's optimizer, label smoothing 0.1 and no accumulation unless ``kwargs`` say."""
+    config's optimizer (its ``warmup_steps`` replaced where given), label smoothing 0.1 and
+    no accumulation unless ``kwargs`` say."""
     from transformer.configs import base
     from transformer.training import optim, parallel
 
     model = model or tiny_model()
-    tx, schedule = optim.make_optimizer(base.get_config().opt, d_model=model.config.d_model)
+    opt = base.get_config().opt
+    if warmup_steps is not None:
+        opt.warmup_steps = warmup_steps
+    tx, schedule = optim.make_optimizer(opt, d_model=model.config.d_model)
     kwargs = {'label_smoothing': 0.1, 'accum_steps': 1, 'devices': devices, **kwargs}
     par = parallel.Parallel(mode, model=model, tx=tx, schedule=schedule, **kwargs)
     return par, model, tx

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tests.random_params import fill_random
-from tests.tiny_run import packed_batch, tiny_parallel
+from tests.tiny_run import LEARNING_WARMUP, packed_batch, tiny_parallel
 from transformer import decoding
 from transformer.model import abstract_params
 from transformer.training import parallel, steps
@@ -33,8 +33,12 @@ def collective_counts(hlo: str) -> dict[str, int]:
 
 @functools.cache
 def _compiled(layout: str):
-    """(Parallel, state, batch, compiled step) of the tiny model in ``layout`` on 8 devices."""
-    par, model, tx = tiny_parallel(jax.devices('cpu'), **LAYOUTS[layout])
+    """(Parallel, state, batch, compiled step) of the tiny model in ``layout`` on 8 devices.
+    Its optimizer is tests/training/test_parallel.py's runs': the step is theirs, compiled
+    once for both files through the suite's compilation cache (tests/conftest.py)."""
+    par, model, tx = tiny_parallel(
+        jax.devices('cpu'), warmup_steps=LEARNING_WARMUP, **LAYOUTS[layout]
+    )
     params = fill_random(abstract_params(model))
     state = steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
     state = jax.device_put(state, par.shardings)

@@ -49,19 +49,19 @@ def test_chunked_loss_and_gradients_equal_full_logits(share):
     model, params = _model_and_params(share, seed=1)
     batch = packed_batch(0)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def grads(chunk, params):
-        return jax.grad(steps.loss_sums, has_aux=True)(params, batch, model, EPS, None, chunk)
+    @jax.jit  # both sides and the evaluation step in one program: one compilation
+    def sides(params):
+        def grads(chunk):
+            return jax.grad(steps.loss_sums, has_aux=True)(params, batch, model, EPS, None, chunk)
 
-    want_grads, want_sums = grads(0, params)
-    got_grads, got_sums = grads(43, params)
+        chunked = dict(model=model, label_smoothing=EPS, loss_chunk_tokens=43)
+        return grads(0), grads(43), steps.eval_step(params, batch, **chunked)
+
+    (want_grads, want_sums), (got_grads, got_sums), evaluated = sides(params)
     assert want_sums['tokens'] == 56
     _assert_trees_close(got_sums, want_sums)
     _assert_trees_close(got_grads, want_grads)
-    evaluate = jax.jit(
-        functools.partial(steps.eval_step, model=model, label_smoothing=EPS, loss_chunk_tokens=43)
-    )
-    _assert_trees_close(evaluate(params, batch), want_sums)
+    _assert_trees_close(evaluated, want_sums)
 
 
 def test_chunked_loss_under_gradient_accumulation():
@@ -70,12 +70,12 @@ def test_chunked_loss_under_gradient_accumulation():
     model, params = _model_and_params('all', seed=2)
     batch = packed_batch(1)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def accumulated(chunk):
-        return steps.accumulated_grads(params, batch, model, EPS, jax.random.key(3), 2, chunk)
+    @jax.jit  # both sides in one program: one compilation
+    def sides(params, batch):
+        key = jax.random.key(3)
+        return [steps.accumulated_grads(params, batch, model, EPS, key, 2, c) for c in (0, 20)]
 
-    want_grads, want_sums = accumulated(0)
-    got_grads, got_sums = accumulated(20)
+    (want_grads, want_sums), (got_grads, got_sums) = sides(params, batch)
     _assert_trees_close(got_sums, want_sums)
     _assert_trees_close(got_grads, want_grads)
 
@@ -111,8 +111,11 @@ def test_fused_cross_entropy_with_bias_equals_full_logits(dtype, rtol):
     the inputs' float32."""
     hidden, weight, bias, targets, weights = _projection_problem(3)
     fused = functools.partial(fused_cross_entropy, label_smoothing=EPS, chunk_tokens=4, dtype=dtype)
-    got = fused(hidden, weight, bias, targets, weights)
-    want = _full_logits_sums(hidden, weight, bias, targets, weights, dtype)
+    # Each side compiled as one program: its ops one by one cost more to compile.
+    got = jax.jit(fused)(hidden, weight, bias, targets, weights)
+    want = jax.jit(_full_logits_sums, static_argnums=5)(
+        hidden, weight, bias, targets, weights, dtype
+    )
     assert 0 < want[2] < weights.sum()
     np.testing.assert_allclose(got, want, rtol=rtol)
     assert got[2] == want[2]
@@ -126,7 +129,7 @@ def test_fused_cross_entropy_with_bias_equals_full_logits(dtype, rtol):
     )(hidden, weight, bias)
     _assert_trees_close(got_grads, want_grads, rtol=rtol)
     # Only the smoothed loss is differentiable: the NLL and the count are stopped.
-    nll_grad = jax.grad(lambda h: fused(h, weight, bias, targets, weights)[1])(hidden)
+    nll_grad = jax.jit(jax.grad(lambda h: fused(h, weight, bias, targets, weights)[1]))(hidden)
     assert not np.asarray(nll_grad).any()
 
 

@@ -1,33 +1,24 @@
 """Data parallelism (pmap / sharding == one device) and the tensor-parallel layout."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest
 
 from tests.random_params import fill_random
+from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env, xla_flags
-from tests.tiny_run import LEN, packed_batch, tiny_model, tiny_parallel
+from tests.tiny_run import LEARNING_WARMUP, LEN, packed_batch, tiny_model, tiny_parallel
 from transformer.configs import base
 from transformer.model import abstract_params
 from transformer.training import optim, parallel, steps
 
 
 def _run(mode: str, devices, accum: int, num_steps: int = 3, **layout):
-    model = tiny_model()
-    opt = base.get_config().opt
-    opt.warmup_steps = 10
-    tx, schedule = optim.make_optimizer(opt, d_model=32)
-    par = parallel.Parallel(
-        mode,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        label_smoothing=0.1,
-        accum_steps=accum,
-        devices=devices,
-        **layout,
+    # The warm-up under which the tiny model learns in 3 steps; tests/training/test_layouts.py
+    # and `test_the_step_compiled_ahead_is_the_one_that_runs` build the same steps, which the
+    # suite's compilation cache (tests/conftest.py) then compiles once for all of them.
+    par, model, tx = tiny_parallel(
+        devices, mode, accum_steps=accum, warmup_steps=LEARNING_WARMUP, **layout
     )
     state = par.put_state(
         par.init_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
@@ -48,9 +39,18 @@ def _random_state(model, tx) -> steps.TrainState:
     return steps.TrainState(step=np.int32(0), params=params, opt_state=tx.init(params))
 
 
-@functools.cache
-def _reference():
-    return _run('sharding', jax.devices('cpu')[:1], accum=1)[:2]
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    """(losses, parameter leaves) of one device's 3 steps: run once for all pytest-xdist
+    workers (tests/shared_dirs.py), which each read them from its .npz file."""
+
+    def train(path):
+        losses, params, _ = _run('sharding', jax.devices('cpu')[:1], accum=1)
+        path.mkdir()
+        np.savez(path / 'run.npz', losses, *jax.tree.leaves(params))
+
+    with np.load(built_once(tmp_path_factory, 'parallel_reference', train) / 'run.npz') as run:
+        return run['arr_0'], [run[f'arr_{i}'] for i in range(1, len(run.files))]
 
 
 def _assert_same_training(got, reference) -> None:
@@ -77,7 +77,7 @@ def _assert_same_training(got, reference) -> None:
         pytest.param('sharding', 1, 4, 0, marks=pytest.mark.long),
     ],
 )
-def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
+def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk, reference):
     """Same global batch -> same losses and parameters after 3 steps on 1 or 8 devices, with
     or without gradient accumulation (the loss is normalised by the global token count). The
     accumulation over 4 data devices computes the chunked loss in both modes (pmap's in the
@@ -86,7 +86,7 @@ def test_data_parallel_equals_one_device(mode, num_devices, accum, chunk):
     compiled step: `test_the_config_chooses_the_loss`)."""
     assert len(jax.devices('cpu')) == 8, 'conftest should give 8 CPU devices'
     got = _run(mode, jax.devices('cpu')[:num_devices], accum, loss_chunk_tokens=chunk)
-    _assert_same_training(got, _reference())
+    _assert_same_training(got, reference)
 
 
 def _per_device_bytes(state, device) -> int:
@@ -105,12 +105,12 @@ def _per_device_bytes(state, device) -> int:
     [(1, False), (2, False), (1, True), pytest.param(2, True, marks=pytest.mark.long)],
     ids=str,
 )
-def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
+def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp, reference):
     """data-only, data x model, FSDP and both on 8 devices train like 1 device, and each
     device holds the parameter bytes the layout implies: heads, d_ff and the vocabulary (32
     pieces: the axis divides them) split on 'model', d_model split on 'data' under FSDP."""
     got = _run('sharding', jax.devices('cpu'), 1, model_parallelism=model_parallelism, fsdp=fsdp)
-    _assert_same_training(got, _reference())
+    _assert_same_training(got, reference)
     specs = parallel.logical_specs(tiny_model(), optim.make_optimizer(base.get_config().opt, 32)[0])
     data_shards = 8 // model_parallelism
     expected = 0
@@ -131,21 +131,26 @@ def test_layouts_equal_one_device_and_hold_their_share(model_parallelism, fsdp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('accum', [1, 2, pytest.param(4, marks=pytest.mark.long)])
-def test_accumulation_splits_every_micro_batch_over_all_data_devices(accum):
+@pytest.mark.parametrize(
+    'num_devices, accum', [(8, 1), (2, 2), pytest.param(2, 4, marks=pytest.mark.long)]
+)
+def test_accumulation_splits_every_micro_batch_over_all_data_devices(num_devices, accum):
     """In sharding mode each micro-step computes rows / (devices x A) rows on every device
     (read from the compiled step's [rows, T, V] logits), with no all-gather of the batch.
-    A = 4 (long tier) runs the same scan over micro-batches as A = 2."""
+    A = 4 (long tier) runs the same scan over micro-batches as A = 2. A = 1 on 8 devices is
+    the data-only layout's step of `test_layouts_equal_one_device_and_hold_their_share`
+    (the same warm-up), which the suite's compilation cache compiles once for both."""
     import re
 
     from tests.tiny_run import ROWS, VOCAB
 
-    par, model, tx = tiny_parallel(jax.devices('cpu')[:2], accum_steps=accum)
+    devices = jax.devices('cpu')[:num_devices]
+    par, model, tx = tiny_parallel(devices, accum_steps=accum, warmup_steps=LEARNING_WARMUP)
     state = par.abstract_state(lambda: steps.init_state(model, tx, jax.random.key(0), LEN))
     compiled = par.lower_step(state, par.put_batch(packed_batch(0)), jax.random.key(1)).compile()
     hlo = compiled.as_text()
     rows = {int(r) for r in re.findall(rf'f32\[(\d+),{LEN},{VOCAB}\]', hlo)}
-    assert rows == {ROWS // (2 * accum)}
+    assert rows == {ROWS // (num_devices * accum)}
     assert 'all-gather' not in hlo
 
 
@@ -305,7 +310,8 @@ def test_the_config_chooses_the_loss(chunk_tokens, scans):
 def test_the_step_compiled_ahead_is_the_one_that_runs():
     """`compile_step` compiles once (XLA's memory analysis is read from it before the first
     step); `train_step` then runs that executable and compiles nothing again."""
-    par, model, tx = tiny_parallel(jax.devices('cpu')[:1])
+    # The reference run's step (`_reference`): compiled once for both through the cache.
+    par, model, tx = tiny_parallel(jax.devices('cpu')[:1], warmup_steps=LEARNING_WARMUP)
     state = jax.device_put(_random_state(model, tx), par.shardings)
     compiles = []
 

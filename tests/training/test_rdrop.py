@@ -8,18 +8,17 @@ import numpy as np
 import pytest
 
 from tests.random_params import fill_random
-from tests.tiny_run import packed_batch, tiny_model, tiny_parallel
+from tests.tiny_run import LEARNING_WARMUP, packed_batch, tiny_model, tiny_parallel
 from transformer import schema
 from transformer.configs import base
 from transformer.fields import ConfigError
 from transformer.model import abstract_params
-from transformer.training import optim, rdrop, steps
+from transformer.training import rdrop, steps
 
-# Jitted: one compilation of each gradient or loss costs less than running its ops one by one.
+# Jitted: one compilation of each gradient costs less than running its ops one by one.
 _grads = jax.jit(
     steps.accumulated_grads, static_argnums=(2, 3, 5), static_argnames=('rdrop_alpha',)
 )
-_loss_sums = jax.jit(steps.loss_sums, static_argnums=(2, 3), static_argnames=('rdrop_alpha',))
 
 
 def _params(model):
@@ -38,10 +37,11 @@ def test_symmetric_kl_equals_a_hand_computation():
     a, b = np.array([1.0, 2.0, 0.5]), np.array([0.0, 1.5, 2.0])
     p, q = np.exp(a) / np.exp(a).sum(), np.exp(b) / np.exp(b).sum()
     want = 0.5 * ((p * np.log(p / q)).sum() + (q * np.log(q / p)).sum())
-    got = rdrop.symmetric_kl(jnp.asarray([a, b]), jnp.asarray([b, a]))
+    kl = jax.jit(rdrop.symmetric_kl)  # one program, not its ops one by one
+    got = kl(jnp.asarray([a, b]), jnp.asarray([b, a]))
     np.testing.assert_allclose(got, [want, want], rtol=1e-6)
     assert want > 0.1
-    assert float(rdrop.symmetric_kl(jnp.asarray(a), jnp.asarray(a))) == 0.0
+    assert float(kl(jnp.asarray(a), jnp.asarray(a))) == 0.0
 
 
 def test_without_dropout_the_kl_is_zero_and_the_loss_is_the_plain_one():
@@ -60,31 +60,44 @@ def test_without_dropout_the_kl_is_zero_and_the_loss_is_the_plain_one():
 
 def test_with_dropout_the_objective_adds_alpha_times_the_kl():
     """Dropout 0.3: the masks differ (KL > 0), the objective is the passes' mean loss + alpha x
-    KL, the first pass is the plain step's (same key); 2 micro-batches sum a finite gradient and
-    a KL > 0; validation (no rng) is the plain loss."""
+    KL, the first pass is the plain step's (same key); validation (no rng) is the plain loss.
+    R-Drop over 2 micro-batches with dropout: `test_sharding_over_devices_equals_one_device`."""
     model = tiny_model(dropout_rate=0.3)
     params, batch, key = _params(model), packed_batch(1), jax.random.key(3)
-    objective, sums = _loss_sums(params, batch, model, 0.1, key, rdrop_alpha=2.0)
+
+    @jax.jit  # R-Drop's loss and the plain loss of each of its keys: one program
+    def losses(params, batch, key):
+        keys = (key, rdrop.second_pass_key(key))
+        plain = [steps.loss_sums(params, batch, model, 0.1, k)[0] for k in keys]
+        return steps.loss_sums(params, batch, model, 0.1, key, rdrop_alpha=2.0), plain
+
+    (objective, sums), (first, second) = losses(params, batch, key)
     kl = float(sums[rdrop.KL_KEY])
     assert kl > 0
     np.testing.assert_allclose(objective, sums['loss'] + 2.0 * kl, rtol=1e-6)
-    first, _ = _loss_sums(params, batch, model, 0.1, key)
-    second, _ = _loss_sums(params, batch, model, 0.1, rdrop.second_pass_key(key))
     np.testing.assert_allclose(sums['loss'], 0.5 * (first + second), rtol=1e-6)
     assert first != second
     per_token = steps.summarize(sums, 32, 0.1)[rdrop.KL_KEY]
     np.testing.assert_allclose(per_token, kl / float(sums['tokens']), rtol=1e-6)
-    grads, accumulated = _grads(params, batch, model, 0.1, key, 2, rdrop_alpha=2.0)
-    assert float(accumulated[rdrop.KL_KEY]) > 0
-    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
     # Its output's keys: traced, not run.
     validation = functools.partial(steps.eval_step, model=model, label_smoothing=0.1)
     assert rdrop.KL_KEY not in jax.eval_shape(validation, params, batch)
 
 
-def _steps(mode, devices, num_steps=2):
+@functools.cache
+def _parallel(mode: str, num_devices: int):
+    """(`Parallel`, model, optimizer): R-Drop (alpha 1) of the tiny model with dropout 0.3 in
+    2 micro-batches, under a warm-up that moves its parameters; one per process, so that
+    every test of its steps runs one compiled step."""
     model = tiny_model(dropout_rate=0.3)
-    par, model, tx = tiny_parallel(devices, mode, model, rdrop_alpha=1.0)
+    devices = jax.devices('cpu')[:num_devices]
+    return tiny_parallel(
+        devices, mode, model, rdrop_alpha=1.0, accum_steps=2, warmup_steps=LEARNING_WARMUP
+    )
+
+
+def _steps(mode, num_devices, num_steps=2):
+    par, model, tx = _parallel(mode, num_devices)
     state = par.put_state(jax.device_put(_state(model, tx), par.shardings))
     out = []
     for step in range(num_steps):
@@ -93,18 +106,17 @@ def _steps(mode, devices, num_steps=2):
     return out, jax.device_get(par.global_state(state).params)
 
 
+@pytest.mark.slow  # two R-Drop steps compiled: its file runs among the first under -n
 def test_sharding_over_devices_equals_one_device():
     """jit + sharding over 2 data devices draws the same masks as 1 device (the batch is
-    global): same losses and KL."""
-    cpus = jax.devices('cpu')
-    (one, params_one), (two, params_two) = (
-        _steps('sharding', cpus[:1]),
-        _steps('sharding', cpus[:2]),
-    )
+    global): same losses, KL and parameters; each of the 2 micro-batches' sums adds a KL > 0
+    and the gradient is finite."""
+    (one, params_one), (two, params_two) = _steps('sharding', 1), _steps('sharding', 2)
     for a, b in zip(one, two, strict=True):
-        for key in ('loss', rdrop.KL_KEY, 'tokens'):
+        for key in ('loss', rdrop.KL_KEY, 'tokens', 'grad_norm'):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
         assert a[rdrop.KL_KEY] > 0
+        assert np.isfinite(a['grad_norm']) and a['grad_norm'] > 0
     for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -114,34 +126,22 @@ def test_pmap_runs():
     """pmap (each device its own key) trains with a finite KL > 0. Long tier: R-Drop's step is
     test_sharding_over_devices_equals_one_device's, pmap's tests/training/test_parallel.py's
     test_data_parallel_equals_one_device[pmap-8-1-0]."""
-    pmapped, _ = _steps('pmap', jax.devices('cpu')[:2], num_steps=1)
+    pmapped, _ = _steps('pmap', 2, num_steps=1)
     assert np.isfinite(pmapped[0]['loss']) and pmapped[0][rdrop.KL_KEY] > 0
 
 
 def test_a_resumed_step_draws_both_masks_again():
-    """Both keys are functions of (seed, step): the second step taken from the first step's
-    state alone (a resume) gives the same bits as in the uninterrupted run."""
-    model = tiny_model(dropout_rate=0.3)
-    tx, schedule = optim.make_optimizer(base.get_config().opt, 32)
-    step = jax.jit(
-        lambda s, b, r: steps.train_step(
-            s,
-            b,
-            r,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            label_smoothing=0.1,
-            accum_steps=1,
-            rdrop_alpha=1.0,
-        )
-    )
+    """Both keys are functions of (seed, step, micro-batch): the second step taken from the
+    first step's state alone (a resume) gives the same bits as in the uninterrupted run (one
+    device's step of `test_sharding_over_devices_equals_one_device`)."""
+    par, model, tx = _parallel('sharding', 1)
     base_key = steps.dropout_key(0)
-    state = jax.device_put(_state(model, tx))
-    first, _ = step(state, packed_batch(0), base_key)
+    state = jax.device_put(_state(model, tx), par.shardings)
+    first, _ = par.train_step(state, packed_batch(0), base_key)
     saved = jax.device_get(first)
-    _, uninterrupted = step(first, packed_batch(1), base_key)
-    _, resumed = step(jax.device_put(saved), packed_batch(1), steps.dropout_key(0))
+    _, uninterrupted = par.train_step(first, packed_batch(1), base_key)
+    restored = jax.device_put(saved, par.shardings)
+    _, resumed = par.train_step(restored, packed_batch(1), steps.dropout_key(0))
     assert float(uninterrupted[rdrop.KL_KEY]) > 0
     for key in ('loss', rdrop.KL_KEY, 'grad_norm'):
         assert float(resumed[key]) == float(uninterrupted[key])
@@ -162,15 +162,17 @@ def test_the_chunked_loss_is_refused_in_one_line():
 
 def test_the_written_out_kl_gradient_equals_autodiff():
     """`symmetric_kl`'s gradient to both logits equals autodiff of its formula."""
-    z1, z2 = jax.random.normal(jax.random.key(0), (2, 3, 4, 9)) * 2
+    z1, z2 = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4, 9)) * 2, jnp.float32)
     weights = jnp.arange(12.0).reshape(3, 4)
 
     def direct(a, b):
         log_p, log_q = jax.nn.log_softmax(a), jax.nn.log_softmax(b)
         return (0.5 * ((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q)).sum(-1) * weights).sum()
 
-    want = jax.grad(direct, argnums=(0, 1))(z1, z2)
-    got = jax.grad(lambda a, b: (rdrop.symmetric_kl(a, b) * weights).sum(), argnums=(0, 1))(z1, z2)
+    # Compiled: one program each costs less than their ops compiled one by one.
+    want = jax.jit(jax.grad(direct, argnums=(0, 1)))(z1, z2)
+    ours = jax.grad(lambda a, b: (rdrop.symmetric_kl(a, b) * weights).sum(), argnums=(0, 1))
+    got = jax.jit(ours)(z1, z2)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         assert np.abs(w).max() > 0.1
