@@ -111,16 +111,10 @@ def test_two_processes_validate_and_evaluate_as_one(run_dir, tmp_path):
 
     out = tmp_path / 'two.txt'
     flags = [f'--workdir={two}', '--beam_size=2', '--step=4', f'--output={out}']
-    flags += [f'--batch_size={DECODE_BATCH}']
     for code, output in _decode_two_processes('evaluate', flags):
         assert code == 0, output[-3000:]
     alone = evaluate.run(
-        str(two),
-        step=4,
-        beam_size=2,
-        batch_size=DECODE_BATCH,
-        output=str(tmp_path / 'one.txt'),
-        devices=jax.devices('cpu'),
+        str(two), step=4, beam_size=2, output=str(tmp_path / 'one.txt'), devices=jax.devices('cpu')
     )
     assert out.read_text() == (tmp_path / 'one.txt').read_text()
     scores = json.loads(out.with_suffix('.json').read_text())
