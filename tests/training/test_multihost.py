@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.shared_dirs import built_once
 from tests.subprocess_env import xla_flags
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer.checkpoint import best_step, load_model, verify_step
@@ -26,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _config(mode: str, num_steps: int):
+    """`tiny_run_config` (no validation BLEU) in ``mode``, a checkpoint every 2 steps."""
     config = tiny_run_config(num_steps)
     config.train.parallelism = mode
     config.train.checkpoint_every = 2
@@ -113,9 +115,22 @@ def _assert_close(a, b, atol=1e-5):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=atol)
 
 
+@pytest.fixture(scope='module')
+def one_device(tmp_path_factory):
+    """6 steps of `_config` in sharding mode (dropout on), without validation BLEU, on one
+    device: the run both two-process training tests compare with, trained once for all
+    pytest-xdist workers (tests/shared_dirs.py); read it only."""
+
+    def train(workdir):
+        config = _config('sharding', 6)
+        trainer.train_and_evaluate(config, str(workdir), devices=jax.devices('cpu')[:1])
+
+    return built_once(tmp_path_factory, 'multihost_one_device', train)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('mode', ['sharding', pytest.param('pmap', marks=pytest.mark.long)])
-def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
+def test_two_processes_equal_one_process_and_one_device(mode, tmp_path, request):
     """4 steps as 2 processes x 4 devices and as 1 device: same logged losses and parameters
     within 1e-5 (1 process x 8 devices runs the program of the data-only layout, which
     tests/training/test_parallel.py equals to 1 device, as it does pmap mode's 8 devices).
@@ -123,15 +138,16 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
     resumes in one process on 2 devices to the 2-process run's step 4; in sharding mode
     (dropout on) the 1-device run goes on to step 6, and the resumed run, from step 4 on
     1 device, arrives at its step-6 parameters."""
-    # Without validation BLEU: its searches across processes are test_multihost_decoding's,
-    # and here each of the runs would compile and run one to the length limit.
+    # Without validation BLEU (`_config`'s): its searches across processes are
+    # test_multihost_decoding's, and here each of the runs would compile and run one to the
+    # length limit.
     config = _config(mode, 4)
-    config.eval.bleu_every = 0
     _train_two_processes(config, tmp_path / 'two')
-    longer = _config(mode, 6)  # the same first 4 steps: the schedule ignores num_steps
-    longer.eval.bleu_every = 0
-    one = longer if mode == 'sharding' else config
-    trainer.train_and_evaluate(one, str(tmp_path / 'one'), devices=jax.devices('cpu')[:1])
+    if mode == 'sharding':  # the same first 4 steps: the schedule ignores num_steps
+        one = request.getfixturevalue('one_device')
+    else:
+        one = tmp_path / 'one'
+        trainer.train_and_evaluate(config, str(one), devices=jax.devices('cpu')[:1])
     two = _losses(tmp_path / 'two')
     assert sorted(two) == [1, 2, 3, 4]
     moved = [  # the compared runs train: step 4 is not step 2
@@ -141,17 +157,17 @@ def test_two_processes_equal_one_process_and_one_device(mode, tmp_path):
         )
     ]
     assert any(moved)
-    got = _losses(tmp_path / 'one')
+    got = _losses(one)
     np.testing.assert_allclose([got[s] for s in two], list(two.values()), rtol=1e-5)
-    _assert_close(_params(tmp_path / 'one', 4), _params(tmp_path / 'two', 4))
+    _assert_close(_params(one, 4), _params(tmp_path / 'two', 4))
     resumed = tmp_path / 'resumed'
     shutil.copytree(tmp_path / 'two', resumed)
     shutil.rmtree(resumed / 'checkpoints' / '4')
     trainer.train_and_evaluate(config, str(resumed), devices=jax.devices('cpu')[:2])
     _assert_close(_params(resumed, 4), _params(tmp_path / 'two', 4))
     if mode == 'sharding':
-        trainer.train_and_evaluate(longer, str(resumed), devices=jax.devices('cpu')[:1])
-        _assert_close(_params(resumed, 6), _params(tmp_path / 'one', 6))
+        trainer.train_and_evaluate(_config(mode, 6), str(resumed), devices=jax.devices('cpu')[:1])
+        _assert_close(_params(resumed, 6), _params(one, 6))
 
 
 @pytest.mark.slow
@@ -166,7 +182,7 @@ def test_unreachable_coordinator_is_one_line_and_no_hang(tmp_path):
         '--config.train.num_processes=2',
     ]
     cmd += [f'--config.train.coordinator_address=localhost:{port}']
-    cmd += ['--config.train.process_id=1', '--config.train.init_timeout_s=2']
+    cmd += ['--config.train.process_id=1', '--config.train.init_timeout_s=1']
     start = time.monotonic()
     env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -196,11 +212,12 @@ def _flip_params(run_dir, step) -> None:
 
 
 @pytest.mark.slow
-def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
+def test_model_axis_across_processes_and_decisions_made_once(one_device, tmp_path):
     """2 processes x 1 device with train.model_parallelism=2: both processes hold data index
     0 of the (1 data x 2 model) mesh, so both feed the whole batch.
 
-    - The losses equal those of 1 process x 2 devices (1e-5).
+    - The losses equal those of one device (1e-5; the same training, the run
+      test_two_processes_equal_one_process_and_one_device compares with).
     - A fresh run has one vocabulary, trained once (by process 0).
     - Each process is given other validation BLEU scores (process 0: 10, 9, 8, 12; process 1:
       5, 6, 7, 8): process 0's decide, on both, that step 2 is the best and that patience 2
@@ -231,11 +248,7 @@ def test_model_axis_across_processes_and_decisions_made_once(tmp_path):
     assert outputs[0].count('BUILT TOKEN STORE') == 1 and 'BUILT TOKEN STORE' not in outputs[1]
     assert os.listdir(run / 'vocab') == ['spm.model']
 
-    alone = _config('sharding', 6)
-    alone.train.model_parallelism = 2
-    alone.eval.bleu_every = 0  # its losses are compared; a real BLEU would decode for nothing
-    trainer.train_and_evaluate(alone, str(tmp_path / 'alone'), devices=jax.devices('cpu')[:2])
-    got, want = _losses(tmp_path / 'alone'), _losses(run)
+    got, want = _losses(one_device), _losses(run)
     np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
 
     before = _params(run, 6)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.subprocess_env import repo_env, xla_flags
+from tests.tiny_run import DECODE_BATCH
 from tests.training.test_multihost import (
     REPO,
     _config,
@@ -71,48 +72,49 @@ def _decode_two_processes(command, flags, stdin=b'', timeout=240) -> list[tuple[
 
 
 @pytest.mark.slow
-def test_two_processes_validate_and_evaluate_as_one(tmp_path):
-    """2 steps, validated (loss and BLEU) at step 2, as 2 processes x 4 devices; the same
-    checkpoint validated again by 1 process x 8 devices (a copy of the run without its final
-    metrics: the same command resumes at its last step, trains nothing and validates, as
-    tests/training/test_final_validation.py shows; that 2 processes train as one is
-    tests/training/test_multihost.py's): the same validation loss (1e-5) and BLEU (0.01), and
-    both processes decide the best checkpoint one process decides. Then the 2-process run is
-    evaluated by 2 processes and by one: the same hypotheses and scores, each process decoding
-    about half of the sentences. Last, 2 processes translate stdin (process 0 reads it and
-    writes the output): the lines of one process, a blank line kept blank."""
-    config = _config('sharding', 2)
-    config.eval.bleu_every = 2
-    config.train.eval_every = 2
+def test_two_processes_validate_and_evaluate_as_one(run_dir, tmp_path):
+    """Conftest's tiny run (4 steps, one process) without its final metrics, copied twice:
+    the same command resumes at its last step, trains nothing and validates (loss and BLEU),
+    as tests/training/test_final_validation.py shows, once as 2 processes x 4 devices and
+    once as 1 process x 8 devices: the same validation loss (1e-5) and BLEU (0.01), and both
+    processes decide the best checkpoint one process decides (that 2 processes train as one
+    is tests/training/test_multihost.py's). Then the run is evaluated by 2 processes and by
+    one: the same hypotheses and scores, each process decoding about half of the sentences.
+    Last, 2 processes translate stdin (process 0 reads it and writes the output): the lines
+    of one process, a blank line kept blank."""
+    config = _config('sharding', 4)  # conftest's run, which checkpoints every 2 steps
+    config.eval.bleu_every = 4
     # Validation decodes greedily: beam search across processes is the evaluate command's below
-    # (validation scores with evaluate's score_eval_set).
+    # (validation scores with evaluate's score_eval_set). Batches of DECODE_BATCH rows (the
+    # validation BLEU's 8 sentences in one) compile one search loop, not one per stage.
     config.eval.beam_size = 1
-    flags = _overrides(config, ['eval.beam_size'])
+    config.eval.batch_size = config.eval.bleu_max_examples = DECODE_BATCH
+    flags = _overrides(config, ['eval.beam_size', 'eval.bleu_max_examples'])
+    two, one = tmp_path / 'two', tmp_path / 'one'
+    for copy in (two, one):
+        shutil.copytree(run_dir, copy)
+        for name in (rundir.FINAL_METRICS_FILE, rundir.METRICS_FILE):
+            (copy / name).unlink()
     worker = os.path.join('tests', 'multihost_worker.py')
-    two = tmp_path / 'two'
     results = _run_two_processes(flags, two, script=worker)
     for code, out in results:
         assert code == 0, out[-3000:]
     decided = _results([out for _, out in results])
-    assert len(decided) == 2 and decided[0] == decided[1] and decided[0]['best']['step'] == 2
+    assert len(decided) == 2 and decided[0] == decided[1] and decided[0]['best']['step'] == 4
 
-    one = tmp_path / 'one'
-    shutil.copytree(two, one)
-    for name in (rundir.FINAL_METRICS_FILE, rundir.METRICS_FILE):
-        (one / name).unlink()
     final = trainer.train_and_evaluate(config, str(one), devices=jax.devices('cpu'))
-    assert final['steps_this_run'] == 0 and final['best']['step'] == 2
-    got, want = _validation(two)[2], _validation(one)[2]
+    assert final['steps_this_run'] == 0 and final['best']['step'] == 4
+    got, want = _validation(two)[4], _validation(one)[4]
     np.testing.assert_allclose(got['loss'], want['loss'], rtol=1e-5)
     for metric in ('sacrebleu', 'tokenized_bleu', 'chrf', 'chrf++'):
         assert abs(got[metric] - want[metric]) <= 0.01, (metric, got, want)
 
     out = tmp_path / 'two.txt'
-    flags = [f'--workdir={two}', '--beam_size=2', '--step=2', f'--output={out}']
+    flags = [f'--workdir={two}', '--beam_size=2', '--step=4', f'--output={out}']
     for code, output in _decode_two_processes('evaluate', flags):
         assert code == 0, output[-3000:]
     alone = evaluate.run(
-        str(two), step=2, beam_size=2, output=str(tmp_path / 'one.txt'), devices=jax.devices('cpu')
+        str(two), step=4, beam_size=2, output=str(tmp_path / 'one.txt'), devices=jax.devices('cpu')
     )
     assert out.read_text() == (tmp_path / 'one.txt').read_text()
     scores = json.loads(out.with_suffix('.json').read_text())
@@ -127,10 +129,10 @@ def test_two_processes_validate_and_evaluate_as_one(tmp_path):
     hypotheses = (tmp_path / 'one.txt').read_text().splitlines()
     source = ''.join(f'{line}\n' for line in ['dinds bap koft .', '', *hypotheses[:5]]).encode()
     translated = tmp_path / 'translated.txt'
-    flags = [f'--workdir={two}', '--beam_size=1', '--step=2', f'--output={translated}']
+    flags = [f'--workdir={two}', '--beam_size=1', '--step=4', f'--output={translated}']
     for code, output in _decode_two_processes('translate', flags, stdin=source):
         assert code == 0, output[-3000:]
-    alone = api.load(str(two), step=2, devices=jax.devices('cpu')).translate(
+    alone = api.load(str(two), step=4, devices=jax.devices('cpu')).translate(
         source.decode().splitlines(), beam_size=1
     )
     assert translated.read_text().splitlines() == alone and alone[1] == ''
