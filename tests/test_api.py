@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from tests.compiles import compiled_programs
 from tests.tiny_run import SMALL
 from transformer import api, schema
 
@@ -84,7 +85,6 @@ def test_logits_compile_one_program_per_model_and_shapes():
     """`api.logits` is one compiled program (run op by op, each operation compiled on its
     own): its first call compiles it alone, a call with new values of the same shapes
     compiles nothing."""
-    import jax
     import numpy as np
 
     from tests.random_params import fill_random
@@ -94,20 +94,11 @@ def test_logits_compile_one_program_per_model_and_shapes():
     model = tiny_model()
     params = fill_random(abstract_params(model))
     inputs, targets = np.array([[5, 6, 7, 1]]), np.array([[8, 9, 1]])
-    compiled = []
-
-    def count(event, duration, **kwargs):
-        if event == '/jax/core/compile/backend_compile_duration':
-            compiled.append(kwargs.get('fun_name', ''))
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compiled_programs() as compiled:
         first = api.logits(model, params, inputs, targets)
         assert compiled == ['jit(teacher_forced_logits)']
         again = api.logits(model, params, inputs + 1, targets + 1)
         assert compiled == ['jit(teacher_forced_logits)']
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert first.shape == again.shape == (1, 3, model.config.vocab_size)
     assert not np.array_equal(first, again)
 
@@ -116,7 +107,6 @@ def test_logits_compile_one_program_per_model_and_shapes():
 def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
     """``length_penalty`` reaches the search (n-best scores are log_prob over that rule's
     penalty), and after the first call another alpha and rule compile no program."""
-    import jax
     import numpy as np
 
     from transformer import data as data_lib
@@ -125,20 +115,11 @@ def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
     run = api.load(str(run_dir))
     lines = data_lib.load_text(run.config.data, 'test')[0][:3]
     run.translate(lines, beam_size=2, nbest=2)  # the run's alpha 0.6 and 'gnmt'
-    compiled = []
-
-    def count(event, duration, **kwargs):
-        if event == '/jax/core/compile/backend_compile_duration':
-            compiled.append(kwargs.get('fun_name', ''))
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compiled_programs() as compiled:
         found = {
             rule: run.translate(lines, beam_size=2, nbest=2, alpha=1.3, length_penalty=rule)
             for rule in ('fairseq', 'gnmt')
         }
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert compiled == []
     for rule, hypotheses in found.items():
         for h in (h for line in hypotheses for h in line):

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.compiles import compiled_programs
 from tests.random_params import fill_random
 from tests.shared_dirs import built_once
 from tests.subprocess_env import repo_env, xla_flags
@@ -313,14 +314,7 @@ def test_the_step_compiled_ahead_is_the_one_that_runs():
     # The reference run's step (`_reference`): compiled once for both through the cache.
     par, model, tx = tiny_parallel(jax.devices('cpu')[:1], warmup_steps=LEARNING_WARMUP)
     state = jax.device_put(_random_state(model, tx), par.shardings)
-    compiles = []
-
-    def count(event, duration, **kwargs):
-        if event == '/jax/core/compile/backend_compile_duration':
-            compiles.append(kwargs.get('fun_name', ''))
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compiled_programs() as compiles:
         compiled = par.compile_step(state, par.put_batch(packed_batch(0)), jax.random.key(1))
         assert [name for name in compiles if 'train_step' in name] == ['jit(train_step)']
         assert compiled.memory_analysis().temp_size_in_bytes > 0
@@ -328,6 +322,4 @@ def test_the_step_compiled_ahead_is_the_one_that_runs():
             state, sums = par.train_step(state, packed_batch(step), jax.random.key(1))
         assert jax.device_get(sums['tokens']) > 0
         assert par.compile_step(state, par.put_batch(packed_batch(0)), None) is compiled
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert [name for name in compiles if 'train_step' in name] == ['jit(train_step)']
