@@ -7,10 +7,10 @@ always given; Constraints(0, 0) and an all-zero prefix are "off"), so that each 
 for the whole module.
 """
 
-import jax
 import numpy as np
 import pytest
 
+from tests.compiles import compiled_programs
 from tests.decoding.test_decode import (
     EIGHT_INPUTS,
     MODEL,
@@ -28,7 +28,6 @@ T = EIGHT_INPUTS.shape[1] + EXTRA  # the loop length, 9
 LIMITS = (EIGHT_INPUTS != PAD_ID).sum(-1) + EXTRA
 NO_PREFIX = np.zeros((8, T), np.int32)
 OFF = decoding.Constraints(0, 0)
-COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 
 
 @pytest.fixture(scope='module')
@@ -116,14 +115,7 @@ def test_new_settings_and_prefixes_compile_nothing(params):
     entries = [
         f._cache_size() for f in (greedy._greedy_search, beam._beam_search, sampling._sample_search)
     ]
-    compiled = []
-
-    def count(event, duration, **kwargs):
-        if event == COMPILE_EVENT:
-            compiled.append(kwargs.get('fun_name', ''))
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compiled_programs() as compiled:
         for name in ('greedy', 'beam', 'sample'):
             search(name, params, decoding.Constraints(3, 2), _prefixes())
             search(name, params, decoding.Constraints(5, 4), np.roll(_prefixes(), 1, axis=0))
@@ -132,8 +124,6 @@ def test_new_settings_and_prefixes_compile_nothing(params):
             decoding.Sampling(temperature=2.0, top_k=0, top_p=0.95, seed=10),
         ):
             search('sample', params, settings=settings)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert compiled == []
     assert entries == [
         f._cache_size() for f in (greedy._greedy_search, beam._beam_search, sampling._sample_search)
