@@ -31,7 +31,12 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   program's collectives sometimes wait on each other for good (one thread per product does
   not stop that), and ``NPROC=16``, which does, cost the suite the time they saved: the files
   that run commands slowed as much as the decoding and model files sped up
-  (docs/experiments.md).
+  (docs/experiments.md). So they compile the programs that cannot wait: a program of one CPU
+  device, which holds no collective, is compiled by them in the test processes
+  (tests/compiles.py; about 40% less compile time: docs/testing.md); a
+  program of several devices keeps the default ones, and a test that states a tolerance for
+  the default ones' arithmetic asks for them (``compiler_options=DEFAULT_GENERATORS``). The
+  processes tests start compile as users do.
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.
@@ -165,9 +170,13 @@ def cpu_choices(monkeypatch):
 def pytest_configure(config):
     """Under pytest-xdist (``-n``), hand each worker one test at a time (``--maxschedchunk=1``
     unless given): with the slow files first (`pytest_collection_modifyitems`), xdist's
-    default first chunks (a quarter of each worker's share) would give one worker most of them."""
+    default first chunks (a quarter of each worker's share) would give one worker most of them.
+    Then one-device programs are compiled by XLA's older code generators (module docstring)."""
     if getattr(config.option, 'maxschedchunk', False) is None:
         config.option.maxschedchunk = 1
+    from tests.compiles import compile_one_device_programs_with_older_generators
+
+    compile_one_device_programs_with_older_generators()
 
 
 def pytest_collection_modifyitems(config, items):
