@@ -5,6 +5,8 @@ import os
 import pathlib
 import sys
 
+from tests.compiles import OLDER_GENERATORS_FLAG
+
 REPO = str(pathlib.Path(__file__).resolve().parents[1])
 
 
@@ -16,10 +18,15 @@ def repo_env(**overrides: str) -> dict[str, str]:
 
 def xla_flags(devices: int) -> str:
     """This process's ``XLA_FLAGS`` (tests/conftest.py's) for a process with ``devices`` CPU
-    devices instead of 8: the same compiler settings as the computations it is compared with."""
+    devices instead of 8: the same compiler settings as the computations it is compared with.
+    A process of one device compiles every program by XLA's older CPU code generators, as the
+    test processes compile their one-device programs (tests/compiles.py)."""
     flags = os.environ.get('XLA_FLAGS', '').split()
     count = '--xla_force_host_platform_device_count'
-    return ' '.join([*(f for f in flags if not f.startswith(count)), f'{count}={devices}'])
+    flags = [*(f for f in flags if not f.startswith(count)), f'{count}={devices}']
+    if devices == 1:
+        flags.append(f'--{OLDER_GENERATORS_FLAG}=false')
+    return ' '.join(flags)
 
 
 def memory_capped(command: list[str], gib: int) -> list[str]:
