@@ -159,7 +159,9 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
     # and save cost seconds and no assertion).
     config = _config(folder, 2, init_from=hf_dir, add_tokens=TAGS)
     config.train.checkpoint_every = 1
-    train_and_evaluate(config, workdir)
+    # One device: the tags' rows train alike on any number, and one device's programs compile
+    # faster than the 8 host devices' (tests/compiles.py).
+    train_and_evaluate(config, workdir, devices=jax.devices()[:1])
     # A resume with the same tokens passes every check a resume makes before it writes (one
     # with other tokens is refused below), without compiling the training step again.
     checked = workdir_checks.before_writing(schema.parse(config), workdir)
@@ -189,7 +191,7 @@ def test_a_tagged_mix_fine_tunes_and_the_export_maps_each_tag_to_its_row(hf_dir,
         assert json.load(f)['train']['add_tokens'] == TAGS
     changed = _config(folder, 3, init_from=hf_dir, add_tokens='<ft>,<bt>=<unk>')
     with pytest.raises(TrainingError, match=r'train.add_tokens=.*a run keeps its vocabulary'):
-        train_and_evaluate(changed, workdir)
+        train_and_evaluate(changed, workdir, devices=jax.devices()[:1])
 
 
 @pytest.mark.slow
@@ -209,7 +211,7 @@ def test_ctranslate2_export_with_the_tokens_translates_as_ours(converted, runs, 
     lines = [s for s, _ in synthetic_lines()[:8]]
     source = spm.SentencePieceProcessor(model_file=str(out / 'source.spm'))
     target = spm.SentencePieceProcessor(model_file=str(out / 'target.spm'))
-    run = api.load(str(run_dir))
+    run = api.load(str(run_dir), devices=jax.devices()[:1])  # one device's faster compiles
     pieces = json.loads((out / 'shared_vocabulary.json').read_text(encoding='utf-8'))
     vocab = runs[1][1]
     assert [pieces.index(t) for t in ('<bt>', '<ft>')] == [

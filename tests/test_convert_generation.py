@@ -6,11 +6,11 @@ import dataclasses
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
-from tests.tiny_run import DECODE_BATCH
 from transformer import api, convert
 
 _SKIP = "{} is not installed: pip install -e '.[export]'"
@@ -18,6 +18,17 @@ torch = pytest.importorskip('torch', reason=_SKIP.format('torch'))
 transformers = pytest.importorskip('transformers', reason=_SKIP.format('transformers'))
 
 LINES = [s for s, _ in synthetic_lines()][:TRAINED_LINES][:12]
+# Our searches decode `LINES` in one batch of 12 rows: one search compiled for each run, where
+# tests/tiny_run.py's DECODE_BATCH (8) rows made two batches and compiled a search for each.
+# Under 16 rows the batch does not shrink as lines finish, so it is one loop.
+BATCH = len(LINES)
+
+
+def _load(run):
+    """The converted run, decoding on one device: the searches compared do not depend on how
+    many share a batch, and one device's programs compile faster than the 8 host devices'
+    (tests/compiles.py)."""
+    return api.load(run, devices=jax.devices()[:1])
 
 
 @pytest.fixture(scope='module')
@@ -71,7 +82,7 @@ def banned(hf_dir, tmp_path_factory):
 def test_bad_words_become_the_runs_never_emit_and_export_back(banned, tmp_path):
     directory, piece, run = banned
     data = json.loads((run / 'config.json').read_text())['data']
-    vocabulary = api.load(run).tokenizer
+    vocabulary = _load(run).tokenizer
     ours = vocabulary.our_id(piece)
     assert data['never_emit'] == f'0,{ours}' and vocabulary.special.never_emit == (0, ours)
     from transformer import export
@@ -91,7 +102,7 @@ def test_banned_words_are_never_emitted_and_greedy_equals_generate(banned):
     tokenizer, out = _generate(directory, num_beams=1)
     assert not (out == piece).any()
     theirs = tokenizer.batch_decode(out, skip_special_tokens=True)
-    assert api.load(run).translate(LINES, beam_size=1, batch_size=DECODE_BATCH) == theirs
+    assert _load(run).translate(LINES, beam_size=1, batch_size=BATCH) == theirs
 
 
 @pytest.mark.long
@@ -106,7 +117,7 @@ def test_banned_words_beam_equals_generate_or_finds_a_better_hypothesis(banned):
     tokenizer, out = _generate(directory, output_scores=True, return_dict_in_generate=True)
     assert not (out.sequences == piece).any()
     theirs = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-    ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=DECODE_BATCH)]
+    ours = [h[0] for h in _load(run).translate(LINES, nbest=1, batch_size=BATCH)]
     same = [a.text == b for a, b in zip(ours, theirs, strict=True)]
     assert sum(same) >= len(LINES) // 2, same
     for a, b, score, equal in zip(ours, theirs, out.sequences_scores.numpy(), same, strict=True):
@@ -130,7 +141,7 @@ def _our_search(run, max_length, beams):
     Returns (best sequences [B, T] in Marian's ids, their scores [B]; None for greedy)."""
     from transformer import decoding
 
-    loaded = api.load(run)
+    loaded = _load(run)
     vocab, special = loaded.tokenizer, loaded.model.config.special
     rows = [ids + [special.eos] for ids in vocab.encode_batch(LINES)]
     inputs = np.full((len(rows), max(map(len, rows))), special.pad, np.int32)
@@ -220,7 +231,7 @@ def test_beam_scores_follow_renormalize_logits_as_generate(renormalized, banned)
         tokenizer, out = _generate(directory, **flags)
         assert not (out.sequences == banned[1]).any()
         theirs = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-        ours = [h[0] for h in api.load(run).translate(LINES, nbest=1, batch_size=DECODE_BATCH)]
+        ours = [h[0] for h in _load(run).translate(LINES, nbest=1, batch_size=BATCH)]
         same = [a.text == b for a, b in zip(ours, theirs, strict=True)]
         assert sum(same) >= len(LINES) // 2, same
         mine, hf = np.array([h.score for h in ours]), out.sequences_scores.numpy()
