@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.compiles import compiled_programs
 from tests.marian_dir import TRAINED_LINES, marian_dir, synthetic_lines
 from tests.shared_dirs import built_once
 from tests.tiny_run import file_hashes, tiny_run_config
@@ -66,8 +67,12 @@ def finetuned(hf_dir, folder, tmp_path_factory):
         path.mkdir()
         seen: list[float] = []
         config = _config(4, hf_dir, folder)
-        train_and_evaluate(config, str(path / 'run'), on_step=lambda s, m: seen.append(m['loss']))
-        (path / 'losses.json').write_text(json.dumps({'pretrained': seen[0]}))
+        with compiled_programs() as programs:
+            train_and_evaluate(
+                config, str(path / 'run'), on_step=lambda s, m: seen.append(m['loss'])
+            )
+        record = {'pretrained': seen[0], 'programs': programs}
+        (path / 'losses.json').write_text(json.dumps(record))
 
     path = built_once(tmp_path_factory, 'init_from_finetuned', train)
     return str(path / 'run'), json.loads((path / 'losses.json').read_text())
@@ -85,6 +90,16 @@ def test_first_loss_is_the_pretrained_models(finetuned, hf_dir):
     assert config['train']['init_from'] == hf_dir
     assert config['model']['ffn'] == 'swish' and config['model']['d_model'] == 32
     assert os.path.isfile(rundir.path(workdir, 'vocab', 'vocab.json'))
+
+
+@pytest.mark.slow
+def test_the_start_is_not_drawn_at_random_first(finetuned):
+    """The fine-tune's state is the start's parameters with a fresh optimizer state for them
+    (`init_from.init_state`): the random initialiser a run from nothing compiles is not
+    compiled (its parameters would be thrown away, after holding a second copy of the model)."""
+    programs = finetuned[1]['programs']
+    assert 'jit(fresh_state)' in programs, programs
+    assert not any('init' in name for name in programs), programs
 
 
 @pytest.mark.slow
@@ -221,3 +236,36 @@ def test_separate_vocabularies_with_label_smoothing_stop_before_writing(
         train_and_evaluate(_config(1, separate_dir, folder), str(workdir))
     assert '\n' not in str(info.value)
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize('mode', ['pmap', 'fsdp'])
+def test_a_start_takes_each_layouts_shardings_with_a_fresh_optimizer(run_dir, mode):
+    """`init_from.init_state` of a run directory (conftest's run, step 4) on 8 devices, in the
+    layouts whose states are placed differently: the start's parameters, step 0, Adam's
+    moments zero, every leaf in the layout's sharding."""
+    import dataclasses
+    import functools
+
+    import jax
+
+    from transformer.training import optim, steps
+    from transformer.training.parallel import Parallel
+
+    config = rundir.read_config(str(run_dir))
+    train = dataclasses.replace(config.train, parallelism='pmap' if mode == 'pmap' else 'sharding')
+    config = dataclasses.replace(config, train=dataclasses.replace(train, fsdp=mode == 'fsdp'))
+    start = init_from.read_start(str(run_dir))
+    model = steps.build_model(config, start.tokenizer.vocab_size)
+    tx, schedule = optim.make_optimizer(config.opt, config.model.d_model, 4)
+    parallel = Parallel.from_config(config, model, tx, schedule, jax.devices('cpu'))
+    init = functools.partial(steps.init_state, model, tx, jax.random.key(0), config.data.max_len)
+    state = init_from.init_state(start, parallel, init, tx)
+    want = load_model(str(run_dir), step=4, average_last=1)[3]
+    for got, saved in zip(jax.tree.leaves(state.params), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(saved))
+    assert int(state.step) == 0
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(state.opt_state))
+    for leaf, sharding in zip(
+        jax.tree.leaves(state), jax.tree.leaves(parallel.shardings), strict=True
+    ):
+        assert leaf.sharding == sharding

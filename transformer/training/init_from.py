@@ -20,6 +20,7 @@ averages and exports keep them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from transformer import data as data_lib
 from transformer import interop, rundir, schema
 from transformer.checkpoint import load_model
 from transformer.model import DTYPE_FIELDS, HOW_FIELDS, STACKED_KEYS, convert_layer_layout
+from transformer.training import steps
 from transformer.training.stops import TrainingError
 
 PyTree = Any
@@ -249,12 +251,13 @@ def start_params(start: Start, abstract: PyTree) -> PyTree:
     return jax.tree_util.tree_map_with_path(place, abstract)
 
 
-def init_state(start: Start | None, parallel: Any, init: Any) -> Any:
+def init_state(start: Start | None, parallel: Any, init: Any, tx: Any) -> Any:
     """A new run's train state in ``parallel``'s layout: ``init()``'s (random parameters, a
-    fresh optimizer), with the start's parameters when it fine-tunes one."""
-    state = parallel.init_state(init)
+    fresh optimizer), or, when it fine-tunes, the start's parameters with a fresh state of
+    ``tx`` (the optimizer) for them: no random parameters are drawn (nor their program
+    compiled), so the model is never held twice."""
     if start is None:
-        return state
+        return parallel.init_state(init)
     params = start_params(start, parallel.abstract_state(init).params)
     logging.info('Starting from the parameters of %s.', start.path)
-    return state.replace(params=params)
+    return parallel.init_state(functools.partial(steps.fresh_state, tx), params)

@@ -275,11 +275,11 @@ class Parallel:
 
     # --- the train state: global (what checkpoints hold) <-> the step's layout --------------
 
-    def init_state(self, init: Callable[[], TrainState]) -> TrainState:
-        """Runs ``init`` so that its result is born global in the mode's layout (FSDP never
-        materialises the whole state on one device)."""
+    def init_state(self, init: Callable[..., TrainState], *args: Any) -> TrainState:
+        """Runs ``init(*args)`` so that its result is born global in the mode's layout (FSDP
+        never materialises the whole state on one device); ``args``: arrays (traced)."""
         # Waited for here, so that a state that does not fit fails now, with its error.
-        return jax.block_until_ready(jax.jit(init, out_shardings=self.shardings)())
+        return jax.block_until_ready(jax.jit(init, out_shardings=self.shardings)(*args))
 
     def abstract_state(self, init: Callable[[], TrainState]) -> TrainState:
         """Shapes, dtypes and global shardings of ``init()``: the target of a restore."""

@@ -181,7 +181,7 @@ def _setup(
     checkpoints = Checkpoints(workdir, config)
     # Restored straight into this run's global layout, whatever the layout that saved it.
     restored = checkpoints.restore_latest(parallel.abstract_state(init))
-    state, meta, latest = restored or (init_from.init_state(start, parallel, init), None, None)
+    state, meta, latest = restored or (init_from.init_state(start, parallel, init, tx), None, None)
     if latest is not None:
         train_iter.set_state(meta['data_state'])
         logging.info('Resumed from %s at step %d.', workdir, latest)

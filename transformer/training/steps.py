@@ -60,10 +60,14 @@ def init_state(
 
     @jax.jit
     def init(rng):
-        params = init_params(model, rng, max_len)
-        return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
+        return fresh_state(tx, init_params(model, rng, max_len))
 
     return init(rng)
+
+
+def fresh_state(tx: optax.GradientTransformation, params: PyTree) -> TrainState:
+    """Step 0: ``params`` and a fresh optimizer state for them."""
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
 DEFAULT_DROPOUT_PRNG = DROPOUT_PRNGS[0]  # jax's default key
