@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.subprocess_env import repo_env
+from tests.subprocess_env import repo_env, xla_flags
 from tests.tiny_run import SMALL, command_line
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -64,7 +64,9 @@ def test_a_stop_during_the_final_validation_keeps_the_last_step_and_a_rerun_redo
     proc = subprocess.run(
         [sys.executable, '-c', SCRIPT, *map(str, runs), *flags],
         cwd=REPO,
-        env=repo_env(),
+        # One CPU device: what is checked does not depend on the number of devices, and one
+        # device's programs compile faster (tests/compiles.py).
+        env=repo_env(JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(1)),
         capture_output=True,
         text=True,
         timeout=600,

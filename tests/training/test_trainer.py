@@ -14,13 +14,25 @@ import jax
 import numpy as np
 import pytest
 
-from tests.subprocess_env import memory_capped
+from tests.subprocess_env import memory_capped, xla_flags
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import checkpoint_steps, load_model, read_meta, verify_step
 from transformer.commands import train as trainer
 
 REPO = pathlib.Path(__file__).parents[2]
+
+
+def _one_cpu():
+    """One CPU device, for a run whose checks do not depend on the number of devices: its
+    programs are compiled by XLA's older code generators, faster (tests/compiles.py)."""
+    return jax.devices('cpu')[:1]
+
+
+def _one_cpu_env():
+    """The environment of a train.py started for such a run: one CPU device, compiled as
+    `_one_cpu`'s programs are (tests/subprocess_env.py)."""
+    return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': xla_flags(1)}
 
 
 def _params_at(run_dir, step):
@@ -110,7 +122,7 @@ def test_resume_with_other_settings_keeps_the_record(run_dir, tmp_path, caplog):
     changed.eval.beam_size = 2
     changed.data.cache_dir = str(tmp_path / 'cache')
     with caplog.at_level('INFO'):
-        final = trainer.train_and_evaluate(changed, str(run))
+        final = trainer.train_and_evaluate(changed, str(run), devices=_one_cpu())
     assert final['steps_this_run'] == 1
     assert (run / 'config.json').read_text() == started
     warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
@@ -142,7 +154,7 @@ def test_resume_with_other_settings_keeps_the_record(run_dir, tmp_path, caplog):
     changed.train.num_steps = 6
     caplog.clear()
     with caplog.at_level('WARNING'):
-        trainer.train_and_evaluate(changed, str(run))
+        trainer.train_and_evaluate(changed, str(run), devices=_one_cpu())
     assert rundir.read_history(str(run))[5:] == [
         {'step': 5, 'key': 'train.num_steps', 'old': 5, 'new': 6}
     ]
@@ -163,6 +175,9 @@ def test_train_py_smoke(tmp_path, monkeypatch):
     argv += command_line(
         {
             **SMALL,
+            # As conftest's run (`tiny_run_config`): its training step, compiled by then and
+            # read from the compilation cache.
+            'model.dropout_rate': 0.1,
             'train.num_steps': 4,
             'train.log_every': 2,
             'train.checkpoint_every': 2,
@@ -207,7 +222,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     config.train.checkpoint_every = 1
     config.train.log_every = 1
     with pytest.raises(trainer.TrainingError, match='Non-finite') as info:
-        trainer.train_and_evaluate(config, str(tmp_path))
+        trainer.train_and_evaluate(config, str(tmp_path), devices=_one_cpu())
     assert 'Newest verified checkpoint: step' in str(info.value)
     assert 'may be bad' not in str(info.value)  # a fresh run: the learning rate is the suspect
     steps = checkpoint_steps(str(tmp_path), average_last=100)
@@ -229,7 +244,8 @@ def test_non_finite_right_after_resume_suspects_the_checkpoint(run_dir, tmp_path
     config.train.checkpoint_every = 2
     config.train.log_every = 8
     with pytest.raises(trainer.TrainingError) as info:
-        trainer.train_and_evaluate(config, str(run))
+        # One device, as the test above: the same step program, compiled once.
+        trainer.train_and_evaluate(config, str(run), devices=_one_cpu())
     message = str(info.value)
     assert 'Newest verified checkpoint: step' in message and '\n' not in message
     assert 'resumed from step 4' in message and 'checkpoint itself may be bad' in message
@@ -271,13 +287,13 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
     while an asynchronous checkpoint is being written), re-run each time with the same
     command: no partial step is ever on disk as a step or restored, and the final parameters
     and data position equal those of an uninterrupted run exactly."""
-    from configs import tiny
-
-    config = tiny.get_config()
-    config.update_from_flattened_dict(_KILL_OVERRIDES)
     # Saved once, at the last step, the one compared: saves do not change what is trained.
-    config.train.checkpoint_every = config.train.num_steps
-    trainer.train_and_evaluate(config, str(tmp_path / 'straight'))
+    # Trained by train.py itself, as the killed runs: the same compiler settings (the same
+    # program on one device of this process may round differently).
+    saved_once = {**_KILL_OVERRIDES, 'train.checkpoint_every': _KILL_OVERRIDES['train.num_steps']}
+    straight = [sys.executable, 'train.py', '--config=configs/tiny.py']
+    straight += [f'--workdir={tmp_path / "straight"}', *command_line(saved_once)]
+    subprocess.run(straight, cwd=REPO, env=_one_cpu_env(), capture_output=True, check=True)
     killed = tmp_path / 'killed'
     ckpts = killed / 'checkpoints'
     command = [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={killed}']
@@ -288,7 +304,9 @@ def test_sigkill_anywhere_then_rerun_equals_an_uninterrupted_run(tmp_path):
         log = tmp_path / f'attempt{attempt}.log'
         before = _train_lines(killed)
         with open(log, 'w') as err:
-            proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(
+                command, cwd=REPO, env=_one_cpu_env(), stdout=subprocess.DEVNULL, stderr=err
+            )
             try:
                 if attempt < 2:
                     _wait_for(lambda b=before: _train_lines(killed) > b, proc)
@@ -333,7 +351,7 @@ def test_train_py_out_of_memory_is_one_line_error(tmp_path):
     done = subprocess.run(
         memory_capped(command + command_line(overrides), 32),
         cwd=REPO,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env=_one_cpu_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -381,7 +399,9 @@ def test_sigint_stops_train_py_in_one_line_with_exit_code_130(tmp_path):
     command += command_line({**SMALL, **settings})
     err = tmp_path / 'stderr.txt'
     with open(err, 'w') as stderr:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=_one_cpu_env(), stdout=subprocess.DEVNULL, stderr=stderr
+        )
         try:
             _wait_for(lambda: ' step 20/' in err.read_text(), proc)
             proc.send_signal(signal.SIGINT)
