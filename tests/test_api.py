@@ -3,10 +3,12 @@ runs, in order, against a small trained run in runs/tiny, and loading a run prin
 the libraries' routine notes."""
 
 import dataclasses
+import functools
 import os
 import pathlib
 import re
 
+import jax
 import pytest
 
 from tests.compiles import compiled_programs
@@ -16,6 +18,12 @@ from transformer import api, schema
 REPO = pathlib.Path(__file__).parents[1]
 
 
+def _one_device() -> list:
+    """What the tests of a loaded run check does not depend on its number of devices, and a
+    program of one device compiles fastest."""
+    return jax.devices('cpu')[:1]
+
+
 def _blocks(name: str) -> list[str]:
     return re.findall(r'```python\n(.*?)```', (REPO / name).read_text(), re.S)
 
@@ -23,6 +31,9 @@ def _blocks(name: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['README.md', 'docs/api.md'])
 def test_the_documented_python_blocks_run(name, run_dir, tmp_path, monkeypatch):
+    """Each block runs as written; `api.load` decodes on one device (its default is every
+    device: 8 here, whose programs compile slower; a user's machine often has one)."""
+    monkeypatch.setattr(api, 'load', functools.partial(api.load, devices=_one_device()))
     blocks = _blocks(name)
     assert blocks, f'{name} has no python block'
     (tmp_path / 'runs').mkdir()
@@ -49,7 +60,7 @@ def test_loading_a_run_is_quiet_and_leaves_logging_as_it_was(run_dir, caplog, af
     try:
         before = [list(logger.filters) for logger in loggers]
         with caplog.at_level('WARNING'):
-            run = api.load(str(run_dir))
+            run = api.load(str(run_dir), devices=_one_device())
         assert run.steps == [4]
         assert not [r for r in caplog.records if 'read only' in r.getMessage()]
         assert [list(logger.filters) for logger in loggers] == before
@@ -112,7 +123,7 @@ def test_translate_takes_the_rule_and_a_new_setting_compiles_nothing(run_dir):
     from transformer import data as data_lib
     from transformer.decoding import length_penalty
 
-    run = api.load(str(run_dir))
+    run = api.load(str(run_dir), devices=_one_device())
     lines = data_lib.load_text(run.config.data, 'test')[0][:3]
     run.translate(lines, beam_size=2, nbest=2)  # the run's alpha 0.6 and 'gnmt'
     with compiled_programs() as compiled:

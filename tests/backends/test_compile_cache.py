@@ -9,6 +9,7 @@ import sys
 import jax
 import pytest
 
+from tests.subprocess_env import xla_flags
 from transformer.backends import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,6 +110,8 @@ def test_translate_command_fills_the_default_cache_and_loads_from_it(run_dir, tm
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     env['JAX_LOG_COMPILES'] = '1'
     env['XDG_CACHE_HOME'] = str(tmp_path / 'xdg')
+    # One CPU device: the cache works alike for any number, and its programs compile faster.
+    env['XLA_FLAGS'] = xla_flags(1)
     # Greedy: a smaller program than the config's beam search, cached and loaded the same way.
     command = [sys.executable, '-m', 'transformer.translate', f'--workdir={run_dir}']
     command.append('--beam_size=1')

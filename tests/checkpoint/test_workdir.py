@@ -252,7 +252,11 @@ def test_a_step_is_sealed_when_it_commits_so_later_changes_are_caught(tmp_path):
             seen['sealed before step 4'] = manifest.exists()
             _flip(_params_file(tmp_path, 2))
 
-    trainer.train_and_evaluate(config, str(tmp_path), on_step=corrupt_after_commit)
+    # One device: what is checked is when the manifest is written, not the layout.
+    one_device = jax.devices('cpu')[:1]
+    trainer.train_and_evaluate(
+        config, str(tmp_path), devices=one_device, on_step=corrupt_after_commit
+    )
     assert seen == {'sealed before step 4': True}
     with pytest.raises(CorruptCheckpoint, match='step 2 .*failed verification'):
         verify_step(str(tmp_path), 2)
@@ -320,13 +324,15 @@ def test_full_disk_while_saving_is_one_line_and_keeps_earlier_steps(run_dir, tmp
     import subprocess
     import sys
 
-    from tests.subprocess_env import REPO, repo_env
+    from tests.subprocess_env import REPO, repo_env, xla_flags
 
     run = tmp_path / 'run'
     shutil.copytree(run_dir, run)
+    # On one CPU device (the run resumes on any number): its programs compile faster.
     proc = subprocess.run(
         [sys.executable, '-c', FULL_DISK, str(run)],
-        cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=repo_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True,
+        timeout=300,
     )  # fmt: skip
     lines = proc.stdout.splitlines()
     errors = [json.loads(line)['error'] for line in lines if line.startswith('{')]
@@ -349,6 +355,7 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(run_dir, tmp_pa
     import subprocess
     import sys
 
+    from tests.subprocess_env import repo_env, xla_flags
     from tests.tiny_run import SMALL, command_line
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -366,8 +373,12 @@ def test_read_only_checkpoints_stop_train_py_in_one_line_at_once(run_dir, tmp_pa
     command = [*prefix, sys.executable, 'train.py', '--config=configs/tiny.py']
     command += [f'--workdir={run}', *command_line(settings)]
     (run / rundir.CHECKPOINTS).chmod(0o555)
+    # On one CPU device (the run resumes on any number): its programs compile faster.
+    env = repo_env(XLA_FLAGS=xla_flags(1))
     try:
-        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=240)
+        done = subprocess.run(
+            command, cwd=repo, env=env, capture_output=True, text=True, timeout=240
+        )
     finally:
         (run / rundir.CHECKPOINTS).chmod(0o755)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -415,7 +426,8 @@ def test_the_default_average_leaves_out_the_warm_up_and_the_first_half(tmp_path,
     config.train.keep_checkpoints = 4
     config.eval.average_last = 4
     config.opt.warmup_steps = 4
-    trainer.train_and_evaluate(config, str(tmp_path))
+    # One device: the steps averaged do not depend on the layout that trained them.
+    trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices('cpu')[:1])
     with caplog.at_level('INFO'):
         assert load_model(str(tmp_path))[4] == [6, 8]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Averaging')]
