@@ -28,6 +28,7 @@ LINES = [s for s, _ in synthetic_lines()]
 # The greedy comparisons decode the first 8 of the lines the model learned (marian_dir's
 # TRAINED_LINES): fewer stages of the search's shrinking batch to compile than with 32.
 GREEDY = 8
+ONE = jax.devices()[:1]  # the searches' devices: `run`'s
 
 
 def _convert(hf_dir, out, *args):
@@ -63,7 +64,9 @@ def loaded(run_dir):
 
 @pytest.fixture(scope='module')
 def run(run_dir):
-    return api.load(run_dir)
+    # One device: what the greedy outputs are does not depend on the number, and one device's
+    # programs compile faster than the 8 host devices' (tests/compiles.py).
+    return api.load(run_dir, devices=ONE)
 
 
 @pytest.fixture(scope='module')
@@ -261,7 +264,9 @@ def test_a_float16_checkpoint_converts_and_translates_alike(hf_dir, loaded, gree
     rounded = jax.tree.map(lambda x: np.asarray(x, np.float16).astype(np.float32), loaded[3])
     jax.tree.map(np.testing.assert_array_equal, load_model(run_dir)[3], rounded)
     assert (
-        api.load(run_dir).translate(LINES[:GREEDY], beam_size=1, batch_size=DECODE_BATCH)
+        api.load(run_dir, devices=ONE).translate(
+            LINES[:GREEDY], beam_size=1, batch_size=DECODE_BATCH
+        )
         == greedy[0]
     )
 
@@ -353,6 +358,7 @@ def test_evaluate_scores_any_pair_of_files(run_dir, greedy, tmp_path):
         beam_size=1,
         batch_size=DECODE_BATCH,
         output=str(tmp_path / 'h.txt'),
+        devices=ONE,  # the greedy fixture's search, compiled once
     )
     assert scores['split'] == 'src.txt' and scores['sacrebleu'] > 50
     hypotheses = (tmp_path / 'h.txt').read_text().splitlines()

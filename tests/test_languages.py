@@ -33,6 +33,9 @@ transformers = pytest.importorskip('transformers', reason=_SKIP.format('transfor
 PAIRS = {'nllb': ('eng_Latn', 'fra_Latn'), 'm2m100': ('en', 'fr'), 'mbart50': ('en_XX', 'fr_XX')}
 LINES = [s for s, _ in lines(3)]
 EXTRA = 8  # output tokens past the input's length: mBART-50's 64 positions hold them
+# Where the number of devices checks nothing: one device's programs compile faster than the
+# 8 host devices' (tests/compiles.py).
+ONE = jax.devices()[:1]
 
 
 def _hf(fairseq_hf_dirs, name):
@@ -79,7 +82,10 @@ def test_greedy_and_beam_outputs_equal_generates_with_the_target_code_forced(
     row (the forced code and EOS counted in both); these random models reach that limit, where
     both end the output (eval.eos_at_limit 'none', converted from no forced_eos_token_id)."""
     model, tokenizer, code = _hf(fairseq_hf_dirs, name)
-    run = api.load(str(fairseq_runs / name), source_lang=PAIRS[name][0], target_lang=PAIRS[name][1])
+    src, tgt = PAIRS[name]
+    # One device: the searches run on the parameters alone, and one device's programs compile
+    # faster than the 8 host devices' (tests/compiles.py).
+    run = api.load(str(fairseq_runs / name), source_lang=src, target_lang=tgt, devices=ONE)
     assert run.forced == (code,) and run.config.eval.length_penalty == 'fairseq'
     inputs = _inputs(run.tokenizer)
     options = decoding.decode_options(run.config.eval, forced=run.forced)
@@ -121,7 +127,7 @@ def test_score_is_hugging_faces_log_probability_of_the_labels(
     pairs = lines(4)
     sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     with jax.default_matmul_precision('float32'):
-        scored = api.load(str(fairseq_runs / name)).score(
+        scored = api.load(str(fairseq_runs / name), devices=ONE).score(
             sources, targets, source_lang=src, target_lang=tgt
         )
     for (source, target), ours in zip(pairs, scored, strict=True):
@@ -250,6 +256,7 @@ def test_evaluate_with_a_pair_writes_generates_text_and_names_the_pair(
         target_lang='fr',
         beam_size=1,
         batch_size=DECODE_BATCH,
+        devices=ONE,
     )
     (written,) = (workdir / 'eval').glob('*.txt')
     assert written.name.endswith('-en-fr.txt') and scores['direction'] == 'en->fr'
