@@ -107,7 +107,7 @@ MODES = {
 # In the suite, the modes whose step does more than one device's with the layer axis:
 # replicas kept by pmap, and the stacked parameters sharded over fsdp's and the model's axes
 # at once (one program: ('data': 2, 'model': 2), fsdp on; 4 devices shard every axis as 8
-# would, and the step compiled and ran in 8.4 s against 8 devices' 12.3 s), with the
+# would, and the step compiles in about a quarter less time than on 8), with the
 # policies the gradient test below leaves out. The others are in the long tier: fsdp4 and
 # model4 each shard over one of the merged case's axes; one device's step under 'none' and
 # 'full' repeats test_gradients_equal_the_unrolled_models (the same loss and gradients,
