@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny_run import tiny_run_config
+from tests.tiny_run import DECODE_BATCH, tiny_run_config
 from transformer import evaluate
 from transformer.commands import decoding_run
 from transformer.commands import train as trainer
@@ -35,9 +35,15 @@ def test_evaluate_on_eight_devices_and_a_model_axis_equals_one_device(run_dir, t
     """Token-identical hypotheses (and so scores) on 1 device, 8 devices (data only) and a
     (4 data x 2 model) mesh; the JSON says where the sentences were decoded."""
     cpu = jax.devices('cpu')
-    one, one_lines = _evaluate(run_dir, tmp_path / 'one.txt', devices=cpu[:1])
-    eight, eight_lines = _evaluate(run_dir, tmp_path / 'eight.txt', devices=cpu)
-    model2, model2_lines = _evaluate(run_dir, tmp_path / 'm.txt', devices=cpu, model_parallelism=2)
+    # The 20 sentences in one batch: one shape, and on either mesh one stage of the search (20
+    # rows, padded to 24 on 8 data devices, do not halve into whole shares of the data axis;
+    # eval.batch_size's 16 halve into a second loop to compile).
+    kwargs = dict(batch_size=20)
+    one, one_lines = _evaluate(run_dir, tmp_path / 'one.txt', devices=cpu[:1], **kwargs)
+    eight, eight_lines = _evaluate(run_dir, tmp_path / 'eight.txt', devices=cpu, **kwargs)
+    model2, model2_lines = _evaluate(
+        run_dir, tmp_path / 'm.txt', devices=cpu, model_parallelism=2, **kwargs
+    )
     assert len(set(one_lines)) > 1  # the sentences' translations differ: a real comparison
     assert eight_lines == one_lines and model2_lines == one_lines
     assert eight['sacrebleu'] == one['sacrebleu'] == model2['sacrebleu']
@@ -68,7 +74,8 @@ def test_a_run_trained_with_fsdp_decodes_with_its_parameters_sharded(tmp_path, m
     config.eval.bleu_every = 4
     # Greedy on a few sentences: what is checked is the layout validation's decoding gets.
     config.eval.beam_size = 1
-    config.eval.bleu_max_examples = 8
+    config.eval.bleu_max_examples = DECODE_BATCH
+    config.eval.batch_size = DECODE_BATCH  # one batch of them: one loop to compile
     run = tmp_path / 'run'
     cpu = jax.devices('cpu')
     trainer.train_and_evaluate(config, str(run), devices=cpu)
@@ -82,9 +89,11 @@ def test_a_run_trained_with_fsdp_decodes_with_its_parameters_sharded(tmp_path, m
     gathered = decoding_run.load_run(str(run), step=4, devices=cpu, gather_params=True)
     assert _kernel(gathered.params).sharding.is_fully_replicated
 
-    sharded, sharded_lines = _evaluate(run, tmp_path / 'fsdp.txt', devices=cpu)
-    full, full_lines = _evaluate(run, tmp_path / 'full.txt', devices=cpu, gather_params=True)
-    one, one_lines = _evaluate(run, tmp_path / 'one.txt', devices=cpu[:1], fsdp=False)
+    # Validation's sentences in its batch: each layout's search compiles one loop for one shape.
+    few = dict(max_examples=DECODE_BATCH, batch_size=DECODE_BATCH)
+    sharded, sharded_lines = _evaluate(run, tmp_path / 'fsdp.txt', devices=cpu, **few)
+    full, full_lines = _evaluate(run, tmp_path / 'full.txt', devices=cpu, gather_params=True, **few)
+    one, one_lines = _evaluate(run, tmp_path / 'one.txt', devices=cpu[:1], fsdp=False, **few)
     assert len(set(one_lines)) > 1
     assert sharded_lines == full_lines == one_lines
     assert sharded['sacrebleu'] == full['sacrebleu'] == one['sacrebleu']
