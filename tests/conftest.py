@@ -168,10 +168,17 @@ def cpu_choices(monkeypatch):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``-n``), hand each worker one test at a time (``--maxschedchunk=1``
-    unless given): with the slow files first (`pytest_collection_modifyitems`), xdist's
-    default first chunks (a quarter of each worker's share) would give one worker most of them.
+    """Under pytest-xdist (``-n``), hand each worker whole files (``--dist loadfile``, unless
+    ``--dist`` is given): a file's module fixtures are then built by one worker, where two
+    workers on one file each built them, or one waited for the other's `built_once` build
+    (tests/test_export.py's two setups: 20 s each). With ``--dist load``, one test at a time
+    (``--maxschedchunk=1`` unless given): with the slow files first
+    (`pytest_collection_modifyitems`), xdist's default first chunks (a quarter of each
+    worker's share) would give one worker most of them.
     Then one-device programs are compiled by XLA's older code generators (module docstring)."""
+    named = any(arg.startswith('--dist') for arg in config.invocation_params.args)
+    if getattr(config.option, 'dist', 'no') == 'load' and not named:
+        config.option.dist = 'loadfile'
     if getattr(config.option, 'maxschedchunk', False) is None:
         config.option.maxschedchunk = 1
     from tests.compiles import compile_one_device_programs_with_older_generators
@@ -181,10 +188,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The files that hold slow tests first, in their order, then the rest: run in parallel,
-    the last tests are short ones, so no worker waits for another's minute-long test at the
-    end. Each file's tests stay next to each other, in their order; under ``-n`` both
-    workers may get some of a file's tests, and each builds the module-scoped fixtures they
-    use (tests/shared_dirs.py builds a costly one once for all workers)."""
+    the last files are short ones, so no worker waits for another's minute-long file at the
+    end. Each file's tests stay next to each other, in their order."""
     slow = {item.path for item in items if item.get_closest_marker('slow')}
     items.sort(key=lambda item: item.path not in slow)
 
