@@ -35,8 +35,9 @@ The same ``pytest`` passes on a CPU machine and on a GPU machine (docs/testing.m
   device, which holds no collective, is compiled by them in the test processes
   (tests/compiles.py; about 40% less compile time: docs/testing.md); a
   program of several devices keeps the default ones, and a test that states a tolerance for
-  the default ones' arithmetic asks for them (``compiler_options=DEFAULT_GENERATORS``). The
-  processes tests start compile as users do.
+  the default ones' arithmetic asks for them (``compiler_options=DEFAULT_GENERATORS``). A
+  process a test starts with one CPU device (``tests/subprocess_env.xla_flags(1)``) compiles
+  every program with them; one of several devices compiles as users do.
 - On a GPU each process allocates device memory as it needs it
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that pytest-xdist workers and the processes tests
   start share the device.

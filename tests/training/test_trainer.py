@@ -1,7 +1,6 @@
 """The training loop: exact resume, clear errors, the train.py command, non-finite stops."""
 
 import json
-import os
 import pathlib
 import random
 import re
@@ -14,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.subprocess_env import memory_capped, xla_flags
+from tests.subprocess_env import memory_capped, repo_env, xla_flags
 from tests.tiny_run import SMALL, command_line, tiny_run_config
 from transformer import rundir
 from transformer.checkpoint import checkpoint_steps, load_model, read_meta, verify_step
@@ -32,7 +31,7 @@ def _one_cpu():
 def _one_cpu_env():
     """The environment of a train.py started for such a run: one CPU device, compiled as
     `_one_cpu`'s programs are (tests/subprocess_env.py)."""
-    return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': xla_flags(1)}
+    return repo_env(JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(1))
 
 
 def _params_at(run_dir, step):
